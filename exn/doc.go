@@ -1,0 +1,5 @@
+// Package exn is the EXT-Eth engine: it carries Ethernet frames between a
+// host-side Link (a TAP or a gVisor netstack endpoint) and the fabric.
+// Frames up to the eager threshold travel as VELO fragments; larger frames
+// by rendezvous (a VELO advert, then an RMA GET by the receiver).
+package exn

@@ -1,0 +1,28 @@
+// Package fabric is the contract of the emulated Extoll NIC.
+//
+// It defines the types every backend shares — node IDs, VPIDs, network
+// logical addresses (NLAs), VELO messages, RMA requests and notifications —
+// and the two interfaces a backend implements: NIC (one per node) and
+// Endpoint (one per VPID on that node).
+//
+// The semantics follow the dissertation's §3.2 and DESIGN.md "The emulated
+// NIC":
+//
+//   - VELO is two-sided. A message is an 8-byte descriptor plus at most
+//     MaxVELOPayload (120) bytes. It lands in the target VPID's mailbox, a
+//     ring of SlotSize (128) byte slots. Delivery is reliable and in order per
+//     (source node, source VPID, target VPID). A full mailbox back-pressures
+//     the sender; nothing is dropped silently.
+//   - RMA moves up to MaxRMALen (8 MiB) per request between registered
+//     regions. Data moves in RMAMTU (496) byte packets, and a notification's
+//     local address is that of the last packet (equations 5.1/5.2, see
+//     LastFrame). A request outside a region registered to the addressed
+//     VPID produces an error notification and touches no memory.
+//   - Multicast is VELO only, to at most 64 groups; group 63 (Broadcast) is
+//     every node.
+//   - A peer that disappears becomes ErrPeerDown for its callers; a sender
+//     blocked on it returns.
+//
+// Backends live in sub-packages (fabric/mem, fabric/shm, ...) and all pass
+// the conformance suite in fabric/fabrictest.
+package fabric

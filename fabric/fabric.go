@@ -1,0 +1,246 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Hardware limits of the emulated NIC. They are the Extoll Tourmalet values
+// from the dissertation's §3.2 and are the same for every backend.
+const (
+	// MaxVELOPayload is the largest VELO payload: a 128-byte mailbox slot
+	// less its 8-byte status word.
+	MaxVELOPayload = 120
+	// SlotSize is the size of one VELO mailbox slot.
+	SlotSize = 128
+	// RMAMTU is the payload of one RMA network packet (512 B less a
+	// 16-byte network descriptor). Notifications name the last such packet.
+	RMAMTU = 496
+	// MaxRMALen is the most one RMA descriptor moves.
+	MaxRMALen = 8 << 20
+	// MaxGroups is the number of multicast groups.
+	MaxGroups = 64
+	// Broadcast is the multicast group every node belongs to.
+	Broadcast Group = MaxGroups - 1
+	// EthVPID is the VPID reserved for EXT-Eth.
+	EthVPID VPID = 0
+)
+
+// NodeID names a node on the fabric (16 bits, Figure 5.13).
+type NodeID uint16
+
+// VPID is a virtual process ID on one node (0–255). Mailboxes, registered
+// memory and notification queues belong to exactly one VPID.
+type VPID uint8
+
+// Group is a multicast group ID, 0..MaxGroups-1.
+type Group uint8
+
+// Tag is VELO's 8-bit message type tag; its meaning belongs to the protocol
+// above (EXT-Eth, EXT-DS).
+type Tag uint8
+
+// Addr is a (node, VPID) pair: the address of an Endpoint.
+type Addr struct {
+	Node NodeID
+	VPID VPID
+}
+
+func (a Addr) String() string { return fmt.Sprintf("%d:%d", a.Node, a.VPID) }
+
+// Sentinel errors. Backends wrap them with short context, so callers test
+// with errors.Is. A closed NIC or Endpoint returns net.ErrClosed.
+var (
+	// ErrPeerDown: the addressed node is gone (its process died or its NIC
+	// was closed). A call blocked on that node returns it.
+	ErrPeerDown = errors.New("fabric: peer down")
+	// ErrUnknownNode: no such node, or the VPID is not open on it.
+	ErrUnknownNode = errors.New("fabric: unknown node or vpid")
+	// ErrInUse: a VPID (or node ID) is already owned by someone else.
+	ErrInUse = errors.New("fabric: already in use")
+	// ErrInvalid: a malformed request — a payload over 120 bytes, an RMA
+	// length of 0 or over 8 MiB, a local NLA outside this endpoint's regions,
+	// a bad group, an undecodable descriptor.
+	ErrInvalid = errors.New("fabric: invalid request")
+)
+
+// Message is one VELO message. It is a value type with its payload inline,
+// so a []Message batch moves through the hot path without allocation.
+type Message struct {
+	// Peer is the target on Send and the source on Recv. On Recv the NIC
+	// fills it in; a sender cannot forge it.
+	Peer Addr
+	// MC marks a multicast message. On Send, Peer.Node holds the Group and
+	// Peer.VPID the VPID addressed on every member.
+	MC bool
+	// Tag is the 8-bit message type tag.
+	Tag Tag
+	// Len is the payload length, 0..MaxVELOPayload.
+	Len uint8
+	// Data holds the payload in Data[:Len].
+	Data [MaxVELOPayload]byte
+}
+
+// Payload returns the message payload. It aliases m.Data.
+func (m *Message) Payload() []byte { return m.Data[:m.Len] }
+
+// SetPayload copies p into the message. It fails with ErrInvalid if p is
+// longer than MaxVELOPayload.
+func (m *Message) SetPayload(p []byte) error {
+	if len(p) > MaxVELOPayload {
+		return fmt.Errorf("velo payload %d bytes > %d: %w", len(p), MaxVELOPayload, ErrInvalid)
+	}
+	m.Len = uint8(copy(m.Data[:], p))
+	return nil
+}
+
+// Op is an RMA command.
+type Op uint8
+
+const (
+	OpPut Op = 1 // write local memory into the peer's region
+	OpGet Op = 2 // read the peer's region into local memory
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpPut:
+		return "put"
+	case OpGet:
+		return "get"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Notify selects which RMA units write a notification (Table 3.1).
+type Notify uint8
+
+const (
+	// NotifyRequester: the requesting endpoint, once the request is done on
+	// its side. Local address: the requester's own buffer (read for PUT,
+	// write for GET).
+	NotifyRequester Notify = 1 << iota
+	// NotifyCompleter: the unit that wrote the data — the peer for PUT, the
+	// requester for GET. Local address: the write address.
+	NotifyCompleter
+	// NotifyResponder: GET only; the peer whose memory was read. Local
+	// address: the read address.
+	NotifyResponder
+)
+
+// RMA is one RMA work request (one software descriptor).
+type RMA struct {
+	Op Op
+	// Peer is the remote endpoint whose registered region Remote lies in.
+	// Peer.Node may be this node (loopback RMA).
+	Peer Addr
+	// Local is an NLA in a region registered to the posting endpoint.
+	Local NLA
+	// Remote is an NLA in a region registered to Peer.VPID on Peer.Node.
+	Remote NLA
+	// Len is the byte count, 1..MaxRMALen.
+	Len uint32
+	// Notify selects the notifications, per Table 3.1.
+	Notify Notify
+}
+
+// Region is registered memory. Buf is owned by the fabric: it stays valid
+// until Deregister or Close of its endpoint, and may be read and written by
+// the owner at any time (RMA does not synchronise with local access).
+type Region struct {
+	NLA NLA
+	Buf []byte
+}
+
+// Endpoint is one opened VPID. It is the NIC's per-process interface: a
+// VELO mailbox, a notification queue, registered memory and the RMA
+// request queue.
+//
+// Concurrency: Send and Post may be called from many goroutines; Recv,
+// PollNotifications and Wait are meant for a single consumer (the NAPI
+// loop) but are safe to call concurrently. Close may be called at any time
+// and makes blocked Send and Wait calls return net.ErrClosed.
+type Endpoint interface {
+	// Addr returns this endpoint's (node, VPID).
+	Addr() Addr
+
+	// Send delivers msgs in order. Each target mailbox keeps the order of
+	// messages from this endpoint. If a target mailbox is full, Send blocks
+	// (back-pressure) until there is room, ctx is done, the target dies
+	// (ErrPeerDown) or the endpoint is closed (net.ErrClosed). It returns
+	// how many messages were delivered; on error, msgs[n] is the one that
+	// failed. Send reads msgs and does not retain them.
+	Send(ctx context.Context, msgs []Message) (n int, err error)
+
+	// Recv copies up to len(msgs) messages out of the mailbox, oldest
+	// first, and frees their slots. It never blocks: it returns 0, nil when
+	// the mailbox is empty.
+	Recv(msgs []Message) (n int, err error)
+
+	// Register allocates size bytes of memory that RMA can reach, owned by
+	// this VPID. The NLA identifies it fabric-wide together with this
+	// endpoint's Addr.
+	Register(size int) (Region, error)
+
+	// Deregister releases a region by its base NLA. RMA to it afterwards
+	// gets an error notification.
+	Deregister(base NLA) error
+
+	// Post starts RMA requests in order. Errors found locally (bad length,
+	// Local outside this endpoint's regions, bad flags) are returned at
+	// once, and reqs[n] is the failing one. Remote faults (out of bounds,
+	// wrong VPID, peer down) become an error notification to this endpoint
+	// of kind NotifyRequester, whatever the flags asked, and no memory is
+	// touched. Completion is reported only through notifications; a backend
+	// may complete a request before Post returns.
+	Post(reqs []RMA) (n int, err error)
+
+	// PollNotifications copies up to len(ns) notifications, oldest first,
+	// and removes them from the queue. It never blocks.
+	PollNotifications(ns []Notification) (n int, err error)
+
+	// Wait blocks until Recv or PollNotifications may return something
+	// (wake-ups may be spurious), ctx is done, or the endpoint is closed
+	// (net.ErrClosed). It spins briefly before it sleeps.
+	Wait(ctx context.Context) error
+
+	// Close releases the VPID, its mailbox, regions and queues. Blocked
+	// calls return net.ErrClosed. Close is idempotent.
+	Close() error
+}
+
+// NIC is one node's emulated Extoll NIC.
+//
+// All methods are safe for concurrent use. Close closes every endpoint;
+// peers then see this node as down.
+type NIC interface {
+	// Node returns this node's ID.
+	Node() NodeID
+
+	// Open claims a VPID. A VPID has exactly one owner: a second Open, in
+	// this process or another, fails with ErrInUse until the first owner
+	// closes it or dies.
+	Open(v VPID) (Endpoint, error)
+
+	// Join adds this node to a multicast group; Leave removes it. Every
+	// node is always a member of Broadcast. A multicast message reaches the
+	// addressed VPID on every member except the sending node.
+	Join(g Group) error
+	Leave(g Group) error
+
+	// Peers lists the other nodes currently up on this fabric.
+	Peers() []NodeID
+
+	// Alive reports nil if node n is up, ErrPeerDown if it was up and is
+	// gone, or ErrUnknownNode.
+	Alive(n NodeID) error
+
+	// Stats returns a snapshot of this NIC's counters.
+	Stats() Stats
+
+	// Close shuts the NIC down. It is idempotent.
+	Close() error
+}
+
+func isErr(err, target error) bool { return errors.Is(err, target) }

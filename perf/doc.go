@@ -1,0 +1,3 @@
+// Package perf holds the benchmark drivers and scripts whose results go to
+// docs/.
+package perf
