@@ -1,0 +1,78 @@
+// Package testenv holds the test-environment policy shared by every
+// package's tests: when privileged tests run or skip, test sizes, and leak
+// checks.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// RequirePrivileged skips t, with the reason, unless the process is root,
+// /dev/net/tun exists and every named program is on PATH. When
+// EXN_REQUIRE_PRIVILEGED=1 (as .ci/run sets it) it fails the test instead of
+// skipping, so CI cannot pass by skipping.
+func RequirePrivileged(t testing.TB, programs ...string) {
+	t.Helper()
+	reason := ""
+	switch {
+	case os.Geteuid() != 0:
+		reason = "needs root"
+	default:
+		if _, err := os.Stat("/dev/net/tun"); err != nil {
+			reason = "needs /dev/net/tun: " + err.Error()
+		}
+	}
+	for _, p := range programs {
+		if reason != "" {
+			break
+		}
+		if _, err := exec.LookPath(p); err != nil {
+			reason = "needs " + p + " on PATH (make deps installs it)"
+		}
+	}
+	if reason == "" {
+		return
+	}
+	if os.Getenv("EXN_REQUIRE_PRIVILEGED") == "1" {
+		t.Fatalf("privileged test cannot run (%s) and EXN_REQUIRE_PRIVILEGED=1", reason)
+	}
+	t.Skip(reason)
+}
+
+// Small reports whether tests should use small sizes (EXN_TEST_SMALL=1 or
+// testing.Short()), as under the race detector.
+func Small() bool { return testing.Short() || os.Getenv("EXN_TEST_SMALL") == "1" }
+
+// VerifyNoLeaks registers a cleanup that fails t if goroutines started
+// during the test are still running when it ends.
+func VerifyNoLeaks(t testing.TB) {
+	t.Helper()
+	opt := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+}
+
+// CountFDs returns the number of open file descriptors of this process.
+func CountFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatalf("count fds: %v", err)
+	}
+	return len(ents)
+}
+
+// VerifyNoFDLeaks fails t if the process has more open fds at the end of
+// the test than at the start (with a small slack for runtime pollers).
+func VerifyNoFDLeaks(t testing.TB) {
+	t.Helper()
+	before := CountFDs(t)
+	t.Cleanup(func() {
+		if after := CountFDs(t); after > before+2 {
+			t.Errorf("fd leak: %d open at start, %d at end", before, after)
+		}
+	})
+}
