@@ -23,6 +23,9 @@ const (
 	MaxGroups = 64
 	// Broadcast is the multicast group every node belongs to.
 	Broadcast Group = MaxGroups - 1
+	// DefaultNotifyDepth is the least number of notifications a VPID's
+	// queue holds.
+	DefaultNotifyDepth = 4096
 	// EthVPID is the VPID reserved for EXT-Eth.
 	EthVPID VPID = 0
 )
@@ -198,6 +201,12 @@ type Endpoint interface {
 
 	// PollNotifications copies up to len(ns) notifications, oldest first,
 	// and removes them from the queue. It never blocks.
+	//
+	// A notification queue holds at least DefaultNotifyDepth entries. The
+	// RMA unit never blocks on it (that could deadlock a consumer that also
+	// posts): a notification that finds its queue full is dropped and
+	// counted in Stats.NotifyOverflow. Protocols bound their outstanding
+	// RMA requests below the depth.
 	PollNotifications(ns []Notification) (n int, err error)
 
 	// Wait blocks until Recv or PollNotifications may return something

@@ -18,6 +18,7 @@ type Counters struct {
 	UnknownNode                  atomic.Uint64               // ErrUnknownNode returned to a local caller
 	InUse                        atomic.Uint64               // ErrInUse returned (second Open of a VPID)
 	Corrupt                      atomic.Uint64               // undecodable slot, notification or frame dropped
+	NotifyOverflow               atomic.Uint64               // notification dropped: its queue was full
 }
 
 // Stats is a point-in-time copy of Counters.
@@ -36,6 +37,7 @@ type Stats struct {
 	NotifyErrPeerDown            uint64
 	Invalid, PeerDown            uint64
 	UnknownNode, InUse, Corrupt  uint64
+	NotifyOverflow               uint64
 }
 
 // Snapshot copies the counters.
@@ -54,6 +56,7 @@ func (c *Counters) Snapshot() Stats {
 		NotifyErrPeerDown: c.NotifyErrors[NErrPeerDown].Load(),
 		Invalid:           c.Invalid.Load(), PeerDown: c.PeerDown.Load(),
 		UnknownNode: c.UnknownNode.Load(), InUse: c.InUse.Load(), Corrupt: c.Corrupt.Load(),
+		NotifyOverflow: c.NotifyOverflow.Load(),
 	}
 }
 
