@@ -1,0 +1,17 @@
+// Package peers parses exnd's peers file (DESIGN.md "Commands").
+//
+// The file has one node a line:
+//
+//	NODE_ID ADDRESS[:PORT] [IP]
+//
+// NODE_ID is a decimal fabric node ID (0..65535). ADDRESS is a host name,
+// an IPv4 address or an IPv6 address (in brackets when a port follows); it
+// is how the net fabric backend reaches the node and is kept as given. IP is
+// the node's optional address on exn0, which seeds the neighbour table
+// (package arp). '#' starts a comment that runs to the end of the line;
+// blank lines are ignored.
+//
+// Parse rejects, with a *ParseError naming the line and field: a node ID
+// that is not a decimal number in range, a malformed address or port, a bad
+// or non-unicast IP, extra fields, and a node ID or IP that appears twice.
+package peers
