@@ -1,0 +1,173 @@
+package mem
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// faultLogInterval bounds fault logging per NIC: events that can happen per
+// message (notification overflow) are counted always and logged at most
+// once per interval.
+const faultLogInterval = time.Second
+
+// nic is one node. Endpoints are found by VPID through an atomic table, so
+// the data path takes no NIC-wide lock.
+type nic struct {
+	c   *Cluster
+	id  fabric.NodeID
+	ctr fabric.Counters
+
+	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
+	groups atomic.Uint64                 // multicast membership bitmap
+	down   chan struct{}                 // closed by Close: wakes blocked senders
+	closed atomic.Bool
+
+	mu sync.Mutex // serialises Open, Close
+
+	regMu   sync.RWMutex
+	regions map[uint32]*region // by NLA region index; guarded by regMu
+	nextReg uint32             // last region index handed out; guarded by regMu
+
+	lastLog atomic.Int64 // unix nanos of the last rate-limited log
+}
+
+func newNIC(c *Cluster, id fabric.NodeID) *nic {
+	n := &nic{c: c, id: id, down: make(chan struct{}), regions: make(map[uint32]*region)}
+	n.groups.Store(1 << fabric.Broadcast)
+	return n
+}
+
+func (n *nic) Node() fabric.NodeID { return n.id }
+
+func (n *nic) Open(v fabric.VPID) (fabric.Endpoint, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed.Load() {
+		return nil, fmt.Errorf("mem: open vpid %d: %w", v, net.ErrClosed)
+	}
+	if n.eps[v].Load() != nil {
+		return nil, n.ctr.CountErr(fmt.Errorf("mem: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
+	}
+	ep := newEndpoint(n, v)
+	n.eps[v].Store(ep)
+	return ep, nil
+}
+
+func checkGroup(g fabric.Group) error {
+	if g >= fabric.MaxGroups {
+		return fmt.Errorf("mem: group %d >= %d: %w", g, fabric.MaxGroups, fabric.ErrInvalid)
+	}
+	return nil
+}
+
+func (n *nic) Join(g fabric.Group) error {
+	if err := checkGroup(g); err != nil {
+		return n.ctr.CountErr(err)
+	}
+	if n.closed.Load() {
+		return fmt.Errorf("mem: join: %w", net.ErrClosed)
+	}
+	n.groups.Or(1 << g)
+	return nil
+}
+
+func (n *nic) Leave(g fabric.Group) error {
+	if err := checkGroup(g); err != nil {
+		return n.ctr.CountErr(err)
+	}
+	if g == fabric.Broadcast {
+		return n.ctr.CountErr(fmt.Errorf("mem: leave broadcast group: %w", fabric.ErrInvalid))
+	}
+	if n.closed.Load() {
+		return fmt.Errorf("mem: leave: %w", net.ErrClosed)
+	}
+	n.groups.And(^(uint64(1) << g))
+	return nil
+}
+
+func (n *nic) member(g fabric.Group) bool { return n.groups.Load()&(1<<g) != 0 }
+
+func (n *nic) Peers() []fabric.NodeID {
+	t := n.c.live.Load()
+	out := make([]fabric.NodeID, 0, len(t.list))
+	for _, p := range t.list {
+		if p != n {
+			out = append(out, p.id)
+		}
+	}
+	return out
+}
+
+func (n *nic) Alive(id fabric.NodeID) error {
+	if id == n.id && n.closed.Load() {
+		return fmt.Errorf("mem: alive: %w", net.ErrClosed)
+	}
+	_, err := n.c.lookup(id)
+	return err
+}
+
+func (n *nic) Stats() fabric.Stats { return n.ctr.Snapshot() }
+
+// Close takes the node down: blocked senders to it return ErrPeerDown,
+// every endpoint closes (waiting for RMA copies in flight on its regions),
+// and the node ID becomes free for a new NIC.
+func (n *nic) Close() error {
+	n.mu.Lock()
+	if n.closed.Swap(true) {
+		n.mu.Unlock()
+		return nil
+	}
+	close(n.down)
+	n.mu.Unlock()
+	for i := range n.eps {
+		if ep := n.eps[i].Load(); ep != nil {
+			ep.Close()
+		}
+	}
+	n.c.remove(n)
+	return nil
+}
+
+// logFault logs a per-message fault at most once per faultLogInterval.
+func (n *nic) logFault(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := n.lastLog.Load()
+	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	n.c.opts.log.Warn(msg, append(args, "node", n.id)...)
+}
+
+// region is registered memory. mu is held for reading during every RMA
+// copy that touches buf and for writing by Deregister, so no copy runs
+// against a deregistered region.
+type region struct {
+	node  fabric.NodeID
+	idx   uint32
+	owner *endpoint
+	buf   []byte
+
+	mu   sync.RWMutex
+	dead bool // guarded by mu
+}
+
+// less orders regions for multi-region locking.
+func (r *region) less(o *region) bool {
+	if r.node != o.node {
+		return r.node < o.node
+	}
+	return r.idx < o.idx
+}
+
+// lookupRegion returns the live region with index idx, or nil.
+func (n *nic) lookupRegion(idx uint32) *region {
+	n.regMu.RLock()
+	r := n.regions[idx]
+	n.regMu.RUnlock()
+	return r
+}
