@@ -1,0 +1,130 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+func startServer(t testing.TB) (*Server, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "exnd.sock")
+	s := NewServer(nil)
+	s.Handle("echo", func(_ context.Context, args []string) (any, error) { return args, nil })
+	s.Handle("fail", func(context.Context, []string) (any, error) { return nil, errors.New("it failed") })
+	s.Handle("block", func(ctx context.Context, _ []string) (any, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	if err := s.Listen(path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func TestCalls(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	_, path := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	tests := []struct {
+		op      string
+		args    []string
+		want    []string
+		wantErr string
+	}{
+		{op: "echo", args: []string{"a", "b"}, want: []string{"a", "b"}},
+		{op: "ECHO", args: []string{"x"}, want: []string{"x"}},
+		{op: "fail", wantErr: "it failed"},
+		{op: "nosuch", wantErr: `unknown operation "nosuch"`},
+		{op: "echo", args: []string{"after", "errors"}, want: []string{"after", "errors"}},
+	}
+	for _, tt := range tests {
+		var got []string
+		err := c.Call(ctx, &got, tt.op, tt.args...)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%s: err = %v, want %q", tt.op, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("%s: got %v, %v; want %v", tt.op, got, err, tt.want)
+		}
+	}
+}
+
+func TestOverlongLineAndGarbage(t *testing.T) {
+	_, path := startServer(t)
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte(strings.Repeat("x", MaxLine+10) + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	n, _ := conn.Read(buf)
+	if !strings.Contains(string(buf[:n]), `"ok":false`) {
+		t.Fatalf("over-long line: got %q, want an error response", buf[:n])
+	}
+	// The server is still alive for new clients.
+	c, err := Dial(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Call(context.Background(), nil, "echo"); err != nil {
+		t.Fatalf("server unusable after bad client: %v", err)
+	}
+}
+
+func TestCloseUnblocksHandlersAndRemovesSocket(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	s, path := startServer(t)
+	c, err := Dial(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Call(context.Background(), nil, "block") }()
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { s.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung on a blocked handler")
+	}
+	if err := <-errc; err == nil {
+		t.Fatal("blocked call returned no error after Close")
+	}
+	if _, err := net.Dial("unix", path); err == nil {
+		t.Fatal("socket still accepts after Close")
+	}
+}
+
+func TestSecondServerRefused(t *testing.T) {
+	_, path := startServer(t)
+	s2 := NewServer(nil)
+	if err := s2.Listen(path); err == nil {
+		s2.Close()
+		t.Fatal("second server took a live socket")
+	}
+}

@@ -1,0 +1,151 @@
+package fping
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// VPID is the management VPID exnd reserves for ping.
+const VPID fabric.VPID = 1
+
+// Message tags of the ping protocol.
+const (
+	TagPing fabric.Tag = 0x50
+	TagPong fabric.Tag = 0x51
+)
+
+// payloadLen is the ping payload: an 8-byte sequence number and an 8-byte
+// send timestamp, padded to a full VELO payload so ping measures the
+// 120-byte message the performance targets name.
+const payloadLen = fabric.MaxVELOPayload
+
+// batch is how many messages one Recv takes; ping traffic is light.
+const batch = 16
+
+// Service answers pings on ep and runs pings from it. It owns one
+// goroutine, the receive loop, started by New and stopped by Close.
+//
+// Locking: mu guards waiters, the map from sequence number to the channel
+// of an outstanding Ping.
+type Service struct {
+	ep  fabric.Endpoint
+	log *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	seq     uint64
+	waiters map[uint64]chan time.Time
+}
+
+// New starts a ping service on ep, which it owns and closes on Close.
+func New(ep fabric.Endpoint, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{ep: ep, log: log, ctx: ctx, cancel: cancel, done: make(chan struct{}), waiters: make(map[uint64]chan time.Time)}
+	go s.loop()
+	return s
+}
+
+// Close stops the receive loop, waits for it and closes the endpoint.
+func (s *Service) Close() error {
+	s.cancel()
+	err := s.ep.Close()
+	<-s.done
+	return err
+}
+
+func (s *Service) loop() {
+	defer close(s.done)
+	msgs := make([]fabric.Message, batch)
+	for {
+		n, err := s.ep.Recv(msgs)
+		if err != nil {
+			return
+		}
+		if n == 0 {
+			if err := s.ep.Wait(s.ctx); err != nil {
+				return
+			}
+			continue
+		}
+		for i := range msgs[:n] {
+			s.handle(&msgs[i])
+		}
+	}
+}
+
+func (s *Service) handle(m *fabric.Message) {
+	switch m.Tag {
+	case TagPing:
+		reply := *m
+		reply.Tag = TagPong
+		reply.MC = false
+		// Answer without blocking the loop forever on a dead or
+		// congested peer.
+		ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+		_, err := s.ep.Send(ctx, []fabric.Message{reply})
+		cancel()
+		if err != nil {
+			s.log.Debug("ping reply failed", "peer", m.Peer, "err", err)
+		}
+	case TagPong:
+		if m.Len < 16 {
+			return
+		}
+		seq := binary.LittleEndian.Uint64(m.Data[:8])
+		s.mu.Lock()
+		ch := s.waiters[seq]
+		delete(s.waiters, seq)
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- time.Now()
+		}
+	}
+}
+
+// Ping sends one 120-byte ping to node's management VPID and returns the
+// round-trip time. It fails if ctx ends first or the node is down.
+func (s *Service) Ping(ctx context.Context, node fabric.NodeID) (time.Duration, error) {
+	ch := make(chan time.Time, 1)
+	s.mu.Lock()
+	s.seq++
+	seq := s.seq
+	s.waiters[seq] = ch
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.waiters, seq)
+		s.mu.Unlock()
+	}()
+
+	var m fabric.Message
+	m.Peer = fabric.Addr{Node: node, VPID: VPID}
+	m.Tag = TagPing
+	m.Len = payloadLen
+	binary.LittleEndian.PutUint64(m.Data[:8], seq)
+	start := time.Now()
+	binary.LittleEndian.PutUint64(m.Data[8:16], uint64(start.UnixNano()))
+	if _, err := s.ep.Send(ctx, []fabric.Message{m}); err != nil {
+		return 0, fmt.Errorf("ping node %d: %w", node, err)
+	}
+	select {
+	case t := <-ch:
+		return t.Sub(start), nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("ping node %d: %w", node, ctx.Err())
+	case <-s.done:
+		return 0, fmt.Errorf("ping node %d: %w", node, net.ErrClosed)
+	}
+}
