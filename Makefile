@@ -6,7 +6,7 @@ BIN     := bin
 CC      ?= gcc
 PKGS    := iperf3 sockperf iproute2 iputils-ping gcc procps
 
-.PHONY: all build test deps fmt-check vet unit race clean demo
+.PHONY: all build test deps fmt-check vet unit race clean demo fuzz
 
 all: build
 
@@ -41,7 +41,10 @@ race:
 unit:
 	$(GO) test -count=1 -timeout 40m ./...
 
-test: deps fmt-check vet build race unit
+fuzz:
+	.ci/fuzz
+
+test: deps fmt-check vet build race unit fuzz
 
 clean:
 	rm -rf $(BIN)
