@@ -1,0 +1,137 @@
+package nstest
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Node is an exnd running in a namespace of its own.
+type Node struct {
+	NS     *Netns
+	ID     int
+	IP     netip.Addr // IPv4 address on exn0
+	IP6    netip.Addr // global IPv6 address on exn0
+	Fabric string
+	Proc   *Proc
+	args   []string
+}
+
+// NodeIP is the IPv4 address the harness gives node id on subnet (the
+// third octet of 10.77.subnet.0/24).
+func NodeIP(subnet, id int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 77, byte(subnet), byte(id)})
+}
+
+// NodeIP6 is the IPv6 address the harness gives node id: fd77:<subnet>::<id>/64.
+func NodeIP6(subnet, id int) netip.Addr {
+	return netip.MustParseAddr(fmt.Sprintf("fd77:%x::%x", subnet, id))
+}
+
+// StartNode creates a namespace and starts exnd in it as node id on shm
+// fabric fab, with 10.77.subnet.id/24 and fd77:subnet::id/64 on exn0, and
+// waits until exn0 is up. extra flags are appended.
+func StartNode(t testing.TB, exnd, fab string, subnet, id int, extra ...string) *Node {
+	t.Helper()
+	n := &Node{NS: NewNetns(t, "n"+strconv.Itoa(id)+"-"), ID: id, Fabric: fab,
+		IP: NodeIP(subnet, id), IP6: NodeIP6(subnet, id)}
+	n.args = append([]string{exnd, "--node-id", strconv.Itoa(id), "--fabric", "shm:" + fab,
+		"--addr", n.IP.String() + "/24," + n.IP6.String() + "/64"}, extra...)
+	n.Start(t)
+	return n
+}
+
+// Start (re)starts exnd in the node's namespace and waits for exn0.
+func (n *Node) Start(t testing.TB) {
+	t.Helper()
+	n.Proc = n.NS.Start(t, n.args...)
+	if err := n.WaitUp(10 * time.Second); err != nil {
+		t.Fatalf("node %d: %v\nexnd output:\n%s", n.ID, err, n.Proc.Output())
+	}
+}
+
+// WaitUp polls `ip -n NS link show exn0` until the interface is up, and
+// fails early if exnd exits.
+func (n *Node) WaitUp(timeout time.Duration) error {
+	return Eventually(timeout, func() error {
+		if n.Proc.Exited() {
+			return fmt.Errorf("exnd exited: %v", n.Proc.Wait(0))
+		}
+		out, err := runIP("-n", n.NS.Name, "link", "show", "exn0")
+		if err != nil {
+			return fmt.Errorf("exn0 not there yet: %v: %s", err, out)
+		}
+		if !strings.Contains(out, ",UP") && !strings.Contains(out, "<UP") {
+			return fmt.Errorf("exn0 not up: %s", out)
+		}
+		return nil
+	})
+}
+
+// WaitIPv6 waits until exn0 has a link-local address that is no longer
+// tentative (duplicate address detection done), and returns it.
+func (n *Node) WaitIPv6(timeout time.Duration) (netip.Addr, error) {
+	var ll netip.Addr
+	err := Eventually(timeout, func() error {
+		out, err := runIP("-n", n.NS.Name, "-6", "addr", "show", "dev", "exn0")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if strings.Contains(out, "tentative") {
+			return fmt.Errorf("addresses still tentative: %s", out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == "inet6" && strings.HasPrefix(f[1], "fe80:") {
+				p, err := netip.ParsePrefix(f[1])
+				if err != nil {
+					return err
+				}
+				ll = p.Addr()
+				return nil
+			}
+		}
+		return fmt.Errorf("no link-local address: %s", out)
+	})
+	return ll, err
+}
+
+// Stop sends SIGTERM and waits for exnd to exit.
+func (n *Node) Stop(timeout time.Duration) error {
+	if err := n.Proc.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("node %d: sigterm: %w", n.ID, err)
+	}
+	return n.Proc.Wait(timeout)
+}
+
+func runIP(args ...string) (string, error) {
+	out, err := execOutput(5*time.Second, "ip", args...)
+	return out, err
+}
+
+// CPUTicks returns utime+stime of pid in clock ticks, from /proc/PID/stat.
+func CPUTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesised comm; utime and stime are fields 14
+	// and 15 of the whole line, 12 and 13 after ") ".
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: short", pid)
+	}
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad times", pid)
+	}
+	return u + st, nil
+}
