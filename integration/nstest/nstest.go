@@ -118,7 +118,7 @@ func teardownAll() {
 	}
 }
 
-var staleRE = regexp.MustCompile(`^` + Prefix + `(\d+)-`)
+var staleRE = regexp.MustCompile(`^(?:` + Prefix + `|` + ShmPrefix + `)(\d+)[-_]`)
 
 // sweepStale removes namespaces and shm files of earlier test processes
 // that are gone (killed before their cleanups ran).
@@ -187,11 +187,15 @@ func removeShm(name string) {
 	register(regShm, name, false)
 }
 
-// ShmFabric returns a unique shm fabric name whose /dev/shm files are
-// removed on cleanup.
+// ShmPrefix starts every shm fabric name the harness makes (shm names
+// allow no '-'); the test process ID follows it.
+const ShmPrefix = "exnt_"
+
+// ShmFabric returns a unique shm fabric name "exnt_<pid>_f<n>" whose
+// /dev/shm files are removed on cleanup.
 func ShmFabric(t testing.TB) string {
 	t.Helper()
-	name := Unique("f")
+	name := fmt.Sprintf("%s%d_f%d", ShmPrefix, os.Getpid(), seq.Add(1))
 	register(regShm, name, true)
 	t.Cleanup(func() { removeShm(name) })
 	return name

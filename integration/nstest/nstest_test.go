@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,3 +63,30 @@ func TestCleanupRemovesNamespace(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestSweepStale: files of a fabric whose test process is gone are
+// removed; files of a live one (this process) are kept.
+func TestSweepStale(t *testing.T) {
+	const deadPid = 4194303 // pid_max's ceiling: never a live process here
+	if syscall.Kill(deadPid, 0) != syscall.ESRCH {
+		t.Skip("pid 4194303 exists")
+	}
+	dead := "/dev/shm/exn-" + ShmPrefix + strconv.Itoa(deadPid) + "_f1-fabric"
+	live := "/dev/shm/exn-" + ShmPrefix + strconv.Itoa(os.Getpid()) + "_f999-fabric"
+	other := "/dev/shm/exn-exntx" + strconv.Itoa(deadPid) + "_f1-fabric" // not ours
+	for _, f := range []string{dead, live, other} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Skipf("no /dev/shm: %v", err)
+		}
+		t.Cleanup(func() { os.Remove(f) })
+	}
+	sweepStale()
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("stale %s not swept: %v", dead, err)
+	}
+	for _, f := range []string{live, other} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s swept: %v", f, err)
+		}
+	}
+}
