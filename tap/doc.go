@@ -1,2 +1,42 @@
-// Package tap opens and configures the exn0 TAP device.
+// Package tap opens and configures the exn0 TAP device and moves Ethernet
+// frames through it in batches.
+//
+// Device is the contract the EXT-Eth engine codes against; *TAP is the
+// Linux implementation and tap/taptest has an in-memory one. Both pass
+// taptest.RunContract.
+//
+// # Opening
+//
+// Open does not use github.com/songgao/water, although it is in go.mod.
+// water (v0.0.0-20200317203138) opens /dev/net/tun non-blocking, so its
+// *os.File is in the runtime poller, but it opens it without O_CLOEXEC (the
+// fd leaks into every child exnd starts), leaks the fd when TUNSETIFF fails,
+// and adds nothing beyond that one ioctl. So internal/sys.OpenTAP opens
+// /dev/net/tun with O_NONBLOCK|O_CLOEXEC and issues TUNSETIFF with
+// IFF_TAP|IFF_NO_PI itself; tap wraps the fd with os.NewFile, which
+// registers a non-blocking fd with the poller. Read and Write run their
+// batch inside one syscall.RawConn callback, so a blocked Read parks in the
+// poller and Close wakes it with net.ErrClosed. rtnetlink
+// (github.com/vishvananda/netlink) sets the MAC, MTU, queue length and
+// addresses and brings the link up. IPv6 addresses get IFA_F_NODAD (see
+// Config.Addrs). The TAP is not persistent: Close removes the interface.
+//
+// # Frames
+//
+// Frames are plain Ethernet. The MTU defaults to MaxMTU, 65521: the
+// kernel's TAP max_mtu is 65535 less the 14-byte header, and it refuses
+// 65522 and 65536 (TestMTULimit). read(2) on a TAP silently truncates a
+// frame longer than the buffer and returns the truncated length, so Read
+// reads with readv into the buffer plus a one-byte spill to detect it; such
+// frames are dropped and counted, never returned cut short.
+//
+// # Offloads
+//
+// Not implemented: IFF_VNET_HDR with TUNSETOFFLOAD (TSO4/6, CSUM). The
+// kernel would then hand exnd TCP segments of up to 64 KiB regardless of
+// MTU and skip checksums, the main win wireguard-go gets on Linux. With
+// exn's 65521 MTU most of that gain is already had by large frames; the
+// remaining cost is per-frame syscalls (about 1 µs each, see
+// BenchmarkEcho) and checksumming in the kernel. VNET_HDR would also let
+// the MTU drop to 1500 for peers that need it without losing throughput.
 package tap

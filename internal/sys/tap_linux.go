@@ -1,0 +1,94 @@
+package sys
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// TUN/TAP device node and the TUNSETIFF request block.
+const tunPath = "/dev/net/tun"
+
+// EAGAIN is returned by TAPRead and TAPWrite when the non-blocking fd has
+// nothing to read (or no room to write). Compare with ==.
+var EAGAIN error = unix.EAGAIN
+
+// EINTR is returned when a signal interrupted the call; retry it.
+var EINTR error = unix.EINTR
+
+// OpenTAP opens /dev/net/tun non-blocking and close-on-exec and attaches it
+// to the TAP interface name with IFF_TAP|IFF_NO_PI: frames are plain
+// Ethernet, with no packet-information header and no virtio-net header.
+// The interface is created if absent and is not persistent, so it goes away
+// when the last fd on it closes. It is created in the calling thread's
+// network namespace. name must fit IFNAMSIZ-1 (15) bytes; "" lets the
+// kernel choose. OpenTAP returns the fd, owned by the caller, and the name
+// the kernel gave the interface. On error no fd is left open.
+func OpenTAP(name string) (fd int, ifname string, err error) {
+	if len(name) >= unix.IFNAMSIZ {
+		return -1, "", fmt.Errorf("interface name %q longer than %d bytes: %w", name, unix.IFNAMSIZ-1, unix.EINVAL)
+	}
+	fd, err = unix.Open(tunPath, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", fmt.Errorf("open %s: %w", tunPath, err)
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return -1, "", fmt.Errorf("ifreq %q: %w", name, err)
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, "", fmt.Errorf("ioctl TUNSETIFF %q: %w", name, err)
+	}
+	return fd, ifr.Name(), nil
+}
+
+// TAPRead reads one frame from a TAP fd into b. The kernel copies as much
+// of a frame as fits and returns the copied length, so truncation is
+// invisible to read(2); TAPRead therefore reads with readv into b and a
+// one-byte spill, and n > len(b) means the frame was longer than b (it is
+// consumed, and only len(b) bytes of it are in b). It returns EAGAIN when
+// no frame is queued. It does not allocate.
+func TAPRead(fd int, b []byte) (n int, err error) {
+	if len(b) == 0 {
+		return 0, unix.EINVAL
+	}
+	var spill [1]byte
+	var iov [2]unix.Iovec
+	iov[0].Base = &b[0]
+	iov[0].SetLen(len(b))
+	iov[1].Base = &spill[0]
+	iov[1].SetLen(1)
+	r, _, e := unix.Syscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
+	if e != 0 {
+		return 0, errnoErr(e)
+	}
+	return int(r), nil
+}
+
+// TAPWrite writes one frame to a TAP fd. The kernel takes the whole frame
+// or none of it.
+func TAPWrite(fd int, b []byte) (n int, err error) {
+	var p unsafe.Pointer
+	if len(b) > 0 {
+		p = unsafe.Pointer(&b[0])
+	}
+	r, _, e := unix.Syscall(unix.SYS_WRITE, uintptr(fd), uintptr(p), uintptr(len(b)))
+	if e != 0 {
+		return 0, errnoErr(e)
+	}
+	return int(r), nil
+}
+
+func errnoErr(e unix.Errno) error {
+	switch e {
+	case unix.EAGAIN:
+		return EAGAIN
+	case unix.EINTR:
+		return EINTR
+	}
+	return e
+}
