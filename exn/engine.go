@@ -1,0 +1,202 @@
+package exn
+
+// Engine lifecycle, counters and logging. The pipelines are in tx.go
+// (Transmit → VELO fragments or advert) and rx.go (the NAPI receive loop).
+//
+// Goroutines, all owned by the Engine and joined by Close:
+//
+//	rxLoop   the only consumer of the endpoint: Recv, PollNotifications,
+//	         reassembly, GETs, in-order delivery, housekeeping.
+//	ticker   every housekeepingInterval swaps in a fresh tick context and
+//	         fires the old one, which wakes rxLoop from ep.Wait so it runs
+//	         housekeeping (advert timeouts, dead sources) even when idle,
+//	         without a per-Wait timer allocation.
+//
+// Callers' goroutines run Transmit.
+//
+// Close order: mark closed and close done (new Transmits fail, slot waiters
+// wake); take memMu for writing once (no Transmit is still copying into
+// registered memory); stop the ticker, which fires the last tick and wakes
+// rxLoop; join both; then close the endpoint, which makes Transmits blocked
+// in ep.Send return net.ErrClosed and releases the registered regions.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+const (
+	// housekeepingInterval is how often (wall clock) the receive loop
+	// checks advert deadlines and dead sources. It bounds how late an
+	// expired advert is reclaimed beyond AdvertTimeout, and is the idle
+	// wake-up rate (10/s: negligible CPU).
+	housekeepingInterval = 100 * time.Millisecond
+	// logInterval is the least time between two log lines for one drop
+	// reason; the counters always count.
+	logInterval = time.Second
+)
+
+// Engine is one node's EXT-Eth engine. Its methods are safe for
+// concurrent use.
+type Engine struct {
+	cfg      Config
+	nic      fabric.NIC
+	ep       fabric.Endpoint
+	link     Link
+	self     fabric.NodeID
+	mac      [6]byte
+	maxFrame int
+	log      *slog.Logger
+	ctr      counters
+	lastLog  [NumDropReasons]atomic.Int64
+
+	// Transmit side (tx.go).
+	txMu    sync.Mutex               // serialises ep.Send; guards txSeq
+	txSeq   map[fabric.NodeID]uint16 // next advert sequence per receiver
+	tx      txPool                   // slot states are atomic; free is a channel
+	memMu   sync.RWMutex             // R: copying into tx slots; W: Close barrier
+	scratch sync.Pool                // *txScratch
+	msgCap  int                      // scratch capacity in messages
+
+	// Receive side (rx.go); touched only by rxLoop.
+	rx rxState
+
+	closed atomic.Bool
+	done   chan struct{}
+	tick   atomic.Pointer[tickCtx]
+	wg     sync.WaitGroup
+}
+
+// New starts an engine on ep, which must be VPID fabric.EthVPID opened on
+// nic. The engine takes ownership of ep: it is the endpoint's only
+// receiver, and Close closes it. link receives the frames that arrive.
+// New registers TxSlots and RxSlots max-frame buffers with ep.
+func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case nic == nil || ep == nil || link == nil:
+		return nil, fmt.Errorf("exn: new: nil nic, endpoint or link: %w", errConfig)
+	case ep.Addr().VPID != fabric.EthVPID || ep.Addr().Node != nic.Node():
+		return nil, fmt.Errorf("exn: new: endpoint %v is not %d:%d: %w", ep.Addr(), nic.Node(), fabric.EthVPID, errConfig)
+	}
+	e := &Engine{
+		cfg:      cfg,
+		nic:      nic,
+		ep:       ep,
+		link:     link,
+		self:     nic.Node(),
+		maxFrame: cfg.MTU + EthHeaderLen,
+		log:      cfg.Logger,
+		txSeq:    make(map[fabric.NodeID]uint16),
+		done:     make(chan struct{}),
+	}
+	copy(e.mac[:], cfg.MACPrefix.MAC(e.self))
+	e.msgCap = max(sendBatchMsgs, numFragments(e.maxFrame))
+	e.scratch.New = func() any {
+		return &txScratch{
+			msgs: make([]fabric.Message, 0, e.msgCap),
+			meta: make([]txMeta, 0, e.msgCap),
+		}
+	}
+	if err := e.tx.init(ep, cfg.TxSlots, e.maxFrame); err != nil {
+		return nil, err
+	}
+	if err := e.rx.init(ep, &cfg, e.maxFrame); err != nil {
+		ep.Deregister(e.tx.region.NLA)
+		return nil, err
+	}
+	e.tick.Store(newTick(0))
+	e.wg.Add(2)
+	go e.rxLoop()
+	go e.ticker()
+	return e, nil
+}
+
+// MAC returns this node's MAC address (a fresh copy).
+func (e *Engine) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), e.mac[:]...) }
+
+// Stats returns a snapshot of the counters. It takes no locks.
+func (e *Engine) Stats() Stats {
+	s := e.ctr.snapshot()
+	s.TxSlotsInUse = e.cfg.TxSlots - len(e.tx.free)
+	return s
+}
+
+// Close stops the receive loop, closes the endpoint (releasing the
+// registered pools) and makes blocked Transmit calls return
+// net.ErrClosed. It is idempotent and returns after every goroutine the
+// engine started has exited.
+func (e *Engine) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	close(e.done)
+	e.memMu.Lock()
+	e.memMu.Unlock() //nolint:staticcheck // a barrier: no copy into tx slots is in flight
+	e.wg.Wait()
+	if err := e.ep.Close(); err != nil {
+		return fmt.Errorf("exn: close: %w", err)
+	}
+	return nil
+}
+
+// drop counts a drop and logs it at most once per logInterval per reason.
+func (e *Engine) drop(r DropReason, node fabric.NodeID) {
+	total := e.ctr.drops[r].Add(1)
+	now := time.Now().UnixNano()
+	last := e.lastLog[r].Load()
+	if now-last < int64(logInterval) || !e.lastLog[r].CompareAndSwap(last, now) {
+		return
+	}
+	e.log.LogAttrs(context.Background(), slog.LevelWarn, "exn: dropped",
+		slog.String("reason", r.String()), slog.Int("node", int(node)), slog.Uint64("total", total))
+}
+
+// tickCtx is a context that is done when the ticker fires it. A fresh
+// one per interval costs two allocations per housekeepingInterval
+// instead of a timer per ep.Wait.
+type tickCtx struct {
+	gen  uint64
+	done chan struct{}
+}
+
+func newTick(gen uint64) *tickCtx { return &tickCtx{gen: gen, done: make(chan struct{})} }
+
+func (t *tickCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (t *tickCtx) Done() <-chan struct{}       { return t.done }
+func (t *tickCtx) Value(any) any               { return nil }
+func (t *tickCtx) Err() error {
+	select {
+	case <-t.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+func (e *Engine) ticker() {
+	defer e.wg.Done()
+	t := time.NewTicker(housekeepingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.done:
+			close(e.tick.Load().done) // the last tick stays fired
+			return
+		case <-t.C:
+			old := e.tick.Load()
+			e.tick.Store(newTick(old.gen + 1))
+			close(old.done)
+		}
+	}
+}

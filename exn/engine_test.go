@@ -1,0 +1,72 @@
+package exn
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func TestFrameSizes(t *testing.T) {
+	a, b := pair(t, Config{MTU: MaxMTU})
+	sizes := []int{14, 60, 120, 121, 480, 481, 496, 497, 1500, 9000, 65535 + 14}
+	for i, size := range sizes {
+		f := frame(b.eng.MAC(), a.eng.MAC(), size, uint32(i))
+		before := b.eng.Stats()
+		mustTransmit(t, a.eng, f)
+		got := b.link.wait(t, i+1, 5*time.Second)[i]
+		if !bytes.Equal(got, f) {
+			t.Fatalf("size %d: frame differs (got %d bytes)", size, len(got))
+		}
+		after := b.eng.Stats()
+		want := ProtoEager
+		if size > DefaultEagerThreshold {
+			want = ProtoRendezvous
+		}
+		if after.RxFrames[want] != before.RxFrames[want]+1 {
+			t.Errorf("size %d: not received as %v", size, want)
+		}
+	}
+	quiet(t, a.eng)
+	quiet(t, b.eng)
+	if s := b.eng.Stats(); s.TotalDrops() != 0 {
+		t.Errorf("drops:%s", dropsString(s))
+	}
+}
+
+// TestOrderMixed sends a random mix of small and large frames, with
+// pools small enough that adverts wait for rx buffers and Transmit waits
+// for tx slots, and checks they arrive complete and in order.
+func TestOrderMixed(t *testing.T) {
+	a, b := pair(t, Config{TxSlots: 3, RxSlots: 2})
+	n := 2000
+	if testing.Short() {
+		n = 300
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var frames [][]byte
+	for i := range n {
+		size := 14 + rng.IntN(600)
+		if rng.IntN(4) == 0 {
+			size = 481 + rng.IntN(20000)
+		}
+		frames = append(frames, frame(b.eng.MAC(), a.eng.MAC(), max(size, 18), uint32(i)))
+	}
+	for i := 0; i < n; {
+		k := min(1+rng.IntN(40), n-i)
+		mustTransmit(t, a.eng, frames[i:i+k]...)
+		i += k
+	}
+	got := b.link.wait(t, n, 30*time.Second)
+	for i := range got {
+		if !bytes.Equal(got[i], frames[i]) {
+			t.Fatalf("frame %d: got seq %d len %d, want len %d", i, binary.BigEndian.Uint32(got[i][14:]), len(got[i]), len(frames[i]))
+		}
+	}
+	quiet(t, a.eng)
+	quiet(t, b.eng)
+	if s := b.eng.Stats(); s.TotalDrops() != 0 {
+		t.Errorf("drops:%s", dropsString(s))
+	}
+}

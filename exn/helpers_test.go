@@ -1,0 +1,188 @@
+package exn
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// collectLink is a Link that copies and keeps every frame.
+type collectLink struct {
+	mu     sync.Mutex
+	frames [][]byte
+	notify chan struct{}
+	block  chan struct{} // if non-nil, DeliverFrames waits on it first
+}
+
+func newCollectLink() *collectLink { return &collectLink{notify: make(chan struct{}, 1)} }
+
+func (l *collectLink) DeliverFrames(fs [][]byte) error {
+	if l.block != nil {
+		<-l.block
+	}
+	l.mu.Lock()
+	for _, f := range fs {
+		l.frames = append(l.frames, append([]byte(nil), f...))
+	}
+	l.mu.Unlock()
+	select {
+	case l.notify <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (l *collectLink) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.frames)
+}
+
+// wait returns the first n frames, failing tb after timeout.
+func (l *collectLink) wait(tb testing.TB, n int, timeout time.Duration) [][]byte {
+	tb.Helper()
+	deadline := time.After(timeout)
+	for {
+		l.mu.Lock()
+		if len(l.frames) >= n {
+			out := l.frames[:n:n]
+			l.mu.Unlock()
+			return out
+		}
+		have := len(l.frames)
+		l.mu.Unlock()
+		select {
+		case <-l.notify:
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			tb.Fatalf("got %d frames, want %d", have, n)
+		}
+	}
+}
+
+// fakeClock is an injected clock tests advance by hand.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+type node struct {
+	nic  fabric.NIC
+	eng  *Engine
+	link *collectLink
+}
+
+// newNodes starts one engine per id on cluster c with cfg.
+func newNodes(tb testing.TB, c *mem.Cluster, cfg Config, ids ...fabric.NodeID) []*node {
+	tb.Helper()
+	var out []*node
+	for _, id := range ids {
+		nic, err := c.NewNIC(id)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ep, err := nic.Open(fabric.EthVPID)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		l := newCollectLink()
+		e, err := New(nic, ep, l, cfg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n := &node{nic: nic, eng: e, link: l}
+		tb.Cleanup(func() {
+			if l.block != nil {
+				select {
+				case <-l.block:
+				default:
+					close(l.block)
+				}
+			}
+			e.Close()
+			nic.Close()
+		})
+		out = append(out, n)
+	}
+	return out
+}
+
+func pair(tb testing.TB, cfg Config, opts ...mem.Option) (a, b *node) {
+	tb.Helper()
+	testenv.VerifyNoLeaks(tb)
+	ns := newNodes(tb, mem.NewCluster(opts...), cfg, 1, 2)
+	return ns[0], ns[1]
+}
+
+// frame builds an Ethernet frame of size bytes (>= 14) from src to dst:
+// EtherType 0x88B5 (local experimental), then a 4-byte sequence number if
+// it fits, then a pattern derived from seq.
+func frame(dst, src []byte, size int, seq uint32) []byte {
+	f := make([]byte, size)
+	copy(f[0:6], dst)
+	copy(f[6:12], src)
+	f[12], f[13] = 0x88, 0xB5
+	if size >= 18 {
+		binary.BigEndian.PutUint32(f[14:18], seq)
+	}
+	for i := 18; i < size; i++ {
+		f[i] = byte(uint32(i)*31 + seq*7)
+	}
+	return f
+}
+
+func mustTransmit(tb testing.TB, e *Engine, frames ...[]byte) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n, err := e.Transmit(ctx, frames)
+	if err != nil || n != len(frames) {
+		tb.Fatalf("Transmit: n=%d/%d err=%v", n, len(frames), err)
+	}
+}
+
+// eventually polls cond until it holds or 5 s pass.
+func eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// quiet waits until e has nothing in flight and checks the pools are
+// whole.
+func quiet(tb testing.TB, e *Engine) {
+	tb.Helper()
+	eventually(tb, "engine quiet", func() bool {
+		s := e.Stats()
+		return s.TxSlotsInUse == 0 && s.RxSlotsInUse == 0 && s.PendingGets == 0 &&
+			s.OutstandingAdverts == 0 && s.WaitingAdverts == 0
+	})
+}
+
+func dropsString(s Stats) string {
+	out := ""
+	for r := DropReason(1); r < NumDropReasons; r++ {
+		if s.Drops[r] != 0 {
+			out += fmt.Sprintf(" %v=%d", r, s.Drops[r])
+		}
+	}
+	return out
+}

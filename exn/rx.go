@@ -1,0 +1,615 @@
+package exn
+
+// Receive pipeline: one goroutine (rxLoop), NAPI style. A round:
+//
+//	Recv ≤ RxBudget messages ──┬─ eager fragment → reasm (per source,
+//	                           │   unicast and multicast apart) → frame
+//	                           └─ advert → per-source queue entry → GET
+//	                              (or wait for a free rx buffer)
+//	PollNotifications ≤ NotifyBudget
+//	   completer (our GET done)      → queue entry ready
+//	   requester error (GET failed)  → queue entry failed, buffer freed
+//	   responder (our slot was read) → tx slot freed (wakes Transmit)
+//	drain every source touched this round: pop ready/failed entries off
+//	   the head of its queue into the delivery batch; stop at a GET in
+//	   flight — so frames reach the Link in the order the source sent them
+//	flush the batch: Observer, Link.DeliverFrames, release buffers, post
+//	   GETs for adverts waiting for a buffer (FIFO across sources)
+//	nothing done → ep.Wait(tick) (spins, then sleeps until a message, a
+//	   notification or the next housekeeping tick)
+//
+// A unicast eager frame of a source with an empty queue skips the queue.
+// Multicast frames skip it always: they are not ordered against unicast
+// by the fabric either.
+//
+// Housekeeping (each tick, on this goroutine): reclaim tx slots of adverts
+// armed longer than AdvertTimeout; drop partial and queued frames of
+// sources that are no longer alive and forget idle dead sources.
+//
+// All state here is owned by rxLoop; only counters are shared.
+
+import (
+	"errors"
+	"net"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+const (
+	// maxSourceQueue bounds one source's in-order queue (frames behind a
+	// GET in flight, adverts waiting for a buffer). It exceeds the
+	// default TxSlots so a sender's every outstanding advert fits, with
+	// room for the eager frames between them.
+	maxSourceQueue = 256
+	// deliverBatch is the most frames handed to the Link at once.
+	deliverBatch = 64
+)
+
+type qstate uint8
+
+const (
+	qWaiting qstate = iota // advert waiting for an rx buffer
+	qPending               // GET in flight
+	qReady                 // frame complete, waiting for its turn
+	qFailed                // dropped; skipped when it reaches the head
+)
+
+// qent is one frame in a source's in-order queue.
+type qent struct {
+	state qstate
+	proto Proto
+	buf   *frameBuf // eager frame, else nil
+	n     int32     // eager frame length
+	slot  int32     // rx buffer of a rendezvous frame, else -1
+	adv   advert    // the advert, while waiting
+}
+
+// source is the receive state of one peer node.
+type source struct {
+	node   fabric.NodeID
+	uc, mc reasm
+
+	q       []qent // ring, allocated on first use
+	qhead   uint64 // absolute position of the head
+	qlen    int
+	waiting int // entries in qWaiting
+
+	seq   uint16 // next expected advert sequence
+	seqOK bool
+	dirty bool // on rx.dirty
+}
+
+func (s *source) at(abs uint64) *qent { return &s.q[abs%uint64(len(s.q))] }
+
+// rxSlot is one registered receive buffer.
+type rxSlot struct {
+	src  *source // nil when free
+	abs  uint64  // its entry's queue position
+	len  uint32
+	busy bool
+}
+
+// release is what to give back once a delivered frame's batch is done.
+type release struct {
+	buf  *frameBuf
+	slot int32
+}
+
+type rxState struct {
+	region   fabric.Region
+	slotSize int
+	slots    []rxSlot
+	free     []int32
+
+	pool    *bufPool
+	sources map[fabric.NodeID]*source
+	last    *source // lookup cache
+
+	waitq    []*source // one entry per waiting advert, FIFO from wqHead
+	wqHead   int
+	dirty    []*source
+	batch    [][]byte
+	rel      []release
+	msgs     []fabric.Message
+	notes    []fabric.Notification
+	req      [1]fabric.RMA
+	lastTick uint64
+}
+
+func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame int) error {
+	r.slotSize = (maxFrame + 63) &^ 63
+	reg, err := ep.Register(cfg.RxSlots * r.slotSize)
+	if err != nil {
+		return err
+	}
+	r.region = reg
+	r.slots = make([]rxSlot, cfg.RxSlots)
+	r.free = make([]int32, 0, cfg.RxSlots)
+	for i := cfg.RxSlots - 1; i >= 0; i-- {
+		r.free = append(r.free, int32(i))
+	}
+	r.pool = newBufPool(min(max(cfg.EagerThreshold, minSmallBuf), maxFrame), maxFrame)
+	r.sources = make(map[fabric.NodeID]*source)
+	r.batch = make([][]byte, 0, deliverBatch)
+	r.rel = make([]release, 0, deliverBatch)
+	r.msgs = make([]fabric.Message, cfg.RxBudget)
+	r.notes = make([]fabric.Notification, cfg.NotifyBudget)
+	r.dirty = make([]*source, 0, 16)
+	return nil
+}
+
+func (r *rxState) nla(i int32) fabric.NLA { return r.region.NLA + fabric.NLA(int(i)*r.slotSize) }
+
+// index maps a local address to the rx buffer containing it, or -1.
+func (r *rxState) index(a fabric.NLA) int32 {
+	if a.Region() != r.region.NLA.Region() {
+		return -1
+	}
+	i := a.Offset() / uint64(r.slotSize)
+	if i >= uint64(len(r.slots)) {
+		return -1
+	}
+	return int32(i)
+}
+
+func (e *Engine) rxLoop() {
+	defer e.wg.Done()
+	rx := &e.rx
+	for !e.closed.Load() {
+		n, err := e.ep.Recv(rx.msgs)
+		if err != nil {
+			e.rxFailed(err)
+			return
+		}
+		for i := range rx.msgs[:n] {
+			e.handleMsg(&rx.msgs[i])
+		}
+		m, err := e.ep.PollNotifications(rx.notes)
+		if err != nil {
+			e.rxFailed(err)
+			return
+		}
+		for i := range rx.notes[:m] {
+			e.handleNote(&rx.notes[i])
+		}
+		e.finishRound()
+		t := e.tick.Load()
+		if t.gen != rx.lastTick {
+			rx.lastTick = t.gen
+			e.housekeep()
+			e.finishRound()
+		}
+		if n == 0 && m == 0 {
+			if err := e.ep.Wait(t); errors.Is(err, net.ErrClosed) {
+				e.rxFailed(err)
+				return
+			}
+		}
+	}
+}
+
+// rxFailed ends the receive loop because the endpoint failed under it
+// (closed by someone else). Transmit then fails with net.ErrClosed too.
+func (e *Engine) rxFailed(err error) {
+	if !e.closed.Load() {
+		e.log.Error("exn: receive loop stopped", "err", err)
+	}
+}
+
+func (e *Engine) source(node fabric.NodeID) *source {
+	rx := &e.rx
+	if rx.last != nil && rx.last.node == node {
+		return rx.last
+	}
+	s := rx.sources[node]
+	if s == nil {
+		s = &source{node: node}
+		rx.sources[node] = s
+	}
+	rx.last = s
+	return s
+}
+
+func (e *Engine) handleMsg(m *fabric.Message) {
+	node := m.Peer.Node
+	switch {
+	case node == e.self:
+		e.drop(DropSelfEcho, node)
+		return
+	case m.Peer.VPID != fabric.EthVPID:
+		e.drop(DropBadSource, node)
+		return
+	}
+	switch {
+	case m.Tag&tagEager != 0:
+		src := e.source(node)
+		r := &src.uc
+		if m.MC {
+			r = &src.mc
+		}
+		buf, n, reason, truncated := r.feed(e.rx.pool, m.Tag, m.Payload(), e.maxFrame)
+		if truncated {
+			e.drop(DropTruncated, node)
+		}
+		if reason != DropNone {
+			e.drop(reason, node)
+		}
+		if buf != nil {
+			e.eagerDone(src, buf, int(n), m.MC)
+		}
+	case m.Tag == tagAdvert && !m.MC:
+		e.handleAdvert(e.source(node), m.Payload())
+	case m.Tag == tagAdvert:
+		e.drop(DropAdvertMalformed, node)
+	default:
+		e.drop(DropBadTag, node)
+	}
+}
+
+// dstOK checks a received frame's destination MAC: ours for unicast, a
+// group address for multicast.
+func (e *Engine) dstOK(f []byte, mc bool) bool {
+	if mc {
+		return isGroupMAC(f)
+	}
+	return [6]byte(f[:6]) == e.mac
+}
+
+func (e *Engine) eagerDone(src *source, buf *frameBuf, n int, mc bool) {
+	f := buf.b[:n]
+	if !e.dstOK(f, mc) {
+		e.rx.pool.put(buf)
+		e.drop(DropWrongDest, src.node)
+		return
+	}
+	switch {
+	case mc:
+		e.deliver(f, release{buf: buf, slot: -1}, ProtoMulticast)
+	case src.qlen == 0:
+		e.deliver(f, release{buf: buf, slot: -1}, ProtoEager)
+	default:
+		ent := e.enqueue(src)
+		if ent == nil {
+			e.rx.pool.put(buf)
+			return
+		}
+		*ent = qent{state: qReady, proto: ProtoEager, buf: buf, n: int32(n), slot: -1}
+	}
+}
+
+// enqueue appends an entry to src's queue, or counts DropQueueFull and
+// returns nil.
+func (e *Engine) enqueue(src *source) *qent {
+	if src.q == nil {
+		src.q = make([]qent, maxSourceQueue)
+	}
+	if src.qlen == len(src.q) {
+		e.drop(DropQueueFull, src.node)
+		return nil
+	}
+	ent := src.at(src.qhead + uint64(src.qlen))
+	src.qlen++
+	return ent
+}
+
+func (e *Engine) handleAdvert(src *source, p []byte) {
+	a, reason := decodeAdvert(p, e.maxFrame)
+	if reason != DropNone {
+		e.drop(reason, src.node)
+		return
+	}
+	if src.seqOK && a.seq != src.seq {
+		e.ctr.advertSeqGaps.Add(1)
+	}
+	src.seq, src.seqOK = a.seq+1, true
+	ent := e.enqueue(src)
+	if ent == nil {
+		return // the sender reclaims its slot after AdvertTimeout
+	}
+	abs := src.qhead + uint64(src.qlen) - 1
+	*ent = qent{state: qWaiting, proto: ProtoRendezvous, slot: -1, adv: a}
+	rx := &e.rx
+	if len(rx.free) > 0 && rx.wqHead == len(rx.waitq) {
+		e.postGet(src, abs)
+		return
+	}
+	src.waiting++
+	e.ctr.waitingAdverts.Add(1)
+	rx.waitq = append(rx.waitq, src)
+}
+
+// postGet starts the GET of the waiting entry at abs into a free rx
+// buffer, which the caller made sure exists.
+func (e *Engine) postGet(src *source, abs uint64) {
+	rx := &e.rx
+	ent := src.at(abs)
+	slot := rx.free[len(rx.free)-1]
+	rx.free = rx.free[:len(rx.free)-1]
+	e.ctr.rxSlotsInUse.Add(1)
+	rx.slots[slot] = rxSlot{src: src, abs: abs, len: ent.adv.len, busy: true}
+	rx.req[0] = fabric.RMA{
+		Op:     fabric.OpGet,
+		Peer:   fabric.Addr{Node: src.node, VPID: fabric.EthVPID},
+		Local:  rx.nla(slot),
+		Remote: ent.adv.nla,
+		Len:    ent.adv.len,
+		Notify: fabric.NotifyCompleter | fabric.NotifyResponder,
+	}
+	if _, err := e.ep.Post(rx.req[:]); err != nil {
+		e.freeRxSlot(slot)
+		ent.state = qFailed
+		e.markDirty(src)
+		e.drop(DropGetPost, src.node)
+		return
+	}
+	ent.state, ent.slot = qPending, slot
+	e.ctr.pendingGets.Add(1)
+}
+
+func (e *Engine) freeRxSlot(slot int32) {
+	e.rx.slots[slot] = rxSlot{}
+	e.rx.free = append(e.rx.free, slot)
+	e.ctr.rxSlotsInUse.Add(-1)
+}
+
+func (e *Engine) markDirty(src *source) {
+	if !src.dirty {
+		src.dirty = true
+		e.rx.dirty = append(e.rx.dirty, src)
+	}
+}
+
+var notifyDrop = [...]DropReason{
+	fabric.NErrAccess:   DropGetAccess,
+	fabric.NErrBounds:   DropGetBounds,
+	fabric.NErrPeerDown: DropGetPeerDown,
+}
+
+func (e *Engine) handleNote(n *fabric.Notification) {
+	rx := &e.rx
+	switch {
+	case n.Err != fabric.NErrNone:
+		// A failed GET of ours: Local is the buffer start as posted.
+		slot := rx.index(n.Local)
+		if slot < 0 || !rx.slots[slot].busy || rx.nla(slot) != n.Local || rx.slots[slot].src.node != n.Peer.Node {
+			e.ctr.unmatchedNotify.Add(1)
+			return
+		}
+		reason := DropGetPeerDown
+		if int(n.Err) < len(notifyDrop) && notifyDrop[n.Err] != DropNone {
+			reason = notifyDrop[n.Err]
+		}
+		e.getDone(slot, reason)
+	case n.Kind == fabric.KindCompleter && n.Op == fabric.OpGet:
+		slot := rx.index(n.Local)
+		if slot < 0 || !rx.slots[slot].busy {
+			e.ctr.unmatchedNotify.Add(1)
+			return
+		}
+		s := &rx.slots[slot]
+		if fabric.LastFrame(rx.nla(slot), s.len) != n.Local || n.Len != s.len || n.Peer.Node != s.src.node {
+			e.getDone(slot, DropGetMismatch)
+			return
+		}
+		e.getDone(slot, DropNone)
+	case n.Kind == fabric.KindResponder && n.Op == fabric.OpGet:
+		e.responderDone(n)
+	default:
+		e.ctr.unmatchedNotify.Add(1)
+	}
+}
+
+// getDone finishes the GET into slot: its entry becomes ready, or failed
+// (reason != DropNone) with the buffer freed.
+func (e *Engine) getDone(slot int32, reason DropReason) {
+	s := &e.rx.slots[slot]
+	src := s.src
+	ent := src.at(s.abs)
+	e.ctr.pendingGets.Add(-1)
+	if reason == DropNone {
+		f := e.rx.region.Buf[int(slot)*e.rx.slotSize:][:s.len]
+		if !e.dstOK(f, false) {
+			reason = DropWrongDest
+		}
+	}
+	if reason != DropNone {
+		e.freeRxSlot(slot)
+		ent.state, ent.slot = qFailed, -1
+		e.drop(reason, src.node)
+	} else {
+		ent.state = qReady
+	}
+	e.markDirty(src)
+}
+
+// responderDone frees the tx slot a peer has finished reading.
+func (e *Engine) responderDone(n *fabric.Notification) {
+	slot, start := e.tx.index(n.Local)
+	if slot < 0 {
+		e.ctr.unmatchedNotify.Add(1)
+		return
+	}
+	s := &e.tx.slots[slot]
+	w := s.state.Load()
+	if w&slotBusy == 0 || wordNode(w) != n.Peer.Node || wordLen(w) != n.Len ||
+		fabric.LastFrame(start, n.Len) != n.Local || !s.state.CompareAndSwap(w, 0) {
+		e.ctr.lateResponders.Add(1)
+		return
+	}
+	e.ctr.outstandingAdverts.Add(-1)
+	e.tx.free <- slot
+}
+
+// finishRound drains the sources touched this round and flushes the
+// delivery batch. Flushing frees buffers and may post waiting GETs, whose
+// failures dirty more sources; loop until quiet.
+func (e *Engine) finishRound() {
+	rx := &e.rx
+	for {
+		for len(rx.dirty) > 0 {
+			src := rx.dirty[len(rx.dirty)-1]
+			rx.dirty = rx.dirty[:len(rx.dirty)-1]
+			src.dirty = false
+			e.drain(src)
+		}
+		e.flushDeliver()
+		if len(rx.dirty) == 0 {
+			return
+		}
+	}
+}
+
+// drain moves src's finished head entries into the delivery batch.
+func (e *Engine) drain(src *source) {
+	for src.qlen > 0 {
+		ent := src.at(src.qhead)
+		switch ent.state {
+		case qReady:
+			if ent.buf != nil {
+				e.deliver(ent.buf.b[:ent.n], release{buf: ent.buf, slot: -1}, ent.proto)
+			} else {
+				s := &e.rx.slots[ent.slot]
+				f := e.rx.region.Buf[int(ent.slot)*e.rx.slotSize:][:s.len]
+				e.deliver(f, release{slot: ent.slot}, ent.proto)
+			}
+		case qFailed:
+		default:
+			return
+		}
+		*ent = qent{}
+		src.qhead++
+		src.qlen--
+	}
+}
+
+// deliver appends a frame to the delivery batch, flushing it when full.
+func (e *Engine) deliver(f []byte, rel release, p Proto) {
+	rx := &e.rx
+	e.ctr.rxFrames[p].Add(1)
+	e.ctr.rxBytes[p].Add(uint64(len(f)))
+	rx.batch = append(rx.batch, f)
+	rx.rel = append(rx.rel, rel)
+	if len(rx.batch) >= deliverBatch {
+		e.flushDeliver()
+	}
+}
+
+// flushDeliver hands the batch to the Link, then releases its buffers and
+// starts GETs for adverts that were waiting for one.
+func (e *Engine) flushDeliver() {
+	rx := &e.rx
+	if len(rx.batch) == 0 {
+		return
+	}
+	if o := e.cfg.Observer; o != nil {
+		for _, f := range rx.batch {
+			o.Observe(f)
+		}
+	}
+	if err := e.link.DeliverFrames(rx.batch); err != nil {
+		e.ctr.linkErrors.Add(1)
+		// DropNone's log slot rate-limits link errors.
+		now, last := time.Now().UnixNano(), e.lastLog[DropNone].Load()
+		if now-last >= int64(logInterval) && e.lastLog[DropNone].CompareAndSwap(last, now) {
+			e.log.Warn("exn: link deliver failed", "err", err, "total", e.ctr.linkErrors.Load())
+		}
+	}
+	for _, r := range rx.rel {
+		if r.buf != nil {
+			rx.pool.put(r.buf)
+		} else {
+			e.freeRxSlot(r.slot)
+		}
+	}
+	clear(rx.batch)
+	rx.batch, rx.rel = rx.batch[:0], rx.rel[:0]
+	e.postWaiting()
+}
+
+// postWaiting starts GETs for waiting adverts, oldest first, while rx
+// buffers are free.
+func (e *Engine) postWaiting() {
+	rx := &e.rx
+	for len(rx.free) > 0 && rx.wqHead < len(rx.waitq) {
+		src := rx.waitq[rx.wqHead]
+		rx.waitq[rx.wqHead] = nil
+		rx.wqHead++
+		if src.waiting == 0 {
+			continue // its adverts were dropped (peer died)
+		}
+		for abs := src.qhead; abs < src.qhead+uint64(src.qlen); abs++ {
+			if src.at(abs).state == qWaiting {
+				src.waiting--
+				e.ctr.waitingAdverts.Add(-1)
+				e.postGet(src, abs)
+				break
+			}
+		}
+	}
+	if rx.wqHead == len(rx.waitq) {
+		rx.waitq, rx.wqHead = rx.waitq[:0], 0
+	}
+}
+
+// housekeep reclaims expired adverts and cleans up after dead sources.
+func (e *Engine) housekeep() {
+	now := e.cfg.Now().UnixNano()
+	for i := range e.tx.slots {
+		s := &e.tx.slots[i]
+		w := s.state.Load()
+		if w&slotArmed == 0 || now < s.deadline.Load() {
+			continue
+		}
+		if s.state.CompareAndSwap(w, 0) {
+			e.ctr.advertTimeouts.Add(1)
+			e.ctr.outstandingAdverts.Add(-1)
+			e.log.Warn("exn: advert never pulled, slot reclaimed", "node", wordNode(w), "len", wordLen(w))
+			e.tx.free <- int32(i)
+		}
+	}
+	rx := &e.rx
+	for node, src := range rx.sources {
+		if e.nic.Alive(node) == nil {
+			continue
+		}
+		if src.uc.buf != nil {
+			src.uc.reset(rx.pool)
+			e.drop(DropPeerGone, node)
+		}
+		if src.mc.buf != nil {
+			src.mc.reset(rx.pool)
+			e.drop(DropPeerGone, node)
+		}
+		pending := 0
+		for abs := src.qhead; abs < src.qhead+uint64(src.qlen); abs++ {
+			ent := src.at(abs)
+			switch ent.state {
+			case qReady:
+				if ent.buf != nil {
+					rx.pool.put(ent.buf)
+				} else {
+					e.freeRxSlot(ent.slot)
+				}
+				*ent = qent{state: qFailed, slot: -1}
+				e.drop(DropPeerGone, node)
+			case qWaiting:
+				ent.state = qFailed
+				src.waiting--
+				e.ctr.waitingAdverts.Add(-1)
+				e.drop(DropPeerGone, node)
+			case qPending:
+				pending++ // its error notification frees the buffer
+			}
+		}
+		e.markDirty(src)
+		if pending == 0 && src.waiting == 0 {
+			// Forget it; a restarted peer starts afresh. Stale waitq
+			// entries see waiting == 0 and are skipped.
+			delete(rx.sources, node)
+			if rx.last == src {
+				rx.last = nil
+			}
+		}
+	}
+}

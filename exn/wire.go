@@ -1,0 +1,105 @@
+package exn
+
+// EXT-Eth wire format (VPID 0 to VPID 0). docs/ext-eth-engine.md has the
+// full description; this is the reference.
+//
+// Every VELO message's 8-bit tag says what it is:
+//
+//	bit 7 = 1   eager fragment
+//	            bit 6  F: first fragment of a frame
+//	            bit 5  L: last fragment of a frame
+//	            bits 4..0 fragment index mod 32 (the first has index 0)
+//	bit 7 = 0   control: 0x01 is an advert; every other value is reserved
+//
+// Eager fragments carry frame bytes only, no header: a frame of n bytes is
+// ceil(n/120) fragments, every one but the last exactly 120 bytes. VELO
+// delivers in order per (source, target), so F, L and the index are enough
+// to reassemble and to detect a lost, duplicated, reordered or garbled
+// fragment (index or length mismatch). A 480-byte frame is four messages.
+//
+// An advert (16 bytes, little-endian) offers one frame for an RMA GET:
+//
+//	0..7   NLA of the frame in the sender's registered transmit memory
+//	8..11  frame length, EthHeaderLen..receiver's max frame
+//	12..13 advert sequence number, per (sender, receiver), +1 per advert
+//	14..15 reserved, zero
+//
+// The receiver GETs exactly [NLA, NLA+length) into a receive buffer with
+// NotifyCompleter|NotifyResponder; the sender frees its slot on the
+// responder notification, matched by fabric.LastFrame (§5.4.2).
+
+import (
+	"encoding/binary"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+const (
+	tagEager   fabric.Tag = 0x80
+	tagFirst   fabric.Tag = 0x40
+	tagLast    fabric.Tag = 0x20
+	tagIdxMask fabric.Tag = 0x1F
+	tagAdvert  fabric.Tag = 0x01
+
+	advertLen = 16
+	fragLen   = fabric.MaxVELOPayload
+)
+
+// advert is a decoded advert payload.
+type advert struct {
+	nla fabric.NLA
+	len uint32
+	seq uint16
+}
+
+func (a *advert) encode(b []byte) {
+	binary.LittleEndian.PutUint64(b[0:8], uint64(a.nla))
+	binary.LittleEndian.PutUint32(b[8:12], a.len)
+	binary.LittleEndian.PutUint16(b[12:14], a.seq)
+	b[14], b[15] = 0, 0
+}
+
+// decodeAdvert parses an advert payload for a receiver whose largest frame
+// is maxFrame. It checks the shape only; whether the NLA is really the
+// sender's memory is checked by the fabric (an error notification).
+func decodeAdvert(p []byte, maxFrame int) (advert, DropReason) {
+	if len(p) != advertLen || p[14] != 0 || p[15] != 0 {
+		return advert{}, DropAdvertMalformed
+	}
+	a := advert{
+		nla: fabric.NLA(binary.LittleEndian.Uint64(p[0:8])),
+		len: binary.LittleEndian.Uint32(p[8:12]),
+		seq: binary.LittleEndian.Uint16(p[12:14]),
+	}
+	if a.nla.Region() == 0 {
+		return advert{}, DropAdvertMalformed
+	}
+	if a.len < EthHeaderLen || a.len > uint32(maxFrame) {
+		return advert{}, DropAdvertLength
+	}
+	return a, DropNone
+}
+
+// numFragments is how many eager fragments a frame of n bytes takes.
+func numFragments(n int) int { return (n + fragLen - 1) / fragLen }
+
+// putFragments writes frame as eager fragments into msgs (which must hold
+// numFragments(len(frame)) entries) addressed to peer.
+func putFragments(msgs []fabric.Message, frame []byte, peer fabric.Addr, mc bool) {
+	for i := 0; len(frame) > 0; i++ {
+		m := &msgs[i]
+		tag := tagEager | fabric.Tag(i)&tagIdxMask
+		if i == 0 {
+			tag |= tagFirst
+		}
+		k := copy(m.Data[:], frame)
+		frame = frame[k:]
+		if len(frame) == 0 {
+			tag |= tagLast
+		}
+		m.Peer, m.MC, m.Tag, m.Len = peer, mc, tag, uint8(k)
+	}
+}
+
+// isGroupMAC reports whether mac is multicast or broadcast (the I/G bit).
+func isGroupMAC(mac []byte) bool { return mac[0]&1 != 0 }
