@@ -146,6 +146,11 @@ type TAP struct {
 	log  *slog.Logger
 	lim  limiter
 
+	readMu  sync.Mutex
+	rd      readOp
+	writeMu sync.Mutex
+	wr      writeOp
+
 	closed    atomic.Bool
 	closeOnce sync.Once
 
@@ -188,6 +193,8 @@ func Open(cfg Config) (*TAP, error) {
 	}
 	t := &TAP{f: f, rc: rc, name: name, mtu: cfg.MTU, log: cfg.Logger.With("tap", name)}
 	t.lim.init(time.Second, 10)
+	t.rd.fn = t.rd.run
+	t.wr.fn, t.wr.maxLen = t.wr.run, FrameSize(cfg.MTU)
 	if err := configure(name, &cfg); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("tap %s: %w", name, err)
@@ -263,8 +270,78 @@ func (t *TAP) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tap", Addr: Addr(t.name), Err: err}
 }
 
+// readOp is the state of one Read, kept in the TAP with its callback
+// bound once, so a Read does not allocate a closure.
+type readOp struct {
+	fd    int
+	bufs  [][]byte
+	sizes []int
+	want  int
+	n     int
+	bytes uint64
+	short uint64
+	err   error
+	fn    func(fd uintptr) bool
+}
+
+func (r *readOp) run(fd uintptr) bool {
+	for r.n < r.want {
+		m, err := sys.TAPRead(int(fd), r.bufs[r.n])
+		switch {
+		case err == sys.EAGAIN:
+			return r.n > 0 // park in the poller only if nothing was read
+		case err == sys.EINTR:
+			continue
+		case err != nil:
+			r.err = err
+			return true
+		case m > len(r.bufs[r.n]):
+			r.short++ // longer than its buffer, truncated and consumed: drop
+			continue
+		}
+		r.sizes[r.n] = m
+		r.bytes += uint64(m)
+		r.n++
+	}
+	return true
+}
+
+// writeOp is the state of one Write; see readOp.
+type writeOp struct {
+	frames [][]byte
+	maxLen int
+	n      int
+	bytes  uint64
+	err    error
+	fn     func(fd uintptr) bool
+}
+
+func (w *writeOp) run(fd uintptr) bool {
+	for w.n < len(w.frames) {
+		f := w.frames[w.n]
+		if len(f) < HeaderLen || len(f) > w.maxLen {
+			w.err = fmt.Errorf("frame of %d bytes not in %d..%d: %w", len(f), HeaderLen, w.maxLen, ErrFrameSize)
+			return true
+		}
+		_, err := sys.TAPWrite(int(fd), f)
+		switch {
+		case err == sys.EAGAIN:
+			return false // wait until writable
+		case err == sys.EINTR:
+			continue
+		case err != nil:
+			w.err = err
+			return true
+		}
+		w.bytes += uint64(len(f))
+		w.n++
+	}
+	return true
+}
+
 // Read implements Device.Read. One wake-up drains up to len(bufs) frames
-// with non-blocking reads inside a single poller callback.
+// with non-blocking reads inside a single poller callback. It does not
+// allocate.
 func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) {
 	want := min(len(bufs), len(sizes))
 	if want == 0 {
@@ -278,36 +355,16 @@ func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) {
 	if t.closed.Load() {
 		return 0, t.opErr("read", net.ErrClosed)
 	}
-	var (
-		n      int
-		rerr   error
-		rbytes uint64
-		short  uint64
-	)
-	err := t.rc.Read(func(fd uintptr) bool {
-		for n < want {
-			m, err := sys.TAPRead(int(fd), bufs[n])
-			switch {
-			case err == sys.EAGAIN:
-				return n > 0 // park in the poller only if nothing was read
-			case err == sys.EINTR:
-				continue
-			case err != nil:
-				rerr = err
-				return true
-			case m > len(bufs[n]):
-				short++ // truncated by the kernel and consumed: drop it
-				continue
-			}
-			sizes[n] = m
-			rbytes += uint64(m)
-			n++
-		}
-		return true
-	})
+	t.readMu.Lock()
+	defer t.readMu.Unlock()
+	r := &t.rd
+	r.bufs, r.sizes, r.want, r.n, r.bytes, r.short, r.err = bufs, sizes, want, 0, 0, 0, nil
+	err := t.rc.Read(r.fn)
+	n, rerr, short := r.n, r.err, r.short
+	r.bufs, r.sizes = nil, nil // keep no reference to the caller's buffers
 	if n > 0 {
 		t.c.RxFrames.Add(uint64(n))
-		t.c.RxBytes.Add(rbytes)
+		t.c.RxBytes.Add(r.bytes)
 	}
 	if short > 0 {
 		t.c.ShortBuffer.Add(short)
@@ -328,42 +385,23 @@ func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) {
 	return n, nil
 }
 
-// Write implements Device.Write. The frames go out in one poller callback.
+// Write implements Device.Write. The frames go out in one poller callback;
+// concurrent Writes are serialized. It does not allocate unless a frame is
+// refused.
 func (t *TAP) Write(frames [][]byte) (int, error) {
 	if t.closed.Load() {
 		return 0, t.opErr("write", net.ErrClosed)
 	}
-	var (
-		n      int
-		werr   error
-		wbytes uint64
-	)
-	maxLen := FrameSize(t.mtu)
-	err := t.rc.Write(func(fd uintptr) bool {
-		for n < len(frames) {
-			f := frames[n]
-			if len(f) < HeaderLen || len(f) > maxLen {
-				werr = fmt.Errorf("frame of %d bytes not in %d..%d: %w", len(f), HeaderLen, maxLen, ErrFrameSize)
-				return true
-			}
-			_, err := sys.TAPWrite(int(fd), f)
-			switch {
-			case err == sys.EAGAIN:
-				return false // wait until writable
-			case err == sys.EINTR:
-				continue
-			case err != nil:
-				werr = err
-				return true
-			}
-			wbytes += uint64(len(f))
-			n++
-		}
-		return true
-	})
+	t.writeMu.Lock()
+	defer t.writeMu.Unlock()
+	w := &t.wr
+	w.frames, w.n, w.bytes, w.err = frames, 0, 0, nil
+	err := t.rc.Write(w.fn)
+	n, werr := w.n, w.err
+	w.frames = nil
 	if n > 0 {
 		t.c.TxFrames.Add(uint64(n))
-		t.c.TxBytes.Add(wbytes)
+		t.c.TxBytes.Add(w.bytes)
 	}
 	switch {
 	case err != nil:
