@@ -36,7 +36,10 @@
 // kernel would then hand exnd TCP segments of up to 64 KiB regardless of
 // MTU and skip checksums, the main win wireguard-go gets on Linux. With
 // exn's 65521 MTU most of that gain is already had by large frames; the
-// remaining cost is per-frame syscalls (about 1 µs each, see
-// BenchmarkEcho) and checksumming in the kernel. VNET_HDR would also let
+// remaining cost is one syscall per frame each way plus kernel
+// checksumming. BenchmarkEcho (ICMP echo through the kernel, 2 vCPUs)
+// measured about 4.3 µs per 64-byte frame round trip in batches of 64
+// (5-7 µs unbatched) and 15-18 µs per 65 KB frame, about 4 GB/s each way.
+// VNET_HDR would also let
 // the MTU drop to 1500 for peers that need it without losing throughput.
 package tap
