@@ -1,0 +1,567 @@
+package extds
+
+// The receive pipeline.
+//
+// Stages, per virtual device (one fabric endpoint, VPID base+vdev):
+//
+//  1. rx loop (vdev.run, one goroutine per opened vdev): Recv up to
+//     rxBudget VELO messages, then PollNotifications up to rxBudget; when
+//     both are empty, Wait (the endpoint spins briefly, then sleeps).
+//  2. demux (Device.dispatch): decode the payload (no allocation), find the
+//     connection by the receiver-assigned ID in Device.conns, check that the
+//     fabric-filled source is that connection's peer; notifications are
+//     matched by the region index of their local NLA (Device.regions).
+//  3. per-connection handling (Conn.onMsg / Conn.onNotify, under Conn.mu):
+//     queue a receive segment, return credits to the writer, wake readers or
+//     writers. The rx loop never blocks on a Send: anything it must say to a
+//     peer (a RESET after a protocol violation) goes to the control sender.
+//  4. control sender (Device.ctrlLoop, one goroutine): sends queued RESETs
+//     with a bounded timeout.
+//  5. housekeeping (Device.tickLoop, one goroutine): every tick it checks
+//     each peer node's liveness, and releases closed connections whose
+//     drain (linger in the background) has run out.
+//
+// Locks: Device.mu guards conns, regions, vdevs and closed; it is never
+// held while calling into a Conn that takes Conn.mu (snapshot, then call).
+// Conn.mu guards one connection's protocol state (see conn.go). Order:
+// Conn.mu may be held while taking Device.mu (release), never the reverse.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// Tunables, with why.
+const (
+	// rxBudget is the NAPI budget: messages (and, separately, notifications)
+	// taken per poll. 64 as in EXT-Eth: one poll then costs at most ~8 KiB
+	// of copying before the loop looks at the other queue.
+	rxBudget = 64
+	// ctrlQueue bounds RESETs waiting for the control sender. A RESET is
+	// only sent on a protocol violation or to a peer writing into a closed
+	// conn; 256 outstanding means something is flooding us, and dropping
+	// (counted) is better than blocking the rx loop.
+	ctrlQueue = 256
+	// ctrlSendTimeout bounds one control Send: a peer whose mailbox stays
+	// full that long is treated as gone.
+	ctrlSendTimeout = time.Second
+	// NumVDevs is the size of the reserved VPID block (equation 5.3).
+	NumVDevs = 16
+	// DefaultBaseVPID is the first VPID of the EXT-DS block: above EXT-Eth's
+	// VPID 0, leaving 1..15 for other node services.
+	DefaultBaseVPID fabric.VPID = 16
+	// DefaultRingSize is each connection's RMA receive ring. 256 KiB holds
+	// four 64 KiB writes in flight; the sender mirrors it, so a connection
+	// registers 512 KiB. With RMA_AVAIL at 1/4 that is 64 KiB per credit
+	// message.
+	DefaultRingSize = 256 << 10
+	// DefaultEagerWindow is the receive buffer for VELO data per
+	// connection: 64 KiB = 565 fragments, about half a default mem mailbox,
+	// so eager data alone never fills the vdev's mailbox for long.
+	DefaultEagerWindow = 64 << 10
+	// DefaultThreshold is the eager/rendezvous switch. A write of up to 480
+	// bytes is at most five VELO fragments; above that one PUT plus one
+	// RMA_INFO (two operations and a notification) is cheaper than the
+	// fragment train. Same value as EXT-Eth (§5.4.6.2). See docs/extds.md
+	// for the measurement.
+	DefaultThreshold = 480
+	// DefaultZCopyThreshold: WriteBuffer below this uses BCopy; the
+	// rendezvous round trip of ZCopy only pays off for large transfers.
+	DefaultZCopyThreshold = 64 << 10
+	// zcChunk is the receiver's ZCopy sink region: one GET or PUT moves at
+	// most this much, so a huge write does not pin a huge sink.
+	zcChunk = 1 << 20
+	// DefaultTick is the housekeeping period: peer-death detection for idle
+	// connections is bounded by it.
+	DefaultTick = 200 * time.Millisecond
+	// DefaultDrainTimeout bounds how long a closed connection keeps its
+	// ring waiting for the peer to read outstanding data.
+	DefaultDrainTimeout = 30 * time.Second
+	// DefaultShadowGrace: after the shadow TCP conn breaks, how long a
+	// connection waits for the fabric SHUTDOWN that normally precedes it.
+	DefaultShadowGrace = time.Second
+)
+
+// Attachment is what a Device needs from the fabric: fabric.NIC satisfies
+// it. exnd will later hand app processes an Attachment that obtains their
+// endpoints over its control socket.
+type Attachment interface {
+	Node() fabric.NodeID
+	Open(v fabric.VPID) (fabric.Endpoint, error)
+	Alive(n fabric.NodeID) error
+}
+
+// Resolver maps a peer IP to its fabric node (exnd's neighbour table:
+// IP → MAC → node). ok is false for a peer not on the fabric.
+type Resolver interface {
+	Resolve(ip netip.Addr) (node fabric.NodeID, ok bool)
+}
+
+// ResolverFunc adapts a function, e.g. around arp.Table.Lookup:
+//
+//	extds.ResolverFunc(func(ip netip.Addr) (fabric.NodeID, bool) {
+//		e, ok := tbl.Lookup(ip)
+//		return e.Node, ok
+//	})
+type ResolverFunc func(ip netip.Addr) (fabric.NodeID, bool)
+
+func (f ResolverFunc) Resolve(ip netip.Addr) (fabric.NodeID, bool) { return f(ip) }
+
+// StaticResolver is a fixed IP → node map.
+type StaticResolver map[netip.Addr]fabric.NodeID
+
+func (s StaticResolver) Resolve(ip netip.Addr) (fabric.NodeID, bool) {
+	n, ok := s[ip.Unmap()]
+	return n, ok
+}
+
+type config struct {
+	base           fabric.VPID
+	ringSize       int
+	eagerWin       int
+	threshold      int
+	zcThreshold    int
+	zcMode         ZCopyMode
+	tick           time.Duration
+	drainTimeout   time.Duration
+	shadowGrace    time.Duration
+	keepShadow     bool
+	resolver       Resolver
+	log            *slog.Logger
+	handshakeTO    time.Duration
+	peekTO         time.Duration
+	negativeTTL    time.Duration
+	lazyOpen       bool
+	creditFraction int
+}
+
+// Option configures a Device.
+type Option func(*config)
+
+// WithBaseVPID sets the first VPID of the 16-VPID EXT-DS block.
+func WithBaseVPID(v fabric.VPID) Option { return func(c *config) { c.base = v } }
+
+// WithRingSize sets the per-connection RMA ring (minimum 4 KiB, maximum 64
+// MiB).
+func WithRingSize(n int) Option { return func(c *config) { c.ringSize = n } }
+
+// WithEagerWindow sets the per-connection VELO receive buffer.
+func WithEagerWindow(n int) Option { return func(c *config) { c.eagerWin = n } }
+
+// WithThreshold sets the BCopy eager/rendezvous threshold in bytes.
+func WithThreshold(n int) Option { return func(c *config) { c.threshold = n } }
+
+// WithZCopy sets the ZCopy mode and the smallest WriteBuffer that uses it.
+func WithZCopy(m ZCopyMode, threshold int) Option {
+	return func(c *config) { c.zcMode, c.zcThreshold = m, threshold }
+}
+
+// WithResolver sets the resolver Dial uses to decide whether a peer is on
+// the fabric.
+func WithResolver(r Resolver) Option { return func(c *config) { c.resolver = r } }
+
+// WithLogger sets the logger (rate-limited for per-message events).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+// WithTick sets the housekeeping period (peer-death detection bound).
+func WithTick(d time.Duration) Option { return func(c *config) { c.tick = d } }
+
+// WithDrainTimeout bounds background draining after Close.
+func WithDrainTimeout(d time.Duration) Option { return func(c *config) { c.drainTimeout = d } }
+
+// WithShadow says whether the shadow TCP connection stays open after the
+// handshake as a liveness aid (default true). Closing it saves one fd and
+// one goroutine per connection; peer death is then detected by fabric
+// liveness alone.
+func WithShadow(keep bool) Option { return func(c *config) { c.keepShadow = keep } }
+
+// WithHandshakeTimeout bounds the client's wait for the server's reply
+// and the server's wait for the rest of a hello; WithPeekTimeout bounds
+// the server's wait for the first bytes of a client (see docs/extds.md
+// for the trade-off).
+func WithHandshakeTimeout(d time.Duration) Option { return func(c *config) { c.handshakeTO = d } }
+
+// WithPeekTimeout: see WithHandshakeTimeout.
+func WithPeekTimeout(d time.Duration) Option { return func(c *config) { c.peekTO = d } }
+
+// WithEagerOpen opens all 16 endpoints in NewDevice instead of on first use.
+func WithEagerOpen() Option { return func(c *config) { c.lazyOpen = false } }
+
+// Device is one node's EXT-DS attachment: the 16 virtual-device endpoints
+// of the reserved VPID block, their rx loops, and the connection table.
+// Connections of every port share it. Close tears everything down.
+type Device struct {
+	att   Attachment
+	cfg   config
+	ctr   counters
+	rlog  rateLog
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	ctrlq chan ctrlReq
+
+	mu      sync.RWMutex
+	vdevs   [NumVDevs]*vdev
+	conns   map[uint32]*Conn
+	regions map[uint32]*Conn // region index → owning conn (rings, sinks, buffers)
+	nextID  uint32
+	closed  bool
+
+	negMu sync.Mutex
+	neg   map[string]time.Time // address → until: no EXT-DS there
+}
+
+type vdev struct {
+	dev *Device
+	idx int
+	ep  fabric.Endpoint
+}
+
+type ctrlReq struct {
+	vd   *vdev
+	peer fabric.Addr
+	conn uint32
+	tag  fabric.Tag
+}
+
+// NewDevice attaches EXT-DS to a fabric NIC. Endpoints are opened on first
+// use of their vdev unless WithEagerOpen is given.
+func NewDevice(att Attachment, opts ...Option) (*Device, error) {
+	cfg := config{
+		base: DefaultBaseVPID, ringSize: DefaultRingSize, eagerWin: DefaultEagerWindow,
+		threshold: DefaultThreshold, zcThreshold: DefaultZCopyThreshold, zcMode: ZCopyRead,
+		tick: DefaultTick, drainTimeout: DefaultDrainTimeout, shadowGrace: DefaultShadowGrace,
+		keepShadow: true, handshakeTO: time.Second, peekTO: 200 * time.Millisecond,
+		negativeTTL: time.Minute, lazyOpen: true, creditFraction: 4,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	switch {
+	case att == nil:
+		return nil, errors.New("extds: nil attachment")
+	case int(cfg.base)+NumVDevs > 256:
+		return nil, fmt.Errorf("extds: vpid block %d+%d exceeds 255", cfg.base, NumVDevs)
+	case cfg.base <= fabric.EthVPID:
+		return nil, fmt.Errorf("extds: vpid block overlaps EXT-Eth vpid %d", fabric.EthVPID)
+	case cfg.ringSize < minRingSize || cfg.ringSize > maxRingSize:
+		return nil, fmt.Errorf("extds: ring size %d not in %d..%d", cfg.ringSize, minRingSize, maxRingSize)
+	case cfg.eagerWin < minEagerWin || cfg.eagerWin > maxEagerWin:
+		return nil, fmt.Errorf("extds: eager window %d not in %d..%d", cfg.eagerWin, minEagerWin, maxEagerWin)
+	case cfg.threshold < 0 || cfg.tick <= 0:
+		return nil, errors.New("extds: bad threshold or tick")
+	}
+	if cfg.log == nil {
+		cfg.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d := &Device{
+		att: att, cfg: cfg, ctrlq: make(chan ctrlReq, ctrlQueue),
+		conns: make(map[uint32]*Conn), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time),
+	}
+	d.rlog.log = cfg.log
+	d.ctx, d.stop = context.WithCancel(context.Background())
+	if !cfg.lazyOpen {
+		for i := 0; i < NumVDevs; i++ {
+			if _, err := d.vdev(i); err != nil {
+				d.Close()
+				return nil, err
+			}
+		}
+	}
+	d.wg.Add(2)
+	go d.ctrlLoop()
+	go d.tickLoop()
+	return d, nil
+}
+
+// Node returns the fabric node this device is attached to.
+func (d *Device) Node() fabric.NodeID { return d.att.Node() }
+
+// Stats returns a snapshot of the counters.
+func (d *Device) Stats() Stats { return d.ctr.snapshot() }
+
+// VPID returns the VPID serving port (equation 5.3).
+func (d *Device) VPID(port uint16) fabric.VPID { return d.cfg.base + fabric.VPID(port&0xF) }
+
+// vdev returns the virtual device idx, opening its endpoint and starting
+// its rx loop on first use.
+func (d *Device) vdev(idx int) (*vdev, error) {
+	d.mu.RLock()
+	v, closed := d.vdevs[idx], d.closed
+	d.mu.RUnlock()
+	if v != nil {
+		return v, nil
+	}
+	if closed {
+		return nil, net.ErrClosed
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, net.ErrClosed
+	}
+	if v := d.vdevs[idx]; v != nil {
+		return v, nil
+	}
+	ep, err := d.att.Open(d.cfg.base + fabric.VPID(idx))
+	if err != nil {
+		return nil, fmt.Errorf("extds: open vdev %d: %w", idx, err)
+	}
+	v = &vdev{dev: d, idx: idx, ep: ep}
+	d.vdevs[idx] = v
+	d.wg.Add(1)
+	go v.run()
+	return v, nil
+}
+
+// run is the NAPI-style rx loop of one virtual device.
+func (v *vdev) run() {
+	d := v.dev
+	defer d.wg.Done()
+	msgs := make([]fabric.Message, rxBudget)
+	notes := make([]fabric.Notification, rxBudget)
+	var m msg
+	for {
+		n, err := v.ep.Recv(msgs)
+		for i := 0; i < n; i++ {
+			d.dispatch(v, &msgs[i], &m)
+		}
+		k, err2 := v.ep.PollNotifications(notes)
+		for i := 0; i < k; i++ {
+			d.notify(v, &notes[i])
+		}
+		if err == nil {
+			err = err2
+		}
+		if err == nil && n == 0 && k == 0 {
+			err = v.ep.Wait(d.ctx)
+		}
+		if err != nil {
+			if d.ctx.Err() == nil {
+				d.rlog.warn("extds: vdev rx loop stopped", "vdev", v.idx, "err", err)
+				d.failVdev(v, fmt.Errorf("fabric endpoint: %w", err))
+			}
+			return
+		}
+	}
+}
+
+func (d *Device) drop(r DropReason, args ...any) {
+	d.ctr.drops[r].Add(1)
+	d.rlog.warn("extds: drop "+r.String(), args...)
+}
+
+// dispatch decodes one VELO message and hands it to its connection.
+func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
+	if err := decodeMsg(fm.Tag, fm.Payload(), m); err != nil {
+		d.drop(DropMalformed, "from", fm.Peer, "tag", fm.Tag, "len", fm.Len, "err", err)
+		return
+	}
+	d.mu.RLock()
+	c := d.conns[m.conn]
+	d.mu.RUnlock()
+	if c == nil {
+		if m.tag != TagReset && m.tag != TagRMAAvail && m.tag != TagShutdown && m.tag != TagZCDone {
+			d.drop(DropUnknownConn, "from", fm.Peer, "conn", m.conn, "tag", m.tag)
+		} else {
+			// Late control for a connection already released: normal
+			// after a close, counted but not logged.
+			d.ctr.drops[DropUnknownConn].Add(1)
+		}
+		return
+	}
+	if c.vd != v || !c.peerIs(fm.Peer) {
+		d.drop(DropPeerMismatch, "from", fm.Peer, "conn", m.conn, "tag", m.tag)
+		return
+	}
+	c.onMsg(m)
+}
+
+// notify hands an RMA notification to the conn owning its local region.
+func (d *Device) notify(v *vdev, n *fabric.Notification) {
+	d.mu.RLock()
+	c := d.regions[n.Local.Region()]
+	d.mu.RUnlock()
+	if c == nil || c.vd != v {
+		d.drop(DropNotify, "kind", n.Kind, "op", n.Op, "local", n.Local, "peer", n.Peer)
+		return
+	}
+	c.onNotify(n)
+}
+
+// sendCtl queues a control message for the control sender; it never
+// blocks (a full queue is a counted drop).
+func (d *Device) sendCtl(v *vdev, peer fabric.Addr, conn uint32, tag fabric.Tag) {
+	select {
+	case d.ctrlq <- ctrlReq{vd: v, peer: peer, conn: conn, tag: tag}:
+	default:
+		d.ctr.drops[DropCtrlQueue].Add(1)
+	}
+}
+
+func (d *Device) ctrlLoop() {
+	defer d.wg.Done()
+	var fm [1]fabric.Message
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case r := <-d.ctrlq:
+			encCtl(&fm[0], r.peer, r.tag, r.conn)
+			ctx, cancel := context.WithTimeout(d.ctx, ctrlSendTimeout)
+			if _, err := r.vd.ep.Send(ctx, fm[:]); err == nil && r.tag == TagReset {
+				d.ctr.resetsSent.Add(1)
+			}
+			cancel()
+		}
+	}
+}
+
+func (d *Device) tickLoop() {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.tick)
+	defer t.Stop()
+	var snap []*Conn
+	down := make(map[fabric.NodeID]error)
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case now := <-t.C:
+			snap = d.snapshot(snap[:0])
+			clear(down)
+			for _, c := range snap {
+				node, ok := c.peerNode()
+				if !ok {
+					continue
+				}
+				err, seen := down[node]
+				if !seen {
+					err = d.att.Alive(node)
+					down[node] = err
+				}
+				if err != nil {
+					d.ctr.peerDown.Add(1)
+					c.fail(fmt.Errorf("peer node %d: %w", node, fabric.ErrPeerDown), false)
+					continue
+				}
+				c.tick(now)
+			}
+			clear(snap)
+		}
+	}
+}
+
+func (d *Device) snapshot(buf []*Conn) []*Conn {
+	d.mu.RLock()
+	for _, c := range d.conns {
+		buf = append(buf, c)
+	}
+	d.mu.RUnlock()
+	return buf
+}
+
+func (d *Device) failVdev(v *vdev, err error) {
+	for _, c := range d.snapshot(nil) {
+		if c.vd == v {
+			c.fail(err, false)
+		}
+	}
+}
+
+// register adds c under a fresh connection ID. IDs count up from 1 and
+// skip 0 and live IDs, so a stale ID is reused only after 2^32 conns.
+func (d *Device) register(c *Conn) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return net.ErrClosed
+	}
+	for {
+		d.nextID++
+		if d.nextID != 0 && d.conns[d.nextID] == nil {
+			break
+		}
+	}
+	c.id = d.nextID
+	d.conns[c.id] = c
+	return nil
+}
+
+func (d *Device) addRegion(idx uint32, c *Conn) {
+	d.mu.Lock()
+	d.regions[idx] = c
+	d.mu.Unlock()
+}
+
+func (d *Device) delRegion(idx uint32) {
+	d.mu.Lock()
+	delete(d.regions, idx)
+	d.mu.Unlock()
+}
+
+func (d *Device) unregister(c *Conn) {
+	d.mu.Lock()
+	if d.conns[c.id] == c {
+		delete(d.conns, c.id)
+	}
+	d.mu.Unlock()
+}
+
+func (d *Device) negative(addr string) bool {
+	d.negMu.Lock()
+	defer d.negMu.Unlock()
+	until, ok := d.neg[addr]
+	if ok && time.Now().After(until) {
+		delete(d.neg, addr)
+		return false
+	}
+	return ok
+}
+
+func (d *Device) setNegative(addr string) {
+	d.negMu.Lock()
+	if len(d.neg) > 4096 { // bound the cache; forget everything rather than grow
+		clear(d.neg)
+	}
+	d.neg[addr] = time.Now().Add(d.cfg.negativeTTL)
+	d.negMu.Unlock()
+}
+
+// Close aborts every connection (peers get RESET, best effort), closes the
+// endpoints and joins all goroutines. It is idempotent.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	for _, c := range d.snapshot(nil) {
+		c.abort(net.ErrClosed, true)
+	}
+	d.stop()
+	d.mu.Lock()
+	vds := d.vdevs
+	d.mu.Unlock()
+	var errs []error
+	for _, v := range vds {
+		if v != nil {
+			if err := v.ep.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	d.wg.Wait()
+	return errors.Join(errs...)
+}

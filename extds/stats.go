@@ -1,0 +1,152 @@
+package extds
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// DropReason says why an incoming message or notification was dropped.
+type DropReason uint8
+
+const (
+	DropMalformed    DropReason = iota // undecodable payload (bad tag, length, conn 0)
+	DropUnknownConn                    // no connection with that ID (closed, stale or forged)
+	DropPeerMismatch                   // conn exists but the fabric source is not its peer
+	DropProtocol                       // decodable but illegal for the conn's state; conn reset
+	DropNotify                         // RMA notification matching no transfer
+	DropCtrlQueue                      // control message (RESET) not sent: queue full
+	numDropReasons
+)
+
+var dropNames = [numDropReasons]string{"malformed", "unknown_conn", "peer_mismatch", "protocol", "notify", "ctrl_queue"}
+
+func (r DropReason) String() string {
+	if r < numDropReasons {
+		return dropNames[r]
+	}
+	return "unknown"
+}
+
+// FallbackReason says why a connection runs over plain TCP.
+type FallbackReason uint8
+
+const (
+	FallbackNoRoute   FallbackReason = iota // no device, or the resolver does not know the peer
+	FallbackHandshake                       // peer did not answer the handshake (plain TCP server)
+	FallbackPeerNoFab                       // peer is EXT-DS aware but could not attach
+	FallbackPlainPeer                       // server side: the client sent no EXT-DS hello
+	FallbackCached                          // address known not to speak EXT-DS
+	numFallbackReasons
+)
+
+var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached"}
+
+func (r FallbackReason) String() string {
+	if r < numFallbackReasons {
+		return fallbackNames[r]
+	}
+	return "unknown"
+}
+
+// counters is the atomic block behind Stats.
+type counters struct {
+	connsEXTDS, connsTCP     atomic.Uint64
+	active                   atomic.Int64
+	fallbacks                [numFallbackReasons]atomic.Uint64
+	txVELO, txRMA, txZCopy   atomic.Uint64 // payload bytes sent by path
+	rxBytes                  atomic.Uint64 // payload bytes delivered to Read
+	veloMsgs, rmaPuts        atomic.Uint64
+	ringFull                 atomic.Uint64 // large-write chunks sent by VELO because the ring was full
+	creditMsgs, creditBytes  atomic.Uint64 // RMA_AVAIL sent and bytes they returned
+	creditWaits              atomic.Uint64 // writes that blocked for credits
+	resetsSent, resetsRecv   atomic.Uint64
+	peerDown                 atomic.Uint64
+	drops                    [numDropReasons]atomic.Uint64
+	handshakeErr             atomic.Uint64
+	zcopyReads, zcopyWrites  atomic.Uint64 // ZCopy transfers by mode
+	lingerExpired, reaped    atomic.Uint64
+	shadowLost, notifyErrors atomic.Uint64
+}
+
+// Stats is a snapshot of a Device's counters.
+type Stats struct {
+	ConnsEXTDS, ConnsTCP uint64 // connections established, by mode
+	Active               int64  // EXT-DS connections currently open
+	Fallbacks            map[string]uint64
+	TxVELOBytes          uint64 // BCopy eager bytes
+	TxRMABytes           uint64 // BCopy rendezvous (ring PUT) bytes
+	TxZCopyBytes         uint64
+	RxBytes              uint64
+	VELOMsgs, RMAPuts    uint64
+	RingFullFallbacks    uint64 // large-write chunks that went by VELO: ring full
+	CreditMsgs           uint64 // RMA_AVAIL messages sent
+	CreditBytes          uint64 // bytes of credit they returned
+	CreditWaits          uint64
+	ResetsSent           uint64
+	ResetsRecv           uint64
+	PeerDown             uint64
+	Drops                map[string]uint64
+	HandshakeErrors      uint64
+	ZCopyReads           uint64
+	ZCopyWrites          uint64
+	LingerExpired        uint64
+	Reaped               uint64 // closed conns released by the drain timeout
+	ShadowLost           uint64
+	NotifyErrors         uint64 // RMA error notifications
+}
+
+func (c *counters) snapshot() Stats {
+	s := Stats{
+		ConnsEXTDS: c.connsEXTDS.Load(), ConnsTCP: c.connsTCP.Load(), Active: c.active.Load(),
+		Fallbacks: make(map[string]uint64), Drops: make(map[string]uint64),
+		TxVELOBytes: c.txVELO.Load(), TxRMABytes: c.txRMA.Load(), TxZCopyBytes: c.txZCopy.Load(),
+		RxBytes: c.rxBytes.Load(), VELOMsgs: c.veloMsgs.Load(), RMAPuts: c.rmaPuts.Load(),
+		RingFullFallbacks: c.ringFull.Load(), CreditMsgs: c.creditMsgs.Load(), CreditBytes: c.creditBytes.Load(),
+		CreditWaits: c.creditWaits.Load(), ResetsSent: c.resetsSent.Load(), ResetsRecv: c.resetsRecv.Load(),
+		PeerDown: c.peerDown.Load(), HandshakeErrors: c.handshakeErr.Load(),
+		ZCopyReads: c.zcopyReads.Load(), ZCopyWrites: c.zcopyWrites.Load(),
+		LingerExpired: c.lingerExpired.Load(), Reaped: c.reaped.Load(),
+		ShadowLost: c.shadowLost.Load(), NotifyErrors: c.notifyErrors.Load(),
+	}
+	for i := range c.fallbacks {
+		s.Fallbacks[FallbackReason(i).String()] = c.fallbacks[i].Load()
+	}
+	for i := range c.drops {
+		s.Drops[DropReason(i).String()] = c.drops[i].Load()
+	}
+	return s
+}
+
+// TotalDrops sums s.Drops.
+func (s Stats) TotalDrops() uint64 {
+	var n uint64
+	for _, v := range s.Drops {
+		n += v
+	}
+	return n
+}
+
+// logLimit is the most per-message log lines a Device writes per second;
+// the rest are counted only. Bad input arrives at fabric rate, and a
+// flood of forged messages must not become a flood of log lines.
+const logLimit = 10
+
+// rateLog is a lock-free one-second-window limiter.
+type rateLog struct {
+	log    *slog.Logger
+	window atomic.Int64 // unix second of the current window
+	n      atomic.Int64
+}
+
+func (r *rateLog) warn(msg string, args ...any) {
+	now := time.Now().Unix()
+	if w := r.window.Load(); w != now && r.window.CompareAndSwap(w, now) {
+		r.n.Store(0)
+	}
+	if r.n.Add(1) > logLimit {
+		return
+	}
+	r.log.Log(context.Background(), slog.LevelWarn, msg, args...)
+}

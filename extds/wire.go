@@ -1,0 +1,285 @@
+package extds
+
+// Wire formats of EXT-DS.
+//
+// Fabric messages (VELO, §5.5.3.1). Every payload starts with the 4-byte
+// little-endian connection ID the *receiver* assigned in the handshake, so
+// one virtual-device endpoint demultiplexes many connections. The rest
+// depends on the tag; every length is checked exactly.
+//
+//	tag           payload after the conn ID            bytes
+//	VELO          1..116 data bytes                     5..120
+//	VELO_LAST     1..116 data bytes (last of a write)   5..120
+//	RMA_INFO      ring offset u32, length u32           12
+//	RMA_AVAIL     ring bytes freed u32, eager freed u32 12
+//	SHUTDOWN      -                                     4
+//	RESET         -                                     4
+//	ZC_SRC        source NLA u64, length u32            16   (ZCopy read)
+//	ZC_WANT       length u32                            8    (ZCopy write)
+//	ZC_SINK       sink NLA u64, length u32              16   (ZCopy write)
+//	ZC_PUT        length u32                            8    (ZCopy write)
+//	ZC_DONE       -                                     4
+//
+// Handshake (shadow TCP connection, fixed 32-byte records, little-endian):
+//
+//	hello  client→server: "EXDS" ver u8 flags u8 node u16 vpid u8 0 u8
+//	                      conn u32 ring NLA u64 ring size u32 eager window u32
+//	reply  server→client: "EXDR" ver u8 status u8 node u16 vpid u8 0 u8
+//	                      conn u32 ring NLA u64 ring size u32 eager window u32
+//	ack    client→server: "EXDA" conn u32 (the server's conn ID), 8 bytes
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// VELO user tags (Table 5.3, plus RESET and the ZCopy messages). They
+// start at 0x40 so a stray EXT-Eth message (which uses low tags) is never
+// mistaken for one.
+const (
+	TagVELO     fabric.Tag = 0x40
+	TagVELOLast fabric.Tag = 0x41
+	TagRMAInfo  fabric.Tag = 0x42
+	TagRMAAvail fabric.Tag = 0x43
+	TagShutdown fabric.Tag = 0x44
+	TagReset    fabric.Tag = 0x45
+	TagZCSrc    fabric.Tag = 0x46
+	TagZCWant   fabric.Tag = 0x47
+	TagZCSink   fabric.Tag = 0x48
+	TagZCPut    fabric.Tag = 0x49
+	TagZCDone   fabric.Tag = 0x4A
+)
+
+const (
+	hdrLen = 4
+	// fragData is the user data one VELO fragment carries: the 120-byte
+	// payload less the connection ID.
+	fragData = fabric.MaxVELOPayload - hdrLen
+)
+
+// ErrProtocol marks a peer that broke the EXT-DS protocol (a malformed
+// message, a credit overflow, an RMA_INFO outside the ring). The
+// connection is reset.
+var ErrProtocol = errors.New("extds: protocol violation")
+
+// msg is a decoded fabric message. data aliases the fabric.Message
+// payload: decoding allocates nothing.
+type msg struct {
+	tag  fabric.Tag
+	conn uint32
+	a, b uint32 // offset/length, ring/eager credits, or length
+	nla  fabric.NLA
+	data []byte
+}
+
+var wantLen = [...]int{
+	TagRMAInfo - TagVELO:  12,
+	TagRMAAvail - TagVELO: 12,
+	TagShutdown - TagVELO: 4,
+	TagReset - TagVELO:    4,
+	TagZCSrc - TagVELO:    16,
+	TagZCWant - TagVELO:   8,
+	TagZCSink - TagVELO:   16,
+	TagZCPut - TagVELO:    8,
+	TagZCDone - TagVELO:   4,
+}
+
+// decodeMsg parses one fabric message's payload. It rejects unknown tags,
+// wrong lengths, a zero connection ID, empty data fragments and zero
+// lengths, with ErrProtocol.
+func decodeMsg(tag fabric.Tag, p []byte, m *msg) error {
+	if tag < TagVELO || tag > TagZCDone {
+		return errBadTag
+	}
+	if len(p) < hdrLen {
+		return errShort
+	}
+	*m = msg{tag: tag, conn: binary.LittleEndian.Uint32(p)}
+	if m.conn == 0 {
+		return errZeroConn
+	}
+	switch tag {
+	case TagVELO, TagVELOLast:
+		if len(p) == hdrLen {
+			return errEmpty
+		}
+		m.data = p[hdrLen:]
+		return nil
+	}
+	if len(p) != wantLen[tag-TagVELO] {
+		return errLength
+	}
+	switch tag {
+	case TagRMAInfo, TagRMAAvail:
+		m.a = binary.LittleEndian.Uint32(p[4:])
+		m.b = binary.LittleEndian.Uint32(p[8:])
+		if tag == TagRMAInfo && m.b == 0 || tag == TagRMAAvail && m.a == 0 && m.b == 0 {
+			return errZeroLen
+		}
+	case TagZCSrc, TagZCSink:
+		m.nla = fabric.NLA(binary.LittleEndian.Uint64(p[4:]))
+		m.b = binary.LittleEndian.Uint32(p[12:])
+		if m.b == 0 || m.nla == 0 {
+			return errZeroLen
+		}
+	case TagZCWant, TagZCPut:
+		m.b = binary.LittleEndian.Uint32(p[4:])
+		if m.b == 0 {
+			return errZeroLen
+		}
+	}
+	return nil
+}
+
+var (
+	errBadTag   = fmt.Errorf("unknown tag: %w", ErrProtocol)
+	errShort    = fmt.Errorf("short message: %w", ErrProtocol)
+	errZeroConn = fmt.Errorf("connection id 0: %w", ErrProtocol)
+	errEmpty    = fmt.Errorf("empty data fragment: %w", ErrProtocol)
+	errLength   = fmt.Errorf("bad length for tag: %w", ErrProtocol)
+	errZeroLen  = fmt.Errorf("zero length or address: %w", ErrProtocol)
+)
+
+// encode helpers fill a fabric.Message in place.
+
+func putHdr(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn uint32, n int) {
+	fm.Peer = peer
+	fm.MC = false
+	fm.Tag = tag
+	fm.Len = uint8(n)
+	binary.LittleEndian.PutUint32(fm.Data[:], conn)
+}
+
+func encData(fm *fabric.Message, peer fabric.Addr, conn uint32, last bool, data []byte) {
+	tag := TagVELO
+	if last {
+		tag = TagVELOLast
+	}
+	n := copy(fm.Data[hdrLen:], data)
+	putHdr(fm, peer, tag, conn, hdrLen+n)
+}
+
+func encTwo(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn, a, b uint32) {
+	putHdr(fm, peer, tag, conn, 12)
+	binary.LittleEndian.PutUint32(fm.Data[4:], a)
+	binary.LittleEndian.PutUint32(fm.Data[8:], b)
+}
+
+func encCtl(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn uint32) {
+	putHdr(fm, peer, tag, conn, hdrLen)
+}
+
+func encLen(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn, n uint32) {
+	putHdr(fm, peer, tag, conn, 8)
+	binary.LittleEndian.PutUint32(fm.Data[4:], n)
+}
+
+func encNLA(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn uint32, nla fabric.NLA, n uint32) {
+	putHdr(fm, peer, tag, conn, 16)
+	binary.LittleEndian.PutUint64(fm.Data[4:], uint64(nla))
+	binary.LittleEndian.PutUint32(fm.Data[12:], n)
+}
+
+// Handshake records.
+
+const (
+	helloLen     = 32
+	ackLen       = 8
+	wireVersion  = 1
+	statusOK     = 0
+	statusNoFab  = 1 // server is EXT-DS aware but cannot attach: plain TCP
+	maxRingSize  = 64 << 20
+	minRingSize  = 4 << 10
+	minEagerWin  = fragData
+	maxEagerWin  = 16 << 20
+	magicHello   = "EXDS"
+	magicReply   = "EXDR"
+	magicAck     = "EXDA"
+	flagsDefault = 0
+)
+
+// hello is the handshake record both sides send (the reply reuses it).
+type hello struct {
+	status   uint8
+	node     fabric.NodeID
+	vpid     fabric.VPID
+	conn     uint32
+	ring     fabric.NLA
+	ringSize uint32
+	eagerWin uint32
+}
+
+func (h *hello) encode(b []byte, magic string) {
+	copy(b[0:4], magic)
+	b[4] = wireVersion
+	b[5] = h.status
+	binary.LittleEndian.PutUint16(b[6:], uint16(h.node))
+	b[8] = byte(h.vpid)
+	b[9] = 0
+	binary.LittleEndian.PutUint32(b[10:], h.conn)
+	binary.LittleEndian.PutUint64(b[14:], uint64(h.ring))
+	binary.LittleEndian.PutUint32(b[22:], h.ringSize)
+	binary.LittleEndian.PutUint32(b[26:], h.eagerWin)
+	b[30], b[31] = 0, 0
+}
+
+var errHandshake = errors.New("extds: bad handshake")
+
+// decodeHello parses a hello or reply. A status other than OK is returned
+// without validating the rest (a server that cannot attach fills zeros).
+func decodeHello(b []byte, magic string) (hello, error) {
+	var h hello
+	if len(b) != helloLen {
+		return h, fmt.Errorf("record of %d bytes: %w", len(b), errHandshake)
+	}
+	if string(b[0:4]) != magic {
+		return h, fmt.Errorf("bad magic %q: %w", b[0:4], errHandshake)
+	}
+	if b[4] != wireVersion {
+		return h, fmt.Errorf("version %d, want %d: %w", b[4], wireVersion, errHandshake)
+	}
+	h.status = b[5]
+	if h.status != statusOK {
+		if h.status != statusNoFab {
+			return h, fmt.Errorf("status %d: %w", h.status, errHandshake)
+		}
+		return h, nil
+	}
+	h.node = fabric.NodeID(binary.LittleEndian.Uint16(b[6:]))
+	h.vpid = fabric.VPID(b[8])
+	h.conn = binary.LittleEndian.Uint32(b[10:])
+	h.ring = fabric.NLA(binary.LittleEndian.Uint64(b[14:]))
+	h.ringSize = binary.LittleEndian.Uint32(b[22:])
+	h.eagerWin = binary.LittleEndian.Uint32(b[26:])
+	switch {
+	case b[9] != 0 || b[30] != 0 || b[31] != 0:
+		return h, fmt.Errorf("reserved bytes set: %w", errHandshake)
+	case h.conn == 0:
+		return h, fmt.Errorf("connection id 0: %w", errHandshake)
+	case h.ringSize < minRingSize || h.ringSize > maxRingSize:
+		return h, fmt.Errorf("ring size %d not in %d..%d: %w", h.ringSize, minRingSize, maxRingSize, errHandshake)
+	case h.ring == 0 || !fabric.CheckRange(h.ring, uint64(h.ringSize), fabric.MaxRegionSize):
+		return h, fmt.Errorf("ring %v+%d not addressable: %w", h.ring, h.ringSize, errHandshake)
+	case h.eagerWin < minEagerWin || h.eagerWin > maxEagerWin:
+		return h, fmt.Errorf("eager window %d not in %d..%d: %w", h.eagerWin, minEagerWin, maxEagerWin, errHandshake)
+	}
+	return h, nil
+}
+
+func encodeAck(b []byte, conn uint32) {
+	copy(b[0:4], magicAck)
+	binary.LittleEndian.PutUint32(b[4:], conn)
+}
+
+func decodeAck(b []byte, conn uint32) error {
+	if len(b) != ackLen || string(b[0:4]) != magicAck {
+		return fmt.Errorf("bad ack: %w", errHandshake)
+	}
+	if got := binary.LittleEndian.Uint32(b[4:]); got != conn {
+		return fmt.Errorf("ack for conn %d, want %d: %w", got, conn, errHandshake)
+	}
+	return nil
+}
