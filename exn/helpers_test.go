@@ -186,3 +186,29 @@ func dropsString(s Stats) string {
 	}
 	return out
 }
+
+// benchNodes starts engines 1 and 2 without leak checks; node 2 delivers
+// to l.
+func benchNodes(tb testing.TB, cfg Config, l Link) []*node {
+	tb.Helper()
+	c := mem.NewCluster()
+	var out []*node
+	for i, id := range []fabric.NodeID{1, 2} {
+		nic, err := c.NewNIC(id)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ep, _ := nic.Open(fabric.EthVPID)
+		link := Link(newCollectLink())
+		if i == 1 {
+			link = l
+		}
+		e, err := New(nic, ep, link, cfg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { e.Close(); nic.Close() })
+		out = append(out, &node{nic: nic, eng: e})
+	}
+	return out
+}

@@ -174,7 +174,7 @@ func (c *counters) snapshot() Stats {
 }
 
 // TotalDrops sums Drops.
-func (s *Stats) TotalDrops() uint64 {
+func (s Stats) TotalDrops() uint64 {
 	var t uint64
 	for _, v := range s.Drops {
 		t += v
