@@ -205,14 +205,14 @@ type Conn struct {
 	txEager uint32
 	wrShut  bool
 	// zcopy, receiver
-	zcSink       fabric.Region
-	zcRdPos      uint32 // next unread byte in the sink
-	zcRdLen      uint32 // unread bytes in the sink
-	zcPending    uint32 // GET posted / sink advertised, of this length
-	zcGot        bool   // GET completed (read mode)
-	zcPutLen     uint32 // ZC_PUT received (write mode)
-	zcPutNote    bool   // PUT completer notification received
-	bufs         []fabric.Region // RegisteredBuffers not yet released
+	zcSink    fabric.Region
+	zcRdPos   uint32          // next unread byte in the sink
+	zcRdLen   uint32          // unread bytes in the sink
+	zcPending uint32          // GET posted / sink advertised, of this length
+	zcGot     bool            // GET completed (read mode)
+	zcPutLen  uint32          // ZC_PUT received (write mode)
+	zcPutNote bool            // PUT completer notification received
+	bufs      []fabric.Region // RegisteredBuffers not yet released
 	// zcopy, sender
 	zcActive  bool
 	zcSinkNLA fabric.NLA
@@ -342,22 +342,14 @@ func (c *Conn) waitLocked(wakeCh chan struct{}, dl *deadline) error {
 	return err
 }
 
-// sendCtx is the context for a fabric Send on behalf of a writer: it ends
-// with Close, a fatal error or the write deadline.
-func (c *Conn) sendCtx() (context.Context, context.CancelFunc) {
-	at := c.wrDL.when()
-	if at.IsZero() {
-		return c.ctx, func() {}
-	}
-	// Only a deadline-bound write allocates a context.
-	return context.WithDeadline(c.ctx, at)
-}
-
+// send delivers msgs for a writer. Once a chunk's credits are reserved
+// its messages must go out whatever the deadline says (a half-sent chunk
+// would desynchronise the ring offsets), so the deadline is checked only
+// while waiting for credits, and the Send is bounded by Close or failure
+// (c.ctx) and by the peer's liveness; back-pressure from a live peer is
+// transient because its rx loop never waits on applications.
 func (c *Conn) send(msgs []fabric.Message) error {
-	ctx, cancel := c.sendCtx()
-	_, err := c.vd.ep.Send(ctx, msgs)
-	cancel()
-	if err != nil {
+	if _, err := c.vd.ep.Send(c.ctx, msgs); err != nil {
 		return c.sendErr(err)
 	}
 	return nil
@@ -961,8 +953,9 @@ func (c *Conn) releaseLocked() {
 			_ = c.vd.ep.Deregister(r.NLA) // fails only if the endpoint is gone, which frees it too
 		}
 	}
-	c.rxRing, c.txRing, c.zcSink, c.bufs = fabric.Region{}, fabric.Region{}, fabric.Region{}, nil
-	c.eager = nil
+	// The region fields stay: writers read txRing without mu. The memory
+	// stays valid Go memory; RMA on it now fails with an error.
+	c.bufs = nil
 	if c.shadow != nil {
 		c.shadow.Close()
 	}
