@@ -1,0 +1,101 @@
+package daemon
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/exn-project/exn/fabric/backend"
+)
+
+func TestParseGood(t *testing.T) {
+	c, err := Parse([]string{"--node-id", "3", "--fabric", "shm:t1", "--addr", "10.77.0.3/24,fd77::3/64",
+		"--addr", "10.78.0.3/16", "--mtu", "9000", "--eager-threshold", "240", "--ifname", "exnx", "--log-level", "debug"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.77.0.3/24"), netip.MustParsePrefix("fd77::3/64"), netip.MustParsePrefix("10.78.0.3/16")}
+	if len(c.Addrs) != len(want) {
+		t.Fatalf("addrs %v, want %v", c.Addrs, want)
+	}
+	for i := range want {
+		if c.Addrs[i] != want[i] {
+			t.Fatalf("addrs %v, want %v", c.Addrs, want)
+		}
+	}
+	if c.Node != 3 || c.Fabric != (backend.Spec{Kind: backend.SHM, Arg: "t1"}) || c.MTU != 9000 ||
+		c.EagerThreshold != 240 || c.Ifname != "exnx" || c.LogLevel != slog.LevelDebug {
+		t.Fatalf("config %+v", c)
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse([]string{"--node-id=0x102", "--fabric=shm:x"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Node != 0x102 || c.MTU != 65521 || c.EagerThreshold != 480 || c.Ifname != "exn0" ||
+		c.Control != "/run/exn/exnd.sock" || c.LogLevel != slog.LevelInfo || len(c.Addrs) != 0 {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+func TestParseBad(t *testing.T) {
+	base := []string{"--node-id", "1", "--fabric", "shm:x"}
+	tests := []struct {
+		name string
+		args []string
+		want string // substring naming the flag
+		is   error
+	}{
+		{"no node", []string{"--fabric", "shm:x"}, "--node-id is required", ErrUsage},
+		{"node range", []string{"--node-id", "65536", "--fabric", "shm:x"}, "--node-id \"65536\"", ErrUsage},
+		{"node text", []string{"--node-id", "one", "--fabric", "shm:x"}, "--node-id \"one\"", ErrUsage},
+		{"no fabric", []string{"--node-id", "1"}, "--fabric is required", ErrUsage},
+		{"bad fabric", []string{"--node-id", "1", "--fabric", "tcp:x"}, "--fabric", ErrUsage},
+		{"shm no name", []string{"--node-id", "1", "--fabric", "shm"}, "--fabric", ErrUsage},
+		{"bad addr", append(base, "--addr", "10.0.0.1"), "addr", ErrUsage},
+		{"bad addr in list", append(base, "--addr", "10.0.0.1/24,bogus"), "addr", ErrUsage},
+		{"mtu low", append(base, "--mtu", "10"), "--mtu 10", ErrUsage},
+		{"mtu high", append(base, "--mtu", "65536"), "--mtu 65536", ErrUsage},
+		{"v6 small mtu", append(base, "--mtu", "1000", "--addr", "fd00::1/64"), "--addr fd00::1/64", ErrUsage},
+		{"eager", append(base, "--eager-threshold", "70000"), "--eager-threshold 70000", ErrUsage},
+		{"ifname long", append(base, "--ifname", "abcdefghijklmnopq"), "--ifname", ErrUsage},
+		{"ifname slash", append(base, "--ifname", "a/b"), "--ifname", ErrUsage},
+		{"log level", append(base, "--log-level", "loud"), "--log-level", ErrUsage},
+		{"unknown flag", append(base, "--bogus"), "bogus", ErrUsage},
+		{"positional", append(base, "extra"), "unexpected argument", ErrUsage},
+		{"netstack", append(base, "--netstack"), "--netstack", ErrNotImplemented},
+		{"metrics", append(base, "--metrics", ":9100"), "--metrics", ErrNotImplemented},
+		{"control", append(base, "--control", "/tmp/x.sock"), "--control", ErrNotImplemented},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.args, io.Discard)
+			if err == nil {
+				t.Fatalf("Parse(%q) succeeded", tc.args)
+			}
+			if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse(%q) = %q; want %v containing %q", tc.args, err, tc.is, tc.want)
+			}
+		})
+	}
+}
+
+func TestMainExitCodes(t *testing.T) {
+	var out strings.Builder
+	if code := Main([]string{"--node-id", "1"}, &out); code != 2 || !strings.Contains(out.String(), "exnd: usage: --fabric is required") {
+		t.Fatalf("exit %d, stderr %q", code, out.String())
+	}
+	out.Reset()
+	if code := Main([]string{"--node-id", "1", "--fabric", "net:127.0.0.1:0"}, &out); code != 1 || !strings.Contains(out.String(), "fabric backend net not available in this build") {
+		t.Fatalf("exit %d, stderr %q", code, out.String())
+	}
+	out.Reset()
+	if code := Main([]string{"-h"}, &out); code != 0 || !strings.Contains(out.String(), "-eager-threshold") {
+		t.Fatalf("exit %d, stderr %q", code, out.String())
+	}
+}

@@ -1,0 +1,17 @@
+// Command exnd is one node of an exn fabric: it terminates the exn0 TAP
+// and carries its Ethernet frames over the (emulated) Extoll fabric.
+//
+//	exnd --node-id N --fabric mem|shm:NAME|net:LISTEN_ADDR|ofi:PROVIDER [--peers FILE]
+//	     [--ifname exn0] [--addr CIDR] [--mtu 65521] [--eager-threshold 480]
+//	     [--netstack] [--metrics ADDR] [--control PATH] [--log-level info]
+//
+// It shuts down cleanly on SIGINT and SIGTERM.
+package main
+
+import (
+	"os"
+
+	"github.com/exn-project/exn/cmd/exnd/internal/daemon"
+)
+
+func main() { os.Exit(daemon.Main(os.Args[1:], os.Stderr)) }
