@@ -56,6 +56,9 @@ func Iperf3(t testing.TB, srv, cli *Netns, ip string, secs int, extra ...string)
 	t.Helper()
 	port := strconv.Itoa(Port())
 	s := srv.Start(t, "iperf3", "-s", "-1", "-B", ip, "-p", port)
+	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
+		return Iperf3Result{}, err
+	}
 	args := append([]string{"iperf3", "-c", ip, "-p", port, "-t", strconv.Itoa(secs), "-J", "--connect-timeout", "2000"}, extra...)
 	var (
 		out string
@@ -63,7 +66,7 @@ func Iperf3(t testing.TB, srv, cli *Netns, ip string, secs int, extra ...string)
 	)
 	for attempt := 0; attempt < 20; attempt++ {
 		out, err = cli.Run(time.Duration(secs)*time.Second+20*time.Second, args...)
-		if err == nil || !strings.Contains(out, "Connection refused") {
+		if !strings.Contains(out, "Connection refused") {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -111,6 +114,9 @@ func Sockperf(t testing.TB, srv, cli *Netns, ip string, secs int) (SockperfResul
 	port := strconv.Itoa(Port())
 	s := srv.Start(t, "sockperf", "server", "--tcp", "-i", ip, "-p", port)
 	defer func() { _ = s.Wait(0) }() // the server never exits on its own
+	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
+		return SockperfResult{}, err
+	}
 	args := []string{"sockperf", "ping-pong", "--tcp", "-i", ip, "-p", port, "-t", strconv.Itoa(secs)}
 	var (
 		out string
@@ -164,6 +170,28 @@ func Ping(ns *Netns, ip string, count, size int, pattern string) (string, error)
 		return out, fmt.Errorf("ping %s: want %q and clean replies: %s", ip, want, out)
 	}
 	return out, nil
+}
+
+// WaitListening polls `ss` in the namespace until a TCP socket listens on
+// port, or fails early if server p exits.
+func (n *Netns) WaitListening(p *Proc, port string, timeout time.Duration) error {
+	err := Eventually(timeout, func() error {
+		if p.Exited() {
+			return fmt.Errorf("%s exited: %v: %s", p.Name, p.Wait(0), tail(p.Output()))
+		}
+		out, err := n.Run(5*time.Second, "ss", "-Hltn", "sport = :"+port)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, ":"+port) {
+			return fmt.Errorf("%s: nothing listens on port %s yet", p.Name, port)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for listener: %w", err)
+	}
+	return nil
 }
 
 func tail(s string) string {
