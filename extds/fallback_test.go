@@ -1,0 +1,181 @@
+package extds
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// plainServer runs a TCP server: echo (answers whatever arrives) or
+// silent-then-echo-lines.
+func plainServer(t testing.TB, handle func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); handle(c) }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+func echo(c net.Conn) { io.Copy(c, c) }
+
+// lineEcho answers only complete lines, so a binary hello gets no reply.
+func lineEcho(c net.Conn) {
+	r := bufio.NewReader(c)
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		io.WriteString(c, l)
+	}
+}
+
+func roundtrip(t testing.TB, c net.Conn, msg string) {
+	t.Helper()
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != msg {
+		t.Fatalf("roundtrip got %q, %v", b, err)
+	}
+	c.SetReadDeadline(time.Time{})
+}
+
+func TestFallbackClientSide(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	tests := []struct {
+		name     string
+		handle   func(net.Conn)
+		resolver Resolver
+		reason   FallbackReason
+	}{
+		{"no-route", echo, StaticResolver{}, FallbackNoRoute},
+		{"plain-echo-server", echo, nil, FallbackHandshake},
+		{"silent-plain-server", lineEcho, nil, FallbackHandshake},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, WithHandshakeTimeout(200*time.Millisecond))
+			addr := plainServer(t, tc.handle)
+			d := &Dialer{Device: p.devA, Resolver: tc.resolver}
+			c, err := d.DialConn(t.Context(), "tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.Mode() != ModeTCP {
+				t.Fatalf("mode %v, want tcp", c.Mode())
+			}
+			roundtrip(t, c, "hello over tcp\n")
+			if got := p.devA.Stats().Fallbacks[tc.reason.String()]; got != 1 {
+				t.Fatalf("fallbacks[%v] = %d, want 1", tc.reason, got)
+			}
+			if tc.reason == FallbackHandshake {
+				// The address is remembered: the next dial does not wait.
+				start := time.Now()
+				c2, err := d.DialConn(t.Context(), "tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c2.Close()
+				if time.Since(start) > 100*time.Millisecond || p.devA.Stats().Fallbacks["cached"] != 1 {
+					t.Fatalf("second dial took %v, cached %d", time.Since(start), p.devA.Stats().Fallbacks["cached"])
+				}
+			}
+		})
+	}
+}
+
+func TestFallbackServerSide(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t, WithPeekTimeout(100*time.Millisecond))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2; i++ {
+			c, err := p.ln.AcceptConn()
+			if err != nil {
+				return
+			}
+			if c.Mode() != ModeTCP {
+				t.Errorf("accepted mode %v, want tcp", c.Mode())
+			}
+			go func() {
+				defer c.Close()
+				if i == 1 { // server speaks first
+					io.WriteString(c, "banner\n")
+				}
+				echo(c)
+			}()
+		}
+	}()
+	// A plain client that speaks first: bytes are peeked and replayed.
+	c, err := net.Dial("tcp", p.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundtrip(t, c, "EX") // a prefix of the magic, then nothing
+	roundtrip(t, c, "plain client\n")
+	c.Close()
+	// A plain client that waits for a banner: served after PeekTimeout.
+	c, err = net.Dial("tcp", p.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 7)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "banner\n" {
+		t.Fatalf("banner %q, %v", b, err)
+	}
+	c.Close()
+	<-done
+	if got := p.devB.Stats().Fallbacks["plain_client"]; got != 2 {
+		t.Fatalf("plain_client fallbacks %d, want 2", got)
+	}
+}
+
+// TestNoDevice: a nil Device is plain TCP both ways.
+func TestNoDevice(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	ln, err := Listen(nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			echo(c)
+			c.Close()
+		}
+	}()
+	c, err := Dial(nil, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundtrip(t, c, "x")
+	c.Close()
+	_ = fabric.NodeID(0)
+	_ = netip.Addr{}
+}
