@@ -7,6 +7,10 @@ package exn
 //
 //	rxLoop   the only consumer of the endpoint: Recv, PollNotifications,
 //	         reassembly, GETs, in-order delivery, housekeeping.
+//	refuser  sends refusals (rx.go) for adverts rxLoop dropped. It is apart
+//	         from rxLoop so the receive loop never blocks on a peer's
+//	         full mailbox (two receive loops refusing to each other could
+//	         otherwise deadlock).
 //	ticker   every housekeepingInterval swaps in a fresh tick context and
 //	         fires the old one, which wakes rxLoop from ep.Wait so it runs
 //	         housekeeping (advert timeouts, dead sources) even when idle,
@@ -38,6 +42,19 @@ const (
 	// expired advert is reclaimed beyond AdvertTimeout, and is the idle
 	// wake-up rate (10/s: negligible CPU).
 	housekeepingInterval = 100 * time.Millisecond
+
+	// refusalQueue bounds refusals waiting to be sent. A refusal that
+	// does not fit is counted (RefusalsLost) and the sender falls back to
+	// its advert timeout, so the bound costs latency, never a slot.
+	refusalQueue = 64
+
+	// liveAdvertFactor: an expired advert to a peer that is still up is
+	// reclaimed only after liveAdvertFactor × AdvertTimeout. A live peer
+	// either pulls (responder notification) or refuses; reclaiming early
+	// would let a slow but live receiver GET a slot already reused for
+	// another frame. The hard limit still bounds a slot lost to a refusal
+	// that never arrived.
+	liveAdvertFactor = 8
 	// logInterval is the least time between two log lines for one drop
 	// reason; the counters always count.
 	logInterval = time.Second
@@ -70,8 +87,13 @@ type Engine struct {
 
 	closed atomic.Bool
 	done   chan struct{}
-	tick   atomic.Pointer[tickCtx]
-	wg     sync.WaitGroup
+	// refusals carries adverts rxLoop dropped to the refuser goroutine;
+	// refuseCtx ends its blocked sends at Close.
+	refusals     chan refusal
+	refuseCtx    context.Context
+	refuseCancel context.CancelFunc
+	tick         atomic.Pointer[tickCtx]
+	wg           sync.WaitGroup
 }
 
 // New starts an engine on ep, which must be VPID fabric.EthVPID opened on
@@ -99,7 +121,9 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 		log:      cfg.Logger,
 		txSeq:    make(map[fabric.NodeID]uint16),
 		done:     make(chan struct{}),
+		refusals: make(chan refusal, refusalQueue),
 	}
+	e.refuseCtx, e.refuseCancel = context.WithCancel(context.Background())
 	copy(e.mac[:], cfg.MACPrefix.MAC(e.self))
 	e.msgCap = max(sendBatchMsgs, numFragments(e.maxFrame))
 	e.scratch.New = func() any {
@@ -116,7 +140,8 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 		return nil, err
 	}
 	e.tick.Store(newTick(0))
-	e.wg.Add(2)
+	e.wg.Add(3)
+	go e.refuser()
 	go e.rxLoop()
 	go e.ticker()
 	return e, nil
@@ -141,6 +166,7 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	close(e.done)
+	e.refuseCancel()
 	e.memMu.Lock()
 	e.memMu.Unlock() //nolint:staticcheck // a barrier: no copy into tx slots is in flight
 	e.wg.Wait()
@@ -197,6 +223,42 @@ func (e *Engine) ticker() {
 			old := e.tick.Load()
 			e.tick.Store(newTick(old.gen + 1))
 			close(old.done)
+		}
+	}
+}
+
+// refusal is an advert rxLoop dropped, to be sent back to its sender.
+type refusal struct {
+	node fabric.NodeID
+	adv  advert
+}
+
+// refuse queues a refusal without blocking the receive loop.
+func (e *Engine) refuse(node fabric.NodeID, a advert) {
+	select {
+	case e.refusals <- refusal{node: node, adv: a}:
+	default:
+		e.ctr.refusalsLost.Add(1)
+	}
+}
+
+// refuser sends queued refusals until Close.
+func (e *Engine) refuser() {
+	defer e.wg.Done()
+	msg := make([]fabric.Message, 1)
+	for {
+		select {
+		case <-e.done:
+			return
+		case r := <-e.refusals:
+			m := &msg[0]
+			*m = fabric.Message{Peer: fabric.Addr{Node: r.node, VPID: fabric.EthVPID}, Tag: tagRefuse, Len: advertLen}
+			r.adv.encode(m.Data[:advertLen])
+			if _, err := e.ep.Send(e.refuseCtx, msg); err != nil {
+				e.ctr.refusalsLost.Add(1)
+				continue
+			}
+			e.ctr.refusalsSent.Add(1)
 		}
 	}
 }

@@ -242,6 +242,8 @@ func (e *Engine) handleMsg(m *fabric.Message) {
 		e.handleAdvert(e.source(node), m.Payload())
 	case m.Tag == tagAdvert:
 		e.drop(DropAdvertMalformed, node)
+	case m.Tag == tagRefuse && !m.MC:
+		e.refused(node, m.Payload())
 	default:
 		e.drop(DropBadTag, node)
 	}
@@ -305,7 +307,8 @@ func (e *Engine) handleAdvert(src *source, p []byte) {
 	src.seq, src.seqOK = a.seq+1, true
 	ent := e.enqueue(src)
 	if ent == nil {
-		return // the sender reclaims its slot after AdvertTimeout
+		e.refuse(src.node, a) // the sender frees its slot now
+		return
 	}
 	abs := src.qhead + uint64(src.qlen) - 1
 	*ent = qent{state: qWaiting, proto: ProtoRendezvous, slot: -1, adv: a}
@@ -441,6 +444,31 @@ func (e *Engine) responderDone(n *fabric.Notification) {
 	e.tx.free <- slot
 }
 
+// refused frees the tx slot of an advert its receiver dropped. Only the
+// node the slot was advertised to can refuse it, and only for the exact
+// slot address and length; anything else is counted as a bad advert.
+func (e *Engine) refused(node fabric.NodeID, p []byte) {
+	a, reason := decodeAdvert(p, e.maxFrame)
+	if reason != DropNone {
+		e.drop(reason, node)
+		return
+	}
+	slot, start := e.tx.index(a.nla)
+	if slot < 0 || start != a.nla {
+		e.drop(DropAdvertMalformed, node)
+		return
+	}
+	s := &e.tx.slots[slot]
+	w := s.state.Load()
+	if w&slotBusy == 0 || wordNode(w) != node || wordLen(w) != a.len || !s.state.CompareAndSwap(w, 0) {
+		e.drop(DropAdvertMalformed, node)
+		return
+	}
+	e.ctr.advertsRefused.Add(1)
+	e.ctr.outstandingAdverts.Add(-1)
+	e.tx.free <- slot
+}
+
 // finishRound drains the sources touched this round and flushes the
 // delivery batch. Flushing frees buffers and may post waiting GETs, whose
 // failures dirty more sources; loop until quiet.
@@ -559,6 +587,11 @@ func (e *Engine) housekeep() {
 		s := &e.tx.slots[i]
 		w := s.state.Load()
 		if w&slotArmed == 0 || now < s.deadline.Load() {
+			continue
+		}
+		// A live peer may still pull: wait longer (liveAdvertFactor).
+		hard := s.deadline.Load() + int64(liveAdvertFactor-1)*int64(e.cfg.AdvertTimeout)
+		if now < hard && e.nic.Alive(wordNode(w)) == nil {
 			continue
 		}
 		if s.state.CompareAndSwap(w, 0) {

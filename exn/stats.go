@@ -123,6 +123,9 @@ type Stats struct {
 	WaitingAdverts int64
 
 	AdvertTimeouts  uint64 // transmit slots reclaimed by AdvertTimeout
+	AdvertsRefused  uint64 // transmit slots freed by a receiver's refusal
+	RefusalsSent    uint64 // adverts this receiver dropped and sent back
+	RefusalsLost    uint64 // refusals not sent (queue full, peer gone); the sender times out
 	LateResponders  uint64 // responder notifications matching no outstanding slot
 	UnmatchedNotify uint64 // notifications matching no buffer at all
 	AdvertSeqGaps   uint64 // advert sequence discontinuities (peer restart)
@@ -142,6 +145,9 @@ type counters struct {
 	rxSlotsInUse       atomic.Int64
 
 	advertTimeouts  atomic.Uint64
+	advertsRefused  atomic.Uint64
+	refusalsSent    atomic.Uint64
+	refusalsLost    atomic.Uint64
 	lateResponders  atomic.Uint64
 	unmatchedNotify atomic.Uint64
 	advertSeqGaps   atomic.Uint64
@@ -165,6 +171,9 @@ func (c *counters) snapshot() Stats {
 	s.WaitingAdverts = c.waitingAdverts.Load()
 	s.RxSlotsInUse = int(c.rxSlotsInUse.Load())
 	s.AdvertTimeouts = c.advertTimeouts.Load()
+	s.AdvertsRefused = c.advertsRefused.Load()
+	s.RefusalsSent = c.refusalsSent.Load()
+	s.RefusalsLost = c.refusalsLost.Load()
 	s.LateResponders = c.lateResponders.Load()
 	s.UnmatchedNotify = c.unmatchedNotify.Load()
 	s.AdvertSeqGaps = c.advertSeqGaps.Load()

@@ -9,7 +9,8 @@ package exn
 //	            bit 6  F: first fragment of a frame
 //	            bit 5  L: last fragment of a frame
 //	            bits 4..0 fragment index mod 32 (the first has index 0)
-//	bit 7 = 0   control: 0x01 is an advert; every other value is reserved
+//	bit 7 = 0   control: 0x01 is an advert, 0x02 a refusal; every other
+//	            value is reserved
 //
 // Eager fragments carry frame bytes only, no header: a frame of n bytes is
 // ceil(n/120) fragments, every one but the last exactly 120 bytes. VELO
@@ -23,6 +24,12 @@ package exn
 //	8..11  frame length, EthHeaderLen..receiver's max frame
 //	12..13 advert sequence number, per (sender, receiver), +1 per advert
 //	14..15 reserved, zero
+//
+// A refusal (tag 0x02, same 16-byte layout) sends an advert back: the
+// receiver dropped it (its per-source queue was full) and will never pull
+// it, so the sender frees the slot at once instead of waiting for
+// AdvertTimeout. The sender accepts a refusal only from the node the slot
+// was advertised to, for the exact NLA and length.
 //
 // The receiver GETs exactly [NLA, NLA+length) into a receive buffer with
 // NotifyCompleter|NotifyResponder; the sender frees its slot on the
@@ -40,6 +47,7 @@ const (
 	tagLast    fabric.Tag = 0x20
 	tagIdxMask fabric.Tag = 0x1F
 	tagAdvert  fabric.Tag = 0x01
+	tagRefuse  fabric.Tag = 0x02
 
 	advertLen = 16
 	fragLen   = fabric.MaxVELOPayload
