@@ -1,0 +1,77 @@
+package extds
+
+import (
+	"testing"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+func FuzzDecodeMsg(f *testing.F) {
+	var m fabric.Message
+	peer := fabric.Addr{Node: 1, VPID: 2}
+	encData(&m, peer, 7, true, []byte("hello"))
+	f.Add(uint8(m.Tag), m.Payload())
+	encTwo(&m, peer, TagRMAInfo, 7, 100, 200)
+	f.Add(uint8(m.Tag), m.Payload())
+	encTwo(&m, peer, TagRMAAvail, 7, 0, 5)
+	f.Add(uint8(m.Tag), m.Payload())
+	encNLA(&m, peer, TagZCSrc, 7, fabric.MakeNLA(3, 9), 1<<20)
+	f.Add(uint8(m.Tag), m.Payload())
+	encLen(&m, peer, TagZCPut, 7, 10)
+	f.Add(uint8(m.Tag), m.Payload())
+	encCtl(&m, peer, TagShutdown, 7)
+	f.Add(uint8(m.Tag), m.Payload())
+	f.Add(uint8(0x99), []byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, tag uint8, p []byte) {
+		if len(p) > fabric.MaxVELOPayload {
+			p = p[:fabric.MaxVELOPayload]
+		}
+		var d msg
+		if err := decodeMsg(fabric.Tag(tag), p, &d); err != nil {
+			return
+		}
+		// Accepted messages re-encode to the same bytes.
+		var m fabric.Message
+		switch d.tag {
+		case TagVELO, TagVELOLast:
+			encData(&m, peer, d.conn, d.tag == TagVELOLast, d.data)
+		case TagRMAInfo, TagRMAAvail:
+			encTwo(&m, peer, d.tag, d.conn, d.a, d.b)
+		case TagShutdown, TagReset, TagZCDone:
+			encCtl(&m, peer, d.tag, d.conn)
+		case TagZCSrc, TagZCSink:
+			encNLA(&m, peer, d.tag, d.conn, d.nla, d.b)
+		case TagZCWant, TagZCPut:
+			encLen(&m, peer, d.tag, d.conn, d.b)
+		default:
+			t.Fatalf("decoded unknown tag %#x", d.tag)
+		}
+		if m.Tag != d.tag || string(m.Payload()) != string(p) {
+			t.Fatalf("re-encode mismatch: tag %#x %x vs %x", d.tag, m.Payload(), p)
+		}
+	})
+}
+
+func FuzzDecodeHello(f *testing.F) {
+	var b [helloLen]byte
+	h := hello{node: 3, vpid: 17, conn: 9, ring: fabric.MakeNLA(1, 0), ringSize: 1 << 16, eagerWin: 1 << 14}
+	h.encode(b[:], magicHello)
+	f.Add(b[:])
+	(&hello{status: statusNoFab}).encode(b[:], magicHello)
+	f.Add(b[:])
+	f.Add([]byte("EXDS"))
+	f.Fuzz(func(t *testing.T, p []byte) {
+		h, err := decodeHello(p, magicHello)
+		if err != nil || h.status != statusOK {
+			return
+		}
+		var out [helloLen]byte
+		h.encode(out[:], magicHello)
+		if string(out[:]) != string(p) {
+			t.Fatalf("re-encode mismatch")
+		}
+		if h.conn == 0 || h.ringSize < minRingSize || h.eagerWin < minEagerWin {
+			t.Fatalf("accepted invalid hello %+v", h)
+		}
+	})
+}
