@@ -687,10 +687,10 @@ func (c *Conn) flushCredits(all bool) {
 	c.freedRing, c.freedEager = 0, 0
 	c.mu.Unlock()
 	encTwo(&c.rbatch[0], c.peerAddr, TagRMAAvail, c.peerID, fr, fe)
-	ctx, cancel := context.WithTimeout(c.dev.ctx, ctrlSendTimeout)
-	_, err := c.vd.ep.Send(ctx, c.rbatch[:])
-	cancel()
-	if err != nil {
+	// c.ctx, not a timeout context: no allocation per credit message; the
+	// peer's rx loop drains without waiting on applications, and its death
+	// ends the Send with ErrPeerDown.
+	if _, err := c.vd.ep.Send(c.ctx, c.rbatch[:]); err != nil {
 		if errors.Is(err, fabric.ErrPeerDown) {
 			c.fail(fmt.Errorf("peer %v: %w", c.peerAddr, fabric.ErrPeerDown), false)
 		}
