@@ -89,8 +89,8 @@ type Stats struct {
 	PeerDown             uint64
 	Drops                map[string]uint64
 	HandshakeErrors      uint64
-	ZCopyReads           uint64
-	ZCopyWrites          uint64
+	ZCopyReads           uint64 // receiver GETs (read mode)
+	ZCopyWrites          uint64 // sender write-mode transfers
 	LingerExpired        uint64
 	Reaped               uint64 // closed conns released by the drain timeout
 	ShadowLost           uint64
