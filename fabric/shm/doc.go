@@ -1,0 +1,30 @@
+// Package shm is the fabric backend for separate OS processes on one host.
+//
+// Every node is a set of files under a directory (default /dev/shm), mode
+// 0600, all named exn-<fabric>-…:
+//
+//	exn-F-fabric            fabric epoch: bumped on every join and leave
+//	exn-F-n<N>              node file: header (magic, version, pid, node,
+//	                        incarnation, state, multicast groups) and the
+//	                        node's region table
+//	exn-F-n<N>.<I>-v<V>     one per open VPID: header, VELO mailbox ring,
+//	                        notification queue
+//	exn-F-n<N>.<I>-r<X>.<G> one per registered region X, generation G
+//
+// where I is the node's incarnation, a random 64-bit number chosen at Open,
+// so a restarted node never reuses a dead one's names.
+//
+// VELO is a multi-producer, single-consumer ring of 128-byte slots in the
+// target's VPID file: senders in any process write into it directly, the
+// owner reads. RMA is a single copy done by the requester, which maps the
+// peer's region file (lazily, cached, checked against the region's
+// generation on every request). Waiting spins, then sleeps on a shared
+// futex; senders wake a consumer only when it has said it is asleep.
+//
+// Liveness rests on flock: a node holds an exclusive lock on its node file
+// (and on each VPID file) for its lifetime, and the kernel drops the lock
+// when the process dies, however it dies. Every NIC probes its peers' locks
+// every livenessPeriod; a lock it can take belongs to a dead node, whose
+// files it then unlinks. See ring.go for the ring protocol and nic.go for
+// discovery and reclamation; docs/fabric-shm.md has the measurements.
+package shm

@@ -1,0 +1,484 @@
+package shm
+
+// Endpoint pipeline. See ring.go for the ring protocol.
+//
+//	Send: CheckSend → target lookup (peer table, cached VPID mapping,
+//	      acquired for the batch) → push (claim, mark, fill, publish) →
+//	      doorbell (only if the consumer sleeps). A full ring: spin
+//	      sendSpin times, then sleep on the target's space futex in
+//	      sendWaitSlice slices, re-checking ctx, our Close and the target's
+//	      liveness between slices.
+//	Recv: under recvMu, consume from head; wake blocked senders once per
+//	      batch.
+//	Wait: spin waitSpin, then announce sleep and FUTEX_WAIT on the doorbell.
+//	Post: see rma.go.
+//
+// Close takes ops for writing, so it waits for every running call (each
+// holds ops for reading) before it unmaps anything; a call blocked in a
+// wait slice sees closed within one slice.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/sys"
+)
+
+const (
+	// sendSpin is how many times a sender retries a full ring (yielding the
+	// processor) before it sleeps: a consumer that is polling frees a slot
+	// within a few microseconds.
+	sendSpin = 64
+	// sendWaitSlice bounds one futex sleep of a blocked sender, and so how
+	// late it notices ctx, Close or a dead target.
+	sendWaitSlice = 2 * time.Millisecond
+	// waitSpin is how long Wait polls before it sleeps: long enough to
+	// cover a ping-pong round trip (a few µs), short enough that an idle
+	// consumer costs nothing.
+	waitSpin = 50 * time.Microsecond
+	// waitSlice bounds one futex sleep in Wait; Close and ctx wake it
+	// directly, so this is only a backstop.
+	waitSlice = 100 * time.Millisecond
+	// spinCheckEvery is how many polls pass between clock reads in a spin.
+	spinCheckEvery = 64
+)
+
+type endpoint struct {
+	nic  *nicT
+	addr fabric.Addr
+	path string
+	f    *os.File
+	v    *vfile
+
+	ops    sync.RWMutex
+	closed atomic.Bool
+
+	recvMu sync.Mutex
+	rc     consumer
+	pollMu sync.Mutex
+	nc     consumer
+}
+
+// Open claims VPID v on this node: it creates the VPID file (header,
+// mailbox, notification queue) under a temporary name, locks it, and links
+// it into place.
+func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed.Load() {
+		return nil, net.ErrClosed
+	}
+	addr := fabric.Addr{Node: n.node, VPID: v}
+	if n.eps[v] != nil {
+		return nil, n.ctr.CountErr(fmt.Errorf("shm: open %v: %w", addr, fabric.ErrInUse))
+	}
+	path := n.vpidPath(n.node, n.inc, v)
+	tmp := path + ".tmp"
+	size := vpidFileSize(n.opts.slots, n.opts.depth)
+	f, err := createFile(tmp, size)
+	if err != nil {
+		return nil, fmt.Errorf("shm: open %v: %w", addr, err)
+	}
+	defer os.Remove(tmp)
+	if ok, err := sys.TryLock(f, true); !ok || err != nil {
+		f.Close()
+		return nil, n.ctr.CountErr(fmt.Errorf("shm: lock %v: %v: %w", addr, err, fabric.ErrInUse))
+	}
+	b, err := sys.MapShared(f, size)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	h := vpidHeader{Addr: addr, Slots: n.opts.slots, Depth: n.opts.depth}
+	encodeVPIDHeader(b, h)
+	vf := newVFile(newMapping(b), h)
+	vf.initRings()
+	if err := os.Link(tmp, path); err != nil {
+		sys.Unmap(b)
+		f.Close()
+		return nil, n.ctr.CountErr(fmt.Errorf("shm: open %v: %v: %w", addr, err, fabric.ErrInUse))
+	}
+	ep := &endpoint{nic: n, addr: addr, path: path, f: f, v: vf}
+	n.eps[v] = ep
+	return ep, nil
+}
+
+func (e *endpoint) Addr() fabric.Addr { return e.addr }
+
+func (e *endpoint) enter() error {
+	e.ops.RLock()
+	if e.closed.Load() {
+		e.ops.RUnlock()
+		return net.ErrClosed
+	}
+	return nil
+}
+
+func (e *endpoint) leave() { e.ops.RUnlock() }
+
+// Send implements fabric.Endpoint. It holds the target's mapping for the
+// run of messages to the same target and does not allocate.
+func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	n := e.nic
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var (
+		cur    fabric.Addr
+		vf     *vfile
+		p      *peer
+		dirty  bool
+		result error
+		i      int
+	)
+	release := func() {
+		if vf != nil {
+			if dirty {
+				vf.ringDoorbell()
+			}
+			vf.m.release()
+			vf, dirty = nil, false
+		}
+	}
+	for i = 0; i < len(msgs); i++ {
+		m := &msgs[i]
+		if err := fabric.CheckSend(m); err != nil {
+			result = err
+			break
+		}
+		if m.MC {
+			release()
+			if err := e.multicast(ctx, m); err != nil {
+				result = err
+				break
+			}
+			continue
+		}
+		if vf == nil || m.Peer != cur {
+			release()
+			var err error
+			if p, err = n.getPeer(m.Peer.Node); err == nil {
+				vf, err = n.vpid(p, m.Peer.VPID)
+			}
+			if err != nil {
+				result = err
+				break
+			}
+			cur = m.Peer
+		}
+		desc := fabric.Descriptor{Node: n.node, VPID: e.addr.VPID, Tag: m.Tag, Len: m.Len}.Encode()
+		if err := e.push(ctx, p, vf, desc, m.Payload()); err != nil {
+			result = err
+			break
+		}
+		dirty = true
+		n.ctr.VELOSent.Add(1)
+		n.ctr.VELOSentBytes.Add(uint64(m.Len))
+	}
+	release()
+	if result != nil {
+		return i, n.ctr.CountErr(fmt.Errorf("shm: send to %v: %w", msgs[i].Peer, result))
+	}
+	return i, nil
+}
+
+// push delivers one message to vf, blocking while the ring is full.
+func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, payload []byte) error {
+	if vf.push(desc, e.nic.node, payload) {
+		return nil
+	}
+	e.nic.ctr.SendBlocked.Add(1)
+	vf.ringDoorbell() // the consumer may be asleep with a full ring
+	for spin := 0; spin < sendSpin; spin++ {
+		runtime.Gosched()
+		if vf.push(desc, e.nic.node, payload) {
+			return nil
+		}
+	}
+	for {
+		switch {
+		case e.closed.Load():
+			return net.ErrClosed
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !p.self && !p.up():
+			return fabric.ErrPeerDown
+		case vf.state.Load() != vpidOpen:
+			return fabric.ErrUnknownNode
+		}
+		vf.spaceW.Add(1)
+		s := vf.space.Load()
+		if vf.push(desc, e.nic.node, payload) {
+			vf.spaceW.Add(^uint32(0))
+			return nil
+		}
+		vf.ringDoorbell()
+		sys.FutexWait(vf.space, s, sendWaitSlice) //nolint:errcheck // loop re-checks
+		vf.spaceW.Add(^uint32(0))
+		if vf.push(desc, e.nic.node, payload) {
+			return nil
+		}
+	}
+}
+
+// multicast sends m to VPID m.Peer.VPID on every live member of group
+// m.Peer.Node except this node. Members without that VPID open, or that
+// die meanwhile, are skipped.
+func (e *endpoint) multicast(ctx context.Context, m *fabric.Message) error {
+	n := e.nic
+	g := fabric.Group(m.Peer.Node)
+	n.scan(false)
+	var buf [32]*peer
+	members := buf[:0]
+	n.peerMu.RLock()
+	for _, p := range n.peers {
+		if !p.down.Load() && (g == fabric.Broadcast || p.groups.Load()&(1<<g) != 0) {
+			members = append(members, p)
+		}
+	}
+	n.peerMu.RUnlock()
+	desc := fabric.Descriptor{Node: n.node, VPID: e.addr.VPID, Tag: m.Tag, Len: m.Len}.Encode() | mcFlag
+	for _, p := range members {
+		vf, err := n.vpid(p, m.Peer.VPID)
+		if err != nil {
+			continue
+		}
+		err = e.push(ctx, p, vf, desc, m.Payload())
+		vf.ringDoorbell()
+		vf.m.release()
+		if err != nil && !errors.Is(err, fabric.ErrPeerDown) && !errors.Is(err, fabric.ErrUnknownNode) {
+			return err
+		}
+	}
+	n.ctr.MulticastSent.Add(1)
+	n.ctr.VELOSent.Add(1)
+	n.ctr.VELOSentBytes.Add(uint64(m.Len))
+	return nil
+}
+
+// Recv implements fabric.Endpoint.
+func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	e.recvMu.Lock()
+	defer e.recvMu.Unlock()
+	v, n := e.v, 0
+	slots := uint64(v.hdr.Slots)
+	head := e.rc.head.Load()
+	freed, bytes := 0, uint64(0)
+loop:
+	for n < len(msgs) {
+		st := v.slot(head)
+		s := st.Load()
+		k, d, claimer, err := classifySlot(s, head)
+		switch k {
+		case slotPublished:
+			if err != nil {
+				e.nic.ctr.Corrupt.Add(1)
+				e.nic.logFault("shm: dropped undecodable mailbox slot", "vpid", e.addr.VPID, "err", err)
+			} else {
+				m := &msgs[n]
+				m.Peer = fabric.Addr{Node: d.Node, VPID: d.VPID}
+				m.MC, m.Tag, m.Len = d.MC, d.Tag, d.Len
+				copy(m.Data[:d.Len], v.slotData(head))
+				n++
+				bytes += uint64(d.Len)
+			}
+		case slotFree, slotClaimed:
+			if v.tail.Load() <= head {
+				break loop // empty
+			}
+			if !e.rc.orphaned(head, claimer, k == slotClaimed, e.nic.isDead) {
+				break loop // a producer is still filling it
+			}
+			e.nic.ctr.Corrupt.Add(1)
+			e.nic.logFault("shm: skipped mailbox slot its producer never published", "vpid", e.addr.VPID, "claimer", claimer)
+		case slotBad:
+			e.nic.ctr.Corrupt.Add(1)
+			e.nic.logFault("shm: corrupt mailbox status word", "vpid", e.addr.VPID, "word", s)
+			if v.tail.Load() <= head {
+				// Nobody claimed it: repair it so producers can.
+				st.CompareAndSwap(s, seq24(head)<<seqShift)
+				break loop
+			}
+		}
+		st.Store(seq24(head+slots) << seqShift)
+		head++
+		freed++
+	}
+	if freed > 0 {
+		e.rc.head.Store(head)
+		v.wakeSenders()
+	}
+	if n > 0 {
+		e.nic.ctr.VELORecv.Add(uint64(n))
+		e.nic.ctr.VELORecvBytes.Add(bytes)
+	}
+	return n, nil
+}
+
+// PollNotifications implements fabric.Endpoint.
+func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	e.pollMu.Lock()
+	defer e.pollMu.Unlock()
+	v, n := e.v, 0
+	depth := uint64(v.hdr.Depth)
+	head := e.nc.head.Load()
+	moved := false
+loop:
+	for n < len(ns) {
+		st := v.nstatus(head)
+		cl := v.nclaimer(head)
+		s := st.Load()
+		k, claimer, known := classifyEntry(s, cl.Load(), head)
+		switch k {
+		case slotPublished:
+			nt, err := fabric.DecodeNotification(v.nbody(head))
+			if err != nil {
+				e.nic.ctr.Corrupt.Add(1)
+				e.nic.logFault("shm: dropped undecodable notification", "vpid", e.addr.VPID, "err", err)
+			} else {
+				ns[n] = nt
+				n++
+			}
+		case slotFree, slotClaimed:
+			if v.ntail.Load() <= head {
+				break loop
+			}
+			if !e.nc.orphaned(head, claimer, known, e.nic.isDead) {
+				break loop
+			}
+			e.nic.ctr.Corrupt.Add(1)
+			e.nic.logFault("shm: skipped notification its producer never published", "vpid", e.addr.VPID)
+		case slotBad:
+			e.nic.ctr.Corrupt.Add(1)
+			e.nic.logFault("shm: corrupt notification status word", "vpid", e.addr.VPID, "word", s)
+			if v.ntail.Load() <= head {
+				cl.Store(0)
+				st.CompareAndSwap(s, head)
+				break loop
+			}
+		}
+		cl.Store(0)
+		st.Store(head + depth)
+		head++
+		moved = true
+	}
+	if moved {
+		e.nc.head.Store(head)
+	}
+	return n, nil
+}
+
+func (e *endpoint) ready() bool {
+	return e.v.mboxReady(e.rc.head.Load()) || e.v.notifyReady(e.nc.head.Load())
+}
+
+// Wait implements fabric.Endpoint: spin for waitSpin, then sleep on the
+// doorbell. Close and ctx wake it at once.
+func (e *endpoint) Wait(ctx context.Context) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	v := e.v
+	start := time.Time{}
+	for i := 0; ; i++ {
+		if e.ready() {
+			return nil
+		}
+		if i%spinCheckEvery == spinCheckEvery-1 {
+			if e.closed.Load() {
+				return net.ErrClosed
+			}
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > waitSpin {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	if done := ctx.Done(); done != nil {
+		stop := context.AfterFunc(ctx, func() {
+			v.doorbell.Add(1)
+			sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck
+		})
+		defer stop()
+	}
+	for {
+		if e.closed.Load() {
+			return net.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		v.sleepers.Add(1)
+		s := v.doorbell.Load()
+		if e.ready() {
+			v.sleepers.Add(^uint32(0))
+			return nil
+		}
+		sys.FutexWait(v.doorbell, s, waitSlice) //nolint:errcheck // loop re-checks
+		v.sleepers.Add(^uint32(0))
+		if e.ready() {
+			return nil
+		}
+	}
+}
+
+// Close implements fabric.Endpoint: it marks the VPID file closed (so
+// cached senders stop), wakes waiters, waits for running calls, releases
+// the VPID's regions and unlinks its file.
+func (e *endpoint) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	n := e.nic
+	v := e.v
+	v.state.Store(vpidClosed)
+	v.doorbell.Add(1)
+	sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck
+	v.space.Add(1)
+	sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
+	e.ops.Lock()
+	defer e.ops.Unlock()
+	n.regMu.Lock()
+	for idx, r := range n.regions {
+		if r.owner == e.addr.VPID {
+			n.dropRegionLocked(idx, r)
+		}
+	}
+	n.regMu.Unlock()
+	os.Remove(e.path)
+	n.mu.Lock()
+	if n.eps[e.addr.VPID] == e {
+		n.eps[e.addr.VPID] = nil
+	}
+	for i := range n.folded {
+		n.folded[i].Add(v.stats[i].Load())
+	}
+	n.mu.Unlock()
+	v.m.release()
+	e.f.Close()
+	return nil
+}

@@ -1,0 +1,65 @@
+package shm
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// Option configures Open.
+type Option func(*options) error
+
+type options struct {
+	slots int
+	depth int
+	dir   string
+	log   *slog.Logger
+}
+
+// WithSlots sets the number of 128-byte slots in each VELO mailbox this
+// node opens: a power of two in 2..65536. Default DefaultSlots.
+func WithSlots(n int) Option {
+	return func(o *options) error {
+		if !validSlots(n) {
+			return fmt.Errorf("shm: %d mailbox slots: want a power of two in %d..%d: %w", n, minSlots, maxSlots, fabric.ErrInvalid)
+		}
+		o.slots = n
+		return nil
+	}
+}
+
+// WithNotifyDepth sets each notification queue's depth: a power of two
+// from fabric.DefaultNotifyDepth to 262144. Default fabric.DefaultNotifyDepth.
+func WithNotifyDepth(n int) Option {
+	return func(o *options) error {
+		if !validDepth(n) {
+			return fmt.Errorf("shm: notify depth %d: want a power of two in %d..%d: %w", n, minNotifyDepth, maxNotifyDepth, fabric.ErrInvalid)
+		}
+		o.depth = n
+		return nil
+	}
+}
+
+// WithDir puts the fabric's files in dir instead of /dev/shm. Every node
+// of a fabric must use the same directory, on a tmpfs for speed.
+func WithDir(dir string) Option {
+	return func(o *options) error {
+		if dir == "" {
+			return fmt.Errorf("shm: empty directory: %w", fabric.ErrInvalid)
+		}
+		o.dir = dir
+		return nil
+	}
+}
+
+// WithLogger sets the logger for faults (rate-limited) and lifecycle
+// events. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l != nil {
+			o.log = l
+		}
+		return nil
+	}
+}
