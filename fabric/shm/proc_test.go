@@ -1,0 +1,275 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// The child process (node 2) of TestTwoProcesses. It opens VPID 1,
+// registers a region filled with a known pattern, sends its NLA, then
+// echoes every message back until it is killed or told to stop (tag 9).
+const childEnv = "EXN_SHM_CHILD_FABRIC"
+
+const (
+	tagRegion       = 1
+	tagPing         = 2
+	tagStop         = 9
+	tagStall        = 10 // child stops receiving: its mailbox fills
+	childRegionSize = 64 << 10
+)
+
+func pattern(i int) byte { return byte(i*7 + 3) }
+
+func TestHelperProcess(t *testing.T) {
+	fab := os.Getenv(childEnv)
+	if fab == "" {
+		t.Skip("helper process for TestTwoProcesses")
+	}
+	if err := child(fab); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func child(fab string) error {
+	nic, err := Open(fab, 2, WithSlots(8))
+	if err != nil {
+		return err
+	}
+	defer nic.Close()
+	ep, err := nic.Open(1)
+	if err != nil {
+		return err
+	}
+	r, err := ep.Register(childRegionSize)
+	if err != nil {
+		return err
+	}
+	for i := range r.Buf {
+		r.Buf[i] = pattern(i)
+	}
+	var m fabric.Message
+	m.Peer = fabric.Addr{Node: 1, VPID: 1}
+	m.Tag = tagRegion
+	m.SetPayload([]byte(strconv.FormatUint(uint64(r.NLA), 10)))
+	ctx := context.Background()
+	if _, err := ep.Send(ctx, []fabric.Message{m}); err != nil {
+		return err
+	}
+	buf := make([]fabric.Message, 16)
+	for {
+		n, err := ep.Recv(buf)
+		if err != nil {
+			return err
+		}
+		for i := range buf[:n] {
+			switch buf[i].Tag {
+			case tagStop:
+				return nil
+			case tagStall:
+				select {} // hold the full mailbox until SIGKILL
+			}
+			buf[i].Peer = fabric.Addr{Node: 1, VPID: 1}
+		}
+		if _, err := ep.Send(ctx, buf[:n]); err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := ep.Wait(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// TestTwoProcesses runs node 2 in a second OS process: VELO ping-pong, an
+// RMA GET of the child's region checked by content, then SIGKILL of the
+// child while this process is blocked sending to its full mailbox. The
+// blocked Send must return ErrPeerDown promptly, RMA to it must give an
+// NErrPeerDown notification, and the child's files must be reclaimed.
+func TestTwoProcesses(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	testenv.VerifyNoFDLeaks(t)
+	fab := uniqueFabric(t)
+	nic, err := Open(fab, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nic.Close()
+	ep, err := nic.Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+fab)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	recv1 := func() fabric.Message {
+		t.Helper()
+		var b [1]fabric.Message
+		for {
+			n, err := ep.Recv(b[:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 1 {
+				return b[0]
+			}
+			if err := ep.Wait(ctx); err != nil {
+				t.Fatalf("waiting for the child: %v", err)
+			}
+		}
+	}
+	child := fabric.Addr{Node: 2, VPID: 1}
+
+	// 1. The child announces its region.
+	m := recv1()
+	if m.Tag != tagRegion || m.Peer != child {
+		t.Fatalf("first message %+v, want region announcement from %v", m, child)
+	}
+	v, err := strconv.ParseUint(string(m.Payload()), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := fabric.NLA(v)
+	if err := nic.Alive(2); err != nil {
+		t.Fatalf("Alive(2) = %v", err)
+	}
+
+	// 2. Ping-pong.
+	for i := 0; i < 100; i++ {
+		var p fabric.Message
+		p.Peer, p.Tag = child, tagPing
+		p.SetPayload([]byte(strconv.Itoa(i)))
+		if _, err := ep.Send(ctx, []fabric.Message{p}); err != nil {
+			t.Fatal(err)
+		}
+		if r := recv1(); string(r.Payload()) != strconv.Itoa(i) || r.Peer != child {
+			t.Fatalf("pong %d: %q from %v", i, r.Payload(), r.Peer)
+		}
+	}
+
+	// 3. RMA GET of the child's region, checked by content.
+	local, err := ep.Register(childRegionSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ep.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: child, Local: local.NLA, Remote: remote,
+		Len: childRegionSize, Notify: fabric.NotifyRequester}}); err != nil {
+		t.Fatal(err)
+	}
+	nt := pollOne(t, ep, ctx)
+	if nt.Err != fabric.NErrNone || nt.Kind != fabric.KindRequester || nt.Local != fabric.LastFrame(local.NLA, childRegionSize) {
+		t.Fatalf("get notification %+v", nt)
+	}
+	for i, b := range local.Buf {
+		if b != pattern(i) {
+			t.Fatalf("byte %d = %d, want %d", i, b, pattern(i))
+		}
+	}
+
+	// 4. Stall the child, fill its mailbox, SIGKILL it while blocked.
+	var stall fabric.Message
+	stall.Peer, stall.Tag = child, tagStall
+	if _, err := ep.Send(ctx, []fabric.Message{stall}); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		msgs := make([]fabric.Message, 64) // > 8 slots
+		for i := range msgs {
+			msgs[i].Peer, msgs[i].Tag = child, tagPing
+		}
+		_, err := ep.Send(ctx, msgs)
+		res <- err
+	}()
+	for nic.Stats().SendBlocked == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	killed := time.Now()
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	waited = true
+	select {
+	case err := <-res:
+		if !errors.Is(err, fabric.ErrPeerDown) {
+			t.Fatalf("blocked send after SIGKILL: %v, want ErrPeerDown", err)
+		}
+		t.Logf("blocked send returned ErrPeerDown %v after SIGKILL", time.Since(killed))
+	case <-time.After(5 * time.Second):
+		t.Fatal("blocked send still blocked 5 s after the peer was killed")
+	}
+	if err := nic.Alive(2); !errors.Is(err, fabric.ErrPeerDown) {
+		t.Fatalf("Alive(2) after kill = %v, want ErrPeerDown", err)
+	}
+	if _, err := ep.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: child, Local: local.NLA, Remote: remote, Len: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	if nt := pollOne(t, ep, ctx); nt.Err != fabric.NErrPeerDown || nt.Local != local.NLA {
+		t.Fatalf("rma to a dead peer: %+v, want NErrPeerDown", nt)
+	}
+	// Only node 1's files may remain.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var child []string
+		for _, f := range fabricFiles(t, fab) {
+			if name := f[len("/dev/shm/exn-"+fab+"-"):]; len(name) > 2 && name[:2] == "n2" {
+				child = append(child, f)
+			}
+		}
+		if len(child) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead child's files not reclaimed: %v", child)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A restarted node 2 rejoins under the same ID.
+	again, err := Open(fab, 2)
+	if err != nil {
+		t.Fatalf("reopen node 2: %v", err)
+	}
+	again.Close()
+}
+
+func pollOne(t testing.TB, ep fabric.Endpoint, ctx context.Context) fabric.Notification {
+	t.Helper()
+	var ns [1]fabric.Notification
+	for {
+		n, err := ep.PollNotifications(ns[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return ns[0]
+		}
+		if err := ep.Wait(ctx); err != nil {
+			t.Fatalf("waiting for a notification: %v", err)
+		}
+	}
+}
