@@ -415,19 +415,24 @@ func (e *Endpoint) Flush(ctx context.Context) error {
 	return nil
 }
 
-// Close implements stack.LinkEndpoint. It runs the on-close action, stops
-// the transmit goroutine (a Transmit blocked on back-pressure is cancelled)
-// and waits for it; queued frames are dropped. Later writes return
-// ErrClosedForSend and DeliverFrames returns net.ErrClosed. Close is
-// idempotent.
+// Close implements stack.LinkEndpoint. It runs the on-close action and
+// shuts the endpoint down: it stops the transmit goroutine (a Transmit
+// blocked on back-pressure is cancelled) and waits for it; queued frames
+// are dropped. Later writes return ErrClosedForSend and DeliverFrames
+// returns net.ErrClosed. Close is idempotent.
 func (e *Endpoint) Close() {
+	e.mu.RLock()
+	action := e.onClose
+	e.mu.RUnlock()
+	if action != nil && !e.closed.Load() {
+		action()
+	}
+	e.shutdown()
+}
+
+// shutdown is Close without the on-close action. It is idempotent.
+func (e *Endpoint) shutdown() {
 	e.closeOne.Do(func() {
-		e.mu.RLock()
-		action := e.onClose
-		e.mu.RUnlock()
-		if action != nil {
-			action()
-		}
 		e.closed.Store(true)
 		e.cancel()
 		e.wg.Wait()
@@ -446,14 +451,21 @@ func (e *Endpoint) Close() {
 }
 
 // Wait implements stack.LinkEndpoint: it waits for the transmit goroutine,
-// which stops only on Close.
+// which stops on Close or on detach (Attach(nil)). The stack removes a NIC
+// by detaching, then Wait, then Close, so Wait never waits on itself.
 func (e *Endpoint) Wait() { e.wg.Wait() }
 
-// Attach implements stack.LinkEndpoint.
+// Attach implements stack.LinkEndpoint. Detaching (a nil dispatcher, as
+// the stack does when it removes the NIC) shuts the endpoint down as Close
+// does: an Endpoint serves one NIC for its lifetime.
 func (e *Endpoint) Attach(d stack.NetworkDispatcher) {
 	e.mu.Lock()
+	was := e.dispatcher
 	e.dispatcher = d
 	e.mu.Unlock()
+	if d == nil && was != nil {
+		e.shutdown()
+	}
 }
 
 // IsAttached implements stack.LinkEndpoint.
