@@ -57,11 +57,11 @@ func (p *peer) drop() {
 		r.m.release()
 		delete(p.regions, idx)
 	}
-	p.mu.Unlock()
-	p.m.release()
 	if p.f != nil {
 		p.f.Close()
 	}
+	p.mu.Unlock()
+	p.m.release()
 }
 
 // getPeer returns node id's peer if it is up. It discovers a node it has
@@ -182,15 +182,20 @@ func (n *nicT) isDead(id fabric.NodeID) bool {
 // probe checks one peer's liveness: its node state word and its lock. On
 // death it reclaims the peer's files (holding the lock) and marks it down.
 func (n *nicT) probe(p *peer) bool {
-	ok, err := sys.TryLock(p.f, true)
-	if err != nil || !ok {
-		if u32(p.m.b, nOffState).Load() == nodeAlive {
-			return true
-		}
+	// p.mu keeps drop from closing p.f under the flock.
+	p.mu.Lock()
+	if p.dropped.Load() {
+		p.mu.Unlock()
+		return false
 	}
+	ok, err := sys.TryLock(p.f, true)
 	if ok {
 		n.reclaimLocked(p.f, n.nodePath(p.id), p.id, p.inc)
 		n.epoch.Add(1)
+	}
+	p.mu.Unlock()
+	if (err != nil || !ok) && p.up() {
+		return true
 	}
 	n.log.Info("shm: peer down", "peer", p.id)
 	n.markDown(p)
