@@ -1,7 +1,7 @@
 package control
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -21,6 +22,23 @@ const MaxLine = 4096
 
 // DefaultPath is exnd's control socket unless --control says otherwise.
 const DefaultPath = "/run/exn/exnd.sock"
+
+// MaxFDs is the most file descriptors one request may carry.
+const MaxFDs = 4
+
+// Request is one request with the file descriptors that came with it
+// (SCM_RIGHTS on the request line). The server closes every file left in
+// Files after the handler returns; a handler keeps one by setting its
+// slot to nil.
+type Request struct {
+	Op    string
+	Args  []string
+	Files []*os.File
+}
+
+// FDHandlerFunc answers a request that may carry file descriptors and may
+// return one (out), which is sent with the response and then closed.
+type FDHandlerFunc func(ctx context.Context, req *Request) (v any, out *os.File, err error)
 
 // HandlerFunc answers one request. args excludes the operation name. The
 // returned value is encoded as JSON in the response's data field.
@@ -46,9 +64,10 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	handlers map[string]HandlerFunc
-	conns    map[net.Conn]struct{}
+	mu         sync.Mutex
+	handlers   map[string]HandlerFunc
+	fdHandlers map[string]FDHandlerFunc
+	conns      map[net.Conn]struct{}
 }
 
 // NewServer returns a server with no handlers; register them with Handle
@@ -58,13 +77,20 @@ func NewServer(log *slog.Logger) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{log: log, ctx: ctx, cancel: cancel, handlers: make(map[string]HandlerFunc), conns: make(map[net.Conn]struct{})}
+	return &Server{log: log, ctx: ctx, cancel: cancel, handlers: make(map[string]HandlerFunc), fdHandlers: make(map[string]FDHandlerFunc), conns: make(map[net.Conn]struct{})}
 }
 
 // Handle registers h for op (case-insensitive).
 func (s *Server) Handle(op string, h HandlerFunc) {
 	s.mu.Lock()
 	s.handlers[strings.ToLower(op)] = h
+	s.mu.Unlock()
+}
+
+// HandleFD registers an fd-passing handler for op (case-insensitive).
+func (s *Server) HandleFD(op string, h FDHandlerFunc) {
+	s.mu.Lock()
+	s.fdHandlers[strings.ToLower(op)] = h
 	s.mu.Unlock()
 }
 
@@ -137,49 +163,149 @@ func (s *Server) serve(c net.Conn) {
 		s.mu.Unlock()
 		c.Close()
 	}()
-	sc := bufio.NewScanner(c)
-	sc.Buffer(make([]byte, 0, 256), MaxLine)
-	enc := json.NewEncoder(c)
-	for sc.Scan() {
-		if err := enc.Encode(s.dispatch(sc.Text())); err != nil {
+	uc, _ := c.(*net.UnixConn)
+	var (
+		buf     = make([]byte, MaxLine)
+		oob     = make([]byte, syscall.CmsgSpace(MaxFDs*4))
+		pending []byte
+		files   []*os.File
+	)
+	defer func() { closeFiles(files) }()
+	for {
+		var n, oobn int
+		var err error
+		if uc != nil {
+			n, oobn, _, _, err = uc.ReadMsgUnix(buf, oob)
+		} else {
+			n, err = c.Read(buf)
+		}
+		n, oobn = max(n, 0), max(oobn, 0) // a failed read may report -1
+		if oobn > 0 {
+			got, perr := parseRights(oob[:oobn])
+			files = append(files, got...)
+			if perr != nil || len(files) > MaxFDs {
+				s.reply(uc, c, Response{Error: fmt.Sprintf("request: at most %d file descriptors", MaxFDs)}, nil)
+				return
+			}
+		}
+		pending = append(pending, buf[:n]...)
+		for {
+			i := bytes.IndexByte(pending, '\n')
+			if i < 0 {
+				break
+			}
+			line := string(pending[:i])
+			pending = pending[i+1:]
+			req := &Request{Files: files}
+			files = nil
+			resp, out := s.dispatch(line, req)
+			closeFiles(req.Files)
+			werr := s.reply(uc, c, resp, out)
+			if out != nil {
+				out.Close()
+			}
+			if werr != nil {
+				return
+			}
+		}
+		if len(pending) >= MaxLine {
+			// An over-long line: say so, then drop the connection, since
+			// the stream can no longer be framed.
+			s.reply(uc, c, Response{Error: fmt.Sprintf("request: line longer than %d bytes", MaxLine)}, nil)
+			return
+		}
+		if err != nil {
 			return
 		}
 	}
-	if err := sc.Err(); err != nil && !errors.Is(err, net.ErrClosed) {
-		// An over-long line: say so, then drop the connection, since the
-		// stream can no longer be framed.
-		_ = enc.Encode(Response{Error: fmt.Sprintf("request: %v", err)})
+}
+
+// reply writes one response line, with out attached as SCM_RIGHTS.
+func (s *Server) reply(uc *net.UnixConn, c net.Conn, resp Response, out *os.File) error {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b = []byte(`{"ok":false,"error":"encode response"}`)
+	}
+	b = append(b, '\n')
+	if out == nil || uc == nil {
+		_, err = c.Write(b)
+		return err
+	}
+	_, _, err = uc.WriteMsgUnix(b, syscall.UnixRights(int(out.Fd())), nil)
+	return err
+}
+
+func parseRights(oob []byte) ([]*os.File, error) {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	for _, m := range msgs {
+		fds, err := syscall.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			syscall.CloseOnExec(fd)
+			files = append(files, os.NewFile(uintptr(fd), "control-fd"))
+		}
+	}
+	return files, nil
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
 	}
 }
 
-func (s *Server) dispatch(line string) Response {
+func (s *Server) dispatch(line string, req *Request) (Response, *os.File) {
 	fields := strings.Fields(line)
 	if len(fields) == 0 {
-		return Response{Error: "request: empty line"}
+		return Response{Error: "request: empty line"}, nil
 	}
+	req.Op, req.Args = strings.ToLower(fields[0]), fields[1:]
 	s.mu.Lock()
-	h := s.handlers[strings.ToLower(fields[0])]
+	h, fh := s.handlers[req.Op], s.fdHandlers[req.Op]
 	s.mu.Unlock()
-	if h == nil {
-		return Response{Error: fmt.Sprintf("request: unknown operation %q", fields[0])}
+	var (
+		v   any
+		out *os.File
+		err error
+	)
+	switch {
+	case fh != nil:
+		v, out, err = fh(s.ctx, req)
+	case h != nil:
+		v, err = h(s.ctx, req.Args)
+	default:
+		return Response{Error: fmt.Sprintf("request: unknown operation %q", fields[0])}, nil
 	}
-	v, err := h(s.ctx, fields[1:])
 	if err != nil {
-		return Response{Error: err.Error()}
+		if out != nil {
+			out.Close()
+		}
+		return Response{Error: err.Error()}, nil
 	}
 	data, err := json.Marshal(v)
 	if err != nil {
-		return Response{Error: fmt.Sprintf("encode response: %v", err)}
+		if out != nil {
+			out.Close()
+		}
+		return Response{Error: fmt.Sprintf("encode response: %v", err)}, nil
 	}
-	return Response{OK: true, Data: data}
+	return Response{OK: true, Data: data}, out
 }
 
 // Client is a control-socket client. It is safe for concurrent use; calls
 // are serialised.
 type Client struct {
-	mu sync.Mutex
-	c  net.Conn
-	r  *bufio.Reader
+	mu  sync.Mutex
+	c   *net.UnixConn
+	buf []byte // read but not yet returned
 }
 
 // Dial connects to exnd's control socket.
@@ -189,13 +315,24 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control: %w", err)
 	}
-	return &Client{c: c, r: bufio.NewReader(c)}, nil
+	return &Client{c: c.(*net.UnixConn)}, nil
 }
 
 // Call sends one request and decodes the response's data into out (if
 // non-nil). A response with ok=false becomes an error carrying the
 // server's message.
 func (c *Client) Call(ctx context.Context, out any, op string, args ...string) error {
+	f, err := c.CallFD(ctx, out, nil, op, args...)
+	if f != nil {
+		f.Close()
+	}
+	return err
+}
+
+// CallFD is Call with file descriptors: files go with the request line
+// (SCM_RIGHTS; the caller keeps its copies), and a descriptor the server
+// returns comes back as a file the caller owns.
+func (c *Client) CallFD(ctx context.Context, out any, files []*os.File, op string, args ...string) (*os.File, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if dl, ok := ctx.Deadline(); ok {
@@ -203,29 +340,74 @@ func (c *Client) Call(ctx context.Context, out any, op string, args ...string) e
 		defer c.c.SetDeadline(time.Time{})
 	}
 	line := strings.Join(append([]string{op}, args...), " ")
-	if strings.ContainsAny(line, "\n\r") || len(line) >= MaxLine {
-		return fmt.Errorf("control %s: bad request", op)
+	if strings.ContainsAny(line, "\n\r") || len(line) >= MaxLine || len(files) > MaxFDs {
+		return nil, fmt.Errorf("control %s: bad request", op)
 	}
-	if _, err := c.c.Write([]byte(line + "\n")); err != nil {
-		return fmt.Errorf("control %s: %w", op, err)
+	var rights []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		rights = syscall.UnixRights(fds...)
 	}
-	raw, err := c.r.ReadBytes('\n')
+	if _, _, err := c.c.WriteMsgUnix([]byte(line+"\n"), rights, nil); err != nil {
+		return nil, fmt.Errorf("control %s: %w", op, err)
+	}
+	raw, f, err := c.readLine()
 	if err != nil {
-		return fmt.Errorf("control %s: %w", op, err)
+		return nil, fmt.Errorf("control %s: %w", op, err)
 	}
 	var resp Response
 	if err := json.Unmarshal(raw, &resp); err != nil {
-		return fmt.Errorf("control %s: bad response: %w", op, err)
+		closeFiles([]*os.File{f})
+		return nil, fmt.Errorf("control %s: bad response: %w", op, err)
 	}
 	if !resp.OK {
-		return fmt.Errorf("control %s: %s", op, resp.Error)
+		closeFiles([]*os.File{f})
+		return nil, fmt.Errorf("control %s: %s", op, resp.Error)
 	}
 	if out != nil && len(resp.Data) > 0 {
 		if err := json.Unmarshal(resp.Data, out); err != nil {
-			return fmt.Errorf("control %s: bad data: %w", op, err)
+			closeFiles([]*os.File{f})
+			return nil, fmt.Errorf("control %s: bad data: %w", op, err)
 		}
 	}
-	return nil
+	return f, nil
+}
+
+// readLine reads one response line and the descriptor sent with it.
+func (c *Client) readLine() ([]byte, *os.File, error) {
+	var f *os.File
+	oob := make([]byte, syscall.CmsgSpace(MaxFDs*4))
+	for {
+		if i := bytes.IndexByte(c.buf, '\n'); i >= 0 {
+			line := c.buf[:i]
+			c.buf = c.buf[i+1:]
+			return line, f, nil
+		}
+		tmp := make([]byte, MaxLine)
+		n, oobn, _, _, err := c.c.ReadMsgUnix(tmp, oob)
+		if oobn > 0 {
+			got, _ := parseRights(oob[:oobn])
+			for _, g := range got {
+				if f == nil {
+					f = g
+				} else {
+					g.Close()
+				}
+			}
+		}
+		c.buf = append(c.buf, tmp[:max(n, 0)]...)
+		if err != nil {
+			closeFiles([]*os.File{f})
+			return nil, nil, err
+		}
+		if len(c.buf) > 1<<20 {
+			closeFiles([]*os.File{f})
+			return nil, nil, errors.New("response too long")
+		}
+	}
 }
 
 // Close closes the connection.

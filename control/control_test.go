@@ -3,6 +3,9 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
 	"net"
 	"path/filepath"
 	"strings"
@@ -126,5 +129,71 @@ func TestSecondServerRefused(t *testing.T) {
 	if err := s2.Listen(path); err == nil {
 		s2.Close()
 		t.Fatal("second server took a live socket")
+	}
+}
+
+// TestFilePassing: a request carries descriptors in, and a response
+// carries one out, as the LD_PRELOAD shim uses them.
+func TestFilePassing(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	testenv.VerifyNoFDLeaks(t)
+	s, path := startServer(t)
+	s.HandleFD("relay", func(_ context.Context, req *Request) (any, *os.File, error) {
+		if len(req.Files) != 1 {
+			return nil, nil, fmt.Errorf("want 1 fd, got %d", len(req.Files))
+		}
+		if _, err := req.Files[0].Write([]byte("from server")); err != nil {
+			return nil, nil, err
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, err
+		}
+		w.Write([]byte("returned pipe"))
+		w.Close()
+		return "done", r, nil
+	})
+	c, err := Dial(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var reply string
+	f, err := c.CallFD(context.Background(), &reply, []*os.File{w}, "relay")
+	w.Close()
+	if err != nil || f == nil || reply != "done" {
+		t.Fatalf("CallFD: %q, %v, %v", reply, f, err)
+	}
+	defer f.Close()
+	got, _ := io.ReadAll(f)
+	if string(got) != "returned pipe" {
+		t.Errorf("returned fd carried %q", got)
+	}
+	buf := make([]byte, 64)
+	n, _ := r.Read(buf)
+	if string(buf[:n]) != "from server" {
+		t.Errorf("passed fd carried %q", buf[:n])
+	}
+	// Too many descriptors: refused with an error, nothing leaks.
+	var many []*os.File
+	for range MaxFDs + 1 {
+		many = append(many, r)
+	}
+	if _, err := c.CallFD(context.Background(), nil, many, "relay"); err == nil {
+		t.Error("request with too many fds accepted")
+	}
+	// A plain handler ignores and closes passed descriptors.
+	c2, err := Dial(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := c2.CallFD(context.Background(), nil, []*os.File{r}, "echo", "x"); err != nil {
+		t.Errorf("echo with an fd: %v", err)
 	}
 }
