@@ -1,0 +1,129 @@
+package fabnet
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/peers"
+)
+
+// Defaults. Each is a trade-off named here once.
+const (
+	// DefaultPort is the fabric port used for a peers-file address that
+	// has none.
+	DefaultPort = "7947"
+
+	// DefaultHeartbeat is how often every connection carries a heartbeat
+	// frame. 200 ms costs 40 bytes/s per peer and, with
+	// DefaultDeadAfter, bounds detection of a dead or half-open peer to
+	// under a second.
+	DefaultHeartbeat = 200 * time.Millisecond
+	// DefaultDeadAfter is how long a connection may stay silent (no frame
+	// at all, heartbeats included) before the peer is declared down:
+	// three missed heartbeats, so one delayed heartbeat on a loaded host
+	// is not a false failure.
+	DefaultDeadAfter = 3 * DefaultHeartbeat
+
+	// DefaultMailboxSlots is the VELO mailbox size per VPID, as in mem:
+	// 1024 slots of 128 B.
+	DefaultMailboxSlots = 1024
+
+	// handshakeTimeout bounds the hello exchange, so a connection that
+	// never speaks (a port scanner, a half-open socket) holds a handshake
+	// goroutine for at most this long.
+	handshakeTimeout = 2 * time.Second
+	// maxHandshakes bounds concurrent unauthenticated connections; more
+	// are closed at once and counted, so a flood cannot exhaust
+	// goroutines or fds.
+	maxHandshakes = 32
+	// dialTimeout bounds one connection attempt.
+	dialTimeout = 2 * time.Second
+	// backoffMin and backoffMax bound the reconnect backoff. It doubles
+	// per failed attempt and resets after a session was up, so a restarted
+	// peer is found within backoffMax and a dead one costs at most one
+	// SYN per second.
+	backoffMin = 20 * time.Millisecond
+	backoffMax = time.Second
+)
+
+// Config configures one node's NIC.
+type Config struct {
+	// Node is this node's ID.
+	Node fabric.NodeID
+	// Listen is the TCP address to listen on, e.g. ":7947" or
+	// "127.0.0.1:0". Ignored when Listener is set; when both are empty
+	// the node's own entry in Peers is used.
+	Listen string
+	// Listener, if set, is used instead of listening on Listen; the NIC
+	// owns it and closes it. Tests use it to learn every port before any
+	// node starts.
+	Listener net.Listener
+	// Peers maps every node of the fabric to its fabric address
+	// (host:port). It may include this node. A connection from a node not
+	// in Peers, or from an IP other than its entry's (when the entry is an
+	// IP literal), is refused. Nodes with a lower ID dial nodes with a
+	// higher ID.
+	Peers map[fabric.NodeID]string
+	// Heartbeat is the heartbeat interval (DefaultHeartbeat if 0) and
+	// DeadAfter the silence after which a peer is down (DefaultDeadAfter
+	// if 0; at least 2 × Heartbeat).
+	Heartbeat, DeadAfter time.Duration
+	// MailboxSlots is the VELO mailbox size per VPID
+	// (DefaultMailboxSlots if 0).
+	MailboxSlots int
+	// NotifyDepth is the notification queue depth per VPID
+	// (fabric.DefaultNotifyDepth if 0).
+	NotifyDepth int
+	// Logger receives connection events and rate-limited fault reports;
+	// nil discards.
+	Logger *slog.Logger
+	// Now is the clock for liveness; nil means time.Now. Tests inject a
+	// clock to expire a silent peer without waiting.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.DeadAfter <= 0 {
+		c.DeadAfter = 3 * c.Heartbeat
+	}
+	if c.DeadAfter < 2*c.Heartbeat {
+		return fmt.Errorf("fabnet: dead-after %v < 2 × heartbeat %v: %w", c.DeadAfter, c.Heartbeat, fabric.ErrInvalid)
+	}
+	if c.MailboxSlots <= 0 {
+		c.MailboxSlots = DefaultMailboxSlots
+	}
+	if c.NotifyDepth <= 0 {
+		c.NotifyDepth = fabric.DefaultNotifyDepth
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// PeerAddrs turns a parsed peers file into Config.Peers. An address
+// without a port gets port (DefaultPort if empty).
+func PeerAddrs(ps []peers.Peer, port string) map[fabric.NodeID]string {
+	if port == "" {
+		port = DefaultPort
+	}
+	m := make(map[fabric.NodeID]string, len(ps))
+	for _, p := range ps {
+		if _, _, err := net.SplitHostPort(p.Addr); err == nil {
+			m[p.Node] = p.Addr
+		} else {
+			m[p.Node] = net.JoinHostPort(p.Addr, port)
+		}
+	}
+	return m
+}

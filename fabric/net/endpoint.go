@@ -1,0 +1,722 @@
+package fabnet
+
+// Endpoint pipeline (one per open VPID):
+//
+//	Send ─┬─ own node:  target mailbox directly (blocks on mb.space while full)
+//	      └─ remote:    spend a credit of (session, target VPID), queue the
+//	                    frame on the session writer; no credit → credit-req
+//	                    and wait on session.cwait
+//	peer reader ──► deliverRemote (spends the credit the peer held) ──► ring
+//	Recv ──► frees slots: wakes local senders, grants credits to waiting peers
+//	Post ─┬─ own node:  inline copy between acquired regions, notifications
+//	      └─ remote:    pending slab + PUT bulk item / GET request frame;
+//	                    notifications when the ack / last chunk arrives
+//	Wait: spin waitSpin on the atomic lengths, then park (as in mem).
+//
+// Mailbox accounting (mb.mu): n queued + reserved (credits granted to
+// peers and not yet spent) never exceeds len(ring); local senders may use
+// only what is neither queued nor reserved. mb.mu also guards rx (credit
+// state per peer session) and waiters (peers owed a grant).
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+const (
+	// waitSpin is how long Wait polls before it sleeps; as in mem, it
+	// covers a loopback round trip through a busy peer.
+	waitSpin = 20 * time.Microsecond
+	// maxGrant is the most mailbox slots granted to one peer at a time:
+	// one NAPI budget (64 messages). A sender asks for more at half its
+	// grant, so a streaming peer never stalls on the round trip, and a
+	// peer holds at most 1.5 grants of reserved slots.
+	maxGrant = 64
+)
+
+type rxCredit struct {
+	out     int // granted and not yet spent
+	waiting bool
+}
+
+type mailbox struct {
+	mu       sync.Mutex
+	ring     []fabric.Message
+	head, n  int
+	reserved int
+	closed   bool
+	space    chan struct{}
+	rx       map[*session]*rxCredit
+	waiters  []*session
+	length   atomic.Int32
+}
+
+type notifyQueue struct {
+	mu      sync.Mutex
+	ring    []fabric.Notification
+	head, n int
+	closed  bool
+	length  atomic.Int32
+}
+
+type endpoint struct {
+	nic  *NIC
+	addr fabric.Addr
+	mb   mailbox
+	nq   notifyQueue
+
+	sleeping atomic.Bool
+	wake     chan struct{}
+	done     chan struct{}
+	closed   atomic.Bool
+
+	regs map[uint32]*region // guarded by nic.regMu
+}
+
+func newEndpoint(n *NIC, v fabric.VPID) *endpoint {
+	return &endpoint{
+		nic:  n,
+		addr: fabric.Addr{Node: n.id, VPID: v},
+		mb:   mailbox{ring: make([]fabric.Message, n.cfg.MailboxSlots), rx: make(map[*session]*rxCredit)},
+		nq:   notifyQueue{ring: make([]fabric.Notification, n.cfg.NotifyDepth)},
+		wake: make(chan struct{}, 1),
+		done: make(chan struct{}),
+		regs: make(map[uint32]*region),
+	}
+}
+
+func (e *endpoint) Addr() fabric.Addr { return e.addr }
+
+func (e *endpoint) errClosed(op string) error {
+	return fmt.Errorf("fabnet: %s on %v: %w", op, e.addr, net.ErrClosed)
+}
+
+func (e *endpoint) signal() {
+	if e.sleeping.Load() {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (e *endpoint) ready() bool { return e.mb.length.Load() > 0 || e.nq.length.Load() > 0 }
+
+func (e *endpoint) grantSize() int { return max(1, min(maxGrant, len(e.mb.ring)/4)) }
+
+// ---- VELO send ----
+
+// Send delivers msgs in order (see fabric.Endpoint). To a remote node,
+// a message counts as delivered once it is queued on the connection with
+// a credit: the peer's mailbox has a slot reserved for it.
+func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
+	ctr := &e.nic.ctr
+	if e.closed.Load() {
+		return 0, e.errClosed("send")
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("fabnet: send: %w", err)
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		if err := fabric.CheckSend(m); err != nil {
+			return i, ctr.CountErr(err)
+		}
+		var err error
+		switch {
+		case m.MC:
+			err = e.sendMulticast(ctx, m)
+		case m.Peer.Node == e.addr.Node:
+			dst := e.nic.eps[m.Peer.VPID].Load()
+			if dst == nil {
+				err = fmt.Errorf("fabnet: velo send to %v: vpid not open: %w", m.Peer, fabric.ErrUnknownNode)
+			} else {
+				err = e.deliverLocal(ctx, dst, m)
+			}
+		default:
+			var s *session
+			if s, err = e.nic.lookup(m.Peer.Node); err == nil {
+				err = e.sendRemote(ctx, s, m)
+			}
+		}
+		if err != nil {
+			return i, ctr.CountErr(err)
+		}
+		ctr.VELOSent.Add(1)
+		ctr.VELOSentBytes.Add(uint64(m.Len))
+	}
+	return len(msgs), nil
+}
+
+var (
+	errVPIDGone = fmt.Errorf("fabnet: velo target closed: %w", fabric.ErrPeerDown)
+	errNoVPID   = fmt.Errorf("fabnet: velo target vpid not open: %w", fabric.ErrUnknownNode)
+	errSessDown = fmt.Errorf("fabnet: velo target node went down: %w", fabric.ErrPeerDown)
+)
+
+// sendMulticast sends m to m.Peer.VPID on every connected node; each
+// receiver keeps it only if it is a member of the group then. Nodes
+// without the VPID open or going down are skipped.
+func (e *endpoint) sendMulticast(ctx context.Context, m *fabric.Message) error {
+	for _, s := range *e.nic.sessions.Load() {
+		if s.isDead() {
+			continue
+		}
+		err := e.sendRemote(ctx, s, m)
+		if err == errVPIDGone || err == errNoVPID || err == errSessDown {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	e.nic.ctr.MulticastSent.Add(1)
+	return nil
+}
+
+func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message) error {
+	v := m.Peer.VPID
+	counted := false
+	for {
+		s.cmu.Lock()
+		if s.isDead() {
+			s.cmu.Unlock()
+			return errSessDown
+		}
+		t := &s.tx[v]
+		if t.credits > 0 {
+			t.credits--
+			s.queueVELO(e.addr.VPID, m)
+			if t.credits <= t.lastGrant/2 && !t.requested {
+				t.requested = true
+				s.queueCtl(tCreditReq, t.epoch, 0, v, nil)
+			}
+			s.cmu.Unlock()
+			return nil
+		}
+		if !t.requested {
+			t.requested = true
+			s.queueCtl(tCreditReq, t.epoch, 0, v, nil)
+		}
+		noGen, closedGen, blocked := t.noVPID, t.closedGen, t.granted
+		if s.cwait == nil {
+			s.cwait = make(chan struct{})
+		}
+		ch := s.cwait
+		s.cmu.Unlock()
+		if blocked && !counted {
+			e.nic.ctr.SendBlocked.Add(1)
+			counted = true
+		}
+		select {
+		case <-ch:
+		case <-s.dead:
+			return errSessDown
+		case <-e.done:
+			return e.errClosed("send")
+		case <-e.nic.down:
+			return e.errClosed("send")
+		case <-ctx.Done():
+			return fmt.Errorf("fabnet: send to %v: %w", m.Peer, ctx.Err())
+		}
+		s.cmu.Lock()
+		gone, none := t.closedGen != closedGen, t.noVPID != noGen
+		s.cmu.Unlock()
+		if gone {
+			return errVPIDGone
+		}
+		if none {
+			return errNoVPID
+		}
+	}
+}
+
+// deliverLocal puts m into dst's mailbox on this node, blocking while the
+// slots not reserved for peers are full.
+func (e *endpoint) deliverLocal(ctx context.Context, dst *endpoint, m *fabric.Message) error {
+	mb := &dst.mb
+	counted := false
+	for {
+		mb.mu.Lock()
+		if mb.closed {
+			mb.mu.Unlock()
+			return errVPIDGone
+		}
+		if mb.n+mb.reserved < len(mb.ring) {
+			dst.putLocked(e.addr, m)
+			mb.mu.Unlock()
+			dst.signal()
+			return nil
+		}
+		if mb.space == nil {
+			mb.space = make(chan struct{})
+		}
+		space := mb.space
+		mb.mu.Unlock()
+		if !counted {
+			e.nic.ctr.SendBlocked.Add(1)
+			counted = true
+		}
+		select {
+		case <-space:
+		case <-dst.done:
+			return errVPIDGone
+		case <-e.done:
+			return e.errClosed("send")
+		case <-e.nic.down:
+			return e.errClosed("send")
+		case <-ctx.Done():
+			return fmt.Errorf("fabnet: send to %v: %w", dst.addr, ctx.Err())
+		}
+	}
+}
+
+// putLocked appends m from src to the ring; the caller checked room.
+func (e *endpoint) putLocked(src fabric.Addr, m *fabric.Message) {
+	mb := &e.mb
+	s := &mb.ring[(mb.head+mb.n)%len(mb.ring)]
+	s.Peer, s.MC, s.Tag, s.Len = src, m.MC, m.Tag, m.Len
+	copy(s.Data[:m.Len], m.Data[:m.Len])
+	mb.n++
+	mb.length.Store(int32(mb.n))
+}
+
+// deliverRemote takes a VELO message the peer of s sent with a credit.
+// A message without a credit is a protocol violation unless fenced (sent
+// before the peer learnt this VPID closed), then it is dropped.
+func (e *endpoint) deliverRemote(s *session, m *fabric.Message, group fabric.Group, fenced bool) error {
+	mb := &e.mb
+	mb.mu.Lock()
+	rc := mb.rx[s]
+	if mb.closed || rc == nil || rc.out == 0 {
+		mb.mu.Unlock()
+		if fenced || mb.closed {
+			e.nic.nctr.staleVELO.Add(1)
+			return nil
+		}
+		return fmt.Errorf("velo to vpid %d without credit: %w", e.addr.VPID, errProto)
+	}
+	rc.out--
+	mb.reserved--
+	if m.MC && !e.nic.member(group) {
+		// Not (or no longer) a member: the slot goes back to the pool.
+		e.serveLocked()
+		mb.mu.Unlock()
+		return nil
+	}
+	e.putLocked(m.Peer, m)
+	mb.mu.Unlock()
+	e.signal()
+	return nil
+}
+
+// creditRequest answers a peer's credit request: a grant now if slots are
+// free, else a place in the waiters queue. False if the endpoint closed.
+func (e *endpoint) creditRequest(s *session) bool {
+	mb := &e.mb
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	if mb.closed {
+		return false
+	}
+	rc := mb.rx[s]
+	if rc == nil {
+		rc = &rxCredit{}
+		mb.rx[s] = rc
+	}
+	if free := len(mb.ring) - mb.n - mb.reserved; free > 0 && !rc.waiting {
+		e.grantLocked(s, rc, free)
+		return true
+	}
+	if !rc.waiting {
+		rc.waiting = true
+		mb.waiters = append(mb.waiters, s)
+	}
+	return true
+}
+
+func (e *endpoint) grantLocked(s *session, rc *rxCredit, free int) {
+	g := min(free, e.grantSize())
+	rc.out += g
+	e.mb.reserved += g
+	var b [4]byte
+	b[0], b[1], b[2], b[3] = byte(g), byte(g>>8), byte(g>>16), byte(g>>24)
+	s.queueCtl(tGrant, 0, 0, e.addr.VPID, b[:])
+}
+
+// serveLocked hands free slots to local senders and waiting peers.
+func (e *endpoint) serveLocked() {
+	mb := &e.mb
+	if mb.space != nil {
+		close(mb.space)
+		mb.space = nil
+	}
+	for len(mb.waiters) > 0 {
+		free := len(mb.ring) - mb.n - mb.reserved
+		if free <= 0 {
+			return
+		}
+		s := mb.waiters[0]
+		copy(mb.waiters, mb.waiters[1:])
+		mb.waiters[len(mb.waiters)-1] = nil
+		mb.waiters = mb.waiters[:len(mb.waiters)-1]
+		rc := mb.rx[s]
+		if rc == nil || s.isDead() {
+			continue
+		}
+		rc.waiting = false
+		e.grantLocked(s, rc, free)
+	}
+}
+
+// dropPeer releases everything a dead session held on this mailbox.
+func (e *endpoint) dropPeer(s *session) {
+	mb := &e.mb
+	mb.mu.Lock()
+	if rc := mb.rx[s]; rc != nil {
+		mb.reserved -= rc.out
+		delete(mb.rx, s)
+		for i, w := range mb.waiters {
+			if w == s {
+				mb.waiters = append(mb.waiters[:i], mb.waiters[i+1:]...)
+				break
+			}
+		}
+		if !mb.closed {
+			e.serveLocked()
+		}
+	}
+	mb.mu.Unlock()
+}
+
+func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
+	mb := &e.mb
+	mb.mu.Lock()
+	if mb.closed {
+		mb.mu.Unlock()
+		return 0, e.errClosed("recv")
+	}
+	k := min(len(msgs), mb.n)
+	var bytes uint64
+	for i := 0; i < k; i++ {
+		s := &mb.ring[mb.head]
+		d := &msgs[i]
+		d.Peer, d.MC, d.Tag, d.Len = s.Peer, s.MC, s.Tag, s.Len
+		copy(d.Data[:s.Len], s.Data[:s.Len])
+		bytes += uint64(s.Len)
+		if mb.head++; mb.head == len(mb.ring) {
+			mb.head = 0
+		}
+	}
+	mb.n -= k
+	mb.length.Store(int32(mb.n))
+	if k > 0 {
+		e.serveLocked()
+	}
+	mb.mu.Unlock()
+	if k > 0 {
+		e.nic.ctr.VELORecv.Add(uint64(k))
+		e.nic.ctr.VELORecvBytes.Add(bytes)
+	}
+	return k, nil
+}
+
+// ---- notifications ----
+
+// notify queues one notification; it never blocks (overflow is dropped
+// and counted), and a closed endpoint drops it silently.
+func (e *endpoint) notify(n fabric.Notification) {
+	q := &e.nq
+	ctr := &e.nic.ctr
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
+	if q.n == len(q.ring) {
+		q.mu.Unlock()
+		ctr.NotifyOverflow.Add(1)
+		e.nic.logFault("fabnet notification queue full, dropped", "vpid", e.addr.VPID, "depth", len(q.ring))
+		return
+	}
+	q.ring[(q.head+q.n)%len(q.ring)] = n
+	q.n++
+	q.length.Store(int32(q.n))
+	q.mu.Unlock()
+	ctr.Notifications[n.Kind].Add(1)
+	if n.Err != fabric.NErrNone {
+		ctr.NotifyErrors[n.Err].Add(1)
+	}
+	e.signal()
+}
+
+func (e *endpoint) errorNotify(r *fabric.RMA, nerr fabric.NotifyErr) {
+	e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Err: nerr, Peer: r.Peer, Len: r.Len, Local: r.Local})
+}
+
+// complete writes the requester-side notifications of a finished request.
+func (e *endpoint) complete(r *fabric.RMA, nerr fabric.NotifyErr) {
+	if nerr != fabric.NErrNone {
+		e.errorNotify(r, nerr)
+		return
+	}
+	e.nic.ctr.RMABytes.Add(uint64(r.Len))
+	last := fabric.LastFrame(r.Local, r.Len)
+	if r.Notify&fabric.NotifyRequester != 0 {
+		e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: last})
+	}
+	if r.Op == fabric.OpGet && r.Notify&fabric.NotifyCompleter != 0 {
+		e.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: last})
+	}
+}
+
+func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
+	q := &e.nq
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return 0, e.errClosed("poll notifications")
+	}
+	k := min(len(ns), q.n)
+	for i := 0; i < k; i++ {
+		ns[i] = q.ring[q.head]
+		if q.head++; q.head == len(q.ring) {
+			q.head = 0
+		}
+	}
+	q.n -= k
+	q.length.Store(int32(q.n))
+	q.mu.Unlock()
+	return k, nil
+}
+
+// ---- waiting ----
+
+func (e *endpoint) Wait(ctx context.Context) error {
+	if e.closed.Load() {
+		return e.errClosed("wait")
+	}
+	if e.ready() {
+		return nil
+	}
+	start := time.Now()
+	for time.Since(start) < waitSpin {
+		runtime.Gosched()
+		if e.ready() {
+			return nil
+		}
+		if e.closed.Load() {
+			return e.errClosed("wait")
+		}
+	}
+	e.sleeping.Store(true)
+	defer e.sleeping.Store(false)
+	if e.ready() {
+		return nil
+	}
+	select {
+	case <-e.wake:
+		return nil
+	case <-e.done:
+		return e.errClosed("wait")
+	case <-ctx.Done():
+		return fmt.Errorf("fabnet: wait: %w", ctx.Err())
+	}
+}
+
+// ---- registration ----
+
+func (e *endpoint) Register(size int) (fabric.Region, error) {
+	ctr := &e.nic.ctr
+	if size <= 0 || uint64(size) > fabric.MaxRegionSize {
+		return fabric.Region{}, ctr.CountErr(fmt.Errorf("fabnet: register %d bytes: %w", size, fabric.ErrInvalid))
+	}
+	n := e.nic
+	n.regMu.Lock()
+	defer n.regMu.Unlock()
+	if e.closed.Load() {
+		return fabric.Region{}, e.errClosed("register")
+	}
+	if n.nextReg >= fabric.MaxRegions {
+		return fabric.Region{}, ctr.CountErr(fmt.Errorf("fabnet: register: region indices exhausted: %w", fabric.ErrInvalid))
+	}
+	n.nextReg++
+	r := &region{idx: n.nextReg, owner: e, buf: make([]byte, size)}
+	n.regions[r.idx] = r
+	e.regs[r.idx] = r
+	return fabric.Region{NLA: fabric.MakeNLA(r.idx, 0), Buf: r.buf}, nil
+}
+
+// Deregister releases a region; it returns once no transfer touches it
+// any more (a transfer reading or writing it from the network finishes
+// its current chunk first).
+func (e *endpoint) Deregister(base fabric.NLA) error {
+	n := e.nic
+	n.regMu.Lock()
+	r := e.regs[base.Region()]
+	if r == nil || base.Offset() != 0 {
+		n.regMu.Unlock()
+		return n.ctr.CountErr(fmt.Errorf("fabnet: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
+	}
+	delete(e.regs, r.idx)
+	delete(n.regions, r.idx)
+	n.regMu.Unlock()
+	r.kill()
+	return nil
+}
+
+// ---- RMA ----
+
+// Post starts RMA requests. Requests to this node complete before Post
+// returns; requests to another node complete asynchronously and report
+// through notifications only.
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
+	ctr := &e.nic.ctr
+	for i := range reqs {
+		if e.closed.Load() {
+			return i, e.errClosed("post")
+		}
+		if err := e.post(&reqs[i]); err != nil {
+			return i, ctr.CountErr(err)
+		}
+	}
+	return len(reqs), nil
+}
+
+func (e *endpoint) post(r *fabric.RMA) error {
+	if err := fabric.CheckRMA(r); err != nil {
+		return err
+	}
+	local := e.nic.lookupRegion(r.Local.Region())
+	if local == nil || local.owner != e || !fabric.CheckRange(r.Local, uint64(r.Len), uint64(len(local.buf))) {
+		return fmt.Errorf("fabnet: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
+	}
+	e.nic.ctr.RMAPosted[r.Op].Add(1)
+	if r.Peer.Node == e.addr.Node {
+		e.postLocal(r, local)
+		return nil
+	}
+	s, err := e.nic.lookup(r.Peer.Node)
+	if err != nil {
+		e.errorNotify(r, fabric.NErrPeerDown)
+		return nil
+	}
+	id, ok := s.alloc(e, r, local)
+	if !ok {
+		e.errorNotify(r, fabric.NErrPeerDown)
+		return nil
+	}
+	if r.Op == fabric.OpPut {
+		b := bulkPool.Get().(*bulk)
+		*b = bulk{put: true, reqID: id, reg: local, src: r.Local, dst: r.Remote, total: r.Len, notify: r.Notify, a: e.addr.VPID, b: r.Peer.VPID}
+		if !s.queueBulk(b) {
+			// Local overload, not the peer's fault: fail this request.
+			bulkPool.Put(b)
+			if p := s.lookup(id, r.Op); p != nil {
+				s.complete(p, fabric.NErrPeerDown)
+			}
+		}
+		return nil
+	}
+	var body [24]byte
+	putU64(body[0:], id)
+	putU64(body[8:], uint64(r.Remote))
+	putU32(body[16:], r.Len)
+	s.queueCtl(tGetReq, uint8(r.Notify)<<flagShift, e.addr.VPID, r.Peer.VPID, body[:])
+	return nil
+}
+
+// postLocal runs a request between two endpoints of this node inline.
+func (e *endpoint) postLocal(r *fabric.RMA, local *region) {
+	peer, remote, nerr := e.nic.remoteRegion(r.Peer.VPID, r.Remote, uint64(r.Len))
+	if nerr != fabric.NErrNone {
+		e.errorNotify(r, nerr)
+		return
+	}
+	if !local.acquire() {
+		e.errorNotify(r, fabric.NErrAccess)
+		return
+	}
+	if !remote.acquire() {
+		local.release()
+		e.errorNotify(r, fabric.NErrAccess)
+		return
+	}
+	lo, ro := local.buf[r.Local.Offset():][:r.Len], remote.buf[r.Remote.Offset():][:r.Len]
+	if r.Op == fabric.OpPut {
+		copy(ro, lo)
+	} else {
+		copy(lo, ro)
+	}
+	remote.release()
+	local.release()
+	e.complete(r, fabric.NErrNone)
+	remoteLast := fabric.LastFrame(r.Remote, r.Len)
+	switch {
+	case r.Op == fabric.OpPut && r.Notify&fabric.NotifyCompleter != 0:
+		peer.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
+	case r.Op == fabric.OpGet && r.Notify&fabric.NotifyResponder != 0:
+		peer.notify(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
+	}
+}
+
+// ---- close ----
+
+// Close releases the VPID: peers holding credits for it learn it closed
+// (their blocked senders get ErrPeerDown), its regions are deregistered
+// after transfers in flight finish their chunk, its own blocked calls
+// return net.ErrClosed.
+func (e *endpoint) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	close(e.done)
+	v := e.addr.VPID
+	e.mb.mu.Lock()
+	e.mb.closed = true
+	e.mb.n = 0
+	e.mb.length.Store(0)
+	for s := range e.mb.rx {
+		if !s.isDead() {
+			s.sentClosed[v].Add(1)
+			s.queueCtl(tClosed, 0, 0, v, nil)
+		}
+	}
+	clear(e.mb.rx)
+	e.mb.waiters = nil
+	e.mb.reserved = 0
+	if e.mb.space != nil {
+		close(e.mb.space)
+		e.mb.space = nil
+	}
+	e.mb.mu.Unlock()
+	e.nq.mu.Lock()
+	e.nq.closed = true
+	e.nq.n = 0
+	e.nq.length.Store(0)
+	e.nq.mu.Unlock()
+
+	n := e.nic
+	n.regMu.Lock()
+	regs := make([]*region, 0, len(e.regs))
+	for idx, r := range e.regs {
+		delete(n.regions, idx)
+		regs = append(regs, r)
+	}
+	clear(e.regs)
+	n.regMu.Unlock()
+	for _, r := range regs {
+		r.kill()
+	}
+	n.mu.Lock()
+	n.eps[v].CompareAndSwap(e, nil)
+	n.mu.Unlock()
+	return nil
+}

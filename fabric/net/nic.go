@@ -1,0 +1,605 @@
+package fabnet
+
+// NIC structure and connection management:
+//
+//	acceptLoop ──► handshake (≤ maxHandshakes at once) ──► install ──► session.run
+//	dialLoop (one per higher-ID peer) ──► dial + handshake ──► install ──► session.run
+//	monitor: every Heartbeat, queue a heartbeat on every session and kill
+//	         those silent for DeadAfter (by the injected clock)
+//
+// Tie rule: only the lower node ID dials, so two nodes never race two
+// connections. A new session from a node replaces its old one (the peer
+// restarted, or our side of a half-open connection had not noticed yet):
+// the old one is killed first, which is "peer down" for everything bound
+// to it.
+//
+// Locks: n.mu serialises Open/Close of VPIDs, session install/removal
+// and NIC close; the session table itself is a copy-on-write map read
+// without locks on every Send and Post. n.regMu guards the region table.
+// Every goroutine is started with n.wg.Add under n.mu (or by a goroutine
+// that n.wg already counts) and Close waits for all of them.
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// faultLogInterval bounds fault logging: faults a peer can trigger per
+// frame are always counted and logged at most once per interval.
+const faultLogInterval = time.Second
+
+// NIC is one node's emulated NIC on a TCP fabric. It implements
+// fabric.NIC; NetStats adds the transport counters.
+type NIC struct {
+	cfg  Config
+	id   fabric.NodeID
+	boot uint64
+	ln   net.Listener
+	ctr  fabric.Counters
+	nctr netCounters
+
+	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
+	groups atomic.Uint64                 // multicast membership bitmap
+
+	sessions atomic.Pointer[map[fabric.NodeID]*session] // copy-on-write; replaced under mu
+
+	mu     sync.Mutex
+	closed atomic.Bool
+	down   chan struct{}   // closed by Close
+	life   context.Context // cancelled by Close: aborts dials and handshakes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	hsSem  chan struct{} // handshake slots
+
+	regMu   sync.RWMutex
+	regions map[uint32]*region // guarded by regMu
+	nextReg uint32             // guarded by regMu
+
+	lastLog atomic.Int64
+}
+
+// Open starts node cfg.Node: it listens, dials every peer with a higher
+// node ID (retrying with backoff for the NIC's lifetime) and accepts the
+// others. It returns at once; peers appear in Peers as their connections
+// come up.
+func Open(cfg Config) (fabric.NIC, error) {
+	n, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func open(cfg Config) (*NIC, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	for id, a := range cfg.Peers {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("fabnet: peer %d address %q: %w", id, a, fabric.ErrInvalid)
+		}
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		addr := cfg.Listen
+		if addr == "" {
+			addr = cfg.Peers[cfg.Node]
+		}
+		if addr == "" {
+			return nil, fmt.Errorf("fabnet: node %d: no listen address: %w", cfg.Node, fabric.ErrInvalid)
+		}
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("fabnet: listen: %w", err)
+		}
+	}
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	n := &NIC{
+		cfg: cfg, id: cfg.Node, boot: binary.LittleEndian.Uint64(b[:]) | 1, ln: ln,
+		down:    make(chan struct{}),
+		hsSem:   make(chan struct{}, maxHandshakes),
+		regions: make(map[uint32]*region),
+	}
+	n.life, n.cancel = context.WithCancel(context.Background())
+	n.groups.Store(1 << fabric.Broadcast)
+	n.sessions.Store(&map[fabric.NodeID]*session{})
+	n.wg.Add(2)
+	go n.acceptLoop()
+	go n.monitor()
+	for id, addr := range cfg.Peers {
+		if id > n.id {
+			n.wg.Add(1)
+			go n.dialLoop(id, addr)
+		}
+	}
+	cfg.Logger.Debug("fabnet node up", "node", n.id, "listen", ln.Addr().String())
+	return n, nil
+}
+
+// Addr returns the listening address (useful with ":0").
+func (n *NIC) Addr() net.Addr { return n.ln.Addr() }
+
+func (n *NIC) Node() fabric.NodeID { return n.id }
+
+func (n *NIC) session(id fabric.NodeID) *session { return (*n.sessions.Load())[id] }
+
+// ---- connection management ----
+
+func (n *NIC) acceptLoop() {
+	defer n.wg.Done()
+	for {
+		c, err := n.ln.Accept()
+		if err != nil {
+			if n.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			n.logFault("fabnet accept", "err", err)
+			select {
+			case <-time.After(backoffMin):
+			case <-n.down:
+				return
+			}
+			continue
+		}
+		select {
+		case n.hsSem <- struct{}{}:
+		default:
+			n.nctr.handshakeRejected.Add(1)
+			n.logFault("fabnet: too many handshakes, connection refused", "remote", c.RemoteAddr().String())
+			c.Close()
+			continue
+		}
+		n.mu.Lock()
+		if n.closed.Load() {
+			n.mu.Unlock()
+			c.Close()
+			<-n.hsSem
+			return
+		}
+		n.wg.Add(1)
+		n.mu.Unlock()
+		go func() {
+			defer n.wg.Done()
+			h, err := n.acceptHandshake(c)
+			<-n.hsSem
+			if err != nil {
+				n.nctr.handshakeRejected.Add(1)
+				n.ctr.Corrupt.Add(1)
+				n.logFault("fabnet: connection refused", "remote", c.RemoteAddr().String(), "err", err)
+				c.Close()
+				return
+			}
+			n.install(c, h)
+		}()
+	}
+}
+
+// acceptHandshake reads the dialer's hello, checks it against the peers
+// table and answers with ours.
+func (n *NIC) acceptHandshake(c net.Conn) (hello, error) {
+	stop := context.AfterFunc(n.life, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	c.SetDeadline(time.Now().Add(handshakeTimeout))
+	var b [helloSize]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return hello{}, fmt.Errorf("read hello: %w", err)
+	}
+	h, err := decodeHello(b[:])
+	if errors.Is(err, errBadVersion) {
+		// Tell the dialer our version so its log names the mismatch.
+		hello{version: protoVersion, node: n.id, boot: n.boot}.encode(b[:])
+		c.Write(b[:])
+	}
+	if err != nil {
+		return hello{}, err
+	}
+	if err := n.checkPeer(h.node, c.RemoteAddr()); err != nil {
+		return hello{}, err
+	}
+	if h.node > n.id {
+		return hello{}, fmt.Errorf("node %d dialled node %d: the lower id dials: %w", h.node, n.id, errProto)
+	}
+	hello{version: protoVersion, node: n.id, boot: n.boot}.encode(b[:])
+	if _, err := c.Write(b[:]); err != nil {
+		return hello{}, fmt.Errorf("write hello: %w", err)
+	}
+	c.SetDeadline(time.Time{})
+	return h, nil
+}
+
+// errWrongNode: the hello names a node the peers table does not allow
+// from that address.
+var errWrongNode = errors.New("wrong node")
+
+// checkPeer checks that node is a peer and, if its peers entry is an IP
+// literal, that the connection comes from that IP.
+func (n *NIC) checkPeer(node fabric.NodeID, remote net.Addr) error {
+	if node == n.id {
+		return fmt.Errorf("hello from our own node id %d: %w", node, errWrongNode)
+	}
+	addr, ok := n.cfg.Peers[node]
+	if !ok {
+		return fmt.Errorf("node %d not in peers: %w", node, errWrongNode)
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	want, err := netip.ParseAddr(host)
+	if err != nil || want.IsUnspecified() {
+		return nil // a host name: nothing to compare without a lookup
+	}
+	ta, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return nil
+	}
+	got, _ := netip.AddrFromSlice(ta.IP)
+	if got.Unmap() != want.Unmap() {
+		return fmt.Errorf("node %d connected from %v, peers says %v: %w", node, got, want, errWrongNode)
+	}
+	return nil
+}
+
+// dialLoop keeps a session to peer id up for the NIC's lifetime.
+func (n *NIC) dialLoop(id fabric.NodeID, addr string) {
+	defer n.wg.Done()
+	backoff := backoffMin
+	d := net.Dialer{Timeout: dialTimeout}
+	ctx := n.life
+	for !n.closed.Load() {
+		n.nctr.dials.Add(1)
+		c, err := d.DialContext(ctx, "tcp", addr)
+		var h hello
+		if err == nil {
+			h, err = n.dialHandshake(ctx, c, id)
+			if err != nil {
+				c.Close()
+				n.nctr.handshakeRejected.Add(1)
+			}
+		}
+		if err != nil {
+			n.nctr.dialErrors.Add(1)
+			if n.closed.Load() {
+				return
+			}
+			n.cfg.Logger.Debug("fabnet dial", "peer", id, "addr", addr, "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-n.down:
+				return
+			}
+			backoff = min(2*backoff, backoffMax)
+			continue
+		}
+		s := n.install(c, h)
+		if s == nil {
+			return
+		}
+		backoff = backoffMin
+		select {
+		case <-s.dead:
+		case <-n.down:
+			return
+		}
+	}
+}
+
+func (n *NIC) dialHandshake(ctx context.Context, c net.Conn, want fabric.NodeID) (hello, error) {
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	c.SetDeadline(time.Now().Add(handshakeTimeout))
+	var b [helloSize]byte
+	hello{version: protoVersion, node: n.id, boot: n.boot}.encode(b[:])
+	if _, err := c.Write(b[:]); err != nil {
+		return hello{}, fmt.Errorf("write hello: %w", err)
+	}
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return hello{}, fmt.Errorf("read hello: %w", err)
+	}
+	h, err := decodeHello(b[:])
+	if err != nil {
+		return hello{}, err
+	}
+	if h.node != want {
+		return hello{}, fmt.Errorf("dialled node %d, hello says %d: %w", want, h.node, errWrongNode)
+	}
+	c.SetDeadline(time.Time{})
+	return h, nil
+}
+
+// install makes c the session to h.node, replacing (killing) an older
+// one, and starts it. It returns nil if the NIC is closed.
+func (n *NIC) install(c net.Conn, h hello) *session {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true) // the writer coalesces; Nagle would only add latency
+	}
+	n.mu.Lock()
+	if n.closed.Load() {
+		n.mu.Unlock()
+		c.Close()
+		return nil
+	}
+	old := n.session(h.node)
+	s := newSession(n, c, h)
+	n.replaceLocked(h.node, s)
+	n.wg.Add(1)
+	n.mu.Unlock()
+	if old != nil {
+		old.kill(fmt.Errorf("replaced by a new connection (incarnation %#x): %w", h.boot, fabric.ErrPeerDown))
+	}
+	n.nctr.sessionsUp.Add(1)
+	n.cfg.Logger.Info("fabnet peer up", "node", n.id, "peer", h.node, "remote", c.RemoteAddr().String())
+	go s.run()
+	return s
+}
+
+// replaceLocked publishes a session table with node → s (s nil: removed).
+func (n *NIC) replaceLocked(node fabric.NodeID, s *session) {
+	old := *n.sessions.Load()
+	m := make(map[fabric.NodeID]*session, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	if s == nil {
+		delete(m, node)
+	} else {
+		m[node] = s
+	}
+	n.sessions.Store(&m)
+}
+
+// remove takes s off the table if it is still the current session.
+func (n *NIC) remove(s *session) {
+	n.mu.Lock()
+	if n.session(s.peer) == s {
+		n.replaceLocked(s.peer, nil)
+	}
+	n.mu.Unlock()
+}
+
+// monitor sends heartbeats and expires silent sessions.
+func (n *NIC) monitor() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.down:
+			return
+		}
+		n.tick()
+	}
+}
+
+// tick is one monitor round: it is separate so tests can drive it.
+func (n *NIC) tick() {
+	now := n.cfg.Now()
+	for _, s := range *n.sessions.Load() {
+		if f := s.framesIn.Load(); f != s.seenFrames {
+			s.seenFrames = f
+			s.lastHeard = now
+		} else if now.Sub(s.lastHeard) > n.cfg.DeadAfter {
+			n.nctr.heartbeatTimeouts.Add(1)
+			s.kill(fmt.Errorf("silent for %v: %w", now.Sub(s.lastHeard).Round(time.Millisecond), fabric.ErrPeerDown))
+			continue
+		}
+		s.queueCtl(tHeartbeat, 0, 0, 0, nil)
+	}
+}
+
+// ---- fabric.NIC ----
+
+func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed.Load() {
+		return nil, fmt.Errorf("fabnet: open vpid %d: %w", v, net.ErrClosed)
+	}
+	if n.eps[v].Load() != nil {
+		return nil, n.ctr.CountErr(fmt.Errorf("fabnet: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
+	}
+	ep := newEndpoint(n, v)
+	n.eps[v].Store(ep)
+	return ep, nil
+}
+
+func checkGroup(g fabric.Group) error {
+	if g >= fabric.MaxGroups {
+		return fmt.Errorf("fabnet: group %d >= %d: %w", g, fabric.MaxGroups, fabric.ErrInvalid)
+	}
+	return nil
+}
+
+// Join adds this node to group g. Membership is checked by the receiving
+// node when a multicast frame arrives, so a Join is effective for every
+// frame that arrives after it returns.
+func (n *NIC) Join(g fabric.Group) error {
+	if err := checkGroup(g); err != nil {
+		return n.ctr.CountErr(err)
+	}
+	if n.closed.Load() {
+		return fmt.Errorf("fabnet: join: %w", net.ErrClosed)
+	}
+	n.groups.Or(1 << g)
+	return nil
+}
+
+func (n *NIC) Leave(g fabric.Group) error {
+	if err := checkGroup(g); err != nil {
+		return n.ctr.CountErr(err)
+	}
+	if g == fabric.Broadcast {
+		return n.ctr.CountErr(fmt.Errorf("fabnet: leave broadcast group: %w", fabric.ErrInvalid))
+	}
+	if n.closed.Load() {
+		return fmt.Errorf("fabnet: leave: %w", net.ErrClosed)
+	}
+	n.groups.And(^(uint64(1) << g))
+	return nil
+}
+
+func (n *NIC) member(g fabric.Group) bool { return n.groups.Load()&(1<<g) != 0 }
+
+// Peers lists the nodes with a live session, sorted.
+func (n *NIC) Peers() []fabric.NodeID {
+	m := *n.sessions.Load()
+	out := make([]fabric.NodeID, 0, len(m))
+	for id, s := range m {
+		if !s.isDead() {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Alive reports nil for a node with a live session (and this node),
+// ErrPeerDown for a node of the peers table without one (never connected
+// yet, or gone), ErrUnknownNode for any other node.
+func (n *NIC) Alive(id fabric.NodeID) error {
+	if id == n.id {
+		if n.closed.Load() {
+			return fmt.Errorf("fabnet: alive: %w", net.ErrClosed)
+		}
+		return nil
+	}
+	_, err := n.lookup(id)
+	return err
+}
+
+// lookup returns the live session to id or the error its callers get.
+func (n *NIC) lookup(id fabric.NodeID) (*session, error) {
+	if s := n.session(id); s != nil && !s.isDead() {
+		return s, nil
+	}
+	if _, ok := n.cfg.Peers[id]; ok {
+		return nil, fmt.Errorf("fabnet: node %d: %w", id, fabric.ErrPeerDown)
+	}
+	return nil, fmt.Errorf("fabnet: node %d: %w", id, fabric.ErrUnknownNode)
+}
+
+func (n *NIC) Stats() fabric.Stats { return n.ctr.Snapshot() }
+
+// Close shuts the node down: every session is closed (peers see the
+// connection drop and mark this node down at once), every endpoint is
+// closed, and every goroutine is joined.
+func (n *NIC) Close() error {
+	n.mu.Lock()
+	if n.closed.Swap(true) {
+		n.mu.Unlock()
+		return nil
+	}
+	close(n.down)
+	n.cancel()
+	n.mu.Unlock()
+	n.ln.Close()
+	for _, s := range *n.sessions.Load() {
+		s.kill(fmt.Errorf("nic closed: %w", net.ErrClosed))
+	}
+	for i := range n.eps {
+		if ep := n.eps[i].Load(); ep != nil {
+			ep.Close()
+		}
+	}
+	n.wg.Wait()
+	n.cfg.Logger.Debug("fabnet node down", "node", n.id)
+	return nil
+}
+
+// logFault logs a peer-triggerable fault at most once per faultLogInterval.
+func (n *NIC) logFault(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := n.lastLog.Load()
+	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	n.cfg.Logger.Warn(msg, append(args, "node", n.id)...)
+}
+
+// ---- regions ----
+
+// region is registered memory. Users (RMA copies, socket reads and writes
+// into buf) acquire it; kill marks it dead — later acquires fail at once,
+// they never block — and waits for the current users to finish. So no
+// byte moves into or out of a region after Deregister returns, and no
+// network goroutine ever blocks on a region lock.
+type region struct {
+	idx   uint32
+	owner *endpoint
+	buf   []byte
+
+	mu      sync.Mutex
+	dead    bool          // guarded by mu
+	users   int           // guarded by mu
+	drained chan struct{} // guarded by mu; closed when users drop to 0 after kill
+}
+
+func (r *region) acquire() bool {
+	r.mu.Lock()
+	ok := !r.dead
+	if ok {
+		r.users++
+	}
+	r.mu.Unlock()
+	return ok
+}
+
+func (r *region) release() {
+	r.mu.Lock()
+	r.users--
+	if r.users == 0 && r.drained != nil {
+		close(r.drained)
+		r.drained = nil
+	}
+	r.mu.Unlock()
+}
+
+func (r *region) kill() {
+	r.mu.Lock()
+	r.dead = true
+	if r.users == 0 {
+		r.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	r.drained = ch
+	r.mu.Unlock()
+	<-ch
+}
+
+func (n *NIC) lookupRegion(idx uint32) *region {
+	n.regMu.RLock()
+	r := n.regions[idx]
+	n.regMu.RUnlock()
+	return r
+}
+
+// remoteRegion resolves an RMA target on this node for VPID v: the
+// endpoint must be open, the region registered to it, and
+// [nla, nla+length) inside it.
+func (n *NIC) remoteRegion(v fabric.VPID, nla fabric.NLA, length uint64) (*endpoint, *region, fabric.NotifyErr) {
+	ep := n.eps[v].Load()
+	if ep == nil || ep.closed.Load() {
+		return nil, nil, fabric.NErrPeerDown
+	}
+	r := n.lookupRegion(nla.Region())
+	if r == nil || r.owner != ep {
+		return ep, nil, fabric.NErrAccess
+	}
+	if !fabric.CheckRange(nla, length, uint64(len(r.buf))) {
+		return ep, nil, fabric.NErrBounds
+	}
+	return ep, r, fabric.NErrNone
+}

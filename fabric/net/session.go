@@ -1,0 +1,713 @@
+package fabnet
+
+// Session pipeline (one per connected peer, one TCP connection):
+//
+//	senders (Send, Post, reader replies, monitor heartbeats)
+//	   │ queueCtl / queueVELO: encode into s.ctl (wmu)      queueBulk: s.bulk (wmu)
+//	   ▼
+//	writeLoop: swap s.ctl out, take ONE bulk chunk (64 KiB) from the head
+//	   item (re-queued at the tail if unfinished, so transfers share the
+//	   link round-robin), then one writev of [ctl frames | chunk header |
+//	   chunk data read straight from the registered region]. The region is
+//	   acquired only for that writev.
+//	readLoop: bufio reader → decodePrefix (size checked before any read)
+//	   → fixed header → dispatch. VELO lands in the target mailbox (credit
+//	   checked), RMA data is read straight into the target region (acquired
+//	   for that one read), replies are queued to this session's writer. The
+//	   reader never blocks on an application: credits guarantee mailbox
+//	   room, notification queues drop on overflow, regions never block.
+//	run: starts the writer, runs the reader, and on its exit kills the
+//	   session, joins the writer, fails every outstanding RMA with
+//	   NErrPeerDown and releases the credits the peer held.
+//
+// VELO flow control is credit based, per (peer node, target VPID): the
+// receiver grants mailbox slots (grant frames), the sender spends one per
+// message and asks for more (credit-req) at half its last grant. A sender
+// without credits blocks; nothing is ever dropped for lack of room.
+//
+// Locks: wmu guards ctl and bulk; cmu guards tx and cwait (sender-side
+// credit state); pmu guards the pending-RMA slab's free list, its growth
+// and pdead. The reader alone touches putFail, rxMsg and the ackedClosed
+// epochs. Lock order: endpoint mailbox mu → cmu → wmu; pmu is a leaf.
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+const (
+	// readBufSize is the reader's buffer: large enough that a burst of
+	// VELO frames is parsed from one read(2), small next to a chunk so
+	// RMA data mostly bypasses it (bufio reads large spans directly).
+	readBufSize = 64 << 10
+	// ctlFlushHint is the control-buffer size after which a sender kicks
+	// the writer even if it was already kicked, keeping batches bounded.
+	ctlInitial = 16 << 10
+	// maxBulkQueue bounds queued RMA transfers per session: the peer can
+	// make us queue one per GET request it sends, so an endless stream of
+	// requests is a protocol violation rather than unbounded memory.
+	maxBulkQueue = 1 << 16
+	// maxPutFail bounds PUT transfers with a failed chunk whose last chunk
+	// has not arrived yet (a legitimate peer has at most its posted
+	// transfers in that state).
+	maxPutFail = 1 << 16
+)
+
+// txState is the sender side of one (peer, VPID) credit pair.
+type txState struct {
+	credits   int32
+	lastGrant int32
+	requested bool  // a credit-req is outstanding
+	granted   bool  // some grant ever arrived (for SendBlocked)
+	epoch     uint8 // closed frames seen for this VPID
+	noVPID    uint32
+	closedGen uint32
+}
+
+// pending is an RMA request this node posted to the peer.
+type pending struct {
+	idx   uint32
+	gen   uint32
+	used  bool
+	ep    *endpoint
+	req   fabric.RMA
+	local *region
+	got   uint32 // GET: bytes received so far (reader only)
+	lerr  fabric.NotifyErr
+}
+
+// bulk is one queued RMA data transfer: PUT data (requester side) or a
+// GET response (responder side).
+type bulk struct {
+	put        bool
+	reqID      uint64
+	reg        *region
+	src        fabric.NLA // first byte to send (in reg)
+	dst        fabric.NLA // PUT: remote start NLA, carried in frames
+	total, off uint32
+	notify     fabric.Notify
+	a, b       fabric.VPID
+	ep         *endpoint   // GET response: the responder, for its notification
+	requester  fabric.Addr // GET response: who asked
+	aborted    bool
+}
+
+var bulkPool = sync.Pool{New: func() any { return new(bulk) }}
+
+type session struct {
+	n    *NIC
+	peer fabric.NodeID
+	boot uint64
+	conn net.Conn
+
+	dead     chan struct{}
+	deadFlag atomic.Bool
+	killOnce sync.Once
+	err      error // set once by kill, read after dead is closed
+
+	framesIn   atomic.Uint64
+	seenFrames uint64    // monitor only
+	lastHeard  time.Time // monitor only
+
+	wmu  sync.Mutex
+	ctl  []byte  // encoded frames waiting for the writer
+	bulk []*bulk // FIFO of data transfers
+	wake chan struct{}
+
+	cmu   sync.Mutex
+	tx    [256]txState
+	cwait chan struct{} // made when a sender waits; closed on any credit event
+
+	sentClosed  [256]atomic.Uint32 // closed frames sent per local VPID (low 8 bits on the wire)
+	ackedClosed [256]uint8         // reader only: epoch of the peer's last credit-req
+
+	pmu   sync.Mutex
+	pend  []*pending
+	free  []uint32
+	pdead bool
+
+	putFail map[uint64]fabric.NotifyErr // reader only
+	rxMsg   fabric.Message              // reader only
+	bodyBuf [maxFixed]byte              // reader only
+}
+
+func newSession(n *NIC, c net.Conn, h hello) *session {
+	return &session{
+		n: n, peer: h.node, boot: h.boot, conn: c,
+		dead:      make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		ctl:       make([]byte, 0, ctlInitial),
+		lastHeard: n.cfg.Now(),
+	}
+}
+
+func (s *session) isDead() bool { return s.deadFlag.Load() }
+
+// kill ends the session once: blocked senders wake (ErrPeerDown), the
+// connection closes (the reader and writer return).
+func (s *session) kill(err error) {
+	s.killOnce.Do(func() {
+		s.err = err
+		s.deadFlag.Store(true)
+		close(s.dead)
+		s.conn.Close()
+	})
+}
+
+func (s *session) run() {
+	defer s.n.wg.Done()
+	wdone := make(chan struct{})
+	go func() {
+		defer close(wdone)
+		s.writeLoop()
+	}()
+	err := s.readLoop(bufio.NewReaderSize(s.conn, readBufSize))
+	if errors.Is(err, errProto) {
+		s.n.nctr.badFrames.Add(1)
+		if errors.Is(err, errOversized) {
+			s.n.nctr.oversized.Add(1)
+		}
+		s.n.ctr.Corrupt.Add(1)
+		s.n.logFault("fabnet: peer broke the protocol, connection closed", "peer", s.peer, "err", err)
+	}
+	s.kill(err)
+	<-wdone
+	s.cleanup()
+	s.n.remove(s)
+	s.n.nctr.sessionsDown.Add(1)
+	s.n.cfg.Logger.Info("fabnet peer down", "node", s.n.id, "peer", s.peer, "err", s.err)
+}
+
+// cleanup runs after reader and writer stopped: outstanding RMA fails
+// with NErrPeerDown, credits the peer held go back to the mailboxes.
+func (s *session) cleanup() {
+	s.pmu.Lock()
+	s.pdead = true
+	var fail []pending
+	for _, p := range s.pend {
+		if p.used {
+			fail = append(fail, *p)
+			p.used = false
+		}
+	}
+	s.pmu.Unlock()
+	for i := range fail {
+		fail[i].ep.errorNotify(&fail[i].req, fabric.NErrPeerDown)
+	}
+	s.wmu.Lock()
+	for _, b := range s.bulk {
+		*b = bulk{}
+		bulkPool.Put(b)
+	}
+	s.bulk = nil
+	s.wmu.Unlock()
+	for i := range s.n.eps {
+		if ep := s.n.eps[i].Load(); ep != nil {
+			ep.dropPeer(s)
+		}
+	}
+}
+
+// ---- writer side ----
+
+func (s *session) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// queueCtl queues a frame with a fixed body and no payload.
+func (s *session) queueCtl(typ, flags uint8, a, b fabric.VPID, body []byte) {
+	s.wmu.Lock()
+	off := len(s.ctl)
+	s.ctl = append(s.ctl, make([]byte, prefixSize)...)
+	putPrefix(s.ctl[off:], len(body), typ, flags, a, b)
+	s.ctl = append(s.ctl, body...)
+	s.wmu.Unlock()
+	s.kick()
+}
+
+// queueVELO queues one VELO frame from local VPID a to the peer's VPID b.
+func (s *session) queueVELO(a fabric.VPID, m *fabric.Message) {
+	d := fabric.Descriptor{VPID: m.Peer.VPID, Tag: m.Tag, Len: m.Len, MC: m.MC}
+	if m.MC {
+		d.Node = m.Peer.Node
+	}
+	s.wmu.Lock()
+	off := len(s.ctl)
+	s.ctl = append(s.ctl, make([]byte, prefixSize+8)...)
+	putPrefix(s.ctl[off:], 8+int(m.Len), tVELO, 0, a, m.Peer.VPID)
+	binary.LittleEndian.PutUint64(s.ctl[off+prefixSize:], d.Encode())
+	s.ctl = append(s.ctl, m.Data[:m.Len]...)
+	s.wmu.Unlock()
+	s.kick()
+}
+
+func (s *session) queueBulk(b *bulk) bool {
+	s.wmu.Lock()
+	if len(s.bulk) >= maxBulkQueue {
+		s.wmu.Unlock()
+		return false
+	}
+	s.bulk = append(s.bulk, b)
+	s.wmu.Unlock()
+	s.kick()
+	return true
+}
+
+func (s *session) writeLoop() {
+	var (
+		spare = make([]byte, 0, ctlInitial)
+		hdr   [prefixSize + maxFixed]byte
+		iov   [3][]byte
+	)
+	for {
+		select {
+		case <-s.wake:
+		case <-s.dead:
+			return
+		}
+		for {
+			s.wmu.Lock()
+			ctl := s.ctl
+			s.ctl = spare[:0]
+			var b *bulk
+			if len(s.bulk) > 0 {
+				b = s.bulk[0]
+				copy(s.bulk, s.bulk[1:])
+				s.bulk[len(s.bulk)-1] = nil
+				s.bulk = s.bulk[:len(s.bulk)-1]
+			}
+			s.wmu.Unlock()
+			if len(ctl) == 0 && b == nil {
+				spare = ctl
+				break
+			}
+			bufs := net.Buffers(iov[:0])
+			if len(ctl) > 0 {
+				bufs = append(bufs, ctl)
+			}
+			var (
+				reg  *region
+				done bool
+			)
+			if b != nil {
+				var h, data []byte
+				h, data, reg, done = s.chunk(b, hdr[:])
+				bufs = append(bufs, h)
+				if len(data) > 0 {
+					bufs = append(bufs, data)
+				}
+			}
+			s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.DeadAfter))
+			nb := int64(0)
+			for _, x := range bufs {
+				nb += int64(len(x))
+			}
+			_, err := bufs.WriteTo(s.conn)
+			if reg != nil {
+				reg.release()
+			}
+			if err != nil {
+				s.kill(fmt.Errorf("write: %w", err))
+				return
+			}
+			s.n.nctr.writes.Add(1)
+			s.n.nctr.bytesOut.Add(uint64(nb))
+			if b != nil {
+				if done {
+					s.finishBulk(b)
+				} else {
+					s.wmu.Lock()
+					s.bulk = append(s.bulk, b)
+					s.wmu.Unlock()
+				}
+			}
+			// Keep the larger buffer as the spare: steady state allocates
+			// nothing.
+			spare = ctl[:0]
+		}
+	}
+}
+
+// chunk builds the next frame of b into hdr. It returns the frame header,
+// the data (aliasing the region, which stays acquired until the caller
+// releases reg) and whether this is b's last frame.
+func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last bool) {
+	k := min(b.total-b.off, chunkSize)
+	ok := b.reg.acquire()
+	if ok {
+		reg = b.reg
+		start := b.src.Offset() + uint64(b.off)
+		data = reg.buf[start : start+uint64(k)]
+	}
+	body := hdr[prefixSize:]
+	if b.put {
+		flags := uint8(b.notify) << flagShift
+		if !ok {
+			flags |= fLast | fAbort
+			k = 0
+			b.aborted = true
+		} else if b.off+k == b.total {
+			flags |= fLast
+		}
+		binary.LittleEndian.PutUint64(body[0:], b.reqID)
+		binary.LittleEndian.PutUint64(body[8:], uint64(b.dst))
+		binary.LittleEndian.PutUint32(body[16:], b.total)
+		binary.LittleEndian.PutUint32(body[20:], b.off)
+		putPrefix(hdr, 24+int(k), tPutData, flags, b.a, b.b)
+		h = hdr[:prefixSize+24]
+	} else {
+		var flags uint8
+		if !ok {
+			flags = fLast | uint8(fabric.NErrAccess)<<flagShift
+			k = 0
+			b.aborted = true
+		} else if b.off+k == b.total {
+			flags = fLast
+		}
+		binary.LittleEndian.PutUint64(body[0:], b.reqID)
+		binary.LittleEndian.PutUint32(body[8:], b.off)
+		putPrefix(hdr, 12+int(k), tGetData, flags, b.a, b.b)
+		h = hdr[:prefixSize+12]
+	}
+	b.off += k
+	return h, data, reg, b.aborted || b.off == b.total
+}
+
+// finishBulk runs after b's last frame went out.
+func (s *session) finishBulk(b *bulk) {
+	if !b.put && !b.aborted && b.notify&fabric.NotifyResponder != 0 {
+		b.ep.notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
+	}
+	*b = bulk{}
+	bulkPool.Put(b)
+}
+
+// ---- pending RMA (requester side) ----
+
+// alloc records a request and returns its wire ID; false if the session
+// already died (the caller then notifies NErrPeerDown itself).
+func (s *session) alloc(ep *endpoint, r *fabric.RMA, local *region) (uint64, bool) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.pdead {
+		return 0, false
+	}
+	var idx uint32
+	if k := len(s.free); k > 0 {
+		idx = s.free[k-1]
+		s.free = s.free[:k-1]
+	} else {
+		idx = uint32(len(s.pend))
+		s.pend = append(s.pend, &pending{idx: idx})
+	}
+	p := s.pend[idx]
+	p.gen++
+	p.used, p.ep, p.req, p.local, p.got, p.lerr = true, ep, *r, local, 0, fabric.NErrNone
+	return uint64(p.gen)<<32 | uint64(idx), true
+}
+
+// lookup returns the pending request id names, or nil. Only the reader
+// frees entries, so the pointer stays valid while the reader uses it.
+func (s *session) lookup(id uint64, op fabric.Op) *pending {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	idx := uint32(id)
+	if int(idx) >= len(s.pend) {
+		return nil
+	}
+	p := s.pend[idx]
+	if !p.used || p.gen != uint32(id>>32) || p.req.Op != op {
+		return nil
+	}
+	return p
+}
+
+// complete frees p and writes its notifications.
+func (s *session) complete(p *pending, nerr fabric.NotifyErr) {
+	s.pmu.Lock()
+	c := *p
+	p.used, p.ep, p.local = false, nil, nil
+	s.free = append(s.free, p.idx)
+	s.pmu.Unlock()
+	c.ep.complete(&c.req, nerr)
+}
+
+// ---- reader ----
+
+func (s *session) readLoop(br *bufio.Reader) error {
+	var pb [prefixSize]byte
+	for {
+		if _, err := io.ReadFull(br, pb[:]); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		p, err := decodePrefix(pb[:])
+		if err != nil {
+			return err
+		}
+		body := s.bodyBuf[:fixedSize[p.typ]]
+		if _, err := io.ReadFull(br, body); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		s.framesIn.Add(1)
+		s.n.nctr.framesIn.Add(1)
+		if err := s.dispatch(br, p, body); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) dispatch(br *bufio.Reader, p prefix, body []byte) error {
+	switch p.typ {
+	case tHeartbeat:
+		return nil
+	case tVELO:
+		return s.rxVELO(br, p, body)
+	case tCreditReq:
+		return s.rxCreditReq(p)
+	case tGrant, tNoVPID, tClosed:
+		return s.rxCredit(p, body)
+	case tPutData:
+		return s.rxPutData(br, p, body)
+	case tPutAck:
+		return s.rxPutAck(p, body)
+	case tGetReq:
+		return s.rxGetReq(p, body)
+	case tGetData:
+		return s.rxGetData(br, p, body)
+	}
+	return fmt.Errorf("frame type %d: %w", p.typ, errProto)
+}
+
+func (s *session) rxVELO(br *bufio.Reader, p prefix, body []byte) error {
+	d, err := fabric.DecodeDescriptor(binary.LittleEndian.Uint64(body))
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, errProto)
+	}
+	if int(d.Len) != p.payloadLen() || d.VPID != p.b || (!d.MC && d.Node != 0) {
+		return fmt.Errorf("velo descriptor %+v disagrees with frame: %w", d, errProto)
+	}
+	m := &s.rxMsg
+	if _, err := io.ReadFull(br, m.Data[:d.Len]); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	m.Peer = fabric.Addr{Node: s.peer, VPID: p.a}
+	m.MC, m.Tag, m.Len = d.MC, d.Tag, d.Len
+	fenced := uint8(s.sentClosed[p.b].Load()) != s.ackedClosed[p.b]
+	ep := s.n.eps[p.b].Load()
+	if ep == nil {
+		if fenced {
+			s.n.nctr.staleVELO.Add(1)
+			return nil
+		}
+		return fmt.Errorf("velo to vpid %d without credit: %w", p.b, errProto)
+	}
+	return ep.deliverRemote(s, m, fabric.Group(d.Node), fenced)
+}
+
+func (s *session) rxCreditReq(p prefix) error {
+	v := p.b
+	if p.flags != uint8(s.sentClosed[v].Load()) {
+		return nil // sent before the peer saw our closed frame: it expects no answer
+	}
+	s.ackedClosed[v] = p.flags
+	ep := s.n.eps[v].Load()
+	if ep == nil || !ep.creditRequest(s) {
+		s.queueCtl(tNoVPID, 0, 0, v, nil)
+	}
+	return nil
+}
+
+// rxCredit handles the answers to our credit requests.
+func (s *session) rxCredit(p prefix, body []byte) error {
+	v := p.b
+	s.cmu.Lock()
+	t := &s.tx[v]
+	switch p.typ {
+	case tGrant:
+		g := binary.LittleEndian.Uint32(body)
+		if g == 0 || g > uint32(s.n.cfg.MailboxSlots) || !t.requested {
+			s.cmu.Unlock()
+			return fmt.Errorf("grant of %d for vpid %d (requested %v): %w", g, v, t.requested, errProto)
+		}
+		t.credits += int32(g)
+		t.lastGrant = int32(g)
+		t.granted = true
+	case tNoVPID:
+		if !t.requested {
+			// Our request crossed the closed frame: already answered.
+			s.cmu.Unlock()
+			return nil
+		}
+		t.noVPID++
+	case tClosed:
+		t.credits = 0
+		t.epoch++
+		t.closedGen++
+	}
+	t.requested = false
+	if s.cwait != nil {
+		close(s.cwait)
+		s.cwait = nil
+	}
+	s.cmu.Unlock()
+	return nil
+}
+
+func (s *session) discard(br *bufio.Reader, n int) error {
+	if _, err := br.Discard(n); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	return nil
+}
+
+func (s *session) rxPutData(br *bufio.Reader, p prefix, body []byte) error {
+	id := binary.LittleEndian.Uint64(body[0:])
+	dst := fabric.NLA(binary.LittleEndian.Uint64(body[8:]))
+	total := binary.LittleEndian.Uint32(body[16:])
+	off := binary.LittleEndian.Uint32(body[20:])
+	k := uint32(p.payloadLen())
+	notify := fabric.Notify(p.flags >> flagShift)
+	last, abort := p.flags&fLast != 0, p.flags&fAbort != 0
+	switch {
+	case total == 0 || total > fabric.MaxRMALen || off > total || k > total-off:
+		return fmt.Errorf("put chunk %d+%d of %d: %w", off, k, total, errProto)
+	case abort && (k != 0 || !last):
+		return fmt.Errorf("put abort with data: %w", errProto)
+	case !abort && last != (off+k == total):
+		return fmt.Errorf("put chunk %d+%d of %d: last flag %v: %w", off, k, total, last, errProto)
+	case notify&^(fabric.NotifyRequester|fabric.NotifyCompleter) != 0:
+		return fmt.Errorf("put notify flags %#x: %w", notify, errProto)
+	}
+	ep, reg, nerr := s.n.remoteRegion(p.b, dst, uint64(total))
+	if abort {
+		if nerr == fabric.NErrNone {
+			nerr = fabric.NErrAccess
+		}
+	} else if nerr == fabric.NErrNone && reg.acquire() {
+		start := dst.Offset() + uint64(off)
+		_, err := io.ReadFull(br, reg.buf[start:start+uint64(k)])
+		reg.release()
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+	} else {
+		if nerr == fabric.NErrNone {
+			nerr = fabric.NErrAccess // deregistered under us
+		}
+		if err := s.discard(br, int(k)); err != nil {
+			return err
+		}
+	}
+	if nerr != fabric.NErrNone {
+		if s.putFail == nil {
+			s.putFail = make(map[uint64]fabric.NotifyErr)
+		}
+		if _, ok := s.putFail[id]; !ok {
+			if len(s.putFail) >= maxPutFail {
+				return fmt.Errorf("too many failed puts in flight: %w", errProto)
+			}
+			s.putFail[id] = nerr
+		}
+	}
+	if !last {
+		return nil
+	}
+	if e, ok := s.putFail[id]; ok {
+		nerr = e
+		delete(s.putFail, id)
+	}
+	if nerr == fabric.NErrNone && notify&fabric.NotifyCompleter != 0 {
+		ep.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: fabric.Addr{Node: s.peer, VPID: p.a}, Len: total, Local: fabric.LastFrame(dst, total)})
+	}
+	var ack [8]byte
+	binary.LittleEndian.PutUint64(ack[:], id)
+	s.queueCtl(tPutAck, uint8(nerr)<<flagShift, p.b, p.a, ack[:])
+	return nil
+}
+
+func (s *session) rxPutAck(p prefix, body []byte) error {
+	id := binary.LittleEndian.Uint64(body)
+	nerr := fabric.NotifyErr(p.flags >> flagShift)
+	pe := s.lookup(id, fabric.OpPut)
+	if pe == nil || nerr > fabric.NErrPeerDown {
+		return fmt.Errorf("put ack %#x err %d for no put: %w", id, nerr, errProto)
+	}
+	s.complete(pe, nerr)
+	return nil
+}
+
+func (s *session) rxGetReq(p prefix, body []byte) error {
+	id := binary.LittleEndian.Uint64(body[0:])
+	src := fabric.NLA(binary.LittleEndian.Uint64(body[8:]))
+	n := binary.LittleEndian.Uint32(body[16:])
+	notify := fabric.Notify(p.flags >> flagShift)
+	if n == 0 || n > fabric.MaxRMALen || notify&^(fabric.NotifyRequester|fabric.NotifyCompleter|fabric.NotifyResponder) != 0 || p.flags&0xF != 0 {
+		return fmt.Errorf("get request len %d flags %#x: %w", n, p.flags, errProto)
+	}
+	ep, reg, nerr := s.n.remoteRegion(p.b, src, uint64(n))
+	if nerr != fabric.NErrNone {
+		var b [12]byte
+		binary.LittleEndian.PutUint64(b[:], id)
+		s.queueCtl(tGetData, fLast|uint8(nerr)<<flagShift, p.b, p.a, b[:])
+		return nil
+	}
+	b := bulkPool.Get().(*bulk)
+	*b = bulk{reqID: id, reg: reg, src: src, total: n, notify: notify, a: p.b, b: p.a, ep: ep, requester: fabric.Addr{Node: s.peer, VPID: p.a}}
+	if !s.queueBulk(b) {
+		bulkPool.Put(b)
+		return fmt.Errorf("more than %d rma transfers queued: %w", maxBulkQueue, errProto)
+	}
+	return nil
+}
+
+func (s *session) rxGetData(br *bufio.Reader, p prefix, body []byte) error {
+	id := binary.LittleEndian.Uint64(body[0:])
+	off := binary.LittleEndian.Uint32(body[8:])
+	k := uint32(p.payloadLen())
+	nerr := fabric.NotifyErr(p.flags >> flagShift)
+	last := p.flags&fLast != 0
+	pe := s.lookup(id, fabric.OpGet)
+	switch {
+	case pe == nil:
+		return fmt.Errorf("get data for unknown request %#x: %w", id, errProto)
+	case nerr > fabric.NErrPeerDown || (nerr != fabric.NErrNone && (k != 0 || !last)):
+		return fmt.Errorf("get data error %d with %d bytes: %w", nerr, k, errProto)
+	case nerr == fabric.NErrNone && (off != pe.got || k > pe.req.Len-off || last != (off+k == pe.req.Len)):
+		return fmt.Errorf("get data %d+%d of %d (have %d): %w", off, k, pe.req.Len, pe.got, errProto)
+	}
+	if k > 0 {
+		if pe.lerr == fabric.NErrNone && pe.local.acquire() {
+			start := pe.req.Local.Offset() + uint64(off)
+			_, err := io.ReadFull(br, pe.local.buf[start:start+uint64(k)])
+			pe.local.release()
+			if err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+		} else {
+			pe.lerr = fabric.NErrAccess // our region went away mid-transfer
+			if err := s.discard(br, int(k)); err != nil {
+				return err
+			}
+		}
+		pe.got += k
+	}
+	if last {
+		if nerr == fabric.NErrNone {
+			nerr = pe.lerr
+		}
+		s.complete(pe, nerr)
+	}
+	return nil
+}

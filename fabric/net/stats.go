@@ -1,0 +1,55 @@
+package fabnet
+
+import "sync/atomic"
+
+// netCounters are the transport's own counters, beside fabric.Counters.
+type netCounters struct {
+	handshakeRejected atomic.Uint64
+	badFrames         atomic.Uint64
+	oversized         atomic.Uint64
+	heartbeatTimeouts atomic.Uint64
+	sessionsUp        atomic.Uint64
+	sessionsDown      atomic.Uint64
+	staleVELO         atomic.Uint64
+	dials, dialErrors atomic.Uint64
+	framesIn          atomic.Uint64
+	writes, bytesOut  atomic.Uint64
+}
+
+// NetStats is a snapshot of the transport counters.
+type NetStats struct {
+	// HandshakeRejected: connections refused before a session began (bad
+	// magic, wrong version, unknown or wrong node, handshake timeout, too
+	// many handshakes at once).
+	HandshakeRejected uint64
+	// BadFrames: sessions closed because the peer broke the frame
+	// protocol; Oversized is the subset refused for a frame length over
+	// the limit. Each also counts in fabric.Stats.Corrupt.
+	BadFrames, Oversized uint64
+	// HeartbeatTimeouts: sessions closed because the peer fell silent.
+	HeartbeatTimeouts uint64
+	// SessionsUp and SessionsDown count session starts and ends.
+	SessionsUp, SessionsDown uint64
+	// StaleVELO: messages dropped because they were sent to a VPID that
+	// closed while they were in flight.
+	StaleVELO uint64
+	// Dials and DialErrors count outgoing connection attempts.
+	Dials, DialErrors uint64
+	// FramesIn counts frames received; Writes the writev calls and
+	// BytesOut the bytes they sent (FramesIn/Writes hints at batching).
+	FramesIn, Writes, BytesOut uint64
+}
+
+// NetStats returns the transport counters.
+func (n *NIC) NetStats() NetStats {
+	c := &n.nctr
+	return NetStats{
+		HandshakeRejected: c.handshakeRejected.Load(),
+		BadFrames:         c.badFrames.Load(), Oversized: c.oversized.Load(),
+		HeartbeatTimeouts: c.heartbeatTimeouts.Load(),
+		SessionsUp:        c.sessionsUp.Load(), SessionsDown: c.sessionsDown.Load(),
+		StaleVELO: c.staleVELO.Load(),
+		Dials:     c.dials.Load(), DialErrors: c.dialErrors.Load(),
+		FramesIn: c.framesIn.Load(), Writes: c.writes.Load(), BytesOut: c.bytesOut.Load(),
+	}
+}
