@@ -47,3 +47,21 @@ func Fabric(node fabric.NodeID, stats func() fabric.Stats) prometheus.Collector 
 	})
 	return b.collector(stats)
 }
+
+// PingRTTBuckets are the bounds of exn_fabric_ping_rtt_seconds: 1 µs to
+// about 65 ms, doubling.
+var PingRTTBuckets = prometheus.ExponentialBuckets(1e-6, 2, 17)
+
+// PingRTT returns the histogram of fabric ping round-trip times (exnctl
+// ping), labelled with the node ID. The caller observes into it and
+// registers it.
+func PingRTT(node fabric.NodeID) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace:   Namespace,
+		Subsystem:   "fabric",
+		Name:        "ping_rtt_seconds",
+		Help:        "Round-trip time of fabric pings (VELO ping-pong to a node's management VPID).",
+		Buckets:     PingRTTBuckets,
+		ConstLabels: prometheus.Labels{"node": strconv.Itoa(int(node))},
+	})
+}

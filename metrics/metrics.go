@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -109,4 +110,48 @@ func (b *builder[S]) counterVec(name, help, label string, vals []labelled[S]) {
 
 func (b *builder[S]) collector(read func() S) prometheus.Collector {
 	return &snapshotCollector[S]{read: read, families: b.families}
+}
+
+// labelledGauge is one label value of a gauge and how to read it.
+type labelledGauge[S any] struct {
+	value string
+	read  func(s *S) float64
+}
+
+// gaugeVec adds a gauge with one label whose values are fixed.
+func (b *builder[S]) gaugeVec(name, help, label string, vals []labelledGauge[S]) {
+	b.add(name, help, prometheus.GaugeValue, []string{label}, func(s *S, emit func(float64, ...string)) {
+		for _, lv := range vals {
+			emit(lv.read(s), lv.value)
+		}
+	})
+}
+
+// counterMap adds a counter with one label whose values are the keys of
+// a map in the snapshot, emitted in sorted order so scrapes are stable.
+func (b *builder[S]) counterMap(name, help, label string, m func(s *S) map[string]uint64) {
+	b.add(name, help, prometheus.CounterValue, []string{label}, func(s *S, emit func(float64, ...string)) {
+		mm := m(s)
+		keys := make([]string, 0, len(mm))
+		for k := range mm {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			emit(float64(mm[k]), k)
+		}
+	})
+}
+
+// counterGrid adds a counter with two labels, reading one value per
+// (first, second) pair: v is called with the indexes into firsts and
+// seconds.
+func (b *builder[S]) counterGrid(name, help string, labels [2]string, firsts, seconds []string, v func(s *S, i, j int) uint64) {
+	b.add(name, help, prometheus.CounterValue, labels[:], func(s *S, emit func(float64, ...string)) {
+		for i, f := range firsts {
+			for j, sec := range seconds {
+				emit(float64(v(s, i, j)), f, sec)
+			}
+		}
+	})
 }
