@@ -108,6 +108,7 @@ type session struct {
 	peer fabric.NodeID
 	boot uint64
 	conn net.Conn
+	race raceSync
 
 	dead     chan struct{}
 	deadFlag atomic.Bool
@@ -121,7 +122,11 @@ type session struct {
 	wmu  sync.Mutex
 	ctl  []byte  // encoded frames waiting for the writer
 	bulk []*bulk // FIFO of data transfers
-	wake chan struct{}
+	// awaitDone holds GET responses whose last chunk was sent and whose
+	// responder notification waits for the requester's get-done, so the
+	// notification means the data has landed on both sides.
+	awaitDone map[uint64]*bulk
+	wake      chan struct{}
 
 	cmu   sync.Mutex
 	tx    [256]txState
@@ -142,7 +147,7 @@ type session struct {
 
 func newSession(n *NIC, c net.Conn, h hello) *session {
 	return &session{
-		n: n, peer: h.node, boot: h.boot, conn: c,
+		n: n, peer: h.node, boot: h.boot, conn: c, race: newRaceSync(c),
 		dead:      make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		ctl:       make([]byte, 0, ctlInitial),
@@ -182,6 +187,7 @@ func (s *session) run() {
 	s.kill(err)
 	<-wdone
 	s.cleanup()
+	s.race.release(s.conn)
 	s.n.remove(s)
 	s.n.nctr.sessionsDown.Add(1)
 	s.n.cfg.Logger.Info("fabnet peer down", "node", s.n.id, "peer", s.peer, "err", s.err)
@@ -209,6 +215,7 @@ func (s *session) cleanup() {
 		bulkPool.Put(b)
 	}
 	s.bulk = nil
+	s.awaitDone = nil
 	s.wmu.Unlock()
 	for i := range s.n.eps {
 		if ep := s.n.eps[i].Load(); ep != nil {
@@ -314,6 +321,7 @@ func (s *session) writeLoop() {
 			for _, x := range bufs {
 				nb += int64(len(x))
 			}
+			s.race.beforeWrite()
 			_, err := bufs.WriteTo(s.conn)
 			if reg != nil {
 				reg.release()
@@ -375,6 +383,16 @@ func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last 
 			b.aborted = true
 		} else if b.off+k == b.total {
 			flags = fLast
+			if b.notify&fabric.NotifyResponder != 0 {
+				// Registered before the frame leaves, so the get-done
+				// cannot overtake it.
+				s.wmu.Lock()
+				if s.awaitDone == nil {
+					s.awaitDone = make(map[uint64]*bulk)
+				}
+				s.awaitDone[b.reqID] = b
+				s.wmu.Unlock()
+			}
 		}
 		binary.LittleEndian.PutUint64(body[0:], b.reqID)
 		binary.LittleEndian.PutUint32(body[8:], b.off)
@@ -388,10 +406,27 @@ func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last 
 // finishBulk runs after b's last frame went out.
 func (s *session) finishBulk(b *bulk) {
 	if !b.put && !b.aborted && b.notify&fabric.NotifyResponder != 0 {
-		b.ep.notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
+		return // in awaitDone until the requester's get-done
 	}
 	*b = bulk{}
 	bulkPool.Put(b)
+}
+
+// rxGetDone writes the responder notification of a GET whose data the
+// requester has received.
+func (s *session) rxGetDone(body []byte) error {
+	id := binary.LittleEndian.Uint64(body)
+	s.wmu.Lock()
+	b := s.awaitDone[id]
+	delete(s.awaitDone, id)
+	s.wmu.Unlock()
+	if b == nil {
+		return fmt.Errorf("get-done for unknown request %#x: %w", id, errProto)
+	}
+	b.ep.notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
+	*b = bulk{}
+	bulkPool.Put(b)
+	return nil
 }
 
 // ---- pending RMA (requester side) ----
@@ -460,6 +495,7 @@ func (s *session) readLoop(br *bufio.Reader) error {
 		if _, err := io.ReadFull(br, body); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
+		s.race.afterRead()
 		s.framesIn.Add(1)
 		s.n.nctr.framesIn.Add(1)
 		if err := s.dispatch(br, p, body); err != nil {
@@ -486,6 +522,8 @@ func (s *session) dispatch(br *bufio.Reader, p prefix, body []byte) error {
 		return s.rxGetReq(p, body)
 	case tGetData:
 		return s.rxGetData(br, p, body)
+	case tGetDone:
+		return s.rxGetDone(body)
 	}
 	return fmt.Errorf("frame type %d: %w", p.typ, errProto)
 }
@@ -704,6 +742,9 @@ func (s *session) rxGetData(br *bufio.Reader, p prefix, body []byte) error {
 		pe.got += k
 	}
 	if last {
+		if nerr == fabric.NErrNone && pe.req.Notify&fabric.NotifyResponder != 0 {
+			s.queueCtl(tGetDone, 0, p.b, p.a, body[:8])
+		}
 		if nerr == fabric.NErrNone {
 			nerr = pe.lerr
 		}

@@ -63,7 +63,8 @@ const (
 	tPutAck    = 8  // reqID u64; flags high nibble = NotifyErr
 	tGetReq    = 9  // reqID u64, remote NLA u64, len u32, pad u32
 	tGetData   = 10 // reqID u64, off u32 + data; flags high nibble = NotifyErr
-	numTypes   = 11
+	tGetDone   = 11 // reqID u64: the data landed (sent only if a responder notification is due)
+	numTypes   = 12
 )
 
 // Frame flags.
@@ -76,12 +77,12 @@ const (
 )
 
 // fixedSize is the fixed body size per type; -1 marks an unused type.
-var fixedSize = [numTypes]int{-1, 0, 8, 0, 4, 0, 0, 24, 8, 24, 12}
+var fixedSize = [numTypes]int{-1, 0, 8, 0, 4, 0, 0, 24, 8, 24, 12, 8}
 
 // hasPayload says whether a type carries bytes after its fixed header.
 var hasPayload = [numTypes]bool{tVELO: true, tPutData: true, tGetData: true}
 
-var typeNames = [numTypes]string{"?", "heartbeat", "velo", "credit-req", "grant", "no-vpid", "closed", "put-data", "put-ack", "get-req", "get-data"}
+var typeNames = [numTypes]string{"?", "heartbeat", "velo", "credit-req", "grant", "no-vpid", "closed", "put-data", "put-ack", "get-req", "get-data", "get-done"}
 
 // errProto is wrapped by every protocol violation a peer can commit.
 var errProto = errors.New("protocol violation")
