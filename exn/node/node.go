@@ -313,11 +313,17 @@ func newStack(t TCPConfig) (*stack.Stack, error) {
 // configure attaches the link to the stack and assigns addresses and
 // on-link routes.
 func (n *Node) configure() error {
-	if err := n.stack.CreateNICWithOptions(nicID, ethernet.New(n.link), stack.NICOptions{Name: "exn0"}); err != nil {
+	return attach(n.stack, ethernet.New(n.link), n.addr, n.addr6)
+}
+
+// attach adds link as the stack's NIC with the given addresses (invalid
+// prefixes are skipped) and an on-link route for each.
+func attach(s *stack.Stack, link stack.LinkEndpoint, prefixes ...netip.Prefix) error {
+	if err := s.CreateNICWithOptions(nicID, link, stack.NICOptions{Name: "exn0"}); err != nil {
 		return fmt.Errorf("create nic: %s", err)
 	}
 	routes := []tcpip.Route{}
-	for _, p := range []netip.Prefix{n.addr, n.addr6} {
+	for _, p := range prefixes {
 		if !p.IsValid() {
 			continue
 		}
@@ -329,12 +335,12 @@ func (n *Node) configure() error {
 			Protocol:          proto,
 			AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(p.Addr().AsSlice()), PrefixLen: p.Bits()},
 		}
-		if err := n.stack.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); err != nil {
+		if err := s.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); err != nil {
 			return fmt.Errorf("add address %s: %s", p, err)
 		}
 		routes = append(routes, tcpip.Route{Destination: pa.AddressWithPrefix.Subnet(), NIC: nicID})
 	}
-	n.stack.SetRouteTable(routes)
+	s.SetRouteTable(routes)
 	return nil
 }
 
