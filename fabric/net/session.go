@@ -305,12 +305,12 @@ func (s *session) writeLoop() {
 				bufs = append(bufs, ctl)
 			}
 			var (
-				reg  *region
-				done bool
+				reg          *region
+				done, parked bool
 			)
 			if b != nil {
 				var h, data []byte
-				h, data, reg, done = s.chunk(b, hdr[:])
+				h, data, reg, done, parked = s.chunk(b, hdr[:])
 				bufs = append(bufs, h)
 				if len(data) > 0 {
 					bufs = append(bufs, data)
@@ -332,9 +332,10 @@ func (s *session) writeLoop() {
 			}
 			s.n.nctr.writes.Add(1)
 			s.n.nctr.bytesOut.Add(uint64(nb))
-			if b != nil {
+			if b != nil && !parked {
 				if done {
-					s.finishBulk(b)
+					*b = bulk{}
+					bulkPool.Put(b)
 				} else {
 					s.wmu.Lock()
 					s.bulk = append(s.bulk, b)
@@ -351,7 +352,11 @@ func (s *session) writeLoop() {
 // chunk builds the next frame of b into hdr. It returns the frame header,
 // the data (aliasing the region, which stays acquired until the caller
 // releases reg) and whether this is b's last frame.
-func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last bool) {
+//
+// parked means b went into awaitDone: from the moment the frame is
+// written the reader may finish and recycle it, so the caller must not
+// touch b again.
+func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last, parked bool) {
 	k := min(b.total-b.off, chunkSize)
 	ok := b.reg.acquire()
 	if ok {
@@ -392,6 +397,7 @@ func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last 
 				}
 				s.awaitDone[b.reqID] = b
 				s.wmu.Unlock()
+				parked = true
 			}
 		}
 		binary.LittleEndian.PutUint64(body[0:], b.reqID)
@@ -400,16 +406,7 @@ func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last 
 		h = hdr[:prefixSize+12]
 	}
 	b.off += k
-	return h, data, reg, b.aborted || b.off == b.total
-}
-
-// finishBulk runs after b's last frame went out.
-func (s *session) finishBulk(b *bulk) {
-	if !b.put && !b.aborted && b.notify&fabric.NotifyResponder != 0 {
-		return // in awaitDone until the requester's get-done
-	}
-	*b = bulk{}
-	bulkPool.Put(b)
+	return h, data, reg, b.aborted || b.off == b.total, parked
 }
 
 // rxGetDone writes the responder notification of a GET whose data the
