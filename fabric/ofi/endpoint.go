@@ -1,0 +1,711 @@
+//go:build ofi && cgo
+
+package ofi
+
+// Endpoint pipeline (one per open VPID):
+//
+//	Send ──► pair (one per target Addr, pair.mu): first use sends pOpenQ
+//	         and waits for pOpenA (credits, epoch); each message takes a
+//	         credit, none left: block (SendBlocked) until pCredit, the
+//	         target closing (pClosed: ErrPeerDown), the peer going down,
+//	         ctx, or Close ──► NIC.transmit (send slot, fi_send)
+//	progress ──► deliver: mailbox ring (endpoint.mu), keyed source account
+//	Recv ──► copy out, count consumption per source; every credits/2
+//	         consumed go back as one pCredit (credMu orders the returns)
+//	notify ──► notification ring (nq.mu), overflow dropped and counted
+//	Wait: spin waitSpin on the atomic lengths, then publish sleeping and
+//	      park on wake; producers signal only a sleeping consumer.
+//
+// Loopback (a target on this node) takes the same path without libfabric:
+// control packets are dispatched inline and messages go straight into the
+// target mailbox.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// waitSpin is how long Wait polls before it sleeps: a VELO round trip on
+// the shm provider, so a busy ping-pong never parks.
+const waitSpin = 20 * time.Microsecond
+
+type pairState uint8
+
+const (
+	psUnknown  pairState = iota // never asked, or reset (target closed, peer down)
+	psQuerying                  // pOpenQ sent, waiting for pOpenA
+	psOpen                      // credits and epoch valid
+	psNotOpen                   // the target VPID is not open
+)
+
+// pair is the sender's state toward one target (node, VPID).
+type pair struct {
+	dst fabric.Addr
+
+	mu      sync.Mutex
+	state   pairState
+	epoch   uint8
+	credits int
+	ch      chan struct{} // non-nil while a sender waits; closed on change
+}
+
+func (p *pair) wakeLocked() {
+	if p.ch != nil {
+		close(p.ch)
+		p.ch = nil
+	}
+}
+
+// source is the receiver's account of one sender (node, VPID).
+type source struct {
+	addr     fabric.Addr
+	consumed int  // received and freed, not yet returned; guarded by endpoint.mu
+	queued   bool // on credDue; guarded by endpoint.mu
+}
+
+type slot struct {
+	m   fabric.Message
+	src *source
+}
+
+type notifyQueue struct {
+	mu     sync.Mutex
+	ring   []fabric.Notification
+	head   int
+	n      int
+	closed bool
+	length atomic.Int32
+}
+
+type creditDue struct {
+	addr fabric.Addr
+	n    int
+}
+
+type endpoint struct {
+	nic   *NIC
+	addr  fabric.Addr
+	epoch uint8
+
+	mu       sync.Mutex // mailbox and sources
+	ring     []slot
+	head     int
+	cnt      int
+	mbClosed bool
+	grown    bool
+	length   atomic.Int32
+	srcs     map[fabric.Addr]*source
+	credDue  []*source
+
+	credMu  sync.Mutex // serialises credit returns so they leave in order
+	credOut []creditDue
+
+	nq notifyQueue
+
+	pairsMu sync.RWMutex
+	pairs   map[fabric.Addr]*pair
+
+	sleeping atomic.Bool
+	wake     chan struct{}
+	done     chan struct{}
+	closed   atomic.Bool
+
+	regs map[uint32]*region // guarded by nic.regMu
+}
+
+func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
+	return &endpoint{
+		nic:   n,
+		addr:  fabric.Addr{Node: n.id, VPID: v},
+		epoch: epoch,
+		ring:  make([]slot, n.cfg.MailboxSlots),
+		srcs:  make(map[fabric.Addr]*source),
+		nq:    notifyQueue{ring: make([]fabric.Notification, n.cfg.NotifyDepth)},
+		pairs: make(map[fabric.Addr]*pair),
+		wake:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
+		regs:  make(map[uint32]*region),
+	}
+}
+
+func (e *endpoint) Addr() fabric.Addr { return e.addr }
+
+func (e *endpoint) errClosed(op string) error {
+	return fmt.Errorf("ofi: %s on %v: %w", op, e.addr, net.ErrClosed)
+}
+
+func (e *endpoint) signal() {
+	if e.sleeping.Load() {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (e *endpoint) ready() bool { return e.length.Load() > 0 || e.nq.length.Load() > 0 }
+
+// ---- VELO send ----
+
+// Send delivers msgs in order (see fabric.Endpoint). Each message takes a
+// credit of its (this VPID, target) pair; without one Send blocks until
+// the receiver frees slots, the target VPID closes or its node goes down
+// (ErrPeerDown), ctx is done, or this endpoint or NIC closes
+// (net.ErrClosed).
+func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
+	ctr := &e.nic.ctr
+	if e.closed.Load() {
+		return 0, e.errClosed("send")
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("ofi: send: %w", err)
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		if err := fabric.CheckSend(m); err != nil {
+			return i, ctr.CountErr(err)
+		}
+		var err error
+		if m.MC {
+			err = e.sendMulticast(ctx, m)
+		} else {
+			err = e.sendTo(ctx, m.Peer, m, false)
+		}
+		if err != nil {
+			return i, ctr.CountErr(err)
+		}
+		ctr.VELOSent.Add(1)
+		ctr.VELOSentBytes.Add(uint64(m.Len))
+	}
+	return len(msgs), nil
+}
+
+// sendMulticast sends m to m.Peer.VPID on every other node; membership is
+// checked where it lands. Nodes without the VPID open, and nodes that go
+// down meanwhile, are skipped.
+func (e *endpoint) sendMulticast(ctx context.Context, m *fabric.Message) error {
+	for _, p := range e.nic.peerList() {
+		err := e.sendTo(ctx, fabric.Addr{Node: p.node, VPID: m.Peer.VPID}, m, true)
+		switch {
+		case err == nil, isErrPeerDown(err), isErrUnknown(err):
+		default:
+			return err
+		}
+	}
+	e.nic.ctr.MulticastSent.Add(1)
+	return nil
+}
+
+func (e *endpoint) sendTo(ctx context.Context, dst fabric.Addr, m *fabric.Message, mc bool) error {
+	n := e.nic
+	var p *peer
+	if dst.Node != n.id {
+		if p = n.peer(dst.Node); p == nil {
+			return fmt.Errorf("ofi: velo send to %v: %w", dst, fabric.ErrUnknownNode)
+		}
+	}
+	pr := e.pair(dst)
+	epoch, err := e.acquire(ctx, pr, p)
+	if err != nil {
+		return err
+	}
+	h := header{
+		typ:   pVELO,
+		desc:  fabric.Descriptor{Node: n.id, VPID: e.addr.VPID, Tag: m.Tag, Len: m.Len},
+		dst:   dst.VPID,
+		epoch: epoch,
+	}
+	if mc {
+		h.typ, h.group = pMcast, fabric.Group(m.Peer.Node)
+	}
+	if p == nil {
+		t := n.eps[dst.VPID].Load()
+		if t == nil || t.epoch != epoch {
+			return fmt.Errorf("ofi: velo send to %v: vpid closed: %w", dst, fabric.ErrPeerDown)
+		}
+		t.deliver(h, n.id, m.Data[:m.Len])
+		return nil
+	}
+	return n.transmit(ctx, e, p, h.encode(), m)
+}
+
+func (e *endpoint) pair(dst fabric.Addr) *pair {
+	e.pairsMu.RLock()
+	pr := e.pairs[dst]
+	e.pairsMu.RUnlock()
+	if pr != nil {
+		return pr
+	}
+	e.pairsMu.Lock()
+	defer e.pairsMu.Unlock()
+	if pr = e.pairs[dst]; pr == nil {
+		pr = &pair{dst: dst}
+		e.pairs[dst] = pr
+	}
+	return pr
+}
+
+func (e *endpoint) lookupPair(dst fabric.Addr) *pair {
+	e.pairsMu.RLock()
+	defer e.pairsMu.RUnlock()
+	return e.pairs[dst]
+}
+
+// acquire takes one credit toward pr.dst and returns the target's epoch.
+func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error) {
+	counted := false
+	for {
+		var down <-chan struct{}
+		if p != nil {
+			up, d := p.state()
+			if !up {
+				return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
+			}
+			down = d
+		}
+		pr.mu.Lock()
+		waitCredits, query := false, false
+		var openEpoch uint8
+		switch pr.state {
+		case psOpen:
+			if pr.credits > 0 {
+				pr.credits--
+				ep := pr.epoch
+				pr.mu.Unlock()
+				return ep, nil
+			}
+			waitCredits, openEpoch = true, pr.epoch
+		case psUnknown:
+			pr.state, query = psQuerying, true
+		case psNotOpen:
+			pr.state = psUnknown
+			pr.mu.Unlock()
+			return 0, fmt.Errorf("ofi: velo send to %v: vpid not open: %w", pr.dst, fabric.ErrUnknownNode)
+		}
+		if pr.ch == nil {
+			pr.ch = make(chan struct{})
+		}
+		ch := pr.ch
+		pr.mu.Unlock()
+		if query {
+			e.nic.sendCtl(pr.dst.Node, header{typ: pOpenQ, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: pr.dst.VPID}, nil)
+		}
+		if waitCredits && !counted {
+			e.nic.ctr.SendBlocked.Add(1)
+			counted = true
+		}
+		select {
+		case <-ch:
+		case <-down:
+			return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
+		case <-e.done:
+			return 0, e.errClosed("send")
+		case <-e.nic.done:
+			return 0, e.errClosed("send")
+		case <-ctx.Done():
+			return 0, fmt.Errorf("ofi: send to %v: %w", pr.dst, ctx.Err())
+		}
+		if waitCredits {
+			pr.mu.Lock()
+			gone := pr.state != psOpen || pr.epoch != openEpoch
+			pr.mu.Unlock()
+			if gone {
+				return 0, fmt.Errorf("ofi: velo send to %v: vpid closed: %w", pr.dst, fabric.ErrPeerDown)
+			}
+		}
+	}
+}
+
+// openAnswer applies a pOpenA from target dst.
+func (e *endpoint) openAnswer(dst fabric.Addr, status uint8, epoch uint8, credits int) {
+	pr := e.lookupPair(dst)
+	if pr == nil {
+		return
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.state != psQuerying {
+		return // stale: reset meanwhile
+	}
+	if status == stOK {
+		pr.state, pr.epoch, pr.credits = psOpen, epoch, credits
+	} else {
+		pr.state = psNotOpen
+	}
+	pr.wakeLocked()
+}
+
+// credit applies a pCredit from target dst.
+func (e *endpoint) credit(dst fabric.Addr, epoch uint8, k int) {
+	pr := e.lookupPair(dst)
+	if pr == nil {
+		return
+	}
+	pr.mu.Lock()
+	if pr.state == psOpen && pr.epoch == epoch {
+		pr.credits += k
+		pr.wakeLocked()
+	}
+	pr.mu.Unlock()
+}
+
+// targetClosed resets the pair toward dst after a pClosed: blocked
+// senders get ErrPeerDown, the next Send asks again.
+func (e *endpoint) targetClosed(dst fabric.Addr, epoch uint8) {
+	pr := e.lookupPair(dst)
+	if pr == nil {
+		return
+	}
+	pr.mu.Lock()
+	if pr.state != psOpen || pr.epoch == epoch {
+		pr.state = psUnknown
+		pr.credits = 0
+		pr.wakeLocked()
+	}
+	pr.mu.Unlock()
+}
+
+// peerGone resets every pair toward node and forgets its sources.
+func (e *endpoint) peerGone(node fabric.NodeID) {
+	e.pairsMu.RLock()
+	for dst, pr := range e.pairs {
+		if dst.Node != node {
+			continue
+		}
+		pr.mu.Lock()
+		pr.state, pr.credits = psUnknown, 0
+		pr.wakeLocked()
+		pr.mu.Unlock()
+	}
+	e.pairsMu.RUnlock()
+	e.mu.Lock()
+	for a := range e.srcs {
+		if a.Node == node {
+			delete(e.srcs, a)
+		}
+	}
+	e.mu.Unlock()
+}
+
+// transmit sends one VELO packet to p from a send slot.
+func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m *fabric.Message) error {
+	var slot int32
+	select {
+	case slot = <-n.txFree:
+	default:
+		_, down := p.state()
+		select {
+		case slot = <-n.txFree:
+		case <-down:
+			return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+		case <-e.done:
+			return e.errClosed("send")
+		case <-n.done:
+			return e.errClosed("send")
+		case <-ctx.Done():
+			return fmt.Errorf("ofi: send: %w", ctx.Err())
+		}
+	}
+	off := int(slot) * packetSize
+	buf := n.tx.bytes()[off : off+packetSize]
+	putHeader(buf, hdr)
+	copy(buf[headerSize:], m.Data[:m.Len])
+	n.txDests[slot].Store(p)
+	for spins := 0; ; spins++ {
+		err := n.f.send(n.tx.at(off), headerSize+int(m.Len), n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
+		if err == nil {
+			return nil
+		}
+		if !isAgain(err) || n.closed.Load() || e.closed.Load() {
+			n.txDests[slot].Store(nil)
+			n.txFree <- slot
+			if e.closed.Load() || n.closed.Load() {
+				return e.errClosed("send")
+			}
+			n.peerDown(p, err.Error())
+			return fmt.Errorf("ofi: velo send to node %d: %v: %w", p.node, err, fabric.ErrPeerDown)
+		}
+		// The provider's queue is full: progress drains it. Yield, and
+		// back off to sleeping once yielding has not helped for a while.
+		if spins < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+		if up, _ := p.state(); !up {
+			n.txDests[slot].Store(nil)
+			n.txFree <- slot
+			return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+		}
+	}
+}
+
+// ---- VELO receive ----
+
+// openSource starts (or restarts) the credit account of sender src.
+func (e *endpoint) openSource(src fabric.Addr) {
+	e.mu.Lock()
+	s := e.srcs[src]
+	if s == nil {
+		s = &source{addr: src}
+		e.srcs[src] = s
+	}
+	s.consumed = 0
+	e.mu.Unlock()
+}
+
+// deliver queues one message from (src, h.desc.VPID). The mailbox never
+// drops: credits bound what senders have in flight, and should more
+// senders than the mailbox was sized for be busy at once, it grows.
+func (e *endpoint) deliver(h header, src fabric.NodeID, payload []byte) {
+	from := fabric.Addr{Node: src, VPID: h.desc.VPID}
+	e.mu.Lock()
+	if e.mbClosed {
+		e.mu.Unlock()
+		return
+	}
+	s := e.srcs[from]
+	if s == nil {
+		e.mu.Unlock()
+		e.nic.ctr.Corrupt.Add(1)
+		e.nic.logFault("ofi velo message without credit account dropped", "from", from, "vpid", e.addr.VPID)
+		return
+	}
+	if h.typ == pMcast && !e.nic.member(h.group) {
+		// Not a member: consumed at once, so the sender's credit returns.
+		e.consumeLocked(s)
+		e.mu.Unlock()
+		e.flushCredits()
+		return
+	}
+	if e.cnt == len(e.ring) {
+		e.growLocked()
+	}
+	sl := &e.ring[(e.head+e.cnt)%len(e.ring)]
+	sl.m.Peer, sl.m.MC, sl.m.Tag, sl.m.Len = from, h.typ == pMcast, h.desc.Tag, h.desc.Len
+	copy(sl.m.Data[:h.desc.Len], payload)
+	sl.src = s
+	e.cnt++
+	e.length.Store(int32(e.cnt))
+	e.mu.Unlock()
+	e.signal()
+}
+
+func (e *endpoint) growLocked() {
+	ring := make([]slot, 2*len(e.ring))
+	for i := 0; i < e.cnt; i++ {
+		ring[i] = e.ring[(e.head+i)%len(e.ring)]
+	}
+	if !e.grown {
+		e.grown = true
+		e.nic.log.Info("ofi mailbox grew: more busy senders than slots/credits", "vpid", e.addr.VPID, "slots", len(ring))
+	}
+	e.ring, e.head = ring, 0
+}
+
+func (e *endpoint) consumeLocked(s *source) {
+	s.consumed++
+	if s.consumed >= e.nic.cfg.Credits/2 && !s.queued {
+		s.queued = true
+		e.credDue = append(e.credDue, s)
+	}
+}
+
+// Recv copies up to len(msgs) messages out of the mailbox and returns
+// credits to their senders in batches of half a window. Never blocks.
+func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
+	e.mu.Lock()
+	if e.mbClosed {
+		e.mu.Unlock()
+		return 0, e.errClosed("recv")
+	}
+	k := min(len(msgs), e.cnt)
+	var bytes uint64
+	for i := 0; i < k; i++ {
+		sl := &e.ring[e.head]
+		d := &msgs[i]
+		d.Peer, d.MC, d.Tag, d.Len = sl.m.Peer, sl.m.MC, sl.m.Tag, sl.m.Len
+		copy(d.Data[:sl.m.Len], sl.m.Data[:sl.m.Len])
+		bytes += uint64(sl.m.Len)
+		e.consumeLocked(sl.src)
+		sl.src = nil
+		e.head++
+		if e.head == len(e.ring) {
+			e.head = 0
+		}
+	}
+	e.cnt -= k
+	e.length.Store(int32(e.cnt))
+	due := len(e.credDue) > 0
+	e.mu.Unlock()
+	if k > 0 {
+		e.nic.ctr.VELORecv.Add(uint64(k))
+		e.nic.ctr.VELORecvBytes.Add(bytes)
+	}
+	if due {
+		e.flushCredits()
+	}
+	return k, nil
+}
+
+// flushCredits sends the credits that fell due.
+func (e *endpoint) flushCredits() {
+	e.credMu.Lock()
+	defer e.credMu.Unlock()
+	e.mu.Lock()
+	for _, s := range e.credDue {
+		e.credOut = append(e.credOut, creditDue{s.addr, s.consumed})
+		s.consumed, s.queued = 0, false
+	}
+	e.credDue = e.credDue[:0]
+	e.mu.Unlock()
+	var body [creditBody]byte
+	for _, c := range e.credOut {
+		putLe32(body[:], uint32(c.n))
+		e.nic.sendCtl(c.addr.Node, header{typ: pCredit, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: c.addr.VPID, epoch: e.epoch}, body[:])
+	}
+	e.credOut = e.credOut[:0]
+}
+
+// ---- notifications ----
+
+// notify queues one notification; never blocks. A full queue drops it and
+// counts NotifyOverflow; a closed endpoint drops it silently.
+func (e *endpoint) notify(nt fabric.Notification) {
+	q := &e.nq
+	ctr := &e.nic.ctr
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
+	if q.n == len(q.ring) {
+		q.mu.Unlock()
+		ctr.NotifyOverflow.Add(1)
+		e.nic.logFault("ofi notification queue full, dropped", "vpid", e.addr.VPID, "depth", len(q.ring))
+		return
+	}
+	q.ring[(q.head+q.n)%len(q.ring)] = nt
+	q.n++
+	q.length.Store(int32(q.n))
+	q.mu.Unlock()
+	ctr.Notifications[nt.Kind].Add(1)
+	if nt.Err != fabric.NErrNone {
+		ctr.NotifyErrors[nt.Err].Add(1)
+	}
+	e.signal()
+}
+
+// PollNotifications copies up to len(ns) notifications, oldest first.
+func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
+	q := &e.nq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, e.errClosed("poll notifications")
+	}
+	k := min(len(ns), q.n)
+	for i := 0; i < k; i++ {
+		ns[i] = q.ring[q.head]
+		q.head++
+		if q.head == len(q.ring) {
+			q.head = 0
+		}
+	}
+	q.n -= k
+	q.length.Store(int32(q.n))
+	return k, nil
+}
+
+// Wait blocks until Recv or PollNotifications may have something, ctx is
+// done or the endpoint closes. It spins waitSpin first.
+func (e *endpoint) Wait(ctx context.Context) error {
+	if e.closed.Load() {
+		return e.errClosed("wait")
+	}
+	if e.ready() {
+		return nil
+	}
+	start := time.Now()
+	for time.Since(start) < waitSpin {
+		runtime.Gosched()
+		if e.ready() {
+			return nil
+		}
+		if e.closed.Load() {
+			return e.errClosed("wait")
+		}
+	}
+	e.sleeping.Store(true)
+	defer e.sleeping.Store(false)
+	if e.ready() {
+		return nil
+	}
+	select {
+	case <-e.wake:
+		return nil
+	case <-e.done:
+		return e.errClosed("wait")
+	case <-ctx.Done():
+		return fmt.Errorf("ofi: wait: %w", ctx.Err())
+	}
+}
+
+// ---- close ----
+
+// Close releases the VPID: its own blocked calls return net.ErrClosed,
+// senders blocked on it get ErrPeerDown (pClosed), its regions are
+// deregistered, and the VPID can be opened again. Idempotent.
+func (e *endpoint) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	close(e.done)
+	n := e.nic
+	n.mu.Lock()
+	n.eps[e.addr.VPID].CompareAndSwap(e, nil)
+	n.mu.Unlock()
+
+	e.mu.Lock()
+	e.mbClosed = true
+	e.cnt = 0
+	e.length.Store(0)
+	var nodes []fabric.NodeID
+	for a := range e.srcs {
+		if !containsNode(nodes, a.Node) {
+			nodes = append(nodes, a.Node)
+		}
+	}
+	clear(e.srcs)
+	e.mu.Unlock()
+	e.nq.mu.Lock()
+	e.nq.closed = true
+	e.nq.n = 0
+	e.nq.length.Store(0)
+	e.nq.mu.Unlock()
+
+	n.deregisterAll(e)
+	for _, node := range nodes {
+		n.sendCtl(node, header{typ: pClosed, desc: fabric.Descriptor{VPID: e.addr.VPID}, epoch: e.epoch}, nil)
+	}
+	return nil
+}
+
+func containsNode(ns []fabric.NodeID, n fabric.NodeID) bool {
+	for _, x := range ns {
+		if x == n {
+			return true
+		}
+	}
+	return false
+}
+
+func isErrPeerDown(err error) bool { return err != nil && errorsIs(err, fabric.ErrPeerDown) }
+func isErrUnknown(err error) bool  { return err != nil && errorsIs(err, fabric.ErrUnknownNode) }

@@ -1,0 +1,960 @@
+//go:build ofi && cgo
+
+package ofi
+
+// NIC pipeline (one libfabric RDM endpoint per node, VPIDs demultiplexed
+// in software):
+//
+//	Send ──► pair credits (pair.mu) ──► send slot (txFree) ──► fi_send
+//	Recv ◄── mailbox (endpoint.mu) ◄── progress: rx completion, header
+//	         check against FI_SOURCE, repost the receive slot
+//	Post ──► region checks, remote region lookup (rcMu, one pRegQ round
+//	         trip per new region) ──► op slot (opFree) ──► fi_read/fi_write
+//	         progress: RMA completion ──► local notifications (endpoint
+//	         notification queue) and pNotify to the peer for remote ones
+//	control packets (credits, queries, notifications, hello/bye) are
+//	queued on ctlQ (ctlMu) by any goroutine and sent only by progress.
+//
+// One goroutine, progress, owns the completion queue, the control send
+// slots and every MR close; it is started by Open and joined by Close.
+// Locks: n.mu (Open/Close, epochs), peersMu (peer table), regMu (region
+// table), rcMu (remote region cache), ctlMu (control queue), per-endpoint
+// mu (mailbox, sources) and nq.mu (notifications), per-pair mu (credits).
+// No lock is held across a libfabric call that can block, and none while a
+// caller waits.
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// Sizes of the libfabric objects and progress loop.
+const (
+	// cqBatchSize is how many completions progress reads per call: the
+	// NAPI budget of DESIGN.md.
+	cqBatchSize = 64
+	// ctlSlots is the number of control send buffers. Control traffic is
+	// a few packets per credit window or RMA, so this rarely fills; when
+	// it does, packets wait on ctlQ, nothing is dropped.
+	ctlSlots = 256
+	// rmaSlots bounds RMA operations in flight per node: twice the
+	// notification depth, so a protocol that keeps its outstanding
+	// requests below the depth (as the contract asks) never waits here.
+	rmaSlots = 2 * fabric.DefaultNotifyDepth
+	// avSize is the address vector's initial size hint.
+	avSize = 256
+	// progressSpin is how long progress polls the CQ before it sleeps in
+	// fi_cq_sreadfrom: a VELO round trip on shm, so ping-pong never sleeps.
+	progressSpin = 50 * time.Microsecond
+	// progressSleepMs bounds one fi_cq_sreadfrom sleep, so progress checks
+	// for Close and queued work at least this often even if a provider's
+	// fi_cq_signal is lost.
+	progressSleepMs = 5
+	// byeTimeout bounds how long Close waits to flush its goodbyes.
+	byeTimeout = 200 * time.Millisecond
+	// resolveTimeout bounds one remote region query; a peer that does not
+	// answer in time is treated as down for that request.
+	resolveTimeout = 5 * time.Second
+	// faultLogInterval rate-limits per-message fault logs.
+	faultLogInterval = time.Second
+)
+
+// NIC is one node's libfabric NIC. Open returns it as a fabric.NIC; tests
+// and tools that exchange addresses themselves use Name and AddPeer.
+type NIC struct {
+	cfg Config
+	log *slog.Logger
+	id  fabric.NodeID
+	f   *fab
+	ctr fabric.Counters
+
+	virtAddr bool // remote addresses are virtual addresses (FI_MR_VIRT_ADDR)
+	provKey  bool // the provider picks MR keys (FI_MR_PROV_KEY)
+
+	rx       cmem // RecvSlots receive buffers
+	rxMR     mr
+	tx       cmem // SendSlots VELO send buffers
+	txMR     mr
+	txFree   chan int32
+	ctl      cmem // ctlSlots control send buffers
+	ctlMR    mr
+	ctlFree  []int32 // progress only
+	ctlDests []*peer // destination of each busy control slot; progress only
+	txDests  []atomic.Pointer[peer]
+
+	eps   [256]atomic.Pointer[endpoint]
+	mu    sync.Mutex // Open, Close, epoch
+	epoch uint8
+
+	groups atomic.Uint64
+
+	peersMu sync.RWMutex
+	peers   map[fabric.NodeID]*peer
+	byFI    map[uint64]*peer
+
+	regMu   sync.RWMutex
+	regions map[uint32]*region
+	nextReg uint32
+
+	rcMu    sync.Mutex
+	rcache  map[rkey]*remoteRegion
+	pending map[uint64]*remoteRegion // by cookie
+	cookie  uint64
+
+	ops    []rmaOp
+	opFree chan int32
+
+	ctlMu    sync.Mutex
+	ctlQ     []ctlPkt
+	ctlSpare []ctlPkt
+	jobs     []func()
+	sleeping atomic.Bool
+	ctlIdle  atomic.Bool // no control packet queued or in flight
+
+	done    chan struct{} // closed by Close
+	stopped chan struct{} // closed when progress returns
+	closed  atomic.Bool
+	running atomic.Bool
+	wg      sync.WaitGroup
+
+	lastLog atomic.Int64
+}
+
+// peer is another node in the address vector.
+type peer struct {
+	node fabric.NodeID
+	fa   uint64
+
+	mu   sync.Mutex
+	up   bool
+	down chan struct{} // closed when the peer goes down; replaced when it returns
+}
+
+func (p *peer) state() (up bool, down <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.up, p.down
+}
+
+// ctlPkt is one queued control packet.
+type ctlPkt struct {
+	dst  fabric.NodeID
+	hdr  uint64
+	n    uint8
+	body [bodyMax]byte
+}
+
+// Open opens node cfg.Node's NIC on libfabric provider cfg.Provider. It
+// fails with a message naming the cause when the provider is missing or
+// lacks what the fabric needs (RDM endpoints, FI_RMA, FI_SOURCE, ordered
+// sends). libfabric's own environment (FI_PROVIDER, FI_LOG_LEVEL,
+// FI_TCP_IFACE, FI_SHM_*, ...) applies as usual.
+func Open(cfg Config) (fabric.NIC, error) {
+	n, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func open(cfg Config) (*NIC, error) {
+	if cfg.Provider == "" {
+		return nil, fmt.Errorf("ofi: no provider named (want e.g. tcp, shm, verbs): %w", fabric.ErrInvalid)
+	}
+	cfg.setDefaults()
+	node, svc, err := bindAddr(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	in, err := getinfo(cfg.Provider, node, svc, capMsg|capRMA|capSource, true, true)
+	if err != nil {
+		return nil, diagnose(cfg.Provider, node, svc, err)
+	}
+	f, err := openFab(in, 4*cfg.RecvSlots, avSize)
+	if err != nil {
+		return nil, fmt.Errorf("ofi %s: %w", cfg.Provider, err)
+	}
+	n := &NIC{
+		cfg: cfg, log: cfg.Logger.With("fabric", "ofi:"+cfg.Provider, "node", cfg.Node), id: cfg.Node, f: f,
+		virtAddr: f.mrMode()&mrVirtAddr != 0,
+		provKey:  f.mrMode()&mrProvKey != 0,
+		peers:    make(map[fabric.NodeID]*peer),
+		byFI:     make(map[uint64]*peer),
+		regions:  make(map[uint32]*region),
+		rcache:   make(map[rkey]*remoteRegion),
+		pending:  make(map[uint64]*remoteRegion),
+		done:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+	n.groups.Store(1 << fabric.Broadcast)
+	if err := n.setupBuffers(); err != nil {
+		n.freeAll()
+		return nil, fmt.Errorf("ofi %s: %w", cfg.Provider, err)
+	}
+	for _, p := range cfg.Peers {
+		if p.Node == cfg.Node {
+			continue
+		}
+		host, port := splitHostPort(p.Addr)
+		fa, err := f.avInsertSvc(host, port)
+		if err != nil {
+			n.freeAll()
+			return nil, fmt.Errorf("ofi %s: peer %d at %s: %w", cfg.Provider, p.Node, p.Addr, err)
+		}
+		n.addPeer(p.Node, fa)
+	}
+	n.running.Store(true)
+	n.wg.Add(1)
+	go n.progress()
+	for _, p := range n.peerList() {
+		n.sendCtl(p.node, header{typ: pHello}, nil)
+	}
+	n.log.Debug("ofi nic open", "provider", f.provider(), "mr_mode", f.mrMode(), "waitable_cq", f.waitable())
+	return n, nil
+}
+
+// bindAddr returns the local node/service to bind: cfg.Bind, else this
+// node's line of the peers file, else none (the provider picks).
+func bindAddr(cfg *Config) (string, string, error) {
+	if cfg.Bind != "" {
+		h, p := splitHostPort(cfg.Bind)
+		return h, p, nil
+	}
+	for _, p := range cfg.Peers {
+		if p.Node == cfg.Node {
+			h, port := splitHostPort(p.Addr)
+			return h, port, nil
+		}
+	}
+	return "", "", nil
+}
+
+func splitHostPort(a string) (string, string) {
+	if h, p, err := net.SplitHostPort(a); err == nil {
+		return h, p
+	}
+	return strings.Trim(a, "[]"), strconv.Itoa(DefaultPort)
+}
+
+// diagnose turns a failed fi_getinfo into the reason: no such provider,
+// no RDM endpoint, no FI_RMA, no FI_SOURCE, or no ordered sends.
+func diagnose(prov, node, svc string, cause error) error {
+	try := func(caps uint64, rdm, order bool) bool {
+		in, err := getinfo(prov, node, svc, caps, rdm, order)
+		in.free()
+		return err == nil
+	}
+	switch {
+	case !try(0, false, false):
+		var names []string
+		if all, err := getinfo("", "", "", 0, false, false); err == nil {
+			for _, e := range all.entries() {
+				if !slices.Contains(names, e.prov) {
+					names = append(names, e.prov)
+				}
+			}
+			all.free()
+		}
+		return fmt.Errorf("ofi: provider %q not found (%v); available: %s (FI_PROVIDER and `fi_info -l` filter and list them)",
+			prov, cause, strings.Join(names, ", "))
+	case !try(capMsg, true, false):
+		return fmt.Errorf("ofi: provider %q has no reliable datagram (FI_EP_RDM) endpoint with FI_MSG: %w", prov, cause)
+	case !try(capMsg|capRMA, true, false):
+		return fmt.Errorf("ofi: provider %q lacks FI_RMA, which RMA PUT/GET needs: %w", prov, cause)
+	case !try(capMsg|capRMA|capSource, true, false):
+		return fmt.Errorf("ofi: provider %q lacks FI_SOURCE, which checking VELO source addresses needs: %w", prov, cause)
+	}
+	return fmt.Errorf("ofi: provider %q lacks send-after-send ordering (FI_ORDER_SAS) or thread safety: %w", prov, cause)
+}
+
+func (n *NIC) setupBuffers() error {
+	var err error
+	mrLocalNeeded := n.f.mrMode()&mrLocal != 0
+	alloc := func(slots int) (cmem, mr, error) {
+		m, err := mmapMem(slots * packetSize)
+		if err != nil {
+			return cmem{}, mr{}, err
+		}
+		if !mrLocalNeeded {
+			return m, mr{}, nil
+		}
+		r, err := n.f.mrReg(m, bufAccess, n.bufKey())
+		if err != nil {
+			m.free()
+			return cmem{}, mr{}, fmt.Errorf("register buffers: %w", err)
+		}
+		return m, r, nil
+	}
+	if n.rx, n.rxMR, err = alloc(n.cfg.RecvSlots); err != nil {
+		return err
+	}
+	if n.tx, n.txMR, err = alloc(n.cfg.SendSlots); err != nil {
+		return err
+	}
+	if n.ctl, n.ctlMR, err = alloc(ctlSlots); err != nil {
+		return err
+	}
+	n.txFree = make(chan int32, n.cfg.SendSlots)
+	for i := range n.cfg.SendSlots {
+		n.txFree <- int32(i)
+	}
+	n.txDests = make([]atomic.Pointer[peer], n.cfg.SendSlots)
+	n.ctlFree = make([]int32, 0, ctlSlots)
+	for i := ctlSlots - 1; i >= 0; i-- {
+		n.ctlFree = append(n.ctlFree, int32(i))
+	}
+	n.ctlDests = make([]*peer, ctlSlots)
+	n.ops = make([]rmaOp, rmaSlots)
+	n.opFree = make(chan int32, rmaSlots)
+	for i := range rmaSlots {
+		n.opFree <- int32(i)
+	}
+	for i := range n.cfg.RecvSlots {
+		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+			return fmt.Errorf("post receive %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// bufKey is the requested key of a buffer pool registration: above every
+// region index, so it never collides with a region key.
+func (n *NIC) bufKey() uint64 {
+	n.regMu.Lock()
+	defer n.regMu.Unlock()
+	n.nextReg++
+	return uint64(n.nextReg) | 1<<62
+}
+
+func (n *NIC) freeAll() {
+	if n.f != nil {
+		n.f.close() // closes the endpoint first: no more DMA into any buffer
+		n.f = nil
+	}
+	for _, m := range []mr{n.rxMR, n.txMR, n.ctlMR} {
+		m.close()
+	}
+	n.rx.free()
+	n.tx.free()
+	n.ctl.free()
+}
+
+// Name returns this NIC's libfabric address (fi_getname), for an
+// in-process or out-of-band address exchange with AddPeer.
+func (n *NIC) Name() ([]byte, error) {
+	if n.closed.Load() {
+		return nil, fmt.Errorf("ofi: name: %w", net.ErrClosed)
+	}
+	return n.f.name()
+}
+
+// AddPeer inserts node's libfabric address (its Name) into the address
+// vector and marks it up.
+func (n *NIC) AddPeer(node fabric.NodeID, name []byte) error {
+	if n.closed.Load() {
+		return fmt.Errorf("ofi: add peer: %w", net.ErrClosed)
+	}
+	if node == n.id {
+		return fmt.Errorf("ofi: add peer %d: that is this node: %w", node, fabric.ErrInvalid)
+	}
+	fa, err := n.f.avInsert(name)
+	if err != nil {
+		return fmt.Errorf("ofi: add peer %d: %w", node, err)
+	}
+	n.addPeer(node, fa)
+	return nil
+}
+
+func (n *NIC) addPeer(node fabric.NodeID, fa uint64) {
+	p := &peer{node: node, fa: fa, up: true, down: make(chan struct{})}
+	n.peersMu.Lock()
+	if old := n.peers[node]; old != nil {
+		delete(n.byFI, old.fa)
+	}
+	n.peers[node] = p
+	n.byFI[fa] = p
+	n.peersMu.Unlock()
+}
+
+func (n *NIC) peer(node fabric.NodeID) *peer {
+	n.peersMu.RLock()
+	p := n.peers[node]
+	n.peersMu.RUnlock()
+	return p
+}
+
+func (n *NIC) peerList() []*peer {
+	n.peersMu.RLock()
+	defer n.peersMu.RUnlock()
+	out := make([]*peer, 0, len(n.peers))
+	for _, p := range n.peers {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *peer) int { return int(a.node) - int(b.node) })
+	return out
+}
+
+// peerDown marks p down: its blocked senders, pending queries and cached
+// regions are released. Idempotent.
+func (n *NIC) peerDown(p *peer, why string) {
+	p.mu.Lock()
+	if !p.up {
+		p.mu.Unlock()
+		return
+	}
+	p.up = false
+	close(p.down)
+	p.mu.Unlock()
+	n.log.Info("ofi peer down", "peer", p.node, "why", why)
+	n.dropRemote(p.node)
+	for i := range n.eps {
+		if e := n.eps[i].Load(); e != nil {
+			e.peerGone(p.node)
+		}
+	}
+}
+
+// peerUp revives a peer that was down (it restarted and spoke again).
+func (n *NIC) peerUp(p *peer) {
+	p.mu.Lock()
+	if p.up {
+		p.mu.Unlock()
+		return
+	}
+	p.up = true
+	p.down = make(chan struct{})
+	p.mu.Unlock()
+	n.dropRemote(p.node)
+	n.log.Info("ofi peer up", "peer", p.node)
+}
+
+func (n *NIC) Node() fabric.NodeID { return n.id }
+
+// Open claims VPID v on this node.
+func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed.Load() {
+		return nil, fmt.Errorf("ofi: open vpid %d: %w", v, net.ErrClosed)
+	}
+	if n.eps[v].Load() != nil {
+		return nil, n.ctr.CountErr(fmt.Errorf("ofi: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
+	}
+	n.epoch = (n.epoch + 1) & epochMask
+	e := newEndpoint(n, v, n.epoch)
+	n.eps[v].Store(e)
+	return e, nil
+}
+
+func checkGroup(g fabric.Group) error {
+	if g >= fabric.MaxGroups {
+		return fmt.Errorf("ofi: group %d >= %d: %w", g, fabric.MaxGroups, fabric.ErrInvalid)
+	}
+	return nil
+}
+
+// Join makes this node a member of g. Membership is checked where a
+// multicast lands (senders fan out to every node), so it takes effect at
+// once for every sender.
+func (n *NIC) Join(g fabric.Group) error {
+	if err := checkGroup(g); err != nil {
+		return n.ctr.CountErr(err)
+	}
+	if n.closed.Load() {
+		return fmt.Errorf("ofi: join: %w", net.ErrClosed)
+	}
+	n.groups.Or(1 << g)
+	return nil
+}
+
+// Leave removes this node from g; Broadcast cannot be left.
+func (n *NIC) Leave(g fabric.Group) error {
+	if err := checkGroup(g); err != nil {
+		return n.ctr.CountErr(err)
+	}
+	if g == fabric.Broadcast {
+		return n.ctr.CountErr(fmt.Errorf("ofi: leave broadcast group: %w", fabric.ErrInvalid))
+	}
+	if n.closed.Load() {
+		return fmt.Errorf("ofi: leave: %w", net.ErrClosed)
+	}
+	n.groups.And(^(uint64(1) << g))
+	return nil
+}
+
+func (n *NIC) member(g fabric.Group) bool { return n.groups.Load()&(1<<g) != 0 }
+
+// Peers lists the peers currently up.
+func (n *NIC) Peers() []fabric.NodeID {
+	var out []fabric.NodeID
+	for _, p := range n.peerList() {
+		if up, _ := p.state(); up {
+			out = append(out, p.node)
+		}
+	}
+	return out
+}
+
+// Alive reports nil for an up peer, ErrPeerDown for one that went down,
+// ErrUnknownNode for a node not in the address vector.
+func (n *NIC) Alive(id fabric.NodeID) error {
+	if id == n.id {
+		if n.closed.Load() {
+			return fmt.Errorf("ofi: alive: %w", net.ErrClosed)
+		}
+		return nil
+	}
+	p := n.peer(id)
+	if p == nil {
+		return fmt.Errorf("ofi: node %d: %w", id, fabric.ErrUnknownNode)
+	}
+	if up, _ := p.state(); !up {
+		return fmt.Errorf("ofi: node %d: %w", id, fabric.ErrPeerDown)
+	}
+	return nil
+}
+
+func (n *NIC) Stats() fabric.Stats { return n.ctr.Snapshot() }
+
+// Close takes the node down: every endpoint closes (its regions are
+// deregistered), peers get a goodbye, the progress goroutine stops and
+// the libfabric objects and buffers are released. Idempotent.
+func (n *NIC) Close() error {
+	n.mu.Lock()
+	if n.closed.Swap(true) {
+		n.mu.Unlock()
+		return nil
+	}
+	n.mu.Unlock()
+	for i := range n.eps {
+		if e := n.eps[i].Load(); e != nil {
+			e.Close()
+		}
+	}
+	for _, p := range n.peerList() {
+		if up, _ := p.state(); up {
+			n.sendCtl(p.node, header{typ: pBye}, nil)
+		}
+	}
+	n.flushCtl(byeTimeout)
+	close(n.done)
+	n.kick()
+	n.wg.Wait()
+	// Pending region queries and blocked callers see done; free the rest.
+	n.rcMu.Lock()
+	for _, rr := range n.pending {
+		rr.finish(regAnswer{status: stNotOpen})
+	}
+	clear(n.pending)
+	n.rcMu.Unlock()
+	n.freeAll()
+	return nil
+}
+
+// flushCtl waits until the control queue and control slots drain, or d.
+func (n *NIC) flushCtl(d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		n.ctlMu.Lock()
+		q := len(n.ctlQ)
+		n.ctlMu.Unlock()
+		if q == 0 && n.ctlIdle.Load() {
+			return
+		}
+		n.kick()
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// logFault logs a per-message fault at most once per faultLogInterval.
+func (n *NIC) logFault(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := n.lastLog.Load()
+	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	n.log.Warn(msg, args...)
+}
+
+// ---- control packets ----
+
+// sendCtl queues a control packet for node dst (sent by progress), or
+// handles it at once if dst is this node. body is copied.
+func (n *NIC) sendCtl(dst fabric.NodeID, h header, body []byte) {
+	h.desc.Node = n.id
+	if dst == n.id {
+		n.dispatch(h, n.id, body)
+		return
+	}
+	n.ctlMu.Lock()
+	n.ctlQ = append(n.ctlQ, ctlPkt{dst: dst, hdr: h.encode(), n: uint8(len(body))})
+	copy(n.ctlQ[len(n.ctlQ)-1].body[:], body)
+	n.ctlMu.Unlock()
+	n.kick()
+}
+
+// runJob runs fn on the progress goroutine and waits for it (inline if
+// progress is not running). MR closes go through here so they never race
+// the provider's progress.
+func (n *NIC) runJob(fn func()) {
+	if !n.running.Load() {
+		fn()
+		return
+	}
+	ran := make(chan struct{})
+	n.ctlMu.Lock()
+	n.jobs = append(n.jobs, func() { fn(); close(ran) })
+	n.ctlMu.Unlock()
+	n.kick()
+	select {
+	case <-ran:
+	case <-n.stopped:
+		// progress exited first: it ran every queued job before exiting,
+		// or left them to us.
+		select {
+		case <-ran:
+		default:
+			n.runLeftJobs()
+			<-ran
+		}
+	}
+}
+
+func (n *NIC) runLeftJobs() {
+	n.ctlMu.Lock()
+	jobs := n.jobs
+	n.jobs = nil
+	n.ctlMu.Unlock()
+	for _, j := range jobs {
+		j()
+	}
+}
+
+// kick wakes progress if it sleeps in the CQ.
+func (n *NIC) kick() {
+	if n.sleeping.Load() {
+		n.f.signal()
+	}
+}
+
+// ---- progress ----
+
+// progress is the NIC's one goroutine: it reads completions, reposts
+// receives, sends control packets and runs jobs until Close.
+func (n *NIC) progress() {
+	defer n.wg.Done()
+	defer close(n.stopped)
+	defer n.running.Store(false)
+	b := newCQBatch(cqBatchSize)
+	defer b.free()
+	idleSince := time.Now()
+	for {
+		select {
+		case <-n.done:
+			n.runLeftJobs()
+			return
+		default:
+		}
+		work := n.drainCtl()
+		got, err := n.f.cqRead(b, -1)
+		switch {
+		case err == errAvail:
+			n.handleCQErr(b)
+			work = true
+		case err != nil:
+			n.logFault("ofi cq read failed", "err", err)
+		}
+		for i := range got {
+			n.complete(opctx(b.ctx(i)), b.len(i), b.src(i))
+		}
+		if got > 0 || work {
+			idleSince = time.Now()
+			continue
+		}
+		if time.Since(idleSince) < progressSpin {
+			continue
+		}
+		n.sleeping.Store(true)
+		n.ctlMu.Lock()
+		busy := len(n.ctlQ) > 0 || len(n.jobs) > 0
+		n.ctlMu.Unlock()
+		if !busy {
+			if n.f.waitable() {
+				got, err = n.f.cqRead(b, progressSleepMs)
+				if err == errAvail {
+					n.handleCQErr(b)
+				}
+				for i := range got {
+					n.complete(opctx(b.ctx(i)), b.len(i), b.src(i))
+				}
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+		n.sleeping.Store(false)
+	}
+}
+
+// drainCtl runs queued jobs and sends queued control packets while control
+// slots last. It reports whether it did anything.
+func (n *NIC) drainCtl() bool {
+	n.ctlMu.Lock()
+	if len(n.ctlQ) == 0 && len(n.jobs) == 0 {
+		n.ctlMu.Unlock()
+		n.ctlIdle.Store(len(n.ctlFree) == ctlSlots)
+		return false
+	}
+	q := n.ctlQ
+	n.ctlQ = n.ctlSpare[:0]
+	jobs := n.jobs
+	n.jobs = nil
+	n.ctlMu.Unlock()
+	for _, j := range jobs {
+		j()
+	}
+	sent := 0
+	for i := range q {
+		pk := &q[i]
+		p := n.peer(pk.dst)
+		if p == nil {
+			sent++
+			continue
+		}
+		if up, _ := p.state(); !up && ptype(pk.hdr>>hdrTypeShift) != pHello {
+			sent++ // a down peer gets nothing but hellos
+			continue
+		}
+		if len(n.ctlFree) == 0 {
+			break
+		}
+		slot := n.ctlFree[len(n.ctlFree)-1]
+		buf := unsafe.Slice((*byte)(n.ctl.at(int(slot)*packetSize)), packetSize)
+		putHeader(buf, pk.hdr)
+		copy(buf[headerSize:], pk.body[:pk.n])
+		err := n.f.send(n.ctl.at(int(slot)*packetSize), headerSize+int(pk.n), n.ctlMR.desc, p.fa, mkctx(ctxCtrl, int(slot)))
+		if err != nil {
+			if isAgain(err) {
+				break
+			}
+			n.logFault("ofi control send failed", "peer", pk.dst, "err", err)
+			n.peerDown(p, err.Error())
+			sent++
+			continue
+		}
+		n.ctlFree = n.ctlFree[:len(n.ctlFree)-1]
+		n.ctlDests[slot] = p
+		sent++
+	}
+	// Requeue what did not go out, ahead of anything queued meanwhile.
+	n.ctlMu.Lock()
+	if rest := q[sent:]; len(rest) > 0 {
+		n.ctlQ = append(append(make([]ctlPkt, 0, len(rest)+len(n.ctlQ)), rest...), n.ctlQ...)
+	} else {
+		n.ctlSpare = q[:0]
+	}
+	n.ctlMu.Unlock()
+	n.ctlIdle.Store(false)
+	return true
+}
+
+// complete handles one successful completion.
+func (n *NIC) complete(c opctx, length int, src uint64) {
+	switch c.kind() {
+	case ctxRecv:
+		i := c.index()
+		buf := unsafe.Slice((*byte)(n.rx.at(i*packetSize)), packetSize)
+		n.receive(buf[:min(length, packetSize)], src)
+		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+			n.repostLater(i, err)
+		}
+	case ctxSend:
+		n.txDests[c.index()].Store(nil)
+		n.txFree <- int32(c.index())
+	case ctxCtrl:
+		n.ctlDests[c.index()] = nil
+		n.ctlFree = append(n.ctlFree, int32(c.index()))
+	case ctxRMA:
+		n.rmaDone(c.index(), nil)
+	}
+}
+
+// repostLater retries a receive repost that failed with EAGAIN from a job,
+// so the slot is not lost.
+func (n *NIC) repostLater(i int, err error) {
+	if !isAgain(err) {
+		n.logFault("ofi receive repost failed", "slot", i, "err", err)
+	}
+	n.ctlMu.Lock()
+	n.jobs = append(n.jobs, func() {
+		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+			n.repostLater(i, err)
+		}
+	})
+	n.ctlMu.Unlock()
+}
+
+// handleCQErr reads one error completion and fails what it belonged to.
+func (n *NIC) handleCQErr(b *cqBatch) {
+	e, ok := n.f.cqReadErr(b)
+	if !ok {
+		return
+	}
+	c := opctx(e.ctx)
+	switch c.kind() {
+	case ctxRecv:
+		// A receive fails only when the endpoint is being closed or a
+		// message did not fit (a peer speaking another protocol).
+		n.ctr.Corrupt.Add(1)
+		n.logFault("ofi receive failed", "err", e.detail)
+		if !n.closed.Load() {
+			i := c.index()
+			if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+				n.repostLater(i, err)
+			}
+		}
+	case ctxSend:
+		i := c.index()
+		if p := n.txDests[i].Swap(nil); p != nil {
+			n.peerDown(p, "send failed: "+e.detail)
+		}
+		n.txFree <- int32(i)
+	case ctxCtrl:
+		i := c.index()
+		if p := n.ctlDests[i]; p != nil {
+			n.peerDown(p, "control send failed: "+e.detail)
+		}
+		n.ctlDests[i] = nil
+		n.ctlFree = append(n.ctlFree, int32(i))
+	case ctxRMA:
+		n.rmaDone(c.index(), &e)
+	default:
+		n.logFault("ofi error completion without context", "err", e.detail)
+	}
+}
+
+// receive parses one packet from libfabric address src.
+func (n *NIC) receive(b []byte, src uint64) {
+	if len(b) < headerSize {
+		n.ctr.Corrupt.Add(1)
+		return
+	}
+	h, err := decodeHeader(getHeader(b))
+	if err != nil {
+		n.ctr.Corrupt.Add(1)
+		n.logFault("ofi undecodable packet dropped", "err", err)
+		return
+	}
+	n.peersMu.RLock()
+	p := n.byFI[src]
+	n.peersMu.RUnlock()
+	if p == nil || p.node != h.desc.Node {
+		// Unknown source address, or a node ID that does not match it:
+		// forged or misconfigured; either way not trusted.
+		n.ctr.Corrupt.Add(1)
+		n.logFault("ofi packet with unverifiable source dropped", "claimed", h.desc.Node, "fi_addr", src)
+		return
+	}
+	if h.typ == pBye {
+		n.peerDown(p, "goodbye")
+		return
+	}
+	if up, _ := p.state(); !up {
+		n.peerUp(p)
+	}
+	n.dispatch(h, p.node, b[headerSize:])
+}
+
+// dispatch handles a verified packet from node src.
+func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
+	switch h.typ {
+	case pVELO, pMcast:
+		e := n.eps[h.dst].Load()
+		if e == nil || e.epoch != h.epoch {
+			return // for a VPID that closed: its mailbox is gone
+		}
+		e.deliver(h, src, body)
+	case pOpenQ:
+		n.handleOpenQ(h, src)
+	case pOpenA:
+		if err := need(body, openABody, "open answer"); err != nil {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		if e := n.eps[h.dst].Load(); e != nil {
+			e.openAnswer(fabric.Addr{Node: src, VPID: h.desc.VPID}, body[0], h.epoch, int(le32(body[1:])))
+		}
+	case pCredit:
+		if err := need(body, creditBody, "credit"); err != nil {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		if e := n.eps[h.dst].Load(); e != nil {
+			e.credit(fabric.Addr{Node: src, VPID: h.desc.VPID}, h.epoch, int(le32(body)))
+		}
+	case pClosed:
+		dst := fabric.Addr{Node: src, VPID: h.desc.VPID}
+		for i := range n.eps {
+			if e := n.eps[i].Load(); e != nil {
+				e.targetClosed(dst, h.epoch)
+			}
+		}
+	case pRegQ:
+		if err := need(body, regQBody, "region query"); err != nil {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		n.handleRegQ(h, src, le32(body), le64(body[4:]))
+	case pRegA:
+		a, err := parseRegAnswer(body)
+		if err != nil {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		n.handleRegA(src, a)
+	case pInval:
+		if err := need(body, invalBody, "invalidate"); err != nil {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		n.invalidate(src, le32(body))
+	case pNotify:
+		nt, err := fabric.DecodeNotification(body)
+		if err != nil || nt.Kind == fabric.KindRequester {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		nt.Peer = fabric.Addr{Node: src, VPID: h.desc.VPID} // the verified source, not what the packet says
+		if e := n.eps[h.dst].Load(); e != nil {
+			e.notify(nt)
+		}
+	case pHello:
+		// The peer is (again) up: receive already revived it.
+	}
+}
+
+// handleOpenQ answers "is VPID h.dst open?" for source (src, h.desc.VPID):
+// it resets that source's credit account and grants a full window.
+func (n *NIC) handleOpenQ(h header, src fabric.NodeID) {
+	var body [openABody]byte
+	reply := header{typ: pOpenA, desc: fabric.Descriptor{VPID: h.dst}, dst: h.desc.VPID}
+	e := n.eps[h.dst].Load()
+	if e == nil || e.closed.Load() {
+		body[0] = stNotOpen
+	} else {
+		reply.epoch = e.epoch
+		e.openSource(fabric.Addr{Node: src, VPID: h.desc.VPID})
+		body[0] = stOK
+		putLe32(body[1:], uint32(n.cfg.Credits))
+	}
+	n.sendCtl(src, reply, body[:])
+}

@@ -1,0 +1,515 @@
+//go:build ofi && cgo
+
+package ofi
+
+// RMA pipeline:
+//
+//	Register ──► mmap + fi_mr_reg (key = region index, or the provider's
+//	             key under FI_MR_PROV_KEY) ──► region table (regMu)
+//	Post ──► fabric.CheckRMA, local region/owner/bounds (ErrInvalid)
+//	     ──► loopback: copy in Go under region references, notify
+//	     ──► remote: region cache (rcMu) or one pRegQ/pRegA round trip;
+//	         the target answers with a key only for a region that the
+//	         named VPID owns; owner, bounds and liveness are checked here
+//	         BEFORE anything is issued (error notification otherwise)
+//	     ──► op slot ──► fi_read / fi_write(FI_DELIVERY_COMPLETE)
+//	progress ──► rmaDone: requester/completer notifications here, pNotify
+//	             to the target for its completer (PUT) or responder (GET)
+//	             notification, which it delivers only to the VPID named.
+//	Deregister ──► unpublish, wait for own ops in flight, pInval to every
+//	             node that got the key, fi_close(mr) and munmap on the
+//	             progress goroutine (so never under a provider's progress).
+//
+// Region indices are never reused in a NIC's life, and the requested MR
+// key is the index, so a stale cached key cannot reach a later region.
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// region is registered memory.
+type region struct {
+	idx   uint32
+	owner *endpoint
+	mem   cmem
+	size  int
+	mr    mr
+
+	dead     atomic.Bool
+	inflight atomic.Int32
+	handed   []fabric.NodeID // nodes given the key; guarded by nic.regMu
+}
+
+// remote region cache key.
+type rkey struct {
+	node fabric.NodeID
+	idx  uint32
+}
+
+// remoteRegion is a cached (or pending) answer to a region query.
+type remoteRegion struct {
+	k      rkey
+	cookie uint64
+	done   chan struct{}
+	ans    regAnswer // valid after done is closed
+}
+
+func (rr *remoteRegion) finish(a regAnswer) {
+	rr.ans = a
+	close(rr.done)
+}
+
+// rmaOp is one RMA request in flight.
+type rmaOp struct {
+	ep     *endpoint
+	req    fabric.RMA
+	local  *region
+	remote rkey
+	peer   *peer
+}
+
+// Register allocates size bytes of page-aligned C memory (mmap), registers
+// it with libfabric for remote read and write, and publishes it under a
+// fresh region index.
+func (e *endpoint) Register(size int) (fabric.Region, error) {
+	n := e.nic
+	if size <= 0 || uint64(size) > fabric.MaxRegionSize {
+		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("ofi: register %d bytes: %w", size, fabric.ErrInvalid))
+	}
+	if e.closed.Load() {
+		return fabric.Region{}, e.errClosed("register")
+	}
+	n.regMu.Lock()
+	if n.nextReg >= fabric.MaxRegions {
+		n.regMu.Unlock()
+		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("ofi: register: region indices exhausted: %w", fabric.ErrInvalid))
+	}
+	n.nextReg++
+	idx := n.nextReg
+	n.regMu.Unlock()
+	m, err := mmapMem(size)
+	if err != nil {
+		return fabric.Region{}, fmt.Errorf("ofi: register %d bytes: %w", size, err)
+	}
+	r := &region{idx: idx, owner: e, mem: m, size: size}
+	r.mr, err = n.f.mrReg(m, regionAccess, uint64(idx))
+	if err != nil {
+		m.free()
+		n.logFault("ofi memory registration failed", "size", size, "err", err)
+		return fabric.Region{}, fmt.Errorf("ofi: register %d bytes: %w", size, err)
+	}
+	n.regMu.Lock()
+	if e.closed.Load() {
+		n.regMu.Unlock()
+		n.runJob(func() { r.mr.close(); m.free() })
+		return fabric.Region{}, e.errClosed("register")
+	}
+	n.regions[idx] = r
+	e.regs[idx] = r
+	n.regMu.Unlock()
+	return fabric.Region{NLA: fabric.MakeNLA(idx, 0), Buf: m.bytes()[:size]}, nil
+}
+
+// Deregister releases a region by its base NLA. Own requests in flight on
+// it finish first; remote requests afterwards get an error notification.
+func (e *endpoint) Deregister(base fabric.NLA) error {
+	n := e.nic
+	n.regMu.Lock()
+	r := e.regs[base.Region()]
+	if r == nil || base.Offset() != 0 {
+		n.regMu.Unlock()
+		return n.ctr.CountErr(fmt.Errorf("ofi: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
+	}
+	delete(e.regs, r.idx)
+	delete(n.regions, r.idx)
+	n.regMu.Unlock()
+	n.release(r)
+	return nil
+}
+
+func (n *NIC) deregisterAll(e *endpoint) {
+	n.regMu.Lock()
+	regs := make([]*region, 0, len(e.regs))
+	for idx, r := range e.regs {
+		delete(n.regions, idx)
+		regs = append(regs, r)
+	}
+	clear(e.regs)
+	n.regMu.Unlock()
+	for _, r := range regs {
+		n.release(r)
+	}
+}
+
+// release retires an unpublished region.
+func (n *NIC) release(r *region) {
+	r.dead.Store(true)
+	for r.inflight.Load() > 0 {
+		time.Sleep(50 * time.Microsecond) // own RMA in flight: completes or fails soon
+	}
+	n.regMu.Lock()
+	handed := r.handed
+	r.handed = nil
+	n.regMu.Unlock()
+	var body [invalBody]byte
+	putLe32(body[:], r.idx)
+	for _, node := range handed {
+		n.sendCtl(node, header{typ: pInval}, body[:])
+	}
+	n.runJob(func() {
+		if err := r.mr.close(); err != nil {
+			n.log.Warn("ofi mr close failed", "region", r.idx, "err", err)
+		}
+		r.mem.free()
+	})
+}
+
+// localRegion returns e's region holding [a, a+len) with a reference
+// taken, or nil.
+func (n *NIC) localRegion(e *endpoint, a fabric.NLA, length uint32) *region {
+	n.regMu.RLock()
+	r := n.regions[a.Region()]
+	n.regMu.RUnlock()
+	if r == nil || (e != nil && r.owner != e) || !fabric.CheckRange(a, uint64(length), uint64(r.size)) {
+		return nil
+	}
+	r.inflight.Add(1)
+	if r.dead.Load() {
+		r.inflight.Add(-1)
+		return nil
+	}
+	return r
+}
+
+// Post starts RMA requests in order (see fabric.Endpoint). A request to a
+// region not yet seen costs one query round trip to the target first.
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
+	for i := range reqs {
+		if e.closed.Load() {
+			return i, e.errClosed("post")
+		}
+		if err := e.post(&reqs[i]); err != nil {
+			return i, e.nic.ctr.CountErr(err)
+		}
+	}
+	return len(reqs), nil
+}
+
+func (e *endpoint) post(r *fabric.RMA) error {
+	n := e.nic
+	if err := fabric.CheckRMA(r); err != nil {
+		return err
+	}
+	local := n.localRegion(e, r.Local, r.Len)
+	if local == nil {
+		return fmt.Errorf("ofi: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
+	}
+	n.ctr.RMAPosted[r.Op].Add(1)
+	if r.Peer.Node == n.id {
+		defer local.inflight.Add(-1)
+		e.loopback(r, local)
+		return nil
+	}
+	p := n.peer(r.Peer.Node)
+	if p == nil {
+		local.inflight.Add(-1)
+		e.errorNotify(r, fabric.NErrPeerDown)
+		return nil
+	}
+	ans, nerr := e.resolve(p, r.Peer.VPID, r.Remote.Region())
+	if nerr == fabric.NErrNone && !fabric.CheckRange(r.Remote, uint64(r.Len), ans.size) {
+		nerr = fabric.NErrBounds
+	}
+	if nerr != fabric.NErrNone {
+		local.inflight.Add(-1)
+		e.errorNotify(r, nerr)
+		return nil
+	}
+	var slot int32
+	select {
+	case slot = <-n.opFree:
+	case <-e.done:
+		local.inflight.Add(-1)
+		return e.errClosed("post")
+	case <-n.done:
+		local.inflight.Add(-1)
+		return e.errClosed("post")
+	}
+	op := &n.ops[slot]
+	*op = rmaOp{ep: e, req: *r, local: local, remote: rkey{r.Peer.Node, r.Remote.Region()}, peer: p}
+	raddr := r.Remote.Offset()
+	if n.virtAddr {
+		raddr += ans.base
+	}
+	buf := local.mem.at(int(r.Local.Offset()))
+	for spins := 0; ; spins++ {
+		err := n.f.rma(r.Op == fabric.OpPut, buf, int(r.Len), local.mr.desc, p.fa, raddr, ans.key, mkctx(ctxRMA, int(slot)))
+		if err == nil {
+			return nil
+		}
+		up, _ := p.state()
+		if !isAgain(err) || !up || n.closed.Load() {
+			op.ep = nil
+			n.opFree <- slot
+			local.inflight.Add(-1)
+			if !isAgain(err) {
+				n.logFault("ofi rma issue failed", "op", r.Op, "peer", r.Peer, "err", err)
+			}
+			e.errorNotify(r, fabric.NErrPeerDown)
+			return nil
+		}
+		if spins < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+}
+
+// loopback runs a request to this node in Go: both regions referenced,
+// copy (memmove semantics), notifications.
+func (e *endpoint) loopback(r *fabric.RMA, local *region) {
+	n := e.nic
+	t := n.eps[r.Peer.VPID].Load()
+	if t == nil {
+		e.errorNotify(r, fabric.NErrPeerDown)
+		return
+	}
+	n.regMu.RLock()
+	rr := n.regions[r.Remote.Region()]
+	n.regMu.RUnlock()
+	if rr == nil || rr.owner != t || r.Remote.Region() == 0 {
+		e.errorNotify(r, fabric.NErrAccess)
+		return
+	}
+	if !fabric.CheckRange(r.Remote, uint64(r.Len), uint64(rr.size)) {
+		e.errorNotify(r, fabric.NErrBounds)
+		return
+	}
+	rr.inflight.Add(1)
+	defer rr.inflight.Add(-1)
+	if rr.dead.Load() {
+		e.errorNotify(r, fabric.NErrAccess)
+		return
+	}
+	lo := local.mem.bytes()[r.Local.Offset():][:r.Len]
+	ro := rr.mem.bytes()[r.Remote.Offset():][:r.Len]
+	if r.Op == fabric.OpPut {
+		copy(ro, lo)
+	} else {
+		copy(lo, ro)
+	}
+	n.ctr.RMABytes.Add(uint64(r.Len))
+	e.notifyDone(r, t.notify)
+}
+
+// notifyDone writes the Table 3.1 notifications of a finished request;
+// remote ones go through deliverRemote (a direct call or a pNotify).
+func (e *endpoint) notifyDone(r *fabric.RMA, deliverRemote func(fabric.Notification)) {
+	localLast := fabric.LastFrame(r.Local, r.Len)
+	remoteLast := fabric.LastFrame(r.Remote, r.Len)
+	if r.Notify&fabric.NotifyRequester != 0 {
+		e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
+	}
+	switch r.Op {
+	case fabric.OpPut:
+		if r.Notify&fabric.NotifyCompleter != 0 {
+			deliverRemote(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
+		}
+	case fabric.OpGet:
+		if r.Notify&fabric.NotifyCompleter != 0 {
+			e.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
+		}
+		if r.Notify&fabric.NotifyResponder != 0 {
+			deliverRemote(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
+		}
+	}
+}
+
+func (e *endpoint) errorNotify(r *fabric.RMA, nerr fabric.NotifyErr) {
+	e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Err: nerr, Peer: r.Peer, Len: r.Len, Local: r.Local})
+}
+
+// rmaDone finishes op slot i; fail is nil on success.
+func (n *NIC) rmaDone(i int, fail *cqErr) {
+	op := &n.ops[i]
+	e, r, p := op.ep, op.req, op.peer
+	local, rk := op.local, op.remote
+	*op = rmaOp{}
+	n.opFree <- int32(i)
+	if e == nil {
+		return
+	}
+	local.inflight.Add(-1)
+	if fail != nil {
+		n.forget(rk)
+		nerr := fabric.NErrAccess
+		if up, _ := p.state(); !up || isConnErr(fail.code) {
+			nerr = fabric.NErrPeerDown
+		}
+		n.logFault("ofi rma failed", "op", r.Op, "peer", r.Peer, "err", fail.detail)
+		e.errorNotify(&r, nerr)
+		return
+	}
+	n.ctr.RMABytes.Add(uint64(r.Len))
+	e.notifyDone(&r, func(nt fabric.Notification) {
+		var body [notifyBody]byte
+		nt.Encode(body[:])
+		n.sendCtl(r.Peer.Node, header{typ: pNotify, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: r.Peer.VPID}, body[:])
+	})
+}
+
+// ---- remote region lookup ----
+
+// resolve returns the target's answer for region idx of VPID v on p,
+// from the cache or by one query round trip.
+func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, fabric.NotifyErr) {
+	if idx == 0 {
+		return regAnswer{}, fabric.NErrAccess // NLA 0 is never valid
+	}
+	n := e.nic
+	up, down := p.state()
+	if !up {
+		return regAnswer{}, fabric.NErrPeerDown
+	}
+	k := rkey{p.node, idx}
+	n.rcMu.Lock()
+	rr := n.rcache[k]
+	if rr == nil {
+		n.cookie++
+		rr = &remoteRegion{k: k, cookie: n.cookie, done: make(chan struct{})}
+		n.rcache[k] = rr
+		n.pending[rr.cookie] = rr
+		var body [regQBody]byte
+		putLe32(body[:], idx)
+		putLe64(body[4:], rr.cookie)
+		n.rcMu.Unlock()
+		n.sendCtl(p.node, header{typ: pRegQ, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: v}, body[:])
+	} else {
+		n.rcMu.Unlock()
+	}
+	select {
+	case <-rr.done:
+	default:
+		t := time.NewTimer(resolveTimeout)
+		defer t.Stop()
+		select {
+		case <-rr.done:
+		case <-down:
+			return regAnswer{}, fabric.NErrPeerDown
+		case <-e.done:
+			return regAnswer{}, fabric.NErrPeerDown
+		case <-t.C:
+			n.forget(k)
+			n.logFault("ofi region query timed out", "peer", p.node, "region", idx)
+			return regAnswer{}, fabric.NErrPeerDown
+		}
+	}
+	a := rr.ans
+	switch {
+	case a.status == stNotOpen:
+		return a, fabric.NErrPeerDown
+	case a.status != stOK:
+		return a, fabric.NErrAccess
+	case a.owner != v:
+		// Cached from a query by another VPID's requester: the region
+		// belongs to someone else than the VPID addressed.
+		return a, fabric.NErrAccess
+	}
+	return a, fabric.NErrNone
+}
+
+// handleRegQ answers a region query from (src, h.desc.VPID) about region
+// idx of VPID h.dst. A key is handed out only for a live region owned by
+// exactly the VPID the requester addressed, and the key covers exactly
+// that region.
+func (n *NIC) handleRegQ(h header, src fabric.NodeID, idx uint32, cookie uint64) {
+	a := regAnswer{cookie: cookie, owner: h.dst}
+	e := n.eps[h.dst].Load()
+	n.regMu.Lock()
+	r := n.regions[idx]
+	switch {
+	case e == nil || e.closed.Load():
+		a.status = stNotOpen
+	case r == nil || r.owner != e || r.dead.Load():
+		a.status = stNoRegion
+	default:
+		a.status, a.key, a.size = stOK, r.mr.key, uint64(r.size)
+		if n.virtAddr {
+			a.base = r.mem.addr()
+		}
+		if !containsNode(r.handed, src) {
+			r.handed = append(r.handed, src)
+		}
+	}
+	n.regMu.Unlock()
+	var body [regABody]byte
+	a.put(body[:])
+	n.sendCtl(src, header{typ: pRegA, desc: fabric.Descriptor{VPID: h.dst}, dst: h.desc.VPID}, body[:])
+}
+
+func (n *NIC) handleRegA(src fabric.NodeID, a regAnswer) {
+	n.rcMu.Lock()
+	rr := n.pending[a.cookie]
+	if rr == nil || rr.k.node != src {
+		n.rcMu.Unlock()
+		return
+	}
+	delete(n.pending, a.cookie)
+	if a.status != stOK && n.rcache[rr.k] == rr {
+		delete(n.rcache, rr.k) // negative answers are not cached
+	}
+	n.rcMu.Unlock()
+	rr.finish(a)
+}
+
+// invalidate drops the cached key of region idx on node src.
+func (n *NIC) invalidate(src fabric.NodeID, idx uint32) { n.forget(rkey{src, idx}) }
+
+func (n *NIC) forget(k rkey) {
+	n.rcMu.Lock()
+	if rr := n.rcache[k]; rr != nil {
+		select {
+		case <-rr.done:
+			delete(n.rcache, k)
+		default: // still pending: its answer decides
+		}
+	}
+	n.rcMu.Unlock()
+}
+
+// dropRemote forgets everything cached about node's regions.
+func (n *NIC) dropRemote(node fabric.NodeID) {
+	n.rcMu.Lock()
+	for k, rr := range n.rcache {
+		if k.node != node {
+			continue
+		}
+		delete(n.rcache, k)
+		select {
+		case <-rr.done:
+		default:
+			delete(n.pending, rr.cookie)
+			rr.finish(regAnswer{status: stNotOpen})
+		}
+	}
+	n.rcMu.Unlock()
+}
+
+// isConnErr reports libfabric error codes that mean the peer is
+// unreachable rather than that access was refused.
+func isConnErr(code int) bool {
+	switch code {
+	case fiECONNREFUSED, fiECONNRESET, fiEHOSTUNREACH, fiETIMEDOUT, fiEIO, fiENOTCONN, fiECONNABORTED, fiESHUTDOWN:
+		return true
+	}
+	return false
+}
+
+var errorsIs = errors.Is
