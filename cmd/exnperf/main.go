@@ -1,0 +1,131 @@
+// Command exnperf runs exn benchmarks. With no arguments it runs the
+// embedded demo: an in-process N-node cluster on the mem fabric (no root,
+// no TAP), a TCP throughput and a TCP ping-pong latency test for every
+// ordered pair of nodes over EXT-Eth on gVisor netstack, printed as a
+// table and written as JSON and SVG.
+//
+//	exnperf [-nodes 4] [-time 1s] [-rtt 2000] [-json FILE] [-svg FILE]
+//	exnperf demo [flags]   (the same)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/exn-project/exn/perf/demo"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	sub := "demo"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "demo":
+		return runDemo(args, stdout, stderr)
+	case "help":
+		usage(stderr)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "exnperf: unknown subcommand %q\n", sub)
+		usage(stderr)
+		return 2
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, `usage: exnperf [demo] [flags]
+subcommands:
+  demo   (default) in-process N-node cluster: TCP throughput and latency for every pair
+run "exnperf demo -h" for the flags`)
+}
+
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("exnperf demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nodes := fs.Int("nodes", 4, "number of nodes in the in-process cluster (>= 2)")
+	dur := fs.Duration("time", time.Second, "throughput test length per pair")
+	maxMiB := fs.Int64("max-mib", 0, "cap on MiB sent per pair (0: no cap)")
+	rtt := fs.Int("rtt", 2000, "1-byte TCP round trips per pair")
+	mtu := fs.Int("mtu", 0, "IP MTU (0: 65521)")
+	dir := fs.String("dir", ".", "directory for the default output files")
+	jsonPath := fs.String("json", "", "JSON results file (default DIR/exnperf-results.json; \"-\" to skip)")
+	svgPath := fs.String("svg", "", "SVG chart file (default DIR/exnperf-results.svg; \"-\" to skip)")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "exnperf: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *jsonPath == "" {
+		*jsonPath = filepath.Join(*dir, "exnperf-results.json")
+	}
+	if *svgPath == "" {
+		*svgPath = filepath.Join(*dir, "exnperf-results.svg")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	o := demo.Options{Nodes: *nodes, Duration: *dur, MaxBytes: *maxMiB << 20, RoundTrips: *rtt, MTU: *mtu}
+	tty := isTerminal(stdout)
+	if tty {
+		start := time.Now()
+		o.Progress = func(done, total int, what string) {
+			fmt.Fprintf(stdout, "\r\033[K[%d/%d pairs, %4.1fs] %s", done, total, time.Since(start).Seconds(), what)
+		}
+	}
+	res, err := demo.Run(ctx, o)
+	if tty {
+		fmt.Fprint(stdout, "\r\033[K")
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "exnperf: %v\n", err)
+		return 1
+	}
+	if err := demo.WriteTable(stdout, res); err != nil {
+		fmt.Fprintf(stderr, "exnperf: %v\n", err)
+		return 1
+	}
+	if *jsonPath != "-" {
+		if err := demo.WriteJSON(*jsonPath, res); err != nil {
+			fmt.Fprintf(stderr, "exnperf: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "results: %s\n", *jsonPath)
+	}
+	if *svgPath != "-" {
+		if err := demo.WriteSVG(*svgPath, res); err != nil {
+			fmt.Fprintf(stderr, "exnperf: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "chart:   %s\n", *svgPath)
+	}
+	return 0
+}
+
+// isTerminal reports whether w is a terminal, for the progress line.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

@@ -1,0 +1,300 @@
+// Package demo is exnperf's embedded default: an in-process N-node cluster
+// on the mem fabric (exn/node), a TCP throughput transfer and a TCP
+// ping-pong latency test for every ordered pair of nodes over EXT-Eth on
+// netstack, and the results as a table, JSON and an SVG chart.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/exn-project/exn/exn"
+	"github.com/exn-project/exn/exn/node"
+)
+
+// Options configures Run.
+type Options struct {
+	Nodes      int           // cluster size, >= 2
+	Duration   time.Duration // throughput test length per pair
+	MaxBytes   int64         // throughput test cap per pair (0: none)
+	RoundTrips int           // ping-pong round trips per pair
+	MTU        int           // IP MTU (0: default 65521)
+	// Progress, if set, receives a one-line status after each step.
+	Progress func(done, total int, what string)
+	Logger   *slog.Logger
+}
+
+// Pair is the result of one ordered pair.
+type Pair struct {
+	From       string  `json:"from"`
+	To         string  `json:"to"`
+	Bytes      int64   `json:"bytes"`
+	Seconds    float64 `json:"seconds"`
+	MBps       float64 `json:"throughput_mb_s"` // 10^6 bytes per second
+	Gbps       float64 `json:"throughput_gbit_s"`
+	RoundTrips int     `json:"round_trips"`
+	P50us      float64 `json:"rtt_p50_us"`
+	P99us      float64 `json:"rtt_p99_us"`
+	Minus      float64 `json:"rtt_min_us"`
+}
+
+// Result is a whole run.
+type Result struct {
+	Started    time.Time `json:"started"`
+	Nodes      int       `json:"nodes"`
+	Fabric     string    `json:"fabric"`
+	Transport  string    `json:"transport"`
+	MTU        int       `json:"mtu"`
+	TCP        string    `json:"tcp"`
+	DurationS  float64   `json:"per_pair_seconds"`
+	Pairs      []Pair    `json:"pairs"`
+	EngineRx   uint64    `json:"engine_rendezvous_frames"`
+	EngineDrop uint64    `json:"engine_drops"`
+	WallS      float64   `json:"wall_seconds"`
+}
+
+const port = 5201
+
+// Run brings the cluster up, measures every ordered pair in turn and
+// shuts the cluster down. It stops early with ctx.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Nodes < 2 {
+		return nil, fmt.Errorf("demo: %d nodes: need at least 2", o.Nodes)
+	}
+	if o.Duration <= 0 || o.RoundTrips <= 0 {
+		return nil, errors.New("demo: duration and round trips must be positive")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	start := time.Now()
+	c, err := node.NewCluster(o.Nodes, node.WithConfig(func(cfg *node.Config) {
+		cfg.Logger = o.Logger
+		cfg.MTU = o.MTU
+	}))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	nodes := c.Nodes()
+	t := nodes[0].TCP()
+	res := &Result{
+		Started: start.UTC(), Nodes: o.Nodes, Fabric: "mem (in-process)",
+		Transport: "TCP over EXT-Eth on gVisor netstack", MTU: nodes[0].MTU(),
+		TCP: fmt.Sprintf("%s, SACK %v, send buffer %d/%d/%d, receive buffer %d/%d/%d", t.CongestionControl, !t.DisableSACK,
+			t.SendBuffer.Min, t.SendBuffer.Default, t.SendBuffer.Max, t.ReceiveBuffer.Min, t.ReceiveBuffer.Default, t.ReceiveBuffer.Max),
+		DurationS: o.Duration.Seconds(),
+	}
+
+	// Every node serves a sink (throughput) and an echo (ping-pong).
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, n := range nodes {
+		l, err := n.Listen("tcp4", fmt.Sprintf(":%d", port))
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serve(l)
+		}()
+	}
+
+	total := o.Nodes * (o.Nodes - 1)
+	done := 0
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a == b {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p := Pair{From: a.Addr().Addr().String(), To: b.Addr().Addr().String()}
+			if o.Progress != nil {
+				o.Progress(done, total, fmt.Sprintf("%s -> %s throughput", p.From, p.To))
+			}
+			dst := netip.AddrPortFrom(b.Addr().Addr(), port).String()
+			if err := throughput(ctx, a, dst, o.Duration, o.MaxBytes, &p); err != nil {
+				return nil, fmt.Errorf("%s -> %s throughput: %w", p.From, p.To, err)
+			}
+			if o.Progress != nil {
+				o.Progress(done, total, fmt.Sprintf("%s -> %s latency", p.From, p.To))
+			}
+			if err := pingPong(ctx, a, dst, o.RoundTrips, &p); err != nil {
+				return nil, fmt.Errorf("%s -> %s latency: %w", p.From, p.To, err)
+			}
+			res.Pairs = append(res.Pairs, p)
+			done++
+		}
+	}
+	if o.Progress != nil {
+		o.Progress(done, total, "done")
+	}
+	for _, n := range nodes {
+		st := n.Engine().Stats()
+		res.EngineRx += st.RxFrames[exn.ProtoRendezvous]
+		res.EngineDrop += st.TotalDrops()
+	}
+	res.WallS = time.Since(start).Seconds()
+	return res, nil
+}
+
+// Test selector: the first byte of a connection.
+const (
+	modeSink = 's'
+	modeEcho = 'e'
+)
+
+// serve accepts until l closes; each conn is a sink or an echo.
+func serve(l net.Listener) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			var mode [1]byte
+			if _, err := io.ReadFull(c, mode[:]); err != nil {
+				return
+			}
+			switch mode[0] {
+			case modeSink:
+				n, _ := io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, make([]byte, 256<<10))
+				var ack [8]byte
+				putUint64(ack[:], uint64(n))
+				c.Write(ack[:])
+			case modeEcho:
+				buf := make([]byte, 1)
+				for {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+}
+
+func putUint64(b []byte, v uint64) {
+	for i := range 8 {
+		b[i] = byte(v >> (8 * (7 - i)))
+	}
+}
+
+func getUint64(b []byte) uint64 {
+	var v uint64
+	for i := range 8 {
+		v = v<<8 | uint64(b[i])
+	}
+	return v
+}
+
+// throughput writes for d (or max bytes), then half-closes and waits for
+// the sink's byte count, so the time covers delivery, not just queuing.
+func throughput(ctx context.Context, n *node.Node, dst string, d time.Duration, max int64, p *Pair) error {
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	c, err := n.DialContext(ctx, "tcp4", dst)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := c.Write([]byte{modeSink}); err != nil {
+		return err
+	}
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	end := start.Add(d)
+	var sent int64
+	for time.Now().Before(end) && (max == 0 || sent < max) {
+		m, err := c.Write(buf)
+		sent += int64(m)
+		if err != nil {
+			return err
+		}
+	}
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		return err
+	}
+	var ack [8]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil {
+		return fmt.Errorf("sink count: %w", err)
+	}
+	el := time.Since(start)
+	if got := int64(getUint64(ack[:])); got != sent {
+		return fmt.Errorf("sink got %d bytes, sent %d", got, sent)
+	}
+	p.Bytes, p.Seconds = sent, el.Seconds()
+	p.MBps = float64(sent) / el.Seconds() / 1e6
+	p.Gbps = p.MBps * 8 / 1e3
+	return nil
+}
+
+// pingPong does rounds 1-byte round trips and records p50, p99 and min.
+func pingPong(ctx context.Context, n *node.Node, dst string, rounds int, p *Pair) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	c, err := n.DialContext(ctx, "tcp4", dst)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := c.Write([]byte{modeEcho}); err != nil {
+		return err
+	}
+	b := []byte{0}
+	rtt := make([]time.Duration, 0, rounds)
+	for i := range rounds + rounds/10 { // the first tenth warms up
+		t0 := time.Now()
+		if _, err := c.Write(b); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			return err
+		}
+		if i >= rounds/10 {
+			rtt = append(rtt, time.Since(t0))
+		}
+	}
+	slices.Sort(rtt)
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	p.RoundTrips = len(rtt)
+	p.P50us = us(rtt[len(rtt)/2])
+	p.P99us = us(rtt[min(len(rtt)-1, len(rtt)*99/100)])
+	p.Minus = us(rtt[0])
+	return nil
+}
+
+// WriteJSON writes r, indented, to path.
+func WriteJSON(path string, r *Result) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
