@@ -1,20 +1,27 @@
-// Package daemon is exnd: its flags, their validation, and the wiring of
-// fabric NIC, EXT-Eth engine, neighbour table and TAP into one running
-// node. cmd/exnd only calls Parse and Run.
+// Package daemon is exnd: its flags and configuration file, their
+// validation, and the wiring of fabric NIC, EXT-Eth engine, neighbour
+// table, TAP, control socket and metrics endpoint into one running node.
+// cmd/exnd only calls Main.
 package daemon
 
 import (
+	"bufio"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
+	"github.com/exn-project/exn/fabric/peers"
+	"github.com/exn-project/exn/tap"
 )
 
 // Defaults from DESIGN.md.
@@ -22,15 +29,19 @@ const (
 	DefaultIfname         = "exn0"
 	DefaultMTU            = 65521 // the largest MTU a TAP takes
 	DefaultEagerThreshold = 480   // four VELO fragments (§5.4.6.2)
-	DefaultControl        = "/run/exn/exnd.sock"
-	minMTU                = 68 // IPv4's minimum
-	maxIfname             = 15 // IFNAMSIZ - 1
+	DefaultControl        = control.DefaultPath
+	minMTU                = 68  // IPv4's minimum
+	maxIfname             = 15  // IFNAMSIZ - 1
+	maxSocketPath         = 107 // sizeof(sun_path) - 1
+	// MaxConfigLine bounds one line of the configuration file.
+	MaxConfigLine = 4096
 )
 
 // ErrNotImplemented marks a flag whose feature is not in this build yet.
 var ErrNotImplemented = errors.New("not implemented yet")
 
-// ErrUsage marks a bad command line; exnd exits 2 on it.
+// ErrUsage marks a bad command line or configuration file; exnd exits 2
+// on it.
 var ErrUsage = errors.New("usage")
 
 // Config is exnd's validated configuration.
@@ -43,13 +54,37 @@ type Config struct {
 	MTU            int
 	EagerThreshold int
 	Netstack       bool
-	Metrics        string
-	Control        string
+	Metrics        string // host:port to serve /metrics on, "" for none
+	Control        string // control socket path, "" for none
 	LogLevel       slog.Level
+
+	// File is the --config file the settings came from, "" for none.
+	File string
+	// CheckOnly is --check-config: validate and exit, start nothing.
+	CheckOnly bool
+
+	// where names the origin of each setting for error messages:
+	// "--mtu" or "FILE:LINE: mtu". addrWhere is per element of Addrs.
+	where     map[string]string
+	addrWhere []string
 }
 
-// prefixList is a repeatable, comma-separated --addr flag.
-type prefixList struct{ p *[]netip.Prefix }
+// field names setting name as the user gave it: the flag, or the file
+// and line it came from.
+func (c *Config) field(name string) string {
+	if w, ok := c.where[name]; ok {
+		return w
+	}
+	return "--" + name
+}
+
+// prefixList is a repeatable, comma-separated --addr flag. It records
+// where each prefix came from in *where.
+type prefixList struct {
+	p      *[]netip.Prefix
+	where  *[]string
+	origin *string
+}
 
 func (l prefixList) String() string {
 	if l.p == nil {
@@ -73,30 +108,42 @@ func (l prefixList) Set(v string) error {
 			return fmt.Errorf("want CIDR like 10.77.0.1/24 or fd77::1/64: %w", err)
 		}
 		*l.p = append(*l.p, p)
+		*l.where = append(*l.where, *l.origin)
 	}
 	return nil
 }
 
+// notInFile are flags the configuration file cannot set.
+var notInFile = map[string]bool{"config": true, "check-config": true}
+
+// repeatable are flags a file may give more than once.
+var repeatable = map[string]bool{"addr": true}
+
 // Parse parses and validates exnd's command line (without the program
-// name). Usage and flag errors go to stderr. Every error names the flag
-// at fault and wraps ErrUsage (or ErrNotImplemented).
+// name) and the configuration file it names. Usage and flag errors go to
+// stderr. Every error names the flag (or the file, line and setting) at
+// fault and wraps ErrUsage (or ErrNotImplemented). Files the settings
+// name (the peers file) are checked by Check, not here.
 func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("exnd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	origin := "--addr"
 	var (
-		c        Config
+		c        = Config{where: map[string]string{}}
 		nodeID   = fs.String("node-id", "", "this node's fabric `ID` (0-65535; required)")
 		fab      = fs.String("fabric", "", "fabric backend: mem, shm:NAME, net:LISTEN_ADDR or ofi:PROVIDER (required)")
 		logLevel = fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 	)
 	fs.StringVar(&c.Peers, "peers", "", "peers `FILE`: one 'NODE_ID ADDRESS[:PORT] [IP]' a line")
 	fs.StringVar(&c.Ifname, "ifname", DefaultIfname, "TAP interface `name`")
-	fs.Var(prefixList{&c.Addrs}, "addr", "`CIDR` to put on the interface, IPv4 or IPv6 (repeatable, or comma-separated)")
+	fs.Var(prefixList{&c.Addrs, &c.addrWhere, &origin}, "addr", "`CIDR` to put on the interface, IPv4 or IPv6 (repeatable, or comma-separated)")
 	fs.IntVar(&c.MTU, "mtu", DefaultMTU, "interface MTU in `bytes`")
 	fs.IntVar(&c.EagerThreshold, "eager-threshold", DefaultEagerThreshold, "largest frame in `bytes` sent eagerly over VELO; larger ones use rendezvous")
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
-	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics on `ADDR`")
-	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH`")
+	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
+	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")
+	fs.StringVar(&c.File, "config", "", "read settings from `FILE` ('name = value' lines; flags override it)")
+	fs.BoolVar(&c.CheckOnly, "check-config", false, "validate flags and the configuration file, then exit 0 (valid) or 2")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return Config{}, err
@@ -106,57 +153,165 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected argument %q (exnd takes flags only)", ErrUsage, fs.Arg(0))
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-
-	if *nodeID == "" {
-		return Config{}, fmt.Errorf("%w: --node-id is required", ErrUsage)
+	// From here on a failed Parse still says whether --check-config was
+	// asked for, so that Main exits 2 on any error in that mode.
+	failed := Config{File: c.File, CheckOnly: c.CheckOnly}
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	if c.File != "" {
+		if err := readFile(fs, c.File, onCommandLine, c.where, &origin); err != nil {
+			return failed, err
+		}
 	}
-	n, err := strconv.ParseUint(*nodeID, 0, 16)
+	if err := c.validate(*nodeID, *fab, *logLevel); err != nil {
+		return failed, err
+	}
+	return c, nil
+}
+
+// readFile applies the settings of a configuration file to fs, skipping
+// those given on the command line, and records where each came from.
+//
+// Format: one "name = value" a line, name being a flag name without
+// dashes; '#' starts a comment; blank lines are ignored; a repeatable
+// setting (addr) may appear on several lines, any other only once.
+func readFile(fs *flag.FlagSet, path string, skip map[string]bool, where map[string]string, origin *string) error {
+	f, err := os.Open(path)
 	if err != nil {
-		return Config{}, fmt.Errorf("%w: --node-id %q: want an integer 0-65535", ErrUsage, *nodeID)
+		return fmt.Errorf("%w: --config: %w", ErrUsage, err)
+	}
+	defer f.Close()
+	return parseFile(fs, path, f, skip, where, origin)
+}
+
+func parseFile(fs *flag.FlagSet, path string, r io.Reader, skip map[string]bool, where map[string]string, origin *string) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 256), MaxConfigLine)
+	line := 0
+	seen := map[string]int{}
+	for sc.Scan() {
+		line++
+		text := sc.Text()
+		if i := strings.IndexByte(text, '#'); i >= 0 {
+			text = text[:i]
+		}
+		text = strings.TrimSpace(text)
+		if text == "" {
+			continue
+		}
+		at := fmt.Sprintf("%s:%d", path, line)
+		name, value, ok := strings.Cut(text, "=")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			return fmt.Errorf("%w: %s: want 'name = value', have %q", ErrUsage, at, text)
+		}
+		fl := fs.Lookup(name)
+		if fl == nil || notInFile[name] {
+			return fmt.Errorf("%w: %s: unknown setting %q (settings are exnd's flag names without dashes)", ErrUsage, at, name)
+		}
+		if prev, dup := seen[name]; dup && !repeatable[name] {
+			return fmt.Errorf("%w: %s: %s given again (first on line %d)", ErrUsage, at, name, prev)
+		}
+		seen[name] = line
+		if skip[name] {
+			continue // the command line overrides the file
+		}
+		*origin = at + ": addr"
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("%w: %s: %s = %q: %w", ErrUsage, at, name, value, err)
+		}
+		where[name] = at + ": " + name
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return fmt.Errorf("%w: %s:%d: line longer than %d bytes", ErrUsage, path, line+1, MaxConfigLine)
+		}
+		return fmt.Errorf("%w: --config %s: %w", ErrUsage, path, err)
+	}
+	return nil
+}
+
+func (c *Config) validate(nodeID, fab, logLevel string) error {
+	bad := func(name, format string, args ...any) error {
+		return fmt.Errorf("%w: %s %s", ErrUsage, c.field(name), fmt.Sprintf(format, args...))
+	}
+	inFile := ""
+	if c.File != "" {
+		inFile = " (flag, or setting in " + c.File + ")"
+	}
+	if nodeID == "" {
+		return fmt.Errorf("%w: --node-id is required%s", ErrUsage, inFile)
+	}
+	n, err := strconv.ParseUint(nodeID, 0, 16)
+	if err != nil {
+		return bad("node-id", "%q: want an integer 0-65535", nodeID)
 	}
 	c.Node = fabric.NodeID(n)
 
-	if *fab == "" {
-		return Config{}, fmt.Errorf("%w: --fabric is required (mem, shm:NAME, net:LISTEN_ADDR or ofi:PROVIDER)", ErrUsage)
+	if fab == "" {
+		return fmt.Errorf("%w: --fabric is required%s (mem, shm:NAME, net:LISTEN_ADDR or ofi:PROVIDER)", ErrUsage, inFile)
 	}
-	if c.Fabric, err = backend.Parse(*fab); err != nil {
-		return Config{}, fmt.Errorf("%w: --fabric: %w", ErrUsage, err)
+	if c.Fabric, err = backend.Parse(fab); err != nil {
+		return bad("fabric", "%q: %v", fab, err)
 	}
-
-	if err := c.LogLevel.UnmarshalText([]byte(*logLevel)); err != nil {
-		return Config{}, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", ErrUsage, *logLevel)
+	if err := c.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		return bad("log-level", "%q: want debug, info, warn or error", logLevel)
 	}
 	if c.Ifname == "" || len(c.Ifname) > maxIfname || strings.ContainsAny(c.Ifname, "/ \t\n:") {
-		return Config{}, fmt.Errorf("%w: --ifname %q: want 1-%d characters, no '/', ':' or spaces", ErrUsage, c.Ifname, maxIfname)
+		return bad("ifname", "%q: want 1-%d characters, no '/', ':' or spaces", c.Ifname, maxIfname)
 	}
 	if c.MTU < minMTU || c.MTU > DefaultMTU {
-		return Config{}, fmt.Errorf("%w: --mtu %d: want %d-%d", ErrUsage, c.MTU, minMTU, DefaultMTU)
+		return bad("mtu", "%d: want %d-%d", c.MTU, minMTU, DefaultMTU)
 	}
 	// The eager threshold bounds a whole frame, so it cannot be below the
-	// smallest Ethernet header plus payload, nor above the MTU plus header.
-	if c.EagerThreshold < 14 || c.EagerThreshold > c.MTU+14 {
-		return Config{}, fmt.Errorf("%w: --eager-threshold %d: want 14-%d (MTU+14)", ErrUsage, c.EagerThreshold, c.MTU+14)
+	// Ethernet header nor above the largest frame (MTU plus header).
+	if maxFrame := tap.FrameSize(c.MTU); c.EagerThreshold < tap.HeaderLen || c.EagerThreshold > maxFrame {
+		return bad("eager-threshold", "%d: want %d-%d (MTU+%d, the largest frame)", c.EagerThreshold, tap.HeaderLen, maxFrame, tap.HeaderLen)
 	}
-	for _, p := range c.Addrs {
+	for i, p := range c.Addrs {
+		at := c.addrWhere[i]
 		if p.Addr().Zone() != "" {
-			return Config{}, fmt.Errorf("%w: --addr %s: no zone allowed", ErrUsage, p)
+			return fmt.Errorf("%w: %s %s: no zone allowed", ErrUsage, at, p)
 		}
 		if p.Addr().Is6() && c.MTU < 1280 {
-			return Config{}, fmt.Errorf("%w: --addr %s: IPv6 needs --mtu of at least 1280, have %d", ErrUsage, p, c.MTU)
+			return fmt.Errorf("%w: %s %s: IPv6 needs an MTU of at least 1280, have %d", ErrUsage, at, p, c.MTU)
 		}
+	}
+	if c.Metrics != "" {
+		host, port, err := net.SplitHostPort(c.Metrics)
+		if err != nil {
+			return bad("metrics", "%q: want HOST:PORT like 127.0.0.1:9464", c.Metrics)
+		}
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return bad("metrics", "%q: port %q: want 0-65535", c.Metrics, port)
+		}
+		if host != "" {
+			if _, err := netip.ParseAddr(host); err != nil && host != "localhost" {
+				return bad("metrics", "%q: host %q: want an IP address or localhost", c.Metrics, host)
+			}
+		}
+	}
+	if len(c.Control) > maxSocketPath || strings.ContainsRune(c.Control, 0) {
+		return bad("control", "%q: want a path of at most %d bytes", c.Control, maxSocketPath)
 	}
 
 	// Features owned by other issues: refuse rather than ignore.
 	if c.Netstack {
-		return Config{}, fmt.Errorf("--netstack: userspace netstack mode: %w", ErrNotImplemented)
+		return fmt.Errorf("%s: userspace netstack mode: %w", c.field("netstack"), ErrNotImplemented)
 	}
-	if set["metrics"] {
-		return Config{}, fmt.Errorf("--metrics %s: metrics endpoint: %w", c.Metrics, ErrNotImplemented)
+	return nil
+}
+
+// Check validates what Parse cannot without reading other files: that the
+// peers file parses. It is what --check-config adds to Parse, and Start
+// runs it too. Errors wrap ErrUsage and name the setting.
+func Check(c Config) ([]peers.Peer, error) {
+	if c.Peers == "" {
+		return nil, nil
 	}
-	if set["control"] {
-		return Config{}, fmt.Errorf("--control %s: control socket: %w", c.Control, ErrNotImplemented)
+	ps, err := peers.Load(c.Peers)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUsage, c.field("peers"), err)
 	}
-	return c, nil
+	return ps, nil
 }

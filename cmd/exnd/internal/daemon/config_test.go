@@ -27,8 +27,24 @@ func TestParseGood(t *testing.T) {
 		}
 	}
 	if c.Node != 3 || c.Fabric != (backend.Spec{Kind: backend.SHM, Arg: "t1"}) || c.MTU != 9000 ||
-		c.EagerThreshold != 240 || c.Ifname != "exnx" || c.LogLevel != slog.LevelDebug {
+		c.EagerThreshold != 240 || c.Ifname != "exnx" || c.LogLevel != slog.LevelDebug || c.Metrics != "" {
 		t.Fatalf("config %+v", c)
+	}
+}
+
+func TestParseMetricsControl(t *testing.T) {
+	for _, m := range []string{"127.0.0.1:9464", ":0", "[::1]:9464", "localhost:1"} {
+		c, err := Parse([]string{"--node-id", "1", "--fabric", "mem", "--metrics", m, "--control", "/tmp/a.sock"}, io.Discard)
+		if err != nil {
+			t.Fatalf("--metrics %s: %v", m, err)
+		}
+		if c.Metrics != m || c.Control != "/tmp/a.sock" {
+			t.Fatalf("metrics %q control %q", c.Metrics, c.Control)
+		}
+	}
+	// An empty --control turns the socket off.
+	if c, err := Parse([]string{"--node-id", "1", "--fabric", "mem", "--control", ""}, io.Discard); err != nil || c.Control != "" {
+		t.Fatalf("--control '': %+v, %v", c, err)
 	}
 }
 
@@ -38,7 +54,8 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Node != 0x102 || c.MTU != 65521 || c.EagerThreshold != 480 || c.Ifname != "exn0" ||
-		c.Control != "/run/exn/exnd.sock" || c.LogLevel != slog.LevelInfo || len(c.Addrs) != 0 {
+		c.Control != "/run/exn/exnd.sock" || c.LogLevel != slog.LevelInfo || len(c.Addrs) != 0 ||
+		c.Metrics != "" || c.CheckOnly || c.File != "" {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -69,8 +86,13 @@ func TestParseBad(t *testing.T) {
 		{"unknown flag", append(base, "--bogus"), "bogus", ErrUsage},
 		{"positional", append(base, "extra"), "unexpected argument", ErrUsage},
 		{"netstack", append(base, "--netstack"), "--netstack", ErrNotImplemented},
-		{"metrics", append(base, "--metrics", ":9100"), "--metrics", ErrNotImplemented},
-		{"control", append(base, "--control", "/tmp/x.sock"), "--control", ErrNotImplemented},
+		{"metrics no port", append(base, "--metrics", "127.0.0.1"), "--metrics \"127.0.0.1\"", ErrUsage},
+		{"metrics bad port", append(base, "--metrics", "127.0.0.1:http"), "--metrics", ErrUsage},
+		{"metrics port range", append(base, "--metrics", ":70000"), "--metrics", ErrUsage},
+		{"metrics bad host", append(base, "--metrics", "exn.example:9464"), "--metrics", ErrUsage},
+		{"control too long", append(base, "--control", "/tmp/"+strings.Repeat("x", 200)), "--control", ErrUsage},
+		{"eager above frame", append(base, "--mtu", "1500", "--eager-threshold", "1515"), "--eager-threshold 1515: want 14-1514", ErrUsage},
+		{"no config file", append(base, "--config", "/nonexistent/exnd.conf"), "--config", ErrUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,16 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/exn-project/exn/arp"
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/exn"
+	"github.com/exn-project/exn/extds"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
-	"github.com/exn-project/exn/fabric/peers"
+	"github.com/exn-project/exn/fabric/fping"
 	"github.com/exn-project/exn/tap"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ReadBatch is how many frames the TAP reader takes per wake-up and hands
@@ -23,14 +27,41 @@ import (
 const ReadBatch = 64
 
 // Daemon is one running exnd node.
+//
+// Start brings the parts up in order (fabric NIC, VPID 0, TAP, engine,
+// fabric ping on VPID 1, the optional parts such as EXT-DS, then the
+// control socket and the metrics endpoint) and Close takes them down in
+// reverse, so that no request reaches a part that is gone.
 type Daemon struct {
-	cfg    Config
-	log    *slog.Logger
+	cfg     Config
+	log     *slog.Logger
+	opts    options
+	started time.Time
+
 	nic    fabric.NIC
 	ep     fabric.Endpoint
-	tap    *tap.TAP
+	dev    tap.Device
 	engine *exn.Engine
 	arp    *arp.Table
+	ping   *fping.Service
+
+	// Filled by optional parts (see parts) before the control socket and
+	// metrics start; nil means the part is absent.
+	//
+	// conns lists EXT-DS connections for the "conns" operation.
+	conns func() any
+	// extdsStats is the EXT-DS device's counters, for "stats" and metrics.
+	extdsStats func() extds.Stats
+	// extraHandlers are control operations a part adds.
+	extraHandlers map[string]control.HandlerFunc
+	// partClosers close the parts, in reverse order of start.
+	partClosers []func() error
+
+	ctl       *control.Server
+	reg       *prometheus.Registry
+	pingRTT   prometheus.Histogram
+	http      *http.Server
+	metricsLn net.Listener
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -39,10 +70,39 @@ type Daemon struct {
 	closeErr error
 }
 
+// part is an optional subsystem, started after the engine and the fabric
+// ping and before the control socket and metrics. It may set d.conns,
+// d.extdsStats and d.extraHandlers, and returns how to close it (nil if
+// nothing to close). Files of this package add theirs to parts in init.
+type part struct {
+	name  string
+	start func(d *Daemon) (close func() error, err error)
+}
+
+// parts are the optional subsystems, in start order.
+var parts []part
+
+// Option changes how Start builds a node; the defaults are a real TAP and
+// a fabric from Config.Fabric.
+type Option func(*options)
+
+type options struct {
+	dev tap.Device
+	mem backend.Cluster
+}
+
+// WithDevice makes the node use dev instead of opening a TAP (tests use a
+// taptest.Device, which needs no root). The node closes it. Config's
+// Ifname, MTU and Addrs are then not applied to it.
+func WithDevice(dev tap.Device) Option { return func(o *options) { o.dev = dev } }
+
+// WithMemCluster is the in-process cluster a "mem" fabric joins.
+func WithMemCluster(c backend.Cluster) Option { return func(o *options) { o.mem = c } }
+
 // tapLink is the engine's Link: it writes received frames to the TAP. A
 // frame the kernel refuses is skipped (the TAP counts and logs it) so the
 // rest of the batch still goes out.
-type tapLink struct{ t *tap.TAP }
+type tapLink struct{ t tap.Device }
 
 func (l tapLink) DeliverFrames(frames [][]byte) error {
 	var first error
@@ -65,10 +125,16 @@ func (l tapLink) DeliverFrames(frames [][]byte) error {
 	return first
 }
 
-// Start opens the fabric NIC, VPID 0, the TAP and the engine, and starts
-// the TAP reader. On error everything opened so far is closed again.
-func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
-	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 1)}
+// Start opens the fabric NIC, VPID 0, the TAP and the engine, starts the
+// TAP reader, the fabric ping service, the optional parts, the control
+// socket and the metrics endpoint. On error everything opened so far is
+// closed again.
+func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) {
+	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 1), started: time.Now(),
+		extraHandlers: map[string]control.HandlerFunc{}}
+	for _, o := range opts {
+		o(&d.opts)
+	}
 	defer func() {
 		if err != nil {
 			d.teardown()
@@ -77,22 +143,22 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 
 	prefix := fabric.DefaultMACPrefix
 	d.arp = arp.New(prefix, log.With("part", "arp"))
-	if cfg.Peers != "" {
-		ps, err := peers.Load(cfg.Peers)
-		if err != nil {
-			return nil, fmt.Errorf("--peers: %w", err)
-		}
-		d.arp.Seed(ps)
+	ps, err := Check(cfg)
+	if err != nil {
+		return nil, err
 	}
+	d.arp.Seed(ps)
 
-	if d.nic, err = backend.OpenSpec(cfg.Fabric, cfg.Node, backend.Options{Logger: log.With("part", "fabric")}); err != nil {
+	if d.nic, err = backend.OpenSpec(cfg.Fabric, cfg.Node, backend.Options{Mem: d.opts.mem, Logger: log.With("part", "fabric")}); err != nil {
 		return nil, fmt.Errorf("open fabric: %w", err)
 	}
 	if d.ep, err = d.nic.Open(fabric.EthVPID); err != nil {
 		return nil, fmt.Errorf("open vpid %d: %w", fabric.EthVPID, err)
 	}
 	mac := prefix.MAC(cfg.Node)
-	if d.tap, err = tap.Open(tap.Config{
+	if d.opts.dev != nil {
+		d.dev = d.opts.dev
+	} else if d.dev, err = tap.Open(tap.Config{
 		Name:   cfg.Ifname,
 		MAC:    mac,
 		MTU:    cfg.MTU,
@@ -100,9 +166,10 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		Up:     true,
 		Logger: log.With("part", "tap"),
 	}); err != nil {
+		d.dev = nil // a typed nil would look open to teardown
 		return nil, fmt.Errorf("open tap %s: %w", cfg.Ifname, err)
 	}
-	if d.engine, err = exn.New(d.nic, d.ep, tapLink{d.tap}, exn.Config{
+	if d.engine, err = exn.New(d.nic, d.ep, tapLink{d.dev}, exn.Config{
 		MACPrefix:      prefix,
 		MTU:            cfg.MTU,
 		EagerThreshold: cfg.EagerThreshold,
@@ -117,13 +184,35 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	d.wg.Add(1)
 	go d.readLoop(ctx)
 
+	pingEP, err := d.nic.Open(fping.VPID)
+	if err != nil {
+		return nil, fmt.Errorf("open vpid %d (ping): %w", fping.VPID, err)
+	}
+	d.ping = fping.New(pingEP, log.With("part", "fping"))
+
+	for _, p := range parts {
+		closeFn, err := p.start(d)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", p.name, err)
+		}
+		if closeFn != nil {
+			d.partClosers = append(d.partClosers, closeFn)
+		}
+	}
+	if err := d.startMetrics(); err != nil {
+		return nil, err
+	}
+	if err := d.startControl(); err != nil {
+		return nil, err
+	}
+
 	addrs := make([]string, len(cfg.Addrs))
 	for i, a := range cfg.Addrs {
 		addrs[i] = a.String()
 	}
 	log.Info("exnd up", "node", cfg.Node, "mac", net.HardwareAddr(mac).String(), "mtu", cfg.MTU,
-		"eager_threshold", cfg.EagerThreshold, "fabric", cfg.Fabric.String(), "ifname", cfg.Ifname,
-		"addrs", strings.Join(addrs, ","))
+		"eager_threshold", cfg.EagerThreshold, "fabric", cfg.Fabric.String(), "ifname", d.dev.Name(),
+		"addrs", strings.Join(addrs, ","), "control", cfg.Control, "metrics", d.MetricsAddr())
 	return d, nil
 }
 
@@ -145,7 +234,7 @@ func (d *Daemon) readLoop(ctx context.Context) {
 	frames := make([][]byte, ReadBatch)
 	errRun := 0
 	for {
-		n, err := d.tap.Read(bufs, sizes)
+		n, err := d.dev.Read(bufs, sizes)
 		for i := 0; i < n; i++ {
 			frames[i] = bufs[i][:sizes[i]]
 		}
@@ -203,9 +292,10 @@ func (d *Daemon) Done() <-chan error { return d.errc }
 // MAC returns the node's MAC address.
 func (d *Daemon) MAC() net.HardwareAddr { return fabric.DefaultMACPrefix.MAC(d.cfg.Node) }
 
-// Close stops the reader, then closes the engine, the TAP (removing the
-// interface) and the NIC (releasing its fabric resources). It is
-// idempotent.
+// Close stops the metrics endpoint and the control socket (removing its
+// file), the parts, the ping service and the reader, then closes the
+// engine, the TAP (removing the interface) and the NIC (releasing its
+// fabric resources). It is idempotent.
 func (d *Daemon) Close() error {
 	d.once.Do(func() { d.closeErr = d.teardown() })
 	return d.closeErr
@@ -213,6 +303,32 @@ func (d *Daemon) Close() error {
 
 func (d *Daemon) teardown() error {
 	var errs []error
+	// Front doors first, so no request reaches a part that is closing.
+	if d.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := d.http.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop metrics: %w", err))
+			d.http.Close()
+		}
+		cancel()
+	} else if d.metricsLn != nil {
+		d.metricsLn.Close()
+	}
+	if d.ctl != nil {
+		if err := d.ctl.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close control socket: %w", err))
+		}
+	}
+	for i := len(d.partClosers) - 1; i >= 0; i-- {
+		if err := d.partClosers[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if d.ping != nil {
+		if err := d.ping.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close ping: %w", err))
+		}
+	}
 	if d.cancel != nil {
 		d.cancel() // unblocks a Transmit waiting on back-pressure
 	}
@@ -221,9 +337,9 @@ func (d *Daemon) teardown() error {
 			errs = append(errs, fmt.Errorf("close engine: %w", err))
 		}
 	}
-	if d.tap != nil {
+	if d.dev != nil {
 		// Closing the TAP unblocks the reader's Read.
-		if err := d.tap.Close(); err != nil {
+		if err := d.dev.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close tap: %w", err))
 		}
 	}
