@@ -128,6 +128,9 @@ type session struct {
 	awaitDone map[uint64]*bulk
 	wake      chan struct{}
 
+	iov  [3][]byte   // writer only: backing array of bufs
+	bufs net.Buffers // writer only: reused so writev does not allocate
+
 	cmu   sync.Mutex
 	tx    [256]txState
 	cwait chan struct{} // made when a sender waits; closed on any credit event
@@ -276,7 +279,6 @@ func (s *session) writeLoop() {
 	var (
 		spare = make([]byte, 0, ctlInitial)
 		hdr   [prefixSize + maxFixed]byte
-		iov   [3][]byte
 	)
 	for {
 		select {
@@ -300,7 +302,7 @@ func (s *session) writeLoop() {
 				spare = ctl
 				break
 			}
-			bufs := net.Buffers(iov[:0])
+			bufs := s.iov[:0]
 			if len(ctl) > 0 {
 				bufs = append(bufs, ctl)
 			}
@@ -322,7 +324,9 @@ func (s *session) writeLoop() {
 				nb += int64(len(x))
 			}
 			s.race.beforeWrite()
-			_, err := bufs.WriteTo(s.conn)
+			s.bufs = bufs
+			_, err := s.bufs.WriteTo(s.conn)
+			clear(s.iov[:])
 			if reg != nil {
 				reg.release()
 			}
