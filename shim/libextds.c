@@ -1,0 +1,1347 @@
+/*
+ * libextds.so: LD_PRELOAD socket switch for EXT-DS (docs/shim.md).
+ *
+ * Unmodified dynamically linked programs get EXT-DS for their TCP
+ * connections between fabric peers. The shim lets the kernel set up every
+ * connection as plain TCP (over exn0), then hands the connected socket to
+ * exnd over its control socket (shim-connect / shim-accept, SCM_RIGHTS).
+ * When exnd answers "extds" it returns an AF_UNIX stream socket that it
+ * splices onto an EXT-DS connection, and the shim dup3()s it over the
+ * application's descriptor, keeping its number and flags. Every
+ * descriptor the application sees is therefore a real kernel socket:
+ * read/write/poll/select/epoll/fork/exec/shutdown stay in the kernel and
+ * are not intercepted. When exnd answers "tcp" (peer not on the fabric,
+ * unshimmed listener, plain client) the TCP socket is used as is.
+ *
+ * Intercepted: socket, connect, listen, accept, accept4, close, dup, dup2,
+ * dup3, fcntl (F_DUPFD*), epoll_ctl, getsockname, getpeername,
+ * getsockopt, setsockopt, sendto, sendmsg, recvfrom, recvmsg.
+ *
+ * State: one fixed table indexed by fd (mmap'd at load time, no malloc
+ * anywhere in intercepted paths), guarded by one spinlock held only for
+ * short copies (never across a blocking call). Plain memory, so a forked
+ * child inherits it as it inherits the descriptors. errno is preserved
+ * on every path that does not itself fail.
+ *
+ * Environment: EXTDS_CONTROL (default /run/exn/exnd.sock),
+ * EXTDS_MODE=off|auto|force (default auto), EXTDS_DEBUG=1.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- real functions ---- */
+
+static int (*real_socket)(int, int, int);
+static int (*real_connect)(int, const struct sockaddr *, socklen_t);
+static int (*real_listen)(int, int);
+static int (*real_accept)(int, struct sockaddr *, socklen_t *);
+static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
+static int (*real_close)(int);
+static int (*real_dup)(int);
+static int (*real_dup2)(int, int);
+static int (*real_dup3)(int, int, int);
+static int (*real_fcntl)(int, int, ...);
+static int (*real_fcntl64)(int, int, ...);
+static int (*real_epoll_ctl)(int, int, int, struct epoll_event *);
+static int (*real_getsockname)(int, struct sockaddr *, socklen_t *);
+static int (*real_getpeername)(int, struct sockaddr *, socklen_t *);
+static int (*real_getsockopt)(int, int, int, void *, socklen_t *);
+static int (*real_setsockopt)(int, int, int, const void *, socklen_t);
+static ssize_t (*real_sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+static ssize_t (*real_sendmsg)(int, const struct msghdr *, int);
+static ssize_t (*real_recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
+static ssize_t (*real_recvmsg)(int, struct msghdr *, int);
+
+/* ---- configuration ---- */
+
+enum { MODE_OFF, MODE_AUTO, MODE_FORCE };
+
+static int g_mode = MODE_AUTO;
+static int g_debug;
+static char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)] = "/run/exn/exnd.sock";
+static volatile int g_ready;   /* init done */
+static volatile int g_hello;   /* 0 unknown, 1 exnd speaks shim v1, -1 it does not */
+
+/* ---- fd table ---- */
+
+#define MAX_FDS (1 << 16)
+#define EP_POOL 1024
+
+enum {
+	F_TRACKED = 1 << 0,  /* AF_INET/AF_INET6 SOCK_STREAM socket */
+	F_LISTEN = 1 << 1,   /* registered with exnd by shim-listen */
+	F_SWITCHED = 1 << 2, /* the fd is now exnd's AF_UNIX end */
+	F_EPOVF = 1 << 3,    /* an epoll registration did not fit the pool */
+	F_NODELAY = 1 << 4,
+	F_CORK = 1 << 5,
+	F_KEEPALIVE = 1 << 6,
+};
+
+union addr {
+	struct sockaddr sa;
+	struct sockaddr_in in;
+	struct sockaddr_in6 in6;
+};
+
+struct fdent {
+	uint16_t flags;
+	uint16_t family;
+	uint16_t port;      /* F_LISTEN: the port told to exnd */
+	int32_t owner;      /* F_LISTEN: pid that told exnd */
+	uint32_t lid;       /* F_LISTEN: listener identity, shared by dups */
+	int32_t nreg;       /* epoll records for this fd */
+	uint64_t ino, dev;  /* F_SWITCHED: identity of the unix socket */
+	uint64_t id;        /* F_SWITCHED: exnd's connection id */
+	int32_t maxseg, tos;
+	union addr local, peer;
+	socklen_t llen, plen;
+};
+
+struct epreg {
+	int epfd, fd; /* fd < 0: free */
+	struct epoll_event ev;
+};
+
+static struct fdent *g_tab;
+static int g_ntab;
+static struct epreg g_ep[EP_POOL];
+static int g_nep; /* records in use */
+static uint32_t g_lid;
+static volatile int g_lock;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
+static void lock(void)
+{
+	while (__atomic_exchange_n(&g_lock, 1, __ATOMIC_ACQUIRE)) {
+		while (__atomic_load_n(&g_lock, __ATOMIC_RELAXED))
+			cpu_relax();
+	}
+}
+
+static void unlock(void) { __atomic_store_n(&g_lock, 0, __ATOMIC_RELEASE); }
+
+static inline struct fdent *ent(int fd)
+{
+	if (!g_tab || fd < 0 || fd >= g_ntab)
+		return NULL;
+	return &g_tab[fd];
+}
+
+/* Flags of fd without the lock (a single aligned load). */
+static inline int fdflags(int fd)
+{
+	struct fdent *e = ent(fd);
+	return e ? __atomic_load_n(&e->flags, __ATOMIC_RELAXED) : 0;
+}
+
+/* ---- debug ---- */
+
+static void dbg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void dbg(const char *fmt, ...)
+{
+	if (!g_debug)
+		return;
+	int saved = errno;
+	char buf[512];
+	int n = snprintf(buf, sizeof buf, "extds[%d]: ", (int)getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 2)
+		n = sizeof buf - 2;
+	buf[n++] = '\n';
+	ssize_t w = write(2, buf, n);
+	(void)w;
+	errno = saved;
+}
+
+/* ---- init ---- */
+
+#define RESOLVE(name) real_##name = dlsym(RTLD_NEXT, #name)
+
+static void resolve(void)
+{
+	RESOLVE(socket);
+	RESOLVE(connect);
+	RESOLVE(listen);
+	RESOLVE(accept);
+	RESOLVE(accept4);
+	RESOLVE(close);
+	RESOLVE(dup);
+	RESOLVE(dup2);
+	RESOLVE(dup3);
+	RESOLVE(fcntl);
+	RESOLVE(fcntl64);
+	if (!real_fcntl64)
+		real_fcntl64 = real_fcntl;
+	RESOLVE(epoll_ctl);
+	RESOLVE(getsockname);
+	RESOLVE(getpeername);
+	RESOLVE(getsockopt);
+	RESOLVE(setsockopt);
+	RESOLVE(sendto);
+	RESOLVE(sendmsg);
+	RESOLVE(recvfrom);
+	RESOLVE(recvmsg);
+}
+
+static void init(void)
+{
+	if (__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))
+		return;
+	lock();
+	if (g_ready) {
+		unlock();
+		return;
+	}
+	int saved = errno;
+	resolve();
+	const char *m = getenv("EXTDS_MODE");
+	if (m && (!strcmp(m, "off") || !strcmp(m, "0")))
+		g_mode = MODE_OFF;
+	else if (m && !strcmp(m, "force"))
+		g_mode = MODE_FORCE;
+	const char *d = getenv("EXTDS_DEBUG");
+	g_debug = d && *d && strcmp(d, "0");
+	const char *p = getenv("EXTDS_CONTROL");
+	if (p && *p && strlen(p) < sizeof g_ctl_path)
+		strcpy(g_ctl_path, p);
+	if (g_mode != MODE_OFF) {
+		struct rlimit rl;
+		long n = 1024;
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+			n = rl.rlim_cur == RLIM_INFINITY ? MAX_FDS : (long)rl.rlim_cur;
+		if (n > MAX_FDS)
+			n = MAX_FDS;
+		if (n < 1024)
+			n = 1024;
+		void *t = mmap(NULL, (size_t)n * sizeof(struct fdent), PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (t != MAP_FAILED) {
+			g_tab = t;
+			g_ntab = (int)n;
+		}
+		for (int i = 0; i < EP_POOL; i++)
+			g_ep[i].fd = -1;
+	}
+	__atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
+	unlock();
+	dbg("loaded: mode=%s control=%s fds=%d", g_mode == MODE_OFF ? "off" : g_mode == MODE_FORCE ? "force" : "auto",
+	    g_ctl_path, g_ntab);
+	errno = saved;
+}
+
+/* A child forked while another thread held the lock would deadlock on
+ * it: fork takes the lock, so the table is consistent in both. */
+static void atfork_prepare(void) { if (g_ready) lock(); }
+static void atfork_release(void) { if (g_ready) unlock(); }
+
+__attribute__((constructor)) static void ctor(void)
+{
+	init();
+	pthread_atfork(atfork_prepare, atfork_release, atfork_release);
+}
+
+#define INIT() do { if (__builtin_expect(!g_ready, 0)) init(); } while (0)
+
+/* ---- table helpers (call with the lock held) ---- */
+
+static void ep_drop_fd_locked(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->nreg == 0)
+		return;
+	for (int i = 0; i < EP_POOL && g_nep > 0; i++) {
+		if (g_ep[i].fd == fd) {
+			g_ep[i].fd = -1;
+			g_nep--;
+		}
+	}
+	if (e)
+		e->nreg = 0;
+}
+
+static void ep_drop_epfd_locked(int epfd)
+{
+	for (int i = 0; i < EP_POOL && g_nep > 0; i++) {
+		if (g_ep[i].fd >= 0 && g_ep[i].epfd == epfd) {
+			struct fdent *e = ent(g_ep[i].fd);
+			if (e && e->nreg > 0)
+				e->nreg--;
+			g_ep[i].fd = -1;
+			g_nep--;
+		}
+	}
+}
+
+static void clear_locked(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (!e)
+		return;
+	ep_drop_fd_locked(fd);
+	memset(e, 0, sizeof *e);
+}
+
+static int is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const void *)sa;
+		return (ntohl(s->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const void *)sa;
+		if (IN6_IS_ADDR_LOOPBACK(&s->sin6_addr))
+			return 1;
+		if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr))
+			return s->sin6_addr.s6_addr[12] == 127;
+	}
+	return 0;
+}
+
+/* Whether fd is a TCP socket (checked with the kernel, not the table). */
+static int is_tcp(int fd, int *family)
+{
+	int v = 0;
+	socklen_t l = sizeof v;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || (v != AF_INET && v != AF_INET6))
+		return 0;
+	if (family)
+		*family = v;
+	l = sizeof v;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) < 0 || v != SOCK_STREAM)
+		return 0;
+	l = sizeof v;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
+		return 0;
+	return 1;
+}
+
+/*
+ * The switched entry of fd, checked against the descriptor's identity:
+ * a descriptor closed behind the shim's back (fclose, raw syscalls) and
+ * reused must not keep a stale switched state. Copies the entry into out.
+ */
+static int switched(int fd, struct fdent *out)
+{
+	if (!(fdflags(fd) & F_SWITCHED))
+		return 0;
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return 0;
+	lock();
+	struct fdent *e = ent(fd);
+	int ok = (e->flags & F_SWITCHED) && e->ino == (uint64_t)st.st_ino && e->dev == (uint64_t)st.st_dev;
+	if (ok && out)
+		*out = *e;
+	if (!ok && (e->flags & F_SWITCHED))
+		clear_locked(fd);
+	unlock();
+	return ok;
+}
+
+/* ---- control socket ---- */
+
+#define CTL_TIMEOUT_S 10
+
+static void now_ts(struct timespec *t) { clock_gettime(CLOCK_MONOTONIC, t); }
+
+static long ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+	now_ts(&t);
+	return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+static int ctl_open(void)
+{
+	int s = real_socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -1;
+	struct sockaddr_un a;
+	memset(&a, 0, sizeof a);
+	a.sun_family = AF_UNIX;
+	strcpy(a.sun_path, g_ctl_path);
+	struct timeval tv = {CTL_TIMEOUT_S, 0};
+	real_setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	real_setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	int r;
+	do
+		r = real_connect(s, (struct sockaddr *)&a, sizeof a);
+	while (r < 0 && errno == EINTR);
+	if (r < 0) {
+		real_close(s);
+		return -1;
+	}
+	return s;
+}
+
+/* Send one request line with an optional fd. 0 or -1. */
+static int ctl_send(int s, const char *line, int fd)
+{
+	struct iovec iov = {(void *)line, strlen(line)};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr mh;
+	memset(&mh, 0, sizeof mh);
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	if (fd >= 0) {
+		memset(&u, 0, sizeof u);
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof u.buf;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	while (iov.iov_len > 0) {
+		ssize_t n = real_sendmsg(s, &mh, MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		iov.iov_base = (char *)iov.iov_base + n;
+		iov.iov_len -= (size_t)n;
+		mh.msg_control = NULL;
+		mh.msg_controllen = 0;
+	}
+	return 0;
+}
+
+/*
+ * Read one response line into buf (NUL-terminated, without '\n') and the
+ * first descriptor that came with it into *rfd (-1 if none; extra ones
+ * are closed). 0 or -1.
+ */
+static int ctl_recv(int s, char *buf, size_t size, int *rfd)
+{
+	size_t len = 0;
+	*rfd = -1;
+	for (;;) {
+		struct iovec iov = {buf + len, size - 1 - len};
+		union {
+			char b[CMSG_SPACE(4 * sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		struct msghdr mh;
+		memset(&mh, 0, sizeof mh);
+		mh.msg_iov = &iov;
+		mh.msg_iovlen = 1;
+		mh.msg_control = u.b;
+		mh.msg_controllen = sizeof u.b;
+		ssize_t n = real_recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n >= 0) {
+			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+				if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+					continue;
+				int nfd = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+				for (int i = 0; i < nfd; i++) {
+					int f;
+					memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+					if (*rfd < 0)
+						*rfd = f;
+					else
+						real_close(f);
+				}
+			}
+		}
+		if (n <= 0)
+			goto fail;
+		len += (size_t)n;
+		char *nl = memchr(buf, '\n', len);
+		if (nl) {
+			*nl = 0;
+			return 0;
+		}
+		if (len >= size - 1)
+			goto fail;
+	}
+fail:
+	if (*rfd >= 0) {
+		real_close(*rfd);
+		*rfd = -1;
+	}
+	return -1;
+}
+
+enum { CTL_NOCONN = -2, CTL_BROKEN = -1, CTL_OK = 0, CTL_REFUSED = 1 };
+
+/*
+ * One request: a fresh connection (no descriptor of ours lives on in the
+ * application's fd space, threads and forked children need no care),
+ * the one-time hello, then the request. Returns CTL_OK (ok:true, buf
+ * holds the line), CTL_REFUSED (ok:false), CTL_NOCONN (nothing was sent:
+ * no exnd, or it does not speak the shim protocol) or CTL_BROKEN (the
+ * request may have reached exnd but no answer came).
+ */
+static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
+{
+	*rfd = -1;
+	if (g_hello < 0)
+		return CTL_NOCONN;
+	int s = ctl_open();
+	if (s < 0) {
+		dbg("control %s: %s", g_ctl_path, strerror(errno));
+		return CTL_NOCONN;
+	}
+	if (g_hello == 0) {
+		int hfd;
+		if (ctl_send(s, "shim-hello 1\n", -1) < 0 || ctl_recv(s, buf, size, &hfd) < 0) {
+			real_close(s);
+			return CTL_NOCONN;
+		}
+		if (hfd >= 0)
+			real_close(hfd);
+		if (!strstr(buf, "\"ok\":true") || !strstr(buf, "\"version\":1")) {
+			dbg("exnd does not speak shim v1: %s", buf);
+			g_hello = -1;
+			real_close(s);
+			return CTL_NOCONN;
+		}
+		g_hello = 1;
+	}
+	int r = CTL_BROKEN;
+	if (ctl_send(s, line, fd) == 0 && ctl_recv(s, buf, size, rfd) == 0)
+		r = strstr(buf, "\"ok\":true") ? CTL_OK : CTL_REFUSED;
+	int saved = errno;
+	real_close(s);
+	errno = saved;
+	if (r == CTL_REFUSED && *rfd >= 0) {
+		real_close(*rfd);
+		*rfd = -1;
+	}
+	return r;
+}
+
+static uint64_t json_u64(const char *s, const char *key)
+{
+	const char *p = strstr(s, key);
+	if (!p)
+		return 0;
+	p += strlen(key);
+	while (*p == ' ' || *p == ':' || *p == '"')
+		p++;
+	return strtoull(p, NULL, 10);
+}
+
+/* ---- the switch ---- */
+
+/*
+ * Replace fd by ufd (exnd's AF_UNIX end), keeping the number, FD_CLOEXEC
+ * (cloexec < 0: as fd had it) and O_NONBLOCK (nonblock < 0: likewise),
+ * the epoll registrations, and the TCP addresses for getsockname and
+ * getpeername. Closes ufd. 0, or -1 with errno (fd untouched).
+ */
+static int do_switch(int fd, int ufd, int cloexec, int nonblock, uint64_t id)
+{
+	union addr la, pa;
+	socklen_t ll = sizeof la, pl = sizeof pa;
+	memset(&la, 0, sizeof la);
+	memset(&pa, 0, sizeof pa);
+	real_getsockname(fd, &la.sa, &ll);
+	real_getpeername(fd, &pa.sa, &pl);
+	if (cloexec < 0)
+		cloexec = (real_fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0;
+	if (nonblock < 0)
+		nonblock = (real_fcntl(fd, F_GETFL) & O_NONBLOCK) != 0;
+	int family = la.sa.sa_family;
+
+	struct epreg regs[16];
+	int nregs = 0;
+	lock();
+	struct fdent *e = ent(fd);
+	if (e && e->nreg > 0) {
+		for (int i = 0; i < EP_POOL && nregs < 16; i++)
+			if (g_ep[i].fd == fd)
+				regs[nregs++] = g_ep[i];
+	}
+	unlock();
+	for (int i = 0; i < nregs; i++)
+		real_epoll_ctl(regs[i].epfd, EPOLL_CTL_DEL, fd, NULL);
+
+	int fl = real_fcntl(ufd, F_GETFL);
+	if (fl >= 0)
+		real_fcntl(ufd, F_SETFL, nonblock ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+	if (real_dup3(ufd, fd, cloexec ? O_CLOEXEC : 0) < 0) {
+		int saved = errno;
+		for (int i = 0; i < nregs; i++)
+			real_epoll_ctl(regs[i].epfd, EPOLL_CTL_ADD, fd, &regs[i].ev);
+		real_close(ufd);
+		errno = saved;
+		return -1;
+	}
+	real_close(ufd);
+	for (int i = 0; i < nregs; i++)
+		if (real_epoll_ctl(regs[i].epfd, EPOLL_CTL_ADD, fd, &regs[i].ev) < 0)
+			dbg("fd %d: epoll re-add on %d: %s", fd, regs[i].epfd, strerror(errno));
+	struct stat st;
+	memset(&st, 0, sizeof st);
+	fstat(fd, &st);
+
+	lock();
+	e = ent(fd);
+	if (e) {
+		int keep = e->flags & (F_NODELAY | F_CORK | F_KEEPALIVE);
+		int32_t maxseg = e->maxseg, tos = e->tos;
+		clear_locked(fd);
+		e->flags = F_TRACKED | F_SWITCHED | keep;
+		e->family = family;
+		e->ino = st.st_ino;
+		e->dev = st.st_dev;
+		e->id = id;
+		e->maxseg = maxseg;
+		e->tos = tos;
+		e->local = la;
+		e->llen = ll;
+		e->peer = pa;
+		e->plen = pl;
+	}
+	unlock();
+	return 0;
+}
+
+/* Forget the epoll records of a connected socket that stays TCP. */
+static void settle(int fd)
+{
+	if (!(fdflags(fd) & F_TRACKED) || ent(fd)->nreg == 0)
+		return;
+	lock();
+	ep_drop_fd_locked(fd);
+	unlock();
+}
+
+/* ---- intercepted calls ---- */
+
+EXPORT int socket(int domain, int type, int protocol)
+{
+	INIT();
+	int fd = real_socket(domain, type, protocol);
+	if (fd < 0 || !g_tab)
+		return fd;
+	int track = (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
+		    (protocol == 0 || protocol == IPPROTO_TCP);
+	struct fdent *e = ent(fd);
+	if (!e)
+		return fd;
+	lock();
+	clear_locked(fd);
+	if (track) {
+		e->flags = F_TRACKED;
+		e->family = domain;
+	}
+	unlock();
+	return fd;
+}
+
+/* Wait for a non-blocking connect to finish. 0, or -1 with errno. */
+static int finish_connect(int fd)
+{
+	struct timeval tv = {0, 0};
+	socklen_t l = sizeof tv;
+	long limit = 30000;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &l) == 0 && (tv.tv_sec || tv.tv_usec))
+		limit = tv.tv_sec * 1000 + tv.tv_usec / 1000;
+	struct timespec t0;
+	now_ts(&t0);
+	for (;;) {
+		long left = limit - ms_since(&t0);
+		if (left < 0)
+			left = 0;
+		struct pollfd p = {fd, POLLOUT, 0};
+		int r = poll(&p, 1, (int)left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -1;
+		if (r == 0) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+		int err = 0;
+		l = sizeof err;
+		if (real_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+			return -1;
+		if (err) {
+			errno = err;
+			return -1;
+		}
+		return 0;
+	}
+}
+
+/* Make a connected TCP socket unusable (force mode refusal). */
+static void disconnect(int fd)
+{
+	struct sockaddr sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_family = AF_UNSPEC;
+	real_connect(fd, &sa, sizeof sa);
+}
+
+EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	INIT();
+	if (g_mode == MODE_OFF || !addr || len < sizeof(sa_family_t) ||
+	    (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || !ent(fd))
+		return real_connect(fd, addr, len);
+	if (fdflags(fd) & F_SWITCHED) {
+		if (switched(fd, NULL)) {
+			errno = EISCONN;
+			return -1;
+		}
+	}
+	int family;
+	if (is_loopback(addr) || !is_tcp(fd, &family)) {
+		if (is_loopback(addr))
+			dbg("connect fd %d: loopback, plain TCP", fd);
+		return real_connect(fd, addr, len);
+	}
+	int saved = errno;
+	int r = real_connect(fd, addr, len);
+	if (r < 0) {
+		if (errno != EINPROGRESS)
+			return r;
+		if (finish_connect(fd) < 0) {
+			int e = errno;
+			settle(fd);
+			errno = e;
+			return -1;
+		}
+	}
+	char line[64], buf[4096];
+	int ufd;
+	if ((fdflags(fd) & F_EPOVF)) {
+		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
+		goto tcp;
+	}
+	snprintf(line, sizeof line, "shim-connect %d\n", (int)getpid());
+	switch (ctl_call(line, fd, buf, sizeof buf, &ufd)) {
+	case CTL_NOCONN:
+		dbg("connect fd %d: no exnd, plain TCP", fd);
+		goto tcp;
+	case CTL_BROKEN:
+		dbg("connect fd %d: control connection broke", fd);
+		disconnect(fd);
+		settle(fd);
+		errno = ECONNABORTED;
+		return -1;
+	case CTL_REFUSED:
+		dbg("connect fd %d: exnd: %s", fd, buf);
+		disconnect(fd);
+		settle(fd);
+		errno = ECONNREFUSED;
+		return -1;
+	}
+	if (!strstr(buf, "\"mode\":\"extds\"") || ufd < 0) {
+		if (ufd >= 0)
+			real_close(ufd);
+		dbg("connect fd %d: plain TCP: %s", fd, buf);
+		goto tcp;
+	}
+	uint64_t id = json_u64(buf, "\"id\"");
+	if (do_switch(fd, ufd, -1, -1, id) < 0) {
+		int e = errno;
+		dbg("connect fd %d: switch failed: %s", fd, strerror(e));
+		disconnect(fd);
+		settle(fd);
+		errno = e;
+		return -1;
+	}
+	dbg("connect fd %d: EXT-DS id %llu", fd, (unsigned long long)id);
+	errno = saved;
+	return 0;
+tcp:
+	settle(fd);
+	if (g_mode == MODE_FORCE) {
+		disconnect(fd);
+		errno = ECONNREFUSED;
+		return -1;
+	}
+	errno = saved;
+	return 0;
+}
+
+EXPORT int listen(int fd, int backlog)
+{
+	INIT();
+	int r = real_listen(fd, backlog);
+	if (r < 0 || g_mode == MODE_OFF || !ent(fd))
+		return r;
+	int saved = errno;
+	if (fdflags(fd) & F_LISTEN)
+		return r; /* backlog change */
+	int family;
+	union addr a;
+	socklen_t l = sizeof a;
+	if (!is_tcp(fd, &family) || real_getsockname(fd, &a.sa, &l) < 0 || is_loopback(&a.sa)) {
+		errno = saved;
+		return r;
+	}
+	int port = ntohs(family == AF_INET ? a.in.sin_port : a.in6.sin6_port);
+	char line[64], buf[4096];
+	int ufd;
+	snprintf(line, sizeof line, "shim-listen %d %d\n", port, (int)getpid());
+	int c = ctl_call(line, -1, buf, sizeof buf, &ufd);
+	if (ufd >= 0)
+		real_close(ufd);
+	if (c == CTL_OK) {
+		lock();
+		struct fdent *e = ent(fd);
+		clear_locked(fd);
+		e->flags = F_TRACKED | F_LISTEN;
+		e->family = family;
+		e->port = port;
+		e->owner = getpid();
+		e->lid = ++g_lid;
+		unlock();
+		dbg("listen fd %d: port %d registered", fd, port);
+	} else {
+		dbg("listen fd %d: port %d not registered (%s)", fd, port, c == CTL_NOCONN ? "no exnd" : buf);
+	}
+	errno = saved;
+	return r;
+}
+
+static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
+{
+	INIT();
+	int fd;
+	for (;;) {
+		fd = real_accept4(lfd, addr, alen, flags);
+		if (fd < 0 || !ent(fd))
+			return fd;
+		int saved = errno;
+		lock();
+		clear_locked(fd);
+		struct fdent *le = ent(lfd);
+		int shim = le && (le->flags & F_LISTEN);
+		int family = le ? le->family : 0;
+		struct fdent *e = ent(fd);
+		e->flags = F_TRACKED;
+		e->family = family;
+		unlock();
+		if (!shim || g_mode == MODE_OFF) {
+			errno = saved;
+			return fd;
+		}
+		union addr pa;
+		socklen_t pl = sizeof pa;
+		if (real_getpeername(fd, &pa.sa, &pl) < 0 || is_loopback(&pa.sa)) {
+			errno = saved;
+			return fd;
+		}
+		char line[64], buf[4096];
+		int ufd;
+		snprintf(line, sizeof line, "shim-accept %d\n", (int)getpid());
+		int c = ctl_call(line, fd, buf, sizeof buf, &ufd);
+		if (c == CTL_NOCONN) {
+			dbg("accept fd %d: no exnd, plain TCP", fd);
+			errno = saved;
+			return fd;
+		}
+		if (c == CTL_OK && !strstr(buf, "\"mode\":\"extds\"")) {
+			if (ufd >= 0)
+				real_close(ufd);
+			dbg("accept fd %d: plain TCP: %s", fd, buf);
+			errno = saved;
+			return fd;
+		}
+		if (c == CTL_OK && ufd >= 0) {
+			uint64_t id = json_u64(buf, "\"id\"");
+			if (do_switch(fd, ufd, (flags & SOCK_CLOEXEC) != 0, (flags & SOCK_NONBLOCK) != 0, id) == 0) {
+				dbg("accept fd %d: EXT-DS id %llu", fd, (unsigned long long)id);
+				errno = saved;
+				return fd;
+			}
+		}
+		/* exnd failed this connection (its stream may be consumed):
+		 * drop it. A blocking listener waits for the next one. */
+		dbg("accept fd %d: dropped (%s)", fd, c == CTL_BROKEN ? "control connection broke" : buf);
+		lock();
+		clear_locked(fd);
+		unlock();
+		real_close(fd);
+		int fl = real_fcntl(lfd, F_GETFL);
+		if (fl >= 0 && (fl & O_NONBLOCK)) {
+			errno = EAGAIN;
+			return -1;
+		}
+	}
+}
+
+EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len) { return do_accept(fd, addr, len, 0); }
+
+EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	return do_accept(fd, addr, len, flags);
+}
+
+/* Whether another descriptor still refers to listener lid. */
+static int listener_shared_locked(int fd, uint32_t lid)
+{
+	for (int i = 0; i < g_ntab; i++)
+		if (i != fd && (g_tab[i].flags & F_LISTEN) && g_tab[i].lid == lid)
+			return 1;
+	return 0;
+}
+
+EXPORT int close(int fd)
+{
+	INIT();
+	struct fdent *e = ent(fd);
+	if (!e || (!e->flags && !g_nep))
+		return real_close(fd);
+	int port = 0;
+	lock();
+	if (g_nep)
+		ep_drop_epfd_locked(fd);
+	if ((e->flags & F_LISTEN) && e->owner == getpid() && !listener_shared_locked(fd, e->lid))
+		port = e->port;
+	clear_locked(fd);
+	unlock();
+	int r = real_close(fd);
+	if (port) {
+		int saved = errno;
+		char line[64], buf[4096];
+		int ufd;
+		snprintf(line, sizeof line, "shim-unlisten %d %d\n", port, (int)getpid());
+		ctl_call(line, -1, buf, sizeof buf, &ufd);
+		if (ufd >= 0)
+			real_close(ufd);
+		dbg("close fd %d: port %d unregistered", fd, port);
+		errno = saved;
+	}
+	return r;
+}
+
+/* After a successful dup of oldfd to newfd: copy the entry. */
+static void dup_copy(int oldfd, int newfd)
+{
+	struct fdent *o = ent(oldfd), *n = ent(newfd);
+	if (!n || oldfd == newfd)
+		return;
+	if (!(o && o->flags) && !n->flags)
+		return;
+	lock();
+	clear_locked(newfd);
+	if (o) {
+		*n = *o;
+		n->nreg = 0;
+		n->flags &= ~F_EPOVF;
+	}
+	unlock();
+}
+
+EXPORT int dup(int fd)
+{
+	INIT();
+	int r = real_dup(fd);
+	if (r >= 0)
+		dup_copy(fd, r);
+	return r;
+}
+
+EXPORT int dup2(int fd, int fd2)
+{
+	INIT();
+	int r = real_dup2(fd, fd2);
+	if (r >= 0)
+		dup_copy(fd, r);
+	return r;
+}
+
+EXPORT int dup3(int fd, int fd2, int flags)
+{
+	INIT();
+	int r = real_dup3(fd, fd2, flags);
+	if (r >= 0)
+		dup_copy(fd, r);
+	return r;
+}
+
+static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, void *arg)
+{
+	INIT();
+	int r = f(fd, cmd, arg);
+	if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))
+		dup_copy(fd, r);
+	return r;
+}
+
+EXPORT int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	INIT();
+	return do_fcntl(real_fcntl, fd, cmd, arg);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	INIT();
+	return do_fcntl(real_fcntl64, fd, cmd, arg);
+}
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	INIT();
+	int r = real_epoll_ctl(epfd, op, fd, ev);
+	/* Only sockets that may still switch (tracked, not connected through
+	 * the shim yet, not listening) need their registrations recorded. */
+	int fl = fdflags(fd);
+	if (r < 0 || !(fl & F_TRACKED) || (fl & (F_SWITCHED | F_LISTEN)))
+		return r;
+	lock();
+	struct fdent *e = ent(fd);
+	int slot = -1, fre = -1;
+	for (int i = 0; i < EP_POOL; i++) {
+		if (e->nreg > 0 && g_ep[i].fd == fd && g_ep[i].epfd == epfd) {
+			slot = i;
+			break;
+		}
+		if (fre < 0 && g_ep[i].fd < 0) {
+			fre = i;
+			if (e->nreg == 0)
+				break;
+		}
+	}
+	switch (op) {
+	case EPOLL_CTL_ADD:
+	case EPOLL_CTL_MOD:
+		if (slot < 0 && fre < 0) {
+			e->flags |= F_EPOVF;
+			break;
+		}
+		if (slot < 0) {
+			slot = fre;
+			g_ep[slot].fd = fd;
+			g_ep[slot].epfd = epfd;
+			g_nep++;
+			e->nreg++;
+		}
+		g_ep[slot].ev = ev ? *ev : (struct epoll_event){0};
+		break;
+	case EPOLL_CTL_DEL:
+		if (slot >= 0) {
+			g_ep[slot].fd = -1;
+			g_nep--;
+			e->nreg--;
+		}
+		break;
+	}
+	unlock();
+	return r;
+}
+
+static int copy_addr(const union addr *a, socklen_t alen, struct sockaddr *out, socklen_t *len)
+{
+	if (!out || !len) {
+		errno = EFAULT;
+		return -1;
+	}
+	socklen_t n = *len < alen ? *len : alen;
+	memcpy(out, a, n);
+	*len = alen;
+	return 0;
+}
+
+EXPORT int getsockname(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	INIT();
+	struct fdent e;
+	if (switched(fd, &e))
+		return copy_addr(&e.local, e.llen, addr, len);
+	return real_getsockname(fd, addr, len);
+}
+
+EXPORT int getpeername(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	INIT();
+	struct fdent e;
+	if (switched(fd, &e))
+		return copy_addr(&e.peer, e.plen, addr, len);
+	return real_getpeername(fd, addr, len);
+}
+
+#define EXTDS_MSS 65483 /* exn0 MTU 65521 - 20 IP - 18 TCP options... as TCP over exn0 reports */
+
+static int put_int(void *val, socklen_t *len, int v)
+{
+	if (!val || !len) {
+		errno = EFAULT;
+		return -1;
+	}
+	if (*len >= sizeof(int)) {
+		memcpy(val, &v, sizeof(int));
+		*len = sizeof(int);
+	} else if (*len > 0) {
+		*(unsigned char *)val = (unsigned char)v;
+		*len = 1;
+	}
+	return 0;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	INIT();
+	struct fdent e;
+	if (!(fdflags(fd) & F_SWITCHED) || !switched(fd, &e))
+		return real_getsockopt(fd, level, name, val, len);
+	int saved = errno, r;
+	if (level == SOL_SOCKET) {
+		switch (name) {
+		case SO_DOMAIN:
+			return put_int(val, len, e.family);
+		case SO_PROTOCOL:
+			return put_int(val, len, IPPROTO_TCP);
+		case SO_KEEPALIVE:
+			return put_int(val, len, !!(e.flags & F_KEEPALIVE));
+		case SO_ACCEPTCONN:
+			return put_int(val, len, 0);
+		default:
+			return real_getsockopt(fd, level, name, val, len);
+		}
+	}
+	if (level == IPPROTO_TCP) {
+		int mss = e.maxseg > 0 ? e.maxseg : EXTDS_MSS;
+		switch (name) {
+		case TCP_NODELAY:
+			return put_int(val, len, !!(e.flags & F_NODELAY));
+		case TCP_CORK:
+			return put_int(val, len, !!(e.flags & F_CORK));
+		case TCP_MAXSEG:
+			return put_int(val, len, mss);
+		case TCP_INFO: {
+			if (!val || !len) {
+				errno = EFAULT;
+				return -1;
+			}
+			struct tcp_info ti;
+			memset(&ti, 0, sizeof ti);
+			ti.tcpi_state = TCP_ESTABLISHED;
+			ti.tcpi_snd_mss = mss;
+			ti.tcpi_rcv_mss = mss;
+			ti.tcpi_advmss = mss;
+			ti.tcpi_pmtu = 65521;
+			ti.tcpi_snd_cwnd = 10;
+			ti.tcpi_snd_ssthresh = 0x7fffffff;
+			ti.tcpi_rcv_space = 65535;
+			ti.tcpi_rtt = 10;
+			ti.tcpi_rttvar = 5;
+			socklen_t n = *len < sizeof ti ? *len : sizeof ti;
+			memcpy(val, &ti, n);
+			*len = n;
+			return 0;
+		}
+		case TCP_CONGESTION: {
+			if (!val || !len) {
+				errno = EFAULT;
+				return -1;
+			}
+			char name16[16] = "extds";
+			socklen_t n = *len < sizeof name16 ? *len : sizeof name16;
+			memcpy(val, name16, n);
+			*len = n;
+			return 0;
+		}
+		default:
+			r = put_int(val, len, 0);
+			errno = saved;
+			return r;
+		}
+	}
+	if (level == IPPROTO_IP || level == IPPROTO_IPV6) {
+		if ((level == IPPROTO_IP && name == IP_TOS) || (level == IPPROTO_IPV6 && name == IPV6_TCLASS))
+			return put_int(val, len, e.tos);
+		return put_int(val, len, 0);
+	}
+	return real_getsockopt(fd, level, name, val, len);
+}
+
+static int get_int(const void *val, socklen_t len, int *out)
+{
+	if (!val || len < 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (len >= sizeof(int))
+		memcpy(out, val, sizeof(int));
+	else
+		*out = *(const unsigned char *)val;
+	return 0;
+}
+
+/* Set or clear flag f of a switched fd's entry. */
+static void set_flag(int fd, int f, int on)
+{
+	lock();
+	struct fdent *e = ent(fd);
+	if (on)
+		e->flags |= f;
+	else
+		e->flags &= ~f;
+	unlock();
+}
+
+EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+	INIT();
+	if (!(fdflags(fd) & F_SWITCHED) || !switched(fd, NULL)) {
+		int saved = errno;
+		int r = real_setsockopt(fd, level, name, val, len);
+		/* Remember options set before a connect switches the socket. */
+		if (r == 0 && (fdflags(fd) & F_TRACKED) && !(fdflags(fd) & F_SWITCHED)) {
+			int v;
+			if (get_int(val, len, &v) == 0) {
+				if (level == IPPROTO_TCP && name == TCP_NODELAY)
+					set_flag(fd, F_NODELAY, v);
+				else if (level == IPPROTO_TCP && name == TCP_CORK)
+					set_flag(fd, F_CORK, v);
+				else if (level == SOL_SOCKET && name == SO_KEEPALIVE)
+					set_flag(fd, F_KEEPALIVE, v);
+				else if ((level == IPPROTO_IP && name == IP_TOS) || (level == IPPROTO_IPV6 && name == IPV6_TCLASS))
+					ent(fd)->tos = v;
+				else if (level == IPPROTO_TCP && name == TCP_MAXSEG)
+					ent(fd)->maxseg = v;
+			}
+			errno = saved;
+		}
+		return r;
+	}
+	int v = 0;
+	if (level == SOL_SOCKET) {
+		if (name == SO_KEEPALIVE) {
+			if (get_int(val, len, &v) < 0)
+				return -1;
+			set_flag(fd, F_KEEPALIVE, v);
+			return 0;
+		}
+		return real_setsockopt(fd, level, name, val, len);
+	}
+	if (level == IPPROTO_TCP) {
+		switch (name) {
+		case TCP_CONGESTION:
+			if (!val) {
+				errno = EFAULT;
+				return -1;
+			}
+			return 0;
+		case TCP_NODELAY:
+		case TCP_CORK:
+		case TCP_MAXSEG:
+			if (get_int(val, len, &v) < 0)
+				return -1;
+			if (name == TCP_MAXSEG) {
+				lock();
+				ent(fd)->maxseg = v;
+				unlock();
+			} else {
+				set_flag(fd, name == TCP_NODELAY ? F_NODELAY : F_CORK, v);
+			}
+			return 0;
+		default:
+			return 0; /* accepted, no effect */
+		}
+	}
+	if (level == IPPROTO_IP || level == IPPROTO_IPV6) {
+		if ((level == IPPROTO_IP && name == IP_TOS) || (level == IPPROTO_IPV6 && name == IPV6_TCLASS)) {
+			if (get_int(val, len, &v) < 0)
+				return -1;
+			lock();
+			ent(fd)->tos = v;
+			unlock();
+		}
+		return 0;
+	}
+	return real_setsockopt(fd, level, name, val, len);
+}
+
+/* A connected unix stream socket refuses a destination address where
+ * TCP ignores it, and reports the unix peer where TCP reports none. */
+
+EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t alen)
+{
+	INIT();
+	if (addr && (fdflags(fd) & F_SWITCHED))
+		addr = NULL, alen = 0;
+	return real_sendto(fd, buf, n, flags, addr, alen);
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	INIT();
+	if (msg && msg->msg_name && (fdflags(fd) & F_SWITCHED)) {
+		struct msghdr m = *msg;
+		m.msg_name = NULL;
+		m.msg_namelen = 0;
+		return real_sendmsg(fd, &m, flags);
+	}
+	return real_sendmsg(fd, msg, flags);
+}
+
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *alen)
+{
+	INIT();
+	if (addr && (fdflags(fd) & F_SWITCHED)) {
+		ssize_t r = real_recvfrom(fd, buf, n, flags, NULL, NULL);
+		if (r >= 0 && alen)
+			*alen = 0;
+		return r;
+	}
+	return real_recvfrom(fd, buf, n, flags, addr, alen);
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	INIT();
+	ssize_t r = real_recvmsg(fd, msg, flags);
+	if (r >= 0 && msg && msg->msg_name && (fdflags(fd) & F_SWITCHED))
+		msg->msg_namelen = 0;
+	return r;
+}
