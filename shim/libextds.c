@@ -748,6 +748,9 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			return -1;
 		}
 	}
+	/* exnd may flip O_NONBLOCK on the shared open file (Go's
+	 * net.FileConn does): take the flags now and put them back. */
+	int fdfl = real_fcntl(fd, F_GETFD), flfl = real_fcntl(fd, F_GETFL);
 	char line[64], buf[4096];
 	int ufd;
 	if ((fdflags(fd) & F_EPOVF)) {
@@ -779,7 +782,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		goto tcp;
 	}
 	uint64_t id = json_u64(buf, "\"id\"");
-	if (do_switch(fd, ufd, -1, -1, id) < 0) {
+	if (do_switch(fd, ufd, (fdfl & FD_CLOEXEC) != 0, (flfl & O_NONBLOCK) != 0, id) < 0) {
 		int e = errno;
 		dbg("connect fd %d: switch failed: %s", fd, strerror(e));
 		disconnect(fd);
@@ -791,6 +794,8 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	errno = saved;
 	return 0;
 tcp:
+	if (flfl >= 0)
+		real_fcntl(fd, F_SETFL, flfl);
 	settle(fd);
 	if (g_mode == MODE_FORCE) {
 		disconnect(fd);
@@ -882,6 +887,9 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		if (c == CTL_OK && !strstr(buf, "\"mode\":\"extds\"")) {
 			if (ufd >= 0)
 				real_close(ufd);
+			int fl = real_fcntl(fd, F_GETFL);
+			if (fl >= 0 && !!(fl & O_NONBLOCK) != !!(flags & SOCK_NONBLOCK))
+				real_fcntl(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
 			dbg("accept fd %d: plain TCP: %s", fd, buf);
 			errno = saved;
 			return fd;

@@ -1,6 +1,6 @@
-// Package shim holds the tests of libextds.so, the LD_PRELOAD socket
-// switch for EXT-DS (shim/libextds.c; docs/shim.md). The library is C, not
+// Package check holds the tests of libextds.so, the LD_PRELOAD socket
+// switch for EXT-DS (../libextds.c; docs/shim.md). The library is C, not
 // Go: it runs inside arbitrary processes across fork and signals. The tests
-// build it with gcc and drive small C programs (shim/test) and unmodified
+// build it with gcc and drive small C programs (../test) and unmodified
 // iperf3 and sockperf through it, against a fake exnd control server.
-package shim
+package check
