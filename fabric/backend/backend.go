@@ -3,8 +3,8 @@
 //
 //	mem              the in-process backend (needs Options.Mem)
 //	shm:NAME         processes on one host, files /dev/shm/exn-NAME-*
-//	net:LISTEN_ADDR  hosts over TCP (not in this build yet)
-//	ofi:PROVIDER     libfabric (not in this build yet)
+//	net:LISTEN_ADDR  hosts over TCP (needs Options.Peers)
+//	ofi:PROVIDER     libfabric (only with build tag ofi)
 //
 // It is the one place that knows every backend, so commands and tests
 // choose a fabric by string.
@@ -17,6 +17,8 @@ import (
 	"strings"
 
 	"github.com/exn-project/exn/fabric"
+	fabnet "github.com/exn-project/exn/fabric/net"
+	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/fabric/shm"
 )
 
@@ -77,6 +79,9 @@ type Options struct {
 	Mem Cluster
 	// SHM are extra options for the shm backend (slots, directory, ...).
 	SHM []shm.Option
+	// Peers maps node IDs to addresses: required by net (the peers file,
+	// DESIGN.md "Commands"), ignored by mem and shm.
+	Peers []peers.Peer
 	// Logger receives backend log lines; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -166,8 +171,22 @@ func OpenSpec(s Spec, node fabric.NodeID, opts Options) (fabric.NIC, error) {
 			return nil, fmt.Errorf("fabric %s: node %d: %w", s, node, err)
 		}
 		return nic, nil
-	case Net, OFI:
-		return nil, &UnavailableError{Kind: s.Kind}
+	case Net:
+		if len(opts.Peers) == 0 {
+			return nil, fmt.Errorf("fabric %s: node %d: the net backend needs a peers file (--peers): %w", s, node, ErrBadSpec)
+		}
+		nic, err := fabnet.Open(fabnet.Config{
+			Node:   node,
+			Listen: s.Arg,
+			Peers:  fabnet.PeerAddrs(opts.Peers, ""),
+			Logger: opts.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("fabric %s: node %d: %w", s, node, err)
+		}
+		return nic, nil
+	case OFI:
+		return openOFI(s, node, opts)
 	}
 	return nil, fmt.Errorf("fabric %q: unknown backend: %w", s.Kind, ErrBadSpec)
 }

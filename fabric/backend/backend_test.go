@@ -81,7 +81,7 @@ func TestOpenErrors(t *testing.T) {
 	}{
 		{name: "mem without cluster", spec: "mem", is: ErrBadSpec, wantErr: "cannot span processes"},
 		{name: "mem cluster error", spec: "mem", opts: Options{Mem: &fakeCluster{err: boom}}, is: boom, wantErr: "fabric mem: node 7: boom"},
-		{name: "net", spec: "net:127.0.0.1:0", is: ErrUnavailable, wantErr: "fabric backend net not available in this build"},
+		{name: "net without peers", spec: "net:127.0.0.1:0", is: ErrBadSpec, wantErr: "needs a peers file"},
 		{name: "ofi", spec: "ofi:tcp", is: ErrUnavailable, wantErr: "fabric backend ofi not available in this build"},
 		{name: "bad", spec: "tcp:1", is: ErrBadSpec, wantErr: "unknown backend"},
 	}

@@ -2,11 +2,14 @@ package backend
 
 import (
 	"context"
+	"net"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/fabric/shm"
 )
 
@@ -87,4 +90,40 @@ func TestOpenSHM(t *testing.T) {
 			t.Errorf("file %s left after Close", e.Name())
 		}
 	}
+}
+
+// freePort returns a loopback address with a port that was free a moment
+// ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func TestOpenNet(t *testing.T) {
+	addrA, addrB := freePort(t), freePort(t)
+	ps := []peers.Peer{{Node: 1, Addr: addrA}, {Node: 2, Addr: addrB}}
+	a, err := Open("net:"+addrA, 1, Options{Peers: ps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open("net:"+addrB, 2, Options{Peers: ps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// The nodes connect in the background; wait until each sees the other.
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Alive(2) != nil || b.Alive(1) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("net nodes never connected: %v, %v", a.Alive(2), b.Alive(1))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	pingPong(t, a, b)
 }
