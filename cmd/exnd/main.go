@@ -4,8 +4,11 @@
 //	exnd --node-id N --fabric mem|shm:NAME|net:LISTEN_ADDR|ofi:PROVIDER [--peers FILE]
 //	     [--ifname exn0] [--addr CIDR] [--mtu 65521] [--eager-threshold 480]
 //	     [--netstack] [--metrics ADDR] [--control PATH] [--log-level info]
+//	     [--config FILE] [--check-config]
 //
-// It shuts down cleanly on SIGINT and SIGTERM.
+// Every flag can also be set in the --config file ("name = value" lines);
+// --check-config validates flags and file and exits 0 or 2. exnd shuts
+// down cleanly on SIGINT and SIGTERM. See docs/operations.md.
 package main
 
 import (
