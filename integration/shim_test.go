@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -384,4 +385,87 @@ func TestShim(t *testing.T) {
 			t.Errorf("the client finished a 1 TiB transfer: it should have failed")
 		}
 	})
+}
+
+var (
+	spP50re = regexp.MustCompile(`percentile 50\.000 =\s+([0-9.]+)`)
+	spP99re = regexp.MustCompile(`percentile 99\.000 =\s+([0-9.]+)`)
+)
+
+func sockperfPercentiles(t *testing.T, out string) (p50, p99 float64) {
+	t.Helper()
+	m50, m99 := spP50re.FindStringSubmatch(out), spP99re.FindStringSubmatch(out)
+	if m50 == nil || m99 == nil {
+		t.Fatalf("no percentiles in sockperf output: %s", tailStr(out))
+	}
+	p50, _ = strconv.ParseFloat(m50[1], 64)
+	p99, _ = strconv.ParseFloat(m99[1], 64)
+	return p50, p99
+}
+
+// TestShimPerf measures, in one run between the same two namespaces,
+// iperf3 (1 and 4 streams) and sockperf TCP ping-pong three ways: through
+// libextds.so (EXT-DS), plain TCP over exn0, and TCP over a veth pair. It
+// checks the bars of issue #6 (shim >= 1.0x exn0 for iperf3, sockperf
+// p50 <= exn0). Timing-sensitive, so it runs only with EXN_PERF=1
+// (EXN_PERF_SECS sets the duration, default 4 s):
+//
+//	EXN_PERF=1 go test -run TestShimPerf -v ./integration/
+func TestShimPerf(t *testing.T) {
+	if os.Getenv("EXN_PERF") != "1" {
+		t.Skip("set EXN_PERF=1 to measure")
+	}
+	secs := 4
+	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
+		secs = s
+	}
+	c := startShimCluster(t, 41)
+	_, vethB := nstest.Veth(t, c.nodes[0].NS, c.nodes[1].NS, 41)
+	if _, err := nstest.Ping(c.nodes[0].NS, vethB, 1, 56, ""); err != nil {
+		t.Fatal(err)
+	}
+	exnIP := c.nodes[1].IP.String()
+	type way struct {
+		name           string
+		ip             string
+		srvEnv, cliEnv []string
+	}
+	ways := []way{{"shim (EXT-DS)", exnIP, c.env(1), c.env(0)}, {"TCP over exn0", exnIP, nil, nil}, {"TCP over veth", vethB, nil, nil}}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "| measurement | %s | %s | %s | shim / exn0 |\n|---|---|---|---|---|\n", ways[0].name, ways[1].name, ways[2].name)
+	row := func(name, unit string, v [3]float64) {
+		fmt.Fprintf(&sb, "| %s | %.2f %s | %.2f %s | %.2f %s | %.2fx |\n", name, v[0], unit, v[1], unit, v[2], unit, v[0]/v[1])
+	}
+	var gbps [2][3]float64
+	for si, extra := range [][]string{nil, {"-P", "4"}} {
+		for wi, w := range ways {
+			var bytes float64
+			d := c.measure(t, func() { bytes, gbps[si][wi] = c.iperf3(t, w.srvEnv, w.cliEnv, w.ip, secs, extra...) })
+			gbps[si][wi] /= 1e9
+			if wi == 0 {
+				overEXTDS(t, "perf iperf3", d, bytes)
+			}
+		}
+	}
+	row("iperf3, 1 stream", "Gbit/s", gbps[0])
+	row("iperf3, 4 streams", "Gbit/s", gbps[1])
+	var p50, p99 [3]float64
+	for wi, w := range ways {
+		out := c.sockperf(t, w.srvEnv, w.cliEnv, w.ip, "ping-pong", "e", secs)
+		p50[wi], p99[wi] = sockperfPercentiles(t, out)
+	}
+	row("sockperf ping-pong p50", "us", p50)
+	row("sockperf ping-pong p99", "us", p99)
+	t.Logf("%d s each, %d CPUs\n%s", secs, runtime.NumCPU(), sb.String())
+	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if gbps[0][0] < gbps[0][1] {
+		t.Errorf("bar: iperf3 through the shim %.2f Gbit/s < TCP over exn0 %.2f", gbps[0][0], gbps[0][1])
+	}
+	if p50[0] > p50[1] {
+		t.Errorf("bar: sockperf p50 through the shim %.2f us > TCP over exn0 %.2f", p50[0], p50[1])
+	}
 }
