@@ -67,6 +67,10 @@ type Config struct {
 	// "--mtu" or "FILE:LINE: mtu". addrWhere is per element of Addrs.
 	where     map[string]string
 	addrWhere []string
+	// controlIsDefault: neither a flag nor the file chose Control. Then a
+	// socket that cannot be served (another exnd on the host holds the
+	// default path) is a warning, not a failure; see startControl.
+	controlIsDefault bool
 }
 
 // field names setting name as the user gave it: the flag, or the file
@@ -166,6 +170,8 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	if err := c.validate(*nodeID, *fab, *logLevel); err != nil {
 		return failed, err
 	}
+	_, inFile := c.where["control"]
+	c.controlIsDefault = !onCommandLine["control"] && !inFile
 	return c, nil
 }
 
@@ -253,6 +259,9 @@ func (c *Config) validate(nodeID, fab, logLevel string) error {
 	}
 	if c.Fabric, err = backend.Parse(fab); err != nil {
 		return bad("fabric", "%q: %v", fab, err)
+	}
+	if c.Fabric.Kind == backend.Net && c.Peers == "" {
+		return bad("fabric", "%s: the net backend needs --peers (the address of every node)", c.Fabric)
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		return bad("log-level", "%q: want debug, info, warn or error", logLevel)

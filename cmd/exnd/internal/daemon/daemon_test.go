@@ -328,6 +328,44 @@ func TestStartFailsCleanly(t *testing.T) {
 	}
 }
 
+// TestDefaultControlBusy: a second node on the default control path (not
+// chosen by flag or file) runs without a control socket rather than
+// failing, and the first keeps serving it.
+func TestDefaultControlBusy(t *testing.T) {
+	c := mem.NewCluster()
+	cfg1 := memConfig(t, 1)
+	n1 := startNode(t, c, cfg1)
+	cfg2 := memConfig(t, 2)
+	cfg2.Control, cfg2.controlIsDefault = cfg1.Control, true
+	n2 := startNode(t, c, cfg2)
+	if n2.d.ctl != nil {
+		t.Fatal("second node serves the busy default control socket")
+	}
+	var s Status
+	call(t, dial(t, cfg1.Control), &s, "status")
+	if s.Node != 1 {
+		t.Fatalf("status %+v", s)
+	}
+	_ = n1
+}
+
+func TestParseControlIsDefault(t *testing.T) {
+	f := writeFile(t, "c.conf", "node-id = 1\nfabric = mem\ncontrol = /tmp/x.sock\n")
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--node-id", "1", "--fabric", "mem"}, true},
+		{[]string{"--node-id", "1", "--fabric", "mem", "--control", "/run/exn/exnd.sock"}, false},
+		{[]string{"--config", f}, false},
+	} {
+		c, err := Parse(tc.args, io.Discard)
+		if err != nil || c.controlIsDefault != tc.want {
+			t.Errorf("Parse(%q): controlIsDefault %v, %v; want %v", tc.args, c.controlIsDefault, err, tc.want)
+		}
+	}
+}
+
 // TestControlAndMetricsOff: empty --control and --metrics start neither.
 func TestControlAndMetricsOff(t *testing.T) {
 	cfg := memConfig(t, 1)

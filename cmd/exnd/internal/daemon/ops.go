@@ -99,6 +99,14 @@ func (d *Daemon) startControl() error {
 		s.Handle(op, h)
 	}
 	if err := s.Listen(d.cfg.Control); err != nil {
+		s.Close()
+		if d.cfg.controlIsDefault {
+			// Several nodes on one host (one per namespace) share the
+			// default path; only a chosen path must be served.
+			d.log.Warn("no control socket: exnctl and libextds.so cannot reach this exnd; give each node its own --control",
+				"err", err)
+			return nil
+		}
 		return fmt.Errorf("%s: %w", d.cfg.field("control"), err)
 	}
 	d.ctl = s
