@@ -155,8 +155,10 @@ type Conn struct {
 	laddr, raddr net.Addr
 
 	// ModeTCP
-	tcp net.Conn // reader (may replay peeked bytes)
-	raw net.Conn // the socket (CloseWrite, SetLinger)
+	tcp  net.Conn // reader (may replay peeked bytes)
+	raw  net.Conn // the socket (CloseWrite, SetLinger)
+	why  FallbackReason
+	fell bool // why is set: a Device chose TCP
 
 	// ModeEXTDS: fixed once established.
 	dev          *Device
@@ -252,6 +254,10 @@ func (c *Conn) wakeAll() {
 
 // Mode reports whether c runs over EXT-DS or fell back to TCP.
 func (c *Conn) Mode() Mode { return c.mode }
+
+// FallbackReason says why a ModeTCP connection is not EXT-DS; ok is false
+// in ModeEXTDS and for connections made without a Device.
+func (c *Conn) FallbackReason() (r FallbackReason, ok bool) { return c.why, c.fell }
 
 // LocalAddr returns the shadow (or fallback) TCP connection's local address.
 func (c *Conn) LocalAddr() net.Addr { return c.laddr }
@@ -857,6 +863,14 @@ func (c *Conn) onNotify(n *fabric.Notification) {
 			c.failLocked(fmt.Errorf("rma %v: %w", n.Op, fabric.ErrPeerDown), false)
 			return
 		}
+		if n.Err == fabric.NErrAccess && n.Op == fabric.OpPut && c.peerIs(n.Peer) {
+			// Our PUT into the peer's ring found it deregistered: the
+			// peer released the connection (its RESET or NOCONN may be
+			// behind this notification). That is a reset, not a
+			// protocol violation.
+			c.failLocked(fmt.Errorf("peer ring gone: %w", errReset), false)
+			return
+		}
 		c.failLocked(fmt.Errorf("rma %v: %v: %w", n.Op, n.Err, ErrProtocol), true)
 		return
 	}
@@ -941,6 +955,9 @@ func (c *Conn) releaseLocked() {
 	d.mu.Lock()
 	if d.conns[c.id] == c {
 		delete(d.conns, c.id)
+	}
+	if k := (peerKey{c.peerAddr, c.peerID}); c.peerID != 0 && d.byPeer[k] == c {
+		delete(d.byPeer, k)
 	}
 	for _, r := range append([]fabric.Region{c.rxRing, c.txRing, c.zcSink}, c.bufs...) {
 		if r.NLA != 0 {

@@ -86,6 +86,16 @@ const (
 	// DefaultDrainTimeout bounds how long a closed connection keeps its
 	// ring waiting for the peer to read outstanding data.
 	DefaultDrainTimeout = 30 * time.Second
+	// DefaultProbeTimeout bounds the wait for a listener probe's answer.
+	// The peer's rx loop answers within microseconds on every backend; 50
+	// ms leaves room for a loaded node while keeping a probe that gets no
+	// answer (a node without EXT-DS on that vdev) cheap. No answer = no
+	// listener: the connection stays plain TCP.
+	DefaultProbeTimeout = 50 * time.Millisecond
+	// noConnLimit is the most NOCONN replies a Device sends per second.
+	// One reply is enough to fail the sender's connection; the limit only
+	// matters under a flood of forged or stale data messages.
+	noConnLimit = 256
 	// DefaultShadowGrace: after the shadow TCP conn breaks, how long a
 	// connection waits for the fabric SHUTDOWN that normally precedes it.
 	DefaultShadowGrace = time.Second
@@ -140,6 +150,7 @@ type config struct {
 	handshakeTO    time.Duration
 	peekTO         time.Duration
 	negativeTTL    time.Duration
+	probeTO        time.Duration
 	lazyOpen       bool
 	creditFraction int
 }
@@ -193,6 +204,10 @@ func WithHandshakeTimeout(d time.Duration) Option { return func(c *config) { c.h
 // WithPeekTimeout: see WithHandshakeTimeout.
 func WithPeekTimeout(d time.Duration) Option { return func(c *config) { c.peekTO = d } }
 
+// WithProbeTimeout bounds the client's wait for the answer to a listener
+// probe (default DefaultProbeTimeout); no answer means no listener.
+func WithProbeTimeout(d time.Duration) Option { return func(c *config) { c.probeTO = d } }
+
 // WithEagerOpen opens all 16 endpoints in NewDevice instead of on first use.
 func WithEagerOpen() Option { return func(c *config) { c.lazyOpen = false } }
 
@@ -212,9 +227,15 @@ type Device struct {
 	mu      sync.RWMutex
 	vdevs   [NumVDevs]*vdev
 	conns   map[uint32]*Conn
-	regions map[uint32]*Conn // region index → owning conn (rings, sinks, buffers)
+	regions map[uint32]*Conn  // region index → owning conn (rings, sinks, buffers)
+	byPeer  map[peerKey]*Conn // (peer address, peer's conn ID) → conn, for NOCONN
+	ports   map[uint16]int    // registered listener ports → registrations
+	probes  map[uint32]*probeWait
 	nextID  uint32
+	nextTok uint32
 	closed  bool
+
+	noConnRL rateLimit
 
 	negMu sync.Mutex
 	neg   map[string]time.Time // address → until: no EXT-DS there
@@ -227,10 +248,27 @@ type vdev struct {
 }
 
 type ctrlReq struct {
+	vd     *vdev
+	peer   fabric.Addr
+	conn   uint32
+	tag    fabric.Tag
+	port   uint16 // PROBE_REPLY
+	status uint8  // PROBE_REPLY
+}
+
+// peerKey names a connection from its peer's side: the peer's endpoint
+// address and the connection ID the peer assigned.
+type peerKey struct {
+	addr fabric.Addr
+	id   uint32
+}
+
+// probeWait is one listener probe waiting for its answer.
+type probeWait struct {
 	vd   *vdev
 	peer fabric.Addr
-	conn uint32
-	tag  fabric.Tag
+	port uint16
+	ch   chan bool // cap 1
 }
 
 // NewDevice attaches EXT-DS to a fabric NIC. Endpoints are opened on first
@@ -241,7 +279,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 		threshold: DefaultThreshold, zcThreshold: DefaultZCopyThreshold, zcMode: ZCopyRead,
 		tick: DefaultTick, drainTimeout: DefaultDrainTimeout, shadowGrace: DefaultShadowGrace,
 		keepShadow: true, handshakeTO: time.Second, peekTO: 200 * time.Millisecond,
-		negativeTTL: time.Minute, lazyOpen: true, creditFraction: 4,
+		negativeTTL: time.Minute, lazyOpen: true, creditFraction: 4, probeTO: DefaultProbeTimeout,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -259,6 +297,8 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 		return nil, fmt.Errorf("extds: eager window %d not in %d..%d", cfg.eagerWin, minEagerWin, maxEagerWin)
 	case cfg.threshold < 0 || cfg.tick <= 0:
 		return nil, errors.New("extds: bad threshold or tick")
+	case cfg.probeTO <= 0:
+		return nil, errors.New("extds: probe timeout must be positive")
 	}
 	if cfg.log == nil {
 		cfg.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -266,6 +306,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 	d := &Device{
 		att: att, cfg: cfg, ctrlq: make(chan ctrlReq, ctrlQueue),
 		conns: make(map[uint32]*Conn), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time),
+		byPeer: make(map[peerKey]*Conn), ports: make(map[uint16]int), probes: make(map[uint32]*probeWait),
 	}
 	d.rlog.log = cfg.log
 	d.ctx, d.stop = context.WithCancel(context.Background())
@@ -366,16 +407,32 @@ func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
 		d.drop(DropMalformed, "from", fm.Peer, "tag", fm.Tag, "len", fm.Len, "err", err)
 		return
 	}
+	switch m.tag {
+	case TagProbe:
+		d.onProbe(v, fm.Peer, m)
+		return
+	case TagProbeRep:
+		d.onProbeReply(v, fm.Peer, m)
+		return
+	case TagNoConn:
+		d.onNoConn(v, fm.Peer, m)
+		return
+	}
 	d.mu.RLock()
 	c := d.conns[m.conn]
 	d.mu.RUnlock()
 	if c == nil {
-		if m.tag != TagReset && m.tag != TagRMAAvail && m.tag != TagShutdown && m.tag != TagZCDone {
-			d.drop(DropUnknownConn, "from", fm.Peer, "conn", m.conn, "tag", m.tag)
-		} else {
+		switch m.tag {
+		case TagReset, TagRMAAvail, TagShutdown, TagZCDone:
 			// Late control for a connection already released: normal
 			// after a close, counted but not logged.
 			d.ctr.drops[DropUnknownConn].Add(1)
+		default:
+			// Data (or a ZCopy step) for a connection we do not know:
+			// tell the sender, or a writer waiting for credits from a
+			// connection released here would wait forever.
+			d.drop(DropUnknownConn, "from", fm.Peer, "conn", m.conn, "tag", m.tag)
+			d.noConn(v, fm.Peer, m.conn)
 		}
 		return
 	}
@@ -398,6 +455,165 @@ func (d *Device) notify(v *vdev, n *fabric.Notification) {
 	c.onNotify(n)
 }
 
+// noConn answers data for the unknown connection ID id with NOCONN,
+// rate-limited.
+func (d *Device) noConn(v *vdev, peer fabric.Addr, id uint32) {
+	if !d.noConnRL.allow(noConnLimit) {
+		d.ctr.noConnLimit.Add(1)
+		return
+	}
+	d.sendCtl(v, peer, id, TagNoConn)
+}
+
+// onNoConn fails the connection whose peer (the source) no longer knows
+// the ID it was sent to. The ID is the peer's: look it up by (source,
+// peer ID), which only the real peer can match since the fabric fills in
+// the source.
+func (d *Device) onNoConn(v *vdev, from fabric.Addr, m *msg) {
+	d.mu.RLock()
+	c := d.byPeer[peerKey{from, m.conn}]
+	d.mu.RUnlock()
+	if c == nil || c.vd != v {
+		// Both sides already released, or a forgery: counted, not logged.
+		d.ctr.drops[DropUnknownConn].Add(1)
+		return
+	}
+	d.ctr.resetsRecv.Add(1)
+	c.fail(fmt.Errorf("peer has no such connection: %w", errReset), false)
+}
+
+// onProbe answers a peer's listener probe for a port served by vdev v.
+func (d *Device) onProbe(v *vdev, from fabric.Addr, m *msg) {
+	port := uint16(m.a)
+	if int(port&0xF) != v.idx {
+		d.drop(DropProbe, "from", from, "port", port, "vdev", v.idx, "why", "probe on the wrong vdev")
+		return
+	}
+	d.mu.RLock()
+	n := d.ports[port]
+	d.mu.RUnlock()
+	var st uint8
+	if n > 0 {
+		st = 1
+	}
+	d.ctr.probesServed.Add(1)
+	select {
+	case d.ctrlq <- ctrlReq{vd: v, peer: from, conn: m.conn, tag: TagProbeRep, port: port, status: st}:
+	default:
+		d.ctr.drops[DropCtrlQueue].Add(1)
+	}
+}
+
+// onProbeReply hands an answer to the probe waiting for it.
+func (d *Device) onProbeReply(v *vdev, from fabric.Addr, m *msg) {
+	d.mu.RLock()
+	pw := d.probes[m.conn]
+	d.mu.RUnlock()
+	if pw == nil || pw.vd != v || pw.peer != from || pw.port != uint16(m.a) {
+		d.drop(DropProbe, "from", from, "token", m.conn, "port", m.a, "why", "reply matches no probe")
+		return
+	}
+	select {
+	case pw.ch <- m.b == 1:
+	default:
+		d.drop(DropProbe, "from", from, "token", m.conn, "why", "duplicate reply")
+	}
+}
+
+// RegisterPort says an EXT-DS listener for TCP port is served on this
+// node, so a peer's probe for it is answered "yes" (Listen and NewListener
+// do this themselves; exnd's shim server calls it for shimmed apps). It
+// opens the port's vdev, which must be open to receive probes and
+// connections. Registrations are counted: the port is unlisted when every
+// registration's unregister has run. unregister is idempotent.
+func (d *Device) RegisterPort(port uint16) (unregister func(), err error) {
+	if _, err := d.vdev(int(port & 0xF)); err != nil {
+		return func() {}, err
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return func() {}, net.ErrClosed
+	}
+	d.ports[port]++
+	d.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			if d.ports[port]--; d.ports[port] <= 0 {
+				delete(d.ports, port)
+			}
+			d.mu.Unlock()
+		})
+	}, nil
+}
+
+// Listening reports whether port is registered (RegisterPort).
+func (d *Device) Listening(port uint16) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.ports[port] > 0
+}
+
+// Probe asks node's Device whether an EXT-DS listener is registered for
+// TCP port. It sends one PROBE from the vdev of localPort (the prober's
+// side of the shadow connection) and waits at most the probe timeout;
+// a node whose vdev for port is not open, or no answer in time, is
+// "no". The error is non-nil only when ctx ends or the Device is closed.
+func (d *Device) Probe(ctx context.Context, node fabric.NodeID, localPort, port uint16) (bool, error) {
+	v, err := d.vdev(int(localPort & 0xF))
+	if err != nil {
+		return false, err
+	}
+	pw := &probeWait{vd: v, peer: fabric.Addr{Node: node, VPID: d.VPID(port)}, port: port, ch: make(chan bool, 1)}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return false, net.ErrClosed
+	}
+	for {
+		d.nextTok++
+		if d.nextTok != 0 && d.probes[d.nextTok] == nil {
+			break
+		}
+	}
+	tok := d.nextTok
+	d.probes[tok] = pw
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		delete(d.probes, tok)
+		d.mu.Unlock()
+	}()
+	pctx, cancel := context.WithTimeout(ctx, d.cfg.probeTO)
+	defer cancel()
+	var fm [1]fabric.Message
+	encProbe(&fm[0], pw.peer, TagProbe, tok, port, 0)
+	d.ctr.probes.Add(1)
+	if _, err := v.ep.Send(pctx, fm[:]); err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return false, err
+		}
+		return false, nil // unknown node or vdev, peer down, mailbox stuck: no
+	}
+	select {
+	case ok := <-pw.ch:
+		return ok, nil
+	case <-pctx.Done():
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		d.ctr.probeTimeouts.Add(1)
+		return false, nil
+	case <-d.ctx.Done():
+		return false, net.ErrClosed
+	}
+}
+
 // sendCtl queues a control message for the control sender; it never
 // blocks (a full queue is a counted drop).
 func (d *Device) sendCtl(v *vdev, peer fabric.Addr, conn uint32, tag fabric.Tag) {
@@ -416,10 +632,19 @@ func (d *Device) ctrlLoop() {
 		case <-d.ctx.Done():
 			return
 		case r := <-d.ctrlq:
-			encCtl(&fm[0], r.peer, r.tag, r.conn)
+			if r.tag == TagProbeRep {
+				encProbe(&fm[0], r.peer, r.tag, r.conn, r.port, r.status)
+			} else {
+				encCtl(&fm[0], r.peer, r.tag, r.conn)
+			}
 			ctx, cancel := context.WithTimeout(d.ctx, ctrlSendTimeout)
-			if _, err := r.vd.ep.Send(ctx, fm[:]); err == nil && r.tag == TagReset {
-				d.ctr.resetsSent.Add(1)
+			if _, err := r.vd.ep.Send(ctx, fm[:]); err == nil {
+				switch r.tag {
+				case TagReset:
+					d.ctr.resetsSent.Add(1)
+				case TagNoConn:
+					d.ctr.noConnSent.Add(1)
+				}
 			}
 			cancel()
 		}

@@ -103,7 +103,10 @@ func (c *Conn) establish(h hello) error {
 	c.peerID, c.peerRing, c.peerRingSize, c.peerEager = h.conn, h.ring, h.ringSize, h.eagerWin
 	c.txFree, c.txEager = h.ringSize, h.eagerWin
 	c.mu.Unlock()
-	c.dev.addRegion(tx.NLA.Region(), c)
+	c.dev.mu.Lock()
+	c.dev.regions[tx.NLA.Region()] = c
+	c.dev.byPeer[peerKey{c.peerAddr, h.conn}] = c
+	c.dev.mu.Unlock()
 	c.peer.Store(uint32(h.node) | uint32(h.vpid)<<16 | 1<<24)
 	return nil
 }
@@ -206,10 +209,11 @@ func (d *Dialer) dialRaw(ctx context.Context, network, address string) (net.Conn
 }
 
 // DialConn connects to address ("tcp", "tcp4", "tcp6"). The connection
-// runs over EXT-DS when the resolver places the peer on the fabric and the
-// peer answers the handshake, and over TCP otherwise; the caller sees no
-// error for a fallback (Mode and Stats tell). A refused or unreachable
-// address is an error, as with net.Dial.
+// runs over EXT-DS when the resolver places the peer on the fabric, the
+// peer node's Device has a listener registered for the port (probe) and
+// the peer answers the handshake, and over TCP otherwise; the caller sees
+// no error for a fallback (Mode, FallbackReason and Stats tell). A refused
+// or unreachable address is an error, as with net.Dial.
 func (d *Dialer) DialConn(ctx context.Context, network, address string) (*Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -220,6 +224,57 @@ func (d *Dialer) DialConn(ctx context.Context, network, address string) (*Conn, 
 	if err != nil {
 		return nil, err
 	}
+	c, err := d.upgrade(ctx, raw, address)
+	switch {
+	case err == nil:
+		return c, nil
+	case errors.Is(err, errNoAnswer):
+		// Not an EXT-DS server after all (it registered the port but did
+		// not answer): our hello is in its stream, so use a fresh
+		// connection.
+		raw.Close()
+		raw, err = d.dialRaw(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return d.Device.fallback(raw, nil, FallbackHandshake), nil
+	}
+	raw.Close()
+	return nil, &net.OpError{Op: "dial", Net: network, Addr: raw.RemoteAddr(), Err: err}
+}
+
+// Upgrade turns an already connected TCP socket (the shadow) into an
+// EXT-DS connection from the client side, as DialConn does after its dial:
+// resolve the peer IP, probe the peer node for a listener on the remote
+// port, and run the handshake over shadow. exnd's shim server uses it for
+// a socket an application connected itself.
+//
+//   - EXT-DS: a *Conn in ModeEXTDS that owns shadow (kept as the liveness
+//     aid or closed, per WithShadow).
+//   - Fallback before anything was written (no Device, no route, no
+//     listener, cached) or after the server said it cannot attach: a
+//     *Conn in ModeTCP wrapping shadow, whose stream is exactly as the
+//     application left it. FallbackReason says why.
+//   - Error: ctx ended, or the handshake failed after the hello was
+//     written. The stream is then unusable, so Upgrade shuts shadow down
+//     in both directions; the caller still closes it. With the probe in
+//     front, this takes a server that registered the port and then did not
+//     answer.
+func (d *Dialer) Upgrade(ctx context.Context, shadow net.Conn) (*Conn, error) {
+	c, err := d.upgrade(ctx, shadow, shadow.RemoteAddr().String())
+	if err != nil {
+		abandon(shadow)
+		return nil, &net.OpError{Op: "upgrade", Net: "extds", Source: shadow.LocalAddr(), Addr: shadow.RemoteAddr(), Err: err}
+	}
+	return c, nil
+}
+
+// errNoAnswer: the handshake failed after our hello went out.
+var errNoAnswer = errors.New("extds: no valid handshake answer")
+
+// upgrade runs the client side over raw. On an error raw is not closed;
+// errNoAnswer means the hello was written.
+func (d *Dialer) upgrade(ctx context.Context, raw net.Conn, address string) (*Conn, error) {
 	dev := d.Device
 	if dev == nil {
 		return tcpConn(raw, nil), nil
@@ -241,38 +296,54 @@ func (d *Dialer) DialConn(ctx context.Context, network, address string) (*Conn, 
 	if dev.negative(address) {
 		return dev.fallback(raw, nil, FallbackCached), nil
 	}
-	port, _ := portOf(raw.LocalAddr())
-	c, err := dev.newConn(port, raw)
+	lport, _ := portOf(raw.LocalAddr())
+	rport, _ := portOf(raw.RemoteAddr())
+	listening, err := dev.Probe(ctx, node, lport, rport)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		dev.rlog.warn("extds: cannot probe, using tcp", "err", err)
+		return dev.fallback(raw, nil, FallbackNoRoute), nil
+	}
+	if !listening {
+		return dev.fallback(raw, nil, FallbackNoListener), nil
+	}
+	c, err := dev.newConn(lport, raw)
 	if err != nil {
 		dev.rlog.warn("extds: cannot attach connection, using tcp", "err", err)
 		return dev.fallback(raw, nil, FallbackNoRoute), nil
 	}
-	h, err := c.clientHandshake(ctx, raw, node)
+	_, err = c.clientHandshake(ctx, raw, node)
 	switch {
 	case err == nil:
 		c.start()
 		return c, nil
 	case errors.Is(err, errPeerNoFab):
 		c.discard()
+		_ = raw.SetDeadline(time.Time{})
 		return dev.fallback(raw, nil, FallbackPeerNoFab), nil
 	case ctx.Err() != nil:
 		c.discard()
-		raw.Close()
-		return nil, &net.OpError{Op: "dial", Net: network, Addr: raw.RemoteAddr(), Err: ctx.Err()}
+		return nil, ctx.Err()
 	}
-	_ = h
-	// No (valid) answer: not an EXT-DS server. Our hello is in its stream,
-	// so use a fresh connection.
 	c.discard()
-	raw.Close()
 	dev.ctr.handshakeErr.Add(1)
-	dev.rlog.warn("extds: handshake failed, falling back to tcp", "addr", address, "err", err)
+	dev.rlog.warn("extds: handshake failed", "addr", address, "err", err)
 	dev.setNegative(address)
-	raw, err = d.dialRaw(ctx, network, address)
-	if err != nil {
-		return nil, err
+	return nil, fmt.Errorf("%w: %w", errNoAnswer, err)
+}
+
+// abandon shuts a stream down in both directions (the socket, not just
+// this descriptor): after a failed handshake its content is garbage to
+// the application.
+func abandon(c net.Conn) {
+	if cr, ok := c.(interface{ CloseRead() error }); ok {
+		_ = cr.CloseRead()
 	}
-	return dev.fallback(raw, nil, FallbackHandshake), nil
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
 }
 
 var errPeerNoFab = errors.New("peer cannot attach to the fabric")
@@ -280,7 +351,9 @@ var errPeerNoFab = errors.New("peer cannot attach to the fabric")
 func (d *Device) fallback(raw, reader net.Conn, why FallbackReason) *Conn {
 	d.ctr.fallbacks[why].Add(1)
 	d.ctr.connsTCP.Add(1)
-	return tcpConn(raw, reader)
+	c := tcpConn(raw, reader)
+	c.why, c.fell = why, true
+	return c
 }
 
 func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID) (hello, error) {
@@ -318,6 +391,9 @@ func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.No
 	if _, err := raw.Write(a[:]); err != nil {
 		return h, err
 	}
+	if !stop() && ctx.Err() != nil {
+		return h, ctx.Err() // the watcher has set (or is setting) a past deadline
+	}
 	return h, nil
 }
 
@@ -328,6 +404,7 @@ type Listener struct {
 	inner net.Listener
 	port  uint16
 	res   Resolver
+	unreg func()
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -363,6 +440,15 @@ func NewListener(dev *Device, inner net.Listener) *Listener {
 		pending: make(map[net.Conn]struct{}),
 	}
 	l.port, _ = portOf(inner.Addr())
+	l.unreg = func() {}
+	if dev != nil {
+		unreg, err := dev.RegisterPort(l.port)
+		if err != nil {
+			// Clients' probes get no "yes": they stay plain TCP.
+			dev.rlog.warn("extds: cannot register listener port", "port", l.port, "err", err)
+		}
+		l.unreg = unreg
+	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -467,8 +553,8 @@ func (l *Listener) serverHandshake(raw net.Conn) *Conn {
 	cfg := &d.cfg
 	_ = raw.SetReadDeadline(time.Now().Add(cfg.peekTO))
 	var b [helloLen]byte
-	n, err := io.ReadFull(raw, b[:4])
-	if err != nil || string(b[:4]) != magicHello {
+	n, err := io.ReadFull(raw, b[:HelloPrefixLen])
+	if err != nil || string(b[:HelloPrefixLen]) != magicHello {
 		var ne net.Error
 		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) && n == 0 {
 			raw.Close() // closed before saying anything
@@ -478,19 +564,106 @@ func (l *Listener) serverHandshake(raw net.Conn) *Conn {
 		return d.fallback(raw, &replayConn{Conn: raw, pre: append([]byte(nil), b[:n]...)}, FallbackPlainPeer)
 	}
 	_ = raw.SetDeadline(time.Now().Add(cfg.handshakeTO))
-	if _, err := io.ReadFull(raw, b[4:]); err != nil {
+	if _, err := io.ReadFull(raw, b[HelloPrefixLen:]); err != nil {
 		d.ctr.handshakeErr.Add(1)
 		raw.Close()
 		return nil
 	}
+	c, err := d.serverHello(raw, l.port, &b)
+	if err != nil {
+		raw.Close()
+		return nil
+	}
+	if c.mode == ModeEXTDS {
+		c.start()
+	}
+	return c
+}
+
+// HelloPrefixLen is how many first bytes of a stream tell an EXT-DS
+// client's hello from anything else.
+const HelloPrefixLen = len(magicHello)
+
+// ClassifyPeek looks at the first bytes a server received (peeked, not
+// consumed): hello means they start an EXT-DS hello, plain that they
+// cannot; neither means they are a strict prefix of the hello magic and
+// more bytes are needed to tell.
+func ClassifyPeek(b []byte) (hello, plain bool) {
+	n := min(len(b), HelloPrefixLen)
+	if string(b[:n]) != magicHello[:n] {
+		return false, true
+	}
+	return n == HelloPrefixLen, false
+}
+
+// AcceptShadow is the server side of Upgrade: shadow is a TCP socket an
+// application accepted itself, and peeked holds its first bytes, peeked
+// and not consumed (MSG_PEEK), with at least HelloPrefixLen bytes unless
+// the client sent fewer before a timeout or EOF.
+//
+//   - peeked is not an EXT-DS hello (ClassifyPeek): a *Conn in ModeTCP
+//     wrapping shadow; nothing is read from or written to it, so the
+//     application reads the client's bytes itself (FallbackPlainPeer).
+//   - peeked is a hello: the hello is consumed and the server handshake
+//     runs (HandshakeTimeout, and ctx). The result is a *Conn in
+//     ModeEXTDS that owns shadow, or in ModeTCP (FallbackPeerNoFab) when
+//     this node cannot attach the connection and told the client so.
+//   - Error: a bad hello, a timeout or ctx ending mid-handshake. The
+//     stream is unusable, so AcceptShadow shuts shadow down in both
+//     directions; the caller still closes it.
+func (d *Device) AcceptShadow(ctx context.Context, shadow net.Conn, peeked []byte) (*Conn, error) {
+	if hello, _ := ClassifyPeek(peeked); !hello {
+		return d.fallback(shadow, nil, FallbackPlainPeer), nil
+	}
+	fail := func(err error) (*Conn, error) {
+		abandon(shadow)
+		return nil, &net.OpError{Op: "accept", Net: "extds", Source: shadow.LocalAddr(), Addr: shadow.RemoteAddr(), Err: err}
+	}
+	port, ok := portOf(shadow.LocalAddr())
+	if !ok {
+		return fail(fmt.Errorf("local address %v has no port", shadow.LocalAddr()))
+	}
+	dl := time.Now().Add(d.cfg.handshakeTO)
+	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
+		dl = t
+	}
+	_ = shadow.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = shadow.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var b [helloLen]byte
+	if _, err := io.ReadFull(shadow, b[:]); err != nil {
+		d.ctr.handshakeErr.Add(1)
+		return fail(err)
+	}
+	c, err := d.serverHello(shadow, port, &b)
+	if err != nil {
+		return fail(err)
+	}
+	if !stop() && ctx.Err() != nil {
+		c.abortAny()
+		return fail(ctx.Err())
+	}
+	if c.mode == ModeEXTDS {
+		c.start()
+	}
+	return c, nil
+}
+
+// serverHello finishes the server handshake once the whole hello is in b:
+// attach, reply, read the ack. It returns a connection in ModeEXTDS (not
+// yet started), in ModeTCP when this node cannot attach (the client was
+// told), or an error (raw is then not closed).
+func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte) (*Conn, error) {
 	h, err := decodeHello(b[:], magicHello)
-	if err != nil || h.status != statusOK {
+	if err == nil && h.status != statusOK {
+		err = fmt.Errorf("hello with status %d: %w", h.status, errHandshake)
+	}
+	if err != nil {
 		d.ctr.handshakeErr.Add(1)
 		d.rlog.warn("extds: bad hello", "from", raw.RemoteAddr(), "err", err)
-		raw.Close()
-		return nil
+		return nil, err
 	}
-	c, err := d.newConn(l.port, raw)
+	c, err := d.newConn(port, raw)
 	if err == nil {
 		if err = c.establish(h); err != nil {
 			c.discard()
@@ -502,28 +675,25 @@ func (l *Listener) serverHandshake(raw net.Conn) *Conn {
 		r.status = statusNoFab
 		r.encode(b[:], magicReply)
 		if _, err := raw.Write(b[:]); err != nil {
-			raw.Close()
-			return nil
+			return nil, err
 		}
 		_ = raw.SetDeadline(time.Time{})
-		return d.fallback(raw, nil, FallbackPeerNoFab)
+		return d.fallback(raw, nil, FallbackPeerNoFab), nil
 	}
 	lh := c.localHello()
 	lh.encode(b[:], magicReply)
-	if _, err := raw.Write(b[:]); err == nil {
+	if _, err = raw.Write(b[:]); err == nil {
 		var a [ackLen]byte
 		if _, err = io.ReadFull(raw, a[:]); err == nil {
 			err = decodeAck(a[:], c.id)
 		}
 		if err == nil {
-			c.start()
-			return c
+			return c, nil
 		}
 	}
 	d.ctr.handshakeErr.Add(1)
 	c.discard()
-	raw.Close()
-	return nil
+	return nil, err
 }
 
 // Close stops accepting, aborts handshakes in progress and connections not
@@ -536,6 +706,7 @@ func (l *Listener) Close() error {
 		return &net.OpError{Op: "close", Net: "extds", Addr: l.inner.Addr(), Err: net.ErrClosed}
 	}
 	l.closed = true
+	l.unreg()
 	for raw := range l.pending {
 		raw.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,23 +63,67 @@ func roundtrip(t testing.TB, c net.Conn, msg string) {
 	c.SetReadDeadline(time.Time{})
 }
 
+// recorder is a plain server handler that keeps what it received.
+type recorder struct {
+	mu  sync.Mutex
+	got []byte
+}
+
+func (r *recorder) handle(inner func(net.Conn)) func(net.Conn) {
+	return func(c net.Conn) { inner(&recConn{Conn: c, r: r}) }
+}
+
+func (r *recorder) bytes() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return string(r.got)
+}
+
+type recConn struct {
+	net.Conn
+	r *recorder
+}
+
+func (c *recConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.r.mu.Lock()
+	c.r.got = append(c.r.got, p[:n]...)
+	c.r.mu.Unlock()
+	return n, err
+}
+
 func TestFallbackClientSide(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	tests := []struct {
 		name     string
 		handle   func(net.Conn)
 		resolver Resolver
+		register bool // the server's Device claims a listener on the port
 		reason   FallbackReason
 	}{
-		{"no-route", echo, StaticResolver{}, FallbackNoRoute},
-		{"plain-echo-server", echo, nil, FallbackHandshake},
-		{"silent-plain-server", lineEcho, nil, FallbackHandshake},
+		{"no-route", echo, StaticResolver{}, false, FallbackNoRoute},
+		{"no-listener", echo, nil, false, FallbackNoListener},
+		{"no-listener-silent-server", lineEcho, nil, false, FallbackNoListener},
+		// Second line of defense: the port is registered but the server
+		// does not speak EXT-DS.
+		{"registered-plain-echo-server", echo, nil, true, FallbackHandshake},
+		{"registered-silent-plain-server", lineEcho, nil, true, FallbackHandshake},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, WithHandshakeTimeout(200*time.Millisecond))
-			addr := plainServer(t, tc.handle)
+			var rec recorder
+			addr := plainServer(t, rec.handle(tc.handle))
+			if tc.register {
+				ap := netip.MustParseAddrPort(addr)
+				unreg, err := p.devB.RegisterPort(ap.Port())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer unreg()
+			}
 			d := &Dialer{Device: p.devA, Resolver: tc.resolver}
+			start := time.Now()
 			c, err := d.DialConn(t.Context(), "tcp", addr)
 			if err != nil {
 				t.Fatal(err)
@@ -87,9 +132,23 @@ func TestFallbackClientSide(t *testing.T) {
 			if c.Mode() != ModeTCP {
 				t.Fatalf("mode %v, want tcp", c.Mode())
 			}
+			if r, ok := c.FallbackReason(); !ok || r != tc.reason {
+				t.Fatalf("FallbackReason() = %v, %v; want %v", r, ok, tc.reason)
+			}
+			if tc.reason == FallbackNoListener && time.Since(start) > 40*time.Millisecond {
+				// The probe is answered "no" at once (the port's vdev is
+				// not open on node B): no probe timeout was waited for.
+				t.Errorf("no-listener dial took %v", time.Since(start))
+			}
 			roundtrip(t, c, "hello over tcp\n")
 			if got := p.devA.Stats().Fallbacks[tc.reason.String()]; got != 1 {
 				t.Fatalf("fallbacks[%v] = %d, want 1", tc.reason, got)
+			}
+			if tc.reason != FallbackHandshake {
+				// Nothing but the application's bytes reached the server.
+				if got := rec.bytes(); got != "hello over tcp\n" {
+					t.Fatalf("plain server received %q", got)
+				}
 			}
 			if tc.reason == FallbackHandshake {
 				// The address is remembered: the next dial does not wait.

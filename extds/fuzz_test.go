@@ -21,6 +21,12 @@ func FuzzDecodeMsg(f *testing.F) {
 	f.Add(uint8(m.Tag), m.Payload())
 	encCtl(&m, peer, TagShutdown, 7)
 	f.Add(uint8(m.Tag), m.Payload())
+	encProbe(&m, peer, TagProbe, 7, 8080, 0)
+	f.Add(uint8(m.Tag), m.Payload())
+	encProbe(&m, peer, TagProbeRep, 7, 8080, 1)
+	f.Add(uint8(m.Tag), m.Payload())
+	encCtl(&m, peer, TagNoConn, 7)
+	f.Add(uint8(m.Tag), m.Payload())
 	f.Add(uint8(0x99), []byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, tag uint8, p []byte) {
 		if len(p) > fabric.MaxVELOPayload {
@@ -37,8 +43,13 @@ func FuzzDecodeMsg(f *testing.F) {
 			encData(&m, peer, d.conn, d.tag == TagVELOLast, d.data)
 		case TagRMAInfo, TagRMAAvail:
 			encTwo(&m, peer, d.tag, d.conn, d.a, d.b)
-		case TagShutdown, TagReset, TagZCDone:
+		case TagShutdown, TagReset, TagZCDone, TagNoConn:
 			encCtl(&m, peer, d.tag, d.conn)
+		case TagProbe, TagProbeRep:
+			if d.a == 0 || d.a > 0xFFFF || d.b > 1 || d.tag == TagProbe && d.b != 0 {
+				t.Fatalf("accepted bad probe %+v", d)
+			}
+			encProbe(&m, peer, d.tag, d.conn, uint16(d.a), uint8(d.b))
 		case TagZCSrc, TagZCSink:
 			encNLA(&m, peer, d.tag, d.conn, d.nla, d.b)
 		case TagZCWant, TagZCPut:

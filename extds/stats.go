@@ -17,10 +17,11 @@ const (
 	DropProtocol                       // decodable but illegal for the conn's state; conn reset
 	DropNotify                         // RMA notification matching no transfer
 	DropCtrlQueue                      // control message (RESET) not sent: queue full
+	DropProbe                          // listener probe or reply that matches nothing (stale, forged, wrong vdev)
 	numDropReasons
 )
 
-var dropNames = [numDropReasons]string{"malformed", "unknown_conn", "peer_mismatch", "protocol", "notify", "ctrl_queue"}
+var dropNames = [numDropReasons]string{"malformed", "unknown_conn", "peer_mismatch", "protocol", "notify", "ctrl_queue", "probe"}
 
 func (r DropReason) String() string {
 	if r < numDropReasons {
@@ -33,15 +34,16 @@ func (r DropReason) String() string {
 type FallbackReason uint8
 
 const (
-	FallbackNoRoute   FallbackReason = iota // no device, or the resolver does not know the peer
-	FallbackHandshake                       // peer did not answer the handshake (plain TCP server)
-	FallbackPeerNoFab                       // peer is EXT-DS aware but could not attach
-	FallbackPlainPeer                       // server side: the client sent no EXT-DS hello
-	FallbackCached                          // address known not to speak EXT-DS
+	FallbackNoRoute    FallbackReason = iota // no device, or the resolver does not know the peer
+	FallbackHandshake                        // peer did not answer the handshake (plain TCP server)
+	FallbackPeerNoFab                        // peer is EXT-DS aware but could not attach
+	FallbackPlainPeer                        // server side: the client sent no EXT-DS hello
+	FallbackCached                           // address known not to speak EXT-DS
+	FallbackNoListener                       // the peer node's Device has no EXT-DS listener on the port (probe)
 	numFallbackReasons
 )
 
-var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached"}
+var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener"}
 
 func (r FallbackReason) String() string {
 	if r < numFallbackReasons {
@@ -68,6 +70,9 @@ type counters struct {
 	zcopyReads, zcopyWrites  atomic.Uint64 // ZCopy transfers by mode
 	lingerExpired, reaped    atomic.Uint64
 	shadowLost, notifyErrors atomic.Uint64
+	noConnSent, noConnLimit  atomic.Uint64 // NOCONN replies sent / suppressed by the rate limit
+	probes, probeTimeouts    atomic.Uint64 // probes sent / unanswered (counted as "no")
+	probesServed             atomic.Uint64 // probes answered for peers
 }
 
 // Stats is a snapshot of a Device's counters.
@@ -95,6 +100,11 @@ type Stats struct {
 	Reaped               uint64 // closed conns released by the drain timeout
 	ShadowLost           uint64
 	NotifyErrors         uint64 // RMA error notifications
+	NoConnSent           uint64 // NOCONN replies to data for unknown connections
+	NoConnLimited        uint64 // NOCONN replies suppressed by the rate limit
+	Probes               uint64 // listener probes sent
+	ProbeTimeouts        uint64 // probes without an answer in ProbeTimeout
+	ProbesServed         uint64 // probes from peers answered
 }
 
 func (c *counters) snapshot() Stats {
@@ -109,6 +119,8 @@ func (c *counters) snapshot() Stats {
 		ZCopyReads: c.zcopyReads.Load(), ZCopyWrites: c.zcopyWrites.Load(),
 		LingerExpired: c.lingerExpired.Load(), Reaped: c.reaped.Load(),
 		ShadowLost: c.shadowLost.Load(), NotifyErrors: c.notifyErrors.Load(),
+		NoConnSent: c.noConnSent.Load(), NoConnLimited: c.noConnLimit.Load(),
+		Probes: c.probes.Load(), ProbeTimeouts: c.probeTimeouts.Load(), ProbesServed: c.probesServed.Load(),
 	}
 	for i := range c.fallbacks {
 		s.Fallbacks[FallbackReason(i).String()] = c.fallbacks[i].Load()
@@ -126,6 +138,21 @@ func (s Stats) TotalDrops() uint64 {
 		n += v
 	}
 	return n
+}
+
+// rateLimit is a lock-free one-second-window counter: allow reports
+// whether one more event fits in this second's budget.
+type rateLimit struct {
+	window atomic.Int64
+	n      atomic.Int64
+}
+
+func (r *rateLimit) allow(limit int64) bool {
+	now := time.Now().Unix()
+	if w := r.window.Load(); w != now && r.window.CompareAndSwap(w, now) {
+		r.n.Store(0)
+	}
+	return r.n.Add(1) <= limit
 }
 
 // logLimit is the most per-message log lines a Device writes per second;

@@ -19,6 +19,17 @@ package extds
 //	ZC_SINK       sink NLA u64, length u32              16   (ZCopy write)
 //	ZC_PUT        length u32                            8    (ZCopy write)
 //	ZC_DONE       -                                     4
+//	NOCONN        -  (conn = the unknown ID it answers)   4
+//	PROBE         port u16, 0 u8, 0 u8 (conn = token)   8
+//	PROBE_REPLY   port u16, status u8, 0 u8             8
+//
+// NOCONN answers a data message addressed to a connection ID the receiver
+// does not know (released, stale): its ID field is that unknown ID, i.e.
+// the *sender's* peer ID, so the sender finds its connection by (source
+// address, peer ID) and fails it with ECONNRESET instead of waiting for
+// credits forever. PROBE asks the node's Device whether an EXT-DS
+// listener is registered for a TCP port; its ID field is a token chosen by
+// the prober and echoed in PROBE_REPLY (status 1: listening, 0: not).
 //
 // Handshake (shadow TCP connection, fixed 32-byte records, little-endian):
 //
@@ -51,6 +62,10 @@ const (
 	TagZCSink   fabric.Tag = 0x48
 	TagZCPut    fabric.Tag = 0x49
 	TagZCDone   fabric.Tag = 0x4A
+	TagNoConn   fabric.Tag = 0x4B
+	TagProbe    fabric.Tag = 0x4C
+	TagProbeRep fabric.Tag = 0x4D
+	tagLast                = TagProbeRep
 )
 
 const (
@@ -85,13 +100,16 @@ var wantLen = [...]int{
 	TagZCSink - TagVELO:   16,
 	TagZCPut - TagVELO:    8,
 	TagZCDone - TagVELO:   4,
+	TagNoConn - TagVELO:   4,
+	TagProbe - TagVELO:    8,
+	TagProbeRep - TagVELO: 8,
 }
 
 // decodeMsg parses one fabric message's payload. It rejects unknown tags,
 // wrong lengths, a zero connection ID, empty data fragments and zero
 // lengths, with ErrProtocol.
 func decodeMsg(tag fabric.Tag, p []byte, m *msg) error {
-	if tag < TagVELO || tag > TagZCDone {
+	if tag < TagVELO || tag > tagLast {
 		return errBadTag
 	}
 	if len(p) < hdrLen {
@@ -130,17 +148,30 @@ func decodeMsg(tag fabric.Tag, p []byte, m *msg) error {
 		if m.b == 0 {
 			return errZeroLen
 		}
+	case TagProbe, TagProbeRep:
+		m.a = uint32(binary.LittleEndian.Uint16(p[4:]))
+		m.b = uint32(p[6])
+		switch {
+		case p[7] != 0:
+			return errReserved
+		case m.a == 0:
+			return errZeroLen
+		case tag == TagProbe && m.b != 0 || m.b > 1:
+			return errBadStatus
+		}
 	}
 	return nil
 }
 
 var (
-	errBadTag   = fmt.Errorf("unknown tag: %w", ErrProtocol)
-	errShort    = fmt.Errorf("short message: %w", ErrProtocol)
-	errZeroConn = fmt.Errorf("connection id 0: %w", ErrProtocol)
-	errEmpty    = fmt.Errorf("empty data fragment: %w", ErrProtocol)
-	errLength   = fmt.Errorf("bad length for tag: %w", ErrProtocol)
-	errZeroLen  = fmt.Errorf("zero length or address: %w", ErrProtocol)
+	errBadTag    = fmt.Errorf("unknown tag: %w", ErrProtocol)
+	errShort     = fmt.Errorf("short message: %w", ErrProtocol)
+	errZeroConn  = fmt.Errorf("connection id 0: %w", ErrProtocol)
+	errEmpty     = fmt.Errorf("empty data fragment: %w", ErrProtocol)
+	errLength    = fmt.Errorf("bad length for tag: %w", ErrProtocol)
+	errZeroLen   = fmt.Errorf("zero length or address: %w", ErrProtocol)
+	errReserved  = fmt.Errorf("reserved byte set: %w", ErrProtocol)
+	errBadStatus = fmt.Errorf("bad probe status: %w", ErrProtocol)
 )
 
 // encode helpers fill a fabric.Message in place.
@@ -175,6 +206,12 @@ func encCtl(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn uint32) {
 func encLen(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn, n uint32) {
 	putHdr(fm, peer, tag, conn, 8)
 	binary.LittleEndian.PutUint32(fm.Data[4:], n)
+}
+
+func encProbe(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, token uint32, port uint16, status uint8) {
+	putHdr(fm, peer, tag, token, 8)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	fm.Data[6], fm.Data[7] = status, 0
 }
 
 func encNLA(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn uint32, nla fabric.NLA, n uint32) {

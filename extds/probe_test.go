@@ -1,0 +1,330 @@
+package extds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+func TestProbe(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t)
+	lnPort := p.ln.Addr().(*net.TCPAddr).Port
+	// A port on the listener's vdev (open on node B) and one on a vdev
+	// that nothing opened there.
+	sameVdev := uint16(lnPort) ^ 0x10
+	closedVdev := uint16(lnPort)&^0xF | (uint16(lnPort)+5)&0xF // vdev differs from lnPort's
+	if closedVdev&0xF == 4000&0xF {
+		closedVdev = closedVdev&^0xF | (closedVdev+5)&0xF
+	}
+	unreg, err := p.devB.RegisterPort(4000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unreg2, err := p.devB.RegisterPort(4000) // counted registrations
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		node     fabric.NodeID
+		port     uint16
+		setup    func()
+		want     bool
+		answered bool // the peer's Device answered (vs. the send failed)
+	}{
+		{"listener", nodeB, uint16(lnPort), nil, true, true},
+		{"registered", nodeB, 4000, nil, true, true},
+		{"one-of-two-unregistered", nodeB, 4000, unreg, true, true},
+		{"unregister-idempotent", nodeB, 4000, unreg, true, true},
+		{"all-unregistered", nodeB, 4000, unreg2, false, true},
+		{"unregistered-open-vdev", nodeB, sameVdev, nil, false, true},
+		{"vdev-not-open", nodeB, closedVdev, nil, false, false},
+		{"unknown-node", 99, uint16(lnPort), nil, false, false},
+		{"self-not-listening", nodeA, uint16(lnPort), nil, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup != nil {
+				tc.setup()
+			}
+			served := p.devB.Stats().ProbesServed
+			start := time.Now()
+			got, err := p.devA.Probe(t.Context(), tc.node, 12345, tc.port)
+			if err != nil || got != tc.want {
+				t.Fatalf("Probe = %v, %v; want %v", got, err, tc.want)
+			}
+			if d := time.Since(start); d > 40*time.Millisecond {
+				t.Errorf("probe took %v: an answer (or a failed send) should be immediate", d)
+			}
+			if n := p.devB.Stats().ProbesServed - served; (n == 1) != (tc.answered && tc.node == nodeB) {
+				t.Errorf("served %d probes", n)
+			}
+			if tc.node == nodeB && p.devB.Listening(tc.port) != tc.want {
+				t.Errorf("Listening(%d) = %v", tc.port, !tc.want)
+			}
+		})
+	}
+	if st := p.devA.Stats(); st.ProbeTimeouts != 0 || st.TotalDrops() != 0 {
+		t.Fatalf("client stats: timeouts %d drops %v", st.ProbeTimeouts, st.Drops)
+	}
+	// A cancelled context is an error, not a "no".
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := p.devA.Probe(ctx, nodeB, 12345, uint16(lnPort)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled probe: %v", err)
+	}
+}
+
+// TestProbeTimeout: a vdev that is open but never answers (a raw endpoint
+// in the Device's VPID) costs one probe timeout and counts as "no".
+func TestProbeTimeout(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t, WithProbeTimeout(30*time.Millisecond))
+	mute, err := p.nicB.Open(p.devB.VPID(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	start := time.Now()
+	got, err := p.devA.Probe(t.Context(), nodeB, 1, 7)
+	if err != nil || got {
+		t.Fatalf("Probe = %v, %v", got, err)
+	}
+	if d := time.Since(start); d < 25*time.Millisecond || d > time.Second {
+		t.Fatalf("probe returned after %v, want about the 30ms timeout", d)
+	}
+	if n := p.devA.Stats().ProbeTimeouts; n != 1 {
+		t.Fatalf("probe timeouts %d", n)
+	}
+}
+
+// TestForgedProbes: malformed probes, probes on the wrong vdev and
+// replies nobody asked for are counted drops; the Device keeps answering.
+func TestForgedProbes(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t)
+	raw, err := p.nicA.Open(200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	lnPort := uint16(p.ln.Addr().(*net.TCPAddr).Port)
+	to := fabric.Addr{Node: nodeB, VPID: p.devB.VPID(lnPort)}
+	probe := func(tag fabric.Tag, tok uint32, port uint16, st, rsv byte) fabric.Message {
+		return rawMsg(to, tag, append(le32(tok), byte(port), byte(port>>8), st, rsv)...)
+	}
+	msgs := []struct {
+		name string
+		m    fabric.Message
+		drop DropReason
+	}{
+		{"probe-short", rawMsg(to, TagProbe, le32(5)...), DropMalformed},
+		{"probe-token-0", probe(TagProbe, 0, lnPort, 0, 0), DropMalformed},
+		{"probe-port-0", probe(TagProbe, 5, 0, 0, 0), DropMalformed},
+		{"probe-status-set", probe(TagProbe, 5, lnPort, 1, 0), DropMalformed},
+		{"probe-reserved-set", probe(TagProbe, 5, lnPort, 0, 9), DropMalformed},
+		{"probe-wrong-vdev", probe(TagProbe, 5, lnPort^1, 0, 0), DropProbe},
+		{"reply-status-2", probe(TagProbeRep, 5, lnPort, 2, 0), DropMalformed},
+		{"reply-unsolicited", probe(TagProbeRep, 5, lnPort, 1, 0), DropProbe},
+		{"noconn-unknown", rawMsg(to, TagNoConn, le32(77)...), DropUnknownConn},
+	}
+	for _, tc := range msgs {
+		before := p.devB.Stats().Drops[tc.drop.String()]
+		if _, err := raw.Send(context.Background(), []fabric.Message{tc.m}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 2*time.Second, tc.name+": drop "+tc.drop.String(), func() bool {
+			return p.devB.Stats().Drops[tc.drop.String()] == before+1
+		})
+	}
+	if ok, err := p.devA.Probe(t.Context(), nodeB, 1, lnPort); !ok || err != nil {
+		t.Fatalf("probe after forgeries: %v, %v", ok, err)
+	}
+	c, s := p.conns(t)
+	defer c.Close()
+	defer s.Close()
+	transfer(t, c, s, []int{100, 10000}, c.Write)
+}
+
+// TestNoConnUnblocksWriter: the server's connection disappears without a
+// word (released, its RESET lost). The client's next data messages get
+// NOCONN, and a writer blocked on credits fails with ECONNRESET instead of
+// waiting forever.
+func TestNoConnUnblocksWriter(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t, WithRingSize(minRingSize), WithEagerWindow(1024))
+	c, s := p.conns(t)
+	defer c.Close()
+	// Fill the server's buffers so the writer blocks on credits.
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 1<<20))
+		errc <- err
+	}()
+	waitFor(t, 2*time.Second, "writer blocked on credits", func() bool { return p.devA.Stats().CreditWaits > 0 })
+	// Silently release the server side: no RESET, no SHUTDOWN.
+	s.mu.Lock()
+	s.closed = true
+	s.err = net.ErrClosed
+	s.releaseLocked()
+	s.mu.Unlock()
+	// The writer is blocked, so nothing is in flight to the server yet;
+	// a writer only hears NOCONN once it sends. A small write from another
+	// goroutine would queue behind wmu, so poke with a stale data message
+	// from the client's own endpoint instead: what an in-flight fragment
+	// would look like.
+	var m [1]fabric.Message
+	encData(&m[0], c.peerAddr, c.peerID, true, []byte("x"))
+	if _, err := c.vd.ep.Send(t.Context(), m[:]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("blocked write: %v, want ECONNRESET", err)
+		}
+		var oe *net.OpError
+		if !errors.As(err, &oe) {
+			t.Fatalf("write error %T is not a *net.OpError", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("writer still blocked 5s after its peer connection vanished")
+	}
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after NOCONN: %v", err)
+	}
+	if st := p.devB.Stats(); st.NoConnSent != 1 || st.Drops["unknown_conn"] < 1 {
+		t.Fatalf("server: noconn sent %d, unknown_conn drops %d", st.NoConnSent, st.Drops["unknown_conn"])
+	}
+	if p.devA.Stats().ResetsRecv != 1 {
+		t.Fatalf("client resets received %d", p.devA.Stats().ResetsRecv)
+	}
+}
+
+// TestNoConnInFlight: data sent after the server's connection was
+// released (silently, or after a graceful close that fully drained) is
+// answered with NOCONN, and the writer fails with ECONNRESET like a TCP
+// writer whose peer answers RST.
+func TestNoConnInFlight(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	tests := []struct {
+		name    string
+		release func(t *testing.T, p *pair, c, s *Conn)
+	}{
+		{"silent-release", func(t *testing.T, p *pair, c, s *Conn) {
+			s.mu.Lock()
+			s.closed = true
+			s.err = net.ErrClosed
+			s.releaseLocked()
+			s.mu.Unlock()
+		}},
+		{"graceful-close-drained", func(t *testing.T, p *pair, c, s *Conn) {
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+				t.Fatalf("client read: %v, want EOF", err)
+			}
+			c.SetReadDeadline(time.Time{})
+			waitFor(t, 2*time.Second, "server released", func() bool { return p.devB.Stats().Active == 0 })
+		}},
+	}
+	for _, tc := range tests {
+		// Small writes go by VELO only, so NOCONN is what stops them;
+		// large ones PUT into the released ring first, whose access
+		// error notification is a reset as well.
+		for _, size := range []int{100, 64 << 10} {
+			t.Run(fmt.Sprintf("%s/%d", tc.name, size), func(t *testing.T) {
+				p := newPair(t)
+				c, s := p.conns(t)
+				defer c.Close()
+				tc.release(t, p, c, s)
+				deadline := time.Now().Add(5 * time.Second)
+				var err error
+				for time.Now().Before(deadline) {
+					if _, err = c.Write(make([]byte, size)); err != nil {
+						break
+					}
+				}
+				if !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("write: %v, want ECONNRESET", err)
+				}
+				if n := p.devB.Stats().NoConnSent; size <= DefaultThreshold && n < 1 {
+					t.Fatalf("noconn sent %d", n)
+				}
+			})
+		}
+	}
+}
+
+// TestNoConnForged: a NOCONN naming a live connection's peer ID but sent
+// from another endpoint changes nothing.
+func TestNoConnForged(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t)
+	c, s := p.conns(t)
+	defer c.Close()
+	defer s.Close()
+	raw, err := p.nicB.Open(201)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	before := p.devA.Stats().Drops["unknown_conn"]
+	m := rawMsg(c.vd.ep.Addr(), TagNoConn, le32(c.peerID)...)
+	if _, err := raw.Send(t.Context(), []fabric.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "forged noconn dropped", func() bool {
+		return p.devA.Stats().Drops["unknown_conn"] == before+1
+	})
+	transfer(t, c, s, []int{10, 5000}, c.Write)
+}
+
+// TestNoConnRateLimit: a flood of data for unknown connections gets at
+// most noConnLimit NOCONN replies a second; the rest are counted.
+func TestNoConnRateLimit(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t)
+	raw, err := p.nicA.Open(202)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	to := fabric.Addr{Node: nodeB, VPID: p.devB.VPID(uint16(p.ln.Addr().(*net.TCPAddr).Port))}
+	const n = noConnLimit + 100
+	batch := make([]fabric.Message, 0, 32)
+	got := make([]fabric.Message, 64)
+	received := 0
+	for i := 0; i < n; i++ {
+		batch = append(batch, rawMsg(to, TagVELO, append(le32(uint32(1000+i)), 'x')...))
+		if len(batch) == cap(batch) || i == n-1 {
+			if _, err := raw.Send(t.Context(), batch); err != nil {
+				t.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+		k, _ := raw.Recv(got) // keep our mailbox drained
+		received += k
+	}
+	waitFor(t, 3*time.Second, "all counted", func() bool {
+		st := p.devB.Stats()
+		return st.Drops["unknown_conn"] == n && st.NoConnSent+st.NoConnLimited+st.Drops["ctrl_queue"] == n
+	})
+	st := p.devB.Stats()
+	// The limit is per calendar second: a run straddling a second
+	// boundary may send up to twice the limit.
+	if st.NoConnSent > 2*noConnLimit || st.NoConnLimited == 0 && st.Drops["ctrl_queue"] == 0 {
+		t.Fatalf("noconn sent %d limited %d ctrl_queue %d", st.NoConnSent, st.NoConnLimited, st.Drops["ctrl_queue"])
+	}
+}
