@@ -334,7 +334,7 @@ func TestStartFailsCleanly(t *testing.T) {
 func TestDefaultControlBusy(t *testing.T) {
 	c := mem.NewCluster()
 	cfg1 := memConfig(t, 1)
-	n1 := startNode(t, c, cfg1)
+	startNode(t, c, cfg1)
 	cfg2 := memConfig(t, 2)
 	cfg2.Control, cfg2.controlIsDefault = cfg1.Control, true
 	n2 := startNode(t, c, cfg2)
@@ -346,7 +346,6 @@ func TestDefaultControlBusy(t *testing.T) {
 	if s.Node != 1 {
 		t.Fatalf("status %+v", s)
 	}
-	_ = n1
 }
 
 func TestParseControlIsDefault(t *testing.T) {
