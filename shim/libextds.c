@@ -739,7 +739,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	int saved = errno;
 	int r = real_connect(fd, addr, len);
 	if (r < 0) {
+		/* A blocking connect that timed out (SO_SNDTIMEO) also says
+		 * EINPROGRESS: only a non-blocking one is completed here. */
 		if (errno != EINPROGRESS)
+			return r;
+		int e = errno, fl = real_fcntl(fd, F_GETFL);
+		errno = e;
+		if (fl < 0 || !(fl & O_NONBLOCK))
 			return r;
 		if (finish_connect(fd) < 0) {
 			int e = errno;
@@ -860,10 +866,11 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		clear_locked(fd);
 		struct fdent *le = ent(lfd);
 		int shim = le && (le->flags & F_LISTEN);
-		int family = le ? le->family : 0;
-		struct fdent *e = ent(fd);
-		e->flags = F_TRACKED;
-		e->family = family;
+		if (le && (le->flags & F_TRACKED)) {
+			struct fdent *e = ent(fd);
+			e->flags = F_TRACKED;
+			e->family = le->family;
+		}
 		unlock();
 		if (!shim || g_mode == MODE_OFF) {
 			errno = saved;
