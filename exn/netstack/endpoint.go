@@ -105,7 +105,9 @@ type Endpoint struct {
 	txq      chan *frameBuf
 	queued   atomic.Int64 // bytes in txq
 	pending  atomic.Int64 // frames written but not yet through Transmit
-	started  atomic.Bool
+	started  atomic.Bool  // Start (push mode) was called
+	pulling  atomic.Bool  // ReadFrames (pull mode) was called
+	readMu   sync.Mutex   // one ReadFrames at a time
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -188,12 +190,74 @@ func (e *Endpoint) Start(tx Transmitter) error {
 	if e.closed.Load() {
 		return net.ErrClosed
 	}
+	if e.pulling.Load() {
+		return errors.New("netstack: start: frames are being pulled with ReadFrames")
+	}
 	if !e.started.CompareAndSwap(false, true) {
 		return errors.New("netstack: already started")
 	}
 	e.wg.Add(1)
 	go e.txLoop(tx)
 	return nil
+}
+
+// ReadFrames is the pull alternative to Start, for a caller that owns the
+// transmit path itself (exnd in userspace mode hands the frames to its own
+// engine): it copies queued outbound frames, frame i into bufs[i] and its
+// length into sizes[i], and returns how many. It blocks until at least one
+// frame is queued, then takes what is ready without blocking, at most
+// min(len(bufs), len(sizes)) frames. A frame longer than its buffer is
+// dropped and counted as TxOversize. After Close (or detach), and in a
+// ReadFrames blocked when the endpoint closes, it returns net.ErrClosed.
+// Frames it returns count as transmitted. An endpoint is either started or
+// read, never both; one goroutine at a time may call ReadFrames.
+func (e *Endpoint) ReadFrames(bufs [][]byte, sizes []int) (int, error) {
+	if e.started.Load() {
+		return 0, errors.New("netstack: read frames: endpoint started with a transmitter")
+	}
+	e.pulling.Store(true)
+	max := min(len(bufs), len(sizes))
+	if max == 0 {
+		return 0, errors.New("netstack: read frames: no buffers")
+	}
+	e.readMu.Lock()
+	defer e.readMu.Unlock()
+	if e.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	n := 0
+	take := func(f *frameBuf) {
+		e.queued.Add(-int64(len(f.b)))
+		if len(f.b) > len(bufs[n]) {
+			e.txOversize.Add(1)
+			e.report("tx frame longer than the read buffer dropped", "len", len(f.b), "buf", len(bufs[n]))
+		} else {
+			sizes[n] = copy(bufs[n], f.b)
+			e.txFrames.Add(1)
+			e.txBytes.Add(uint64(sizes[n]))
+			n++
+		}
+		e.putBuf(f)
+		e.pending.Add(-1)
+	}
+	for n == 0 {
+		select {
+		case f := <-e.txq:
+			take(f)
+		case <-e.ctx.Done():
+			return 0, net.ErrClosed
+		}
+	fill:
+		for n < max {
+			select {
+			case f := <-e.txq:
+				take(f)
+			default:
+				break fill
+			}
+		}
+	}
+	return n, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -401,7 +465,7 @@ func (e *Endpoint) Flush(ctx context.Context) error {
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
 	for e.pending.Load() > 0 {
-		if !e.started.Load() || e.closed.Load() {
+		if (!e.started.Load() && !e.pulling.Load()) || e.closed.Load() {
 			return net.ErrClosed
 		}
 		select {

@@ -133,11 +133,27 @@ func (c *Cluster) Nodes() []*Node {
 	return append([]*Node(nil), c.nodes...)
 }
 
-// Node returns the i-th node (0-based, in order of addition).
+// Node returns the i-th node (0-based, in order of addition), or nil if
+// there is no such node (i out of range, or the cluster is closed).
 func (c *Cluster) Node(i int) *Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if i < 0 || i >= len(c.nodes) {
+		return nil
+	}
 	return c.nodes[i]
+}
+
+// NIC returns the fabric NIC of the i-th node, or nil if there is no such
+// node. Closing it without closing the node simulates the node's crash:
+// its peers see it as down.
+func (c *Cluster) NIC(i int) fabric.NIC {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i < 0 || i >= len(c.nics) {
+		return nil
+	}
+	return c.nics[i]
 }
 
 // Fabric returns the cluster's mem fabric.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -56,7 +57,22 @@ type Config struct {
 	// Logger receives the node's, engine's and endpoint's logs. Nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// External runs the node without an engine of its own: it does not
+	// open VPID 0, and the caller moves the frames, pulling outbound ones
+	// with Link().ReadFrames and feeding inbound ones to
+	// Link().DeliverFrames (exnd's userspace mode, whose daemon owns the
+	// engine as it does with a TAP). NIC is still required: it gives the
+	// node ID (hence the MAC) and the peers' liveness. Engine() is nil.
+	External bool
+	// PeerCheck is how often the node asks the fabric whether the peers of
+	// its TCP connections are alive; connections to a peer that went down
+	// are reset at once instead of waiting for TCP to time out. 0 means
+	// DefaultPeerCheck; a negative value turns the check off.
+	PeerCheck time.Duration
 }
+
+// DefaultPeerCheck is the default Config.PeerCheck.
+const DefaultPeerCheck = 100 * time.Millisecond
 
 // BufferRange is a TCP buffer size range in bytes, as Linux's
 // tcp_rmem/tcp_wmem triples.
@@ -141,6 +157,9 @@ type Node struct {
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
+	wg     sync.WaitGroup // the peer watcher
+
+	peerResets atomic.Uint64 // connections reset because their peer died
 
 	mu        sync.Mutex
 	closed    bool
@@ -218,20 +237,22 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node %d: %w", id, err)
 	}
-	n.ep, err = cfg.NIC.Open(fabric.EthVPID)
-	if err != nil {
-		n.link.Close()
-		return nil, fmt.Errorf("node %d: open vpid %d: %w", id, fabric.EthVPID, err)
-	}
-	n.eng, err = exn.New(cfg.NIC, n.ep, n.link, cfg.Engine)
-	if err != nil {
-		n.link.Close()
-		n.ep.Close()
-		return nil, fmt.Errorf("node %d: %w", id, err)
-	}
-	if err := n.link.Start(n.eng); err != nil {
-		n.teardown()
-		return nil, fmt.Errorf("node %d: %w", id, err)
+	if !cfg.External {
+		n.ep, err = cfg.NIC.Open(fabric.EthVPID)
+		if err != nil {
+			n.link.Close()
+			return nil, fmt.Errorf("node %d: open vpid %d: %w", id, fabric.EthVPID, err)
+		}
+		n.eng, err = exn.New(cfg.NIC, n.ep, n.link, cfg.Engine)
+		if err != nil {
+			n.link.Close()
+			n.ep.Close()
+			return nil, fmt.Errorf("node %d: %w", id, err)
+		}
+		if err := n.link.Start(n.eng); err != nil {
+			n.teardown()
+			return nil, fmt.Errorf("node %d: %w", id, err)
+		}
 	}
 	n.stack, err = newStack(tcpCfg)
 	if err != nil {
@@ -241,6 +262,13 @@ func New(cfg Config) (*Node, error) {
 	if err := n.configure(); err != nil {
 		n.teardown()
 		return nil, fmt.Errorf("node %d: %w", id, err)
+	}
+	if cfg.PeerCheck == 0 {
+		cfg.PeerCheck = DefaultPeerCheck
+	}
+	if cfg.PeerCheck > 0 {
+		n.wg.Add(1)
+		go n.watchPeers(cfg.PeerCheck)
 	}
 	n.log.Debug("node up", "addr", cfg.Addr, "addr6", cfg.Addr6, "mac", n.mac, "mtu", cfg.MTU)
 	return n, nil
@@ -359,7 +387,7 @@ func (n *Node) MTU() int { return n.mtu }
 // TCP returns the TCP settings in force.
 func (n *Node) TCP() TCPConfig { return n.tcpCfg }
 
-// Engine returns the node's EXT-Eth engine.
+// Engine returns the node's EXT-Eth engine, nil for an External node.
 func (n *Node) Engine() *exn.Engine { return n.eng }
 
 // NIC returns the node's fabric NIC.
@@ -415,6 +443,7 @@ func (n *Node) Close() error {
 	n.closers = nil
 	n.mu.Unlock()
 	n.cancel()
+	n.wg.Wait() // the peer watcher
 
 	for c := range cs {
 		c.Close()
@@ -431,7 +460,7 @@ func (n *Node) Close() error {
 	return n.closeErr
 }
 
-// teardown stops what New started, before the stack exists.
+// teardown stops what New started, before the peer watcher exists.
 func (n *Node) teardown() {
 	n.cancel()
 	if n.stack != nil {
@@ -448,11 +477,15 @@ func (n *Node) teardownStarted() error {
 		n.stack.Wait() // removes the NIC: closes and waits for the link
 	}
 	n.link.Close()
-	if err := n.eng.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-		errs = append(errs, fmt.Errorf("engine: %w", err))
+	if n.eng != nil {
+		if err := n.eng.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("engine: %w", err))
+		}
 	}
-	if err := n.ep.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-		errs = append(errs, fmt.Errorf("vpid %d: %w", fabric.EthVPID, err))
+	if n.ep != nil {
+		if err := n.ep.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("vpid %d: %w", fabric.EthVPID, err))
+		}
 	}
 	return errors.Join(errs...)
 }

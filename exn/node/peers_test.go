@@ -1,0 +1,180 @@
+package node
+
+import (
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+func TestClusterNodeOutOfRange(t *testing.T) {
+	c := newCluster(t, 2)
+	if c.Node(0) == nil || c.Node(1) == nil || c.NIC(1) == nil {
+		t.Fatal("Node/NIC in range returned nil")
+	}
+	for _, i := range []int{-1, 2, 1 << 30} {
+		if nd := c.Node(i); nd != nil {
+			t.Errorf("Node(%d) = %v, want nil", i, nd)
+		}
+		if nic := c.NIC(i); nic != nil {
+			t.Errorf("NIC(%d) = %v, want nil", i, nic)
+		}
+	}
+}
+
+// TestPeerCrashResets: when a peer's NIC dies without the node closing (a
+// crash), the survivors' connections to it are reset within a few peer
+// checks, in both roles (dialer and acceptor), and blocked reads and
+// writes return, instead of hanging until TCP gives up. Connections to
+// live peers are untouched.
+func TestPeerCrashResets(t *testing.T) {
+	c := newCluster(t, 3, WithConfig(func(cfg *Config) { cfg.PeerCheck = 20 * time.Millisecond }))
+	a, b, live := c.Node(0), c.Node(1), c.Node(2)
+	ctx := testCtx(t, 20*time.Second)
+
+	lb, err := b.Listen("tcp", ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := lb.Accept()
+		if err == nil {
+			acc <- c
+		}
+		close(acc)
+	}()
+	// a dials b: a's conn is the dialer side of a dead peer.
+	ab, err := a.DialContext(ctx, "tcp", hostPort(b, 7000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ab.Close()
+	bSide := <-acc
+	if bSide == nil {
+		t.Fatal("accept failed")
+	}
+	defer bSide.Close()
+	// b dials a: a's conn is the acceptor side of a dead peer.
+	la, err := a.Listen("tcp", ":7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ba, err := b.DialContext(ctx, "tcp", hostPort(a, 7001))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ba.Close()
+	aAcc, err := la.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aAcc.Close()
+	// A connection to a live peer, which must survive.
+	ll, err := live.Listen("tcp", ":7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ll)
+	al, err := a.DialContext(ctx, "tcp", hostPort(live, 7002))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer al.Close()
+
+	// Blocked reader on the dialer conn; blocked writer on the accepted
+	// conn (b never reads, so the window fills and Write blocks).
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := ab.Read(make([]byte, 1))
+		readErr <- err
+	}()
+	writeErr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 1<<20)
+		for {
+			if _, err := aAcc.Write(buf); err != nil {
+				writeErr <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // let both block
+	select {
+	case err := <-readErr:
+		t.Fatalf("read returned before the crash: %v", err)
+	case err := <-writeErr:
+		t.Fatalf("write returned before the crash: %v", err)
+	default:
+	}
+
+	crash := time.Now()
+	if err := c.NIC(1).Close(); err != nil { // b crashes: NIC gone, node not closed
+		t.Fatal(err)
+	}
+	for name, ch := range map[string]chan error{"read (dialer side)": readErr, "write (acceptor side)": writeErr} {
+		select {
+		case err := <-ch:
+			if err == nil || errors.Is(err, io.EOF) {
+				t.Errorf("%s: %v, want a reset error", name, err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s still blocked 3s after the peer crashed", name)
+		}
+	}
+	if d := time.Since(crash); d > 2*time.Second {
+		t.Errorf("resets took %v", d)
+	}
+	if got := a.PeerResets(); got != 2 {
+		t.Errorf("PeerResets = %d, want 2", got)
+	}
+	// The live peer's connection still works.
+	al.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := al.Write([]byte("ping")); err != nil {
+		t.Fatalf("live conn write: %v", err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(al, got); err != nil || string(got) != "ping" {
+		t.Fatalf("live conn echo: %q, %v", got, err)
+	}
+	// Nothing left to reset.
+	if n := a.ResetDeadPeers(); n != 0 {
+		t.Errorf("ResetDeadPeers after the resets = %d, want 0", n)
+	}
+}
+
+// TestPeerCheckOff: with the check off, a crashed peer's connection is not
+// reset (so the test above measures the check, not something else).
+func TestPeerCheckOff(t *testing.T) {
+	c := newCluster(t, 2, WithConfig(func(cfg *Config) { cfg.PeerCheck = -1 }))
+	a, b := c.Node(0), c.Node(1)
+	ctx := testCtx(t, 10*time.Second)
+	lb, err := b.Listen("tcp", ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, lb)
+	ab, err := a.DialContext(ctx, "tcp", hostPort(b, 7000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ab.Close()
+	if err := c.NIC(1).Close(); err != nil {
+		t.Fatal(err)
+	}
+	ab.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, err = ab.Read(make([]byte, 1))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read with the check off: %v, want a timeout (no reset)", err)
+	}
+	// An explicit check resets it.
+	if n := a.ResetDeadPeers(); n != 1 {
+		t.Fatalf("ResetDeadPeers = %d, want 1", n)
+	}
+	ab.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := ab.Read(make([]byte, 1)); err == nil || errors.Is(err, io.EOF) {
+		t.Fatalf("read after ResetDeadPeers: %v, want a reset", err)
+	}
+}
