@@ -89,13 +89,14 @@ func TestProbe(t *testing.T) {
 func TestProbeTimeout(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithProbeTimeout(30*time.Millisecond))
-	mute, err := p.nicB.Open(p.devB.VPID(7))
+	port := uint16(p.ln.Addr().(*net.TCPAddr).Port+1) & 0xF // not the listener's vdev
+	mute, err := p.nicB.Open(p.devB.VPID(port))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mute.Close()
 	start := time.Now()
-	got, err := p.devA.Probe(t.Context(), nodeB, 1, 7)
+	got, err := p.devA.Probe(t.Context(), nodeB, 1, port)
 	if err != nil || got {
 		t.Fatalf("Probe = %v, %v", got, err)
 	}
