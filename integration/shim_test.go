@@ -38,7 +38,7 @@ func buildShim(t *testing.T, dir string) (lib, prog string) {
 	lib, prog = filepath.Join(dir, "libextds.so"), filepath.Join(dir, "shimtest")
 	for _, args := range [][]string{
 		{"-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", lib, filepath.Join(src, "libextds.c"), "-ldl"},
-		{"-O2", "-Wall", "-Werror", "-o", prog, filepath.Join(src, "test", "shimtest.c")},
+		{"-O2", "-pthread", "-Wall", "-Werror", "-o", prog, filepath.Join(src, "test", "shimtest.c")},
 	} {
 		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 			t.Fatalf("gcc %v: %v\n%s", args, err, out)

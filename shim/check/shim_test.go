@@ -44,7 +44,7 @@ func build(t testing.TB) (lib, prog string) {
 		}
 		for _, args := range [][]string{
 			{"-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), "-ldl"},
-			{"-O2", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), filepath.Join(src, "test", "shimtest.c")},
+			{"-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), filepath.Join(src, "test", "shimtest.c")},
 		} {
 			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 				buildErr = fmt.Errorf("gcc %v: %v\n%s", args, err, out)
@@ -422,6 +422,29 @@ func TestSwitch(t *testing.T) {
 	}
 	if l, u := f.count("shim-listen"), f.count("shim-unlisten"); l != 1 || u != 1 {
 		t.Errorf("listen %d unlisten %d, want 1 each (children must not unlisten): %s", l, u, f.opList())
+	}
+}
+
+// TestThreads: 16 clients connect and switch at once from one process
+// (the fd table and its lock under contention).
+func TestThreads(t *testing.T) {
+	lib, prog := build(t)
+	ip := localIP(t)
+	f := newFake(t, "extds")
+	e := env(lib, f.path)
+	const n = 16
+	p := strconv.Itoa(port())
+	srv := start(t, e, prog, "server", ip, p, strconv.Itoa(n), "fork")
+	srv.waitOutput(t, "listening", 10*time.Second)
+	out, err := run(t, e, 60*time.Second, prog, "par", strconv.Itoa(n), ip, p, strconv.Itoa(1<<20))
+	if err != nil {
+		t.Fatalf("par: %v\n%s\nserver:\n%s", err, out, srv.out.String())
+	}
+	if got := strings.Count(out, "ok ") - strings.Count(out, "kernel=inet"); got != n {
+		t.Errorf("%d of %d clients switched:\n%s", got, n, out)
+	}
+	if err := srv.wait(t, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -4,6 +4,8 @@
  *   shimtest server IP PORT COUNT [fork]
  *       listen on IP:PORT, serve COUNT connections (each in a forked child
  *       with "fork"): read to EOF, answer "bytes=N sum=X kernel=K peer=P\n".
+ *   shimtest par N IP PORT BYTES
+ *       N clients at once, one per thread, half of them "nb".
  *   shimtest client IP PORT BYTES [nb]
  *       connect (non-blocking, through epoll registered before connect,
  *       with "nb"), send BYTES of a pattern, shut down writing, read the
@@ -21,6 +23,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -319,6 +322,38 @@ static int client(const char *ip, int port, long long bytes, int nb)
 	return ok ? 0 : 1;
 }
 
+struct par {
+	const char *ip;
+	int port, nb, rc;
+	long long bytes;
+};
+
+static void *par_run(void *arg)
+{
+	struct par *p = arg;
+	p->rc = client(p->ip, p->port, p->bytes, p->nb);
+	return NULL;
+}
+
+static int par(int n, const char *ip, int port, long long bytes)
+{
+	struct par ps[64];
+	pthread_t th[64];
+	if (n > 64)
+		n = 64;
+	for (int i = 0; i < n; i++) {
+		ps[i] = (struct par){ip, port, i & 1, 0, bytes};
+		if (pthread_create(&th[i], NULL, par_run, &ps[i]) != 0)
+			die("pthread_create");
+	}
+	int bad = 0;
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		bad |= ps[i].rc;
+	}
+	return bad;
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -326,6 +361,8 @@ int main(int argc, char **argv)
 		return server(argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 && !strcmp(argv[5], "fork"));
 	if (argc >= 5 && !strcmp(argv[1], "client"))
 		return client(argv[2], atoi(argv[3]), atoll(argv[4]), argc > 5 && !strcmp(argv[5], "nb"));
-	fprintf(stderr, "usage: shimtest server IP PORT COUNT [fork] | client IP PORT BYTES [nb]\n");
+	if (argc >= 6 && !strcmp(argv[1], "par"))
+		return par(atoi(argv[2]), argv[3], atoi(argv[4]), atoll(argv[5]));
+	fprintf(stderr, "usage: shimtest server IP PORT COUNT [fork] | client IP PORT BYTES [nb] | par N IP PORT BYTES\n");
 	return 2;
 }
