@@ -24,8 +24,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
-// node is a daemon on a mem fabric with an in-memory TAP: no root.
-type node struct {
+// testNode is a daemon on a mem fabric with an in-memory TAP: no root.
+type testNode struct {
 	d   *Daemon
 	dev *taptest.Device
 	cfg Config
@@ -39,7 +39,7 @@ func memConfig(t *testing.T, id fabric.NodeID) Config {
 	}
 }
 
-func startNode(t *testing.T, c *mem.Cluster, cfg Config) *node {
+func startNode(t *testing.T, c *mem.Cluster, cfg Config) *testNode {
 	t.Helper()
 	dev := taptest.New(cfg.Ifname, cfg.MTU)
 	d, err := Start(cfg, slog.New(slog.DiscardHandler), WithDevice(dev), WithMemCluster(c))
@@ -51,7 +51,7 @@ func startNode(t *testing.T, c *mem.Cluster, cfg Config) *node {
 			t.Errorf("close node %d: %v", cfg.Node, err)
 		}
 	})
-	return &node{d: d, dev: dev, cfg: cfg}
+	return &testNode{d: d, dev: dev, cfg: cfg}
 }
 
 func dial(t *testing.T, path string) *control.Client {
