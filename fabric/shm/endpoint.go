@@ -66,6 +66,19 @@ type endpoint struct {
 	rc     consumer
 	pollMu sync.Mutex
 	nc     consumer
+
+	// wake is the registration that rings the doorbell when the context
+	// of a sleeping Wait is done. It is kept across Waits with the same
+	// context (keyed by its Done channel) instead of being made and
+	// stopped on every sleep: for a context that is not a standard
+	// cancelCtx, context.AfterFunc starts a goroutine, and stopping it
+	// on every wake-up added a goroutine hand-off (and a futex wake of
+	// another thread) to every message that found the consumer asleep.
+	// A stale registration only costs one spurious wake-up.
+	wakeMu   sync.Mutex
+	wakeDone <-chan struct{}
+	wakeStop func() bool
+	ringFn   func() // e.ring, bound once
 }
 
 // Open claims VPID v on this node: it creates the VPID file (header,
@@ -108,6 +121,7 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 		return nil, n.ctr.CountErr(fmt.Errorf("shm: open %v: %v: %w", addr, err, fabric.ErrInUse))
 	}
 	ep := &endpoint{nic: n, addr: addr, path: path, f: f, v: vf}
+	ep.ringFn = ep.ring
 	n.eps[v] = ep
 	return ep, nil
 }
@@ -419,11 +433,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		}
 	}
 	if done := ctx.Done(); done != nil {
-		stop := context.AfterFunc(ctx, func() {
-			v.doorbell.Add(1)
-			sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck
-		})
-		defer stop()
+		e.watch(ctx, done)
 	}
 	for {
 		if e.closed.Load() {
@@ -446,6 +456,30 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	}
 }
 
+// watch makes ctx's end ring the doorbell, unless it already does.
+func (e *endpoint) watch(ctx context.Context, done <-chan struct{}) {
+	e.wakeMu.Lock()
+	defer e.wakeMu.Unlock()
+	if e.wakeDone == done || e.closed.Load() {
+		return
+	}
+	if e.wakeStop != nil {
+		e.wakeStop()
+	}
+	e.wakeDone, e.wakeStop = done, context.AfterFunc(ctx, e.ringFn)
+}
+
+// ring wakes every sleeping Wait; a registration that fires after Close
+// does nothing (the mapping may be gone).
+func (e *endpoint) ring() {
+	if e.enter() != nil {
+		return
+	}
+	defer e.leave()
+	e.v.doorbell.Add(1)
+	sys.FutexWake(e.v.doorbell, math.MaxInt32) //nolint:errcheck
+}
+
 // Close implements fabric.Endpoint: it marks the VPID file closed (so
 // cached senders stop), wakes waiters, waits for running calls, releases
 // the VPID's regions and unlinks its file.
@@ -460,6 +494,12 @@ func (e *endpoint) Close() error {
 	sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck
 	v.space.Add(1)
 	sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
+	e.wakeMu.Lock()
+	if e.wakeStop != nil {
+		e.wakeStop()
+		e.wakeDone, e.wakeStop = nil, nil
+	}
+	e.wakeMu.Unlock()
 	e.ops.Lock()
 	defer e.ops.Unlock()
 	n.regMu.Lock()
