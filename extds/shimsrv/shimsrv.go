@@ -1,0 +1,731 @@
+// Package shimsrv is exnd's side of the LD_PRELOAD shim (libextds.so): the
+// control-socket operations through which the shim registers listening
+// ports and hands over connected TCP sockets, and the splice that moves a
+// switched connection's bytes between an AF_UNIX socketpair end (which the
+// shim dup3's over the application's descriptor) and an extds.Conn.
+//
+// Protocol (control lines "OP ARGS\n", one JSON response line
+// {"ok":..,"data":..,"error":..}, descriptors as SCM_RIGHTS):
+//
+//	shim-hello 1              → {"version":1}
+//	shim-listen PORT PID      → {}   register PORT for PID (probes answer yes)
+//	shim-unlisten PORT PID    → {}   remove it (idempotent)
+//	shim-connect PID  + fd    → {"mode":"extds","id":N} + socketpair end
+//	                          | {"mode":"tcp","reason":R}  (no fd)
+//	shim-accept PID   + fd    → same as shim-connect
+//
+// Any failure is {"ok":false,"error":"..."}; the shim then keeps plain TCP.
+// See docs/extds.md ("Shim server") for the behaviour in detail.
+//
+// Goroutines: one sweeper (dead listener PIDs) and two per switched
+// connection (app→fabric, fabric→app); Close stops and joins them all, and
+// waits for operations in progress. Locks: mu guards closed, listens,
+// conns and nextID; it is never held across I/O.
+package shimsrv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/internal/sys"
+)
+
+// Version is the shim protocol version this server speaks.
+const Version = 1
+
+// Tunables, with why.
+const (
+	// BufSize is each splice direction's buffer: one extds ring (256 KiB)
+	// per read, so a large application write becomes one RMA PUT chain
+	// rather than many small writes. Pooled: no allocation per message.
+	BufSize = 256 << 10
+	// DefaultPeekTimeout bounds shim-accept's wait for the client's first
+	// bytes. Trade-off: a plain client that waits for a server banner
+	// (SMTP-style) costs this delay once per connection before the server
+	// application sees it; an EXT-DS client's hello arrives within a
+	// round trip.
+	DefaultPeekTimeout = 200 * time.Millisecond
+	// DefaultSweep is how often listener registrations of dead PIDs are
+	// dropped. A dead listener costs a client at most one failed
+	// handshake (second line of defense) until the sweep.
+	DefaultSweep = time.Second
+	// opTimeout bounds one shim-connect or shim-accept (probe, handshake),
+	// on top of extds' own handshake timeout.
+	opTimeout = 10 * time.Second
+	// logLimit is the most per-connection log lines per second.
+	logLimit = 10
+)
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithPeekTimeout sets shim-accept's wait for the first bytes.
+func WithPeekTimeout(d time.Duration) Option { return func(s *Server) { s.peekTO = d } }
+
+// WithSweepInterval sets how often dead listener PIDs are dropped.
+func WithSweepInterval(d time.Duration) Option { return func(s *Server) { s.sweep = d } }
+
+// ConnInfo describes one switched connection (exnctl conns).
+type ConnInfo struct {
+	ID         uint64    `json:"id"`
+	Mode       string    `json:"mode"` // always "extds": fallbacks stay the shim's plain sockets
+	Side       string    `json:"side"` // "connect" or "accept"
+	Local      string    `json:"local"`
+	Remote     string    `json:"remote"`
+	FabricPeer string    `json:"fabric_peer"` // node:vpid
+	PID        int       `json:"pid"`
+	BytesIn    uint64    `json:"bytes_in"`  // fabric → application
+	BytesOut   uint64    `json:"bytes_out"` // application → fabric
+	Since      time.Time `json:"since"`
+}
+
+// Stats are the shim server's counters.
+type Stats struct {
+	Switched  uint64            `json:"switched"`  // connections spliced onto EXT-DS
+	Fallbacks map[string]uint64 `json:"fallbacks"` // answered "tcp", by extds.FallbackReason
+	Errors    uint64            `json:"errors"`    // shim-connect/accept that failed
+	Resets    uint64            `json:"resets"`    // switched connections that ended by a reset
+	Active    int               `json:"active"`
+	Listens   int               `json:"listens"` // (port, pid) registrations
+	BytesIn   uint64            `json:"bytes_in"`
+	BytesOut  uint64            `json:"bytes_out"`
+}
+
+// Server serves the shim's operations for one Device.
+type Server struct {
+	dev    *extds.Device
+	dialer *extds.Dialer
+	log    *slog.Logger
+	peekTO time.Duration
+	sweep  time.Duration
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	listens map[listenKey]func()
+	conns   map[uint64]*conn
+	nextID  uint64
+
+	switched, errs, resets atomic.Uint64
+	bytesIn, bytesOut      atomic.Uint64
+	fallbacks              sync.Map // reason string → *atomic.Uint64
+	logWin, logN           atomic.Int64
+}
+
+type listenKey struct {
+	port uint16
+	pid  int
+}
+
+// conn is one switched connection and its splice.
+type conn struct {
+	id        uint64
+	pid       int
+	side      string
+	c         *extds.Conn
+	uc        *net.UnixConn
+	local     string
+	remote    string
+	peer      string
+	since     time.Time
+	in, out   atomic.Uint64
+	left      atomic.Int32 // splice goroutines still running
+	reset     atomic.Bool
+	closeOnce sync.Once
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, BufSize); return &b }}
+
+// New returns a server for dev. dialer upgrades shim-connect sockets (its
+// Device should be dev; a nil dialer means &extds.Dialer{Device: dev}).
+func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Option) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if dialer == nil {
+		dialer = &extds.Dialer{Device: dev}
+	}
+	s := &Server{
+		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
+		listens: make(map[listenKey]func()), conns: make(map[uint64]*conn),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.peekTO <= 0 {
+		s.peekTO = DefaultPeekTimeout
+	}
+	if s.sweep <= 0 {
+		s.sweep = DefaultSweep
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.sweeper()
+	return s
+}
+
+// Register installs the shim operations on cs.
+func (s *Server) Register(cs *control.Server) {
+	cs.Handle("shim-hello", s.hello)
+	cs.Handle("shim-listen", s.listen)
+	cs.Handle("shim-unlisten", s.unlisten)
+	cs.HandleFD("shim-connect", func(ctx context.Context, r *control.Request) (any, *os.File, error) {
+		return s.switchFD(ctx, r, sideConnect)
+	})
+	cs.HandleFD("shim-accept", func(ctx context.Context, r *control.Request) (any, *os.File, error) {
+		return s.switchFD(ctx, r, sideAccept)
+	})
+}
+
+// ---- simple operations ----
+
+func (s *Server) hello(_ context.Context, args []string) (any, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("shim-hello: want VERSION, got %d arguments", len(args))
+	}
+	if v, err := strconv.Atoi(args[0]); err != nil || v != Version {
+		return nil, fmt.Errorf("shim-hello: version %q not supported (this exnd speaks %d)", args[0], Version)
+	}
+	return struct {
+		Version int `json:"version"`
+	}{Version}, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	p, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || p == 0 {
+		return 0, fmt.Errorf("bad port %q", s)
+	}
+	return uint16(p), nil
+}
+
+func parsePID(s string) (int, error) {
+	p, err := strconv.ParseInt(s, 10, 32)
+	if err != nil || p <= 0 {
+		return 0, fmt.Errorf("bad pid %q", s)
+	}
+	return int(p), nil
+}
+
+func parseListen(op string, args []string) (listenKey, error) {
+	if len(args) != 2 {
+		return listenKey{}, fmt.Errorf("%s: want PORT PID, got %d arguments", op, len(args))
+	}
+	port, err := parsePort(args[0])
+	if err != nil {
+		return listenKey{}, fmt.Errorf("%s: %w", op, err)
+	}
+	pid, err := parsePID(args[1])
+	if err != nil {
+		return listenKey{}, fmt.Errorf("%s: %w", op, err)
+	}
+	return listenKey{port, pid}, nil
+}
+
+var empty = struct{}{}
+
+func (s *Server) listen(_ context.Context, args []string) (any, error) {
+	k, err := parseListen("shim-listen", args)
+	if err != nil {
+		return nil, err
+	}
+	if !sys.ProcessAlive(k.pid) {
+		return nil, fmt.Errorf("shim-listen: pid %d is not running", k.pid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("shim-listen: exnd is shutting down")
+	}
+	if _, ok := s.listens[k]; ok {
+		return empty, nil // idempotent
+	}
+	unreg, err := s.dev.RegisterPort(k.port)
+	if err != nil {
+		return nil, fmt.Errorf("shim-listen: %w", err)
+	}
+	s.listens[k] = unreg
+	return empty, nil
+}
+
+func (s *Server) unlisten(_ context.Context, args []string) (any, error) {
+	k, err := parseListen("shim-unlisten", args)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	unreg := s.listens[k]
+	delete(s.listens, k)
+	s.mu.Unlock()
+	if unreg != nil {
+		unreg()
+	}
+	return empty, nil
+}
+
+// sweeper drops listener registrations whose process is gone (a shim
+// killed before it could say shim-unlisten).
+func (s *Server) sweeper() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			s.sweepDead()
+		}
+	}
+}
+
+func (s *Server) sweepDead() {
+	var dead []func()
+	s.mu.Lock()
+	for k, unreg := range s.listens {
+		if !sys.ProcessAlive(k.pid) {
+			delete(s.listens, k)
+			dead = append(dead, unreg)
+			s.logConn(slog.LevelInfo, "extds shim: listener process gone", "port", k.port, "pid", k.pid)
+		}
+	}
+	s.mu.Unlock()
+	for _, f := range dead {
+		f()
+	}
+}
+
+// ---- shim-connect / shim-accept ----
+
+const (
+	sideConnect = "connect"
+	sideAccept  = "accept"
+)
+
+type switchResult struct {
+	Mode   string `json:"mode"`
+	ID     uint64 `json:"id,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// enter counts an operation in progress, unless the server is closed.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) (any, *os.File, error) {
+	op := "shim-" + side
+	if len(r.Args) != 1 {
+		return nil, nil, fmt.Errorf("%s: want PID, got %d arguments", op, len(r.Args))
+	}
+	pid, err := parsePID(r.Args[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if len(r.Files) != 1 {
+		return nil, nil, fmt.Errorf("%s: want 1 socket descriptor, got %d", op, len(r.Files))
+	}
+	if !s.enter() {
+		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
+	}
+	defer s.wg.Done()
+	res, out, err := s.switchSocket(ctx, r.Files[0], pid, side)
+	if err != nil {
+		s.errs.Add(1)
+		s.logConn(slog.LevelWarn, "extds shim: "+op+" failed", "pid", pid, "err", err)
+		return nil, nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return res, out, nil
+}
+
+// switchSocket upgrades the application's socket f. f stays owned by the
+// control server (it closes it after the response); exnd works on a dup.
+func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side string) (any, *os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	var isTCP, nonblock bool
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr == nil {
+			nonblock, ierr = sys.Nonblocking(int(fd))
+		}
+	}); err != nil {
+		return nil, nil, err
+	}
+	if ierr != nil {
+		return nil, nil, ierr
+	}
+	if !isTCP {
+		return nil, nil, errors.New("descriptor is not a TCP socket")
+	}
+	// net.FileConn dups f and sets O_NONBLOCK, which lives in the open
+	// file description the application shares: restore it whenever the
+	// application keeps its socket (fallback, error).
+	restore := func() {
+		_ = rc.Control(func(fd uintptr) { _ = sys.SetNonblocking(int(fd), nonblock) })
+	}
+	nc, err := net.FileConn(f)
+	if err != nil {
+		restore()
+		return nil, nil, err
+	}
+	shadow, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		restore()
+		return nil, nil, fmt.Errorf("descriptor is a %T, not a TCP connection", nc)
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+
+	var c *extds.Conn
+	if side == sideConnect {
+		c, err = s.dialer.Upgrade(ctx, shadow)
+	} else {
+		var peeked []byte
+		if peeked, err = s.peek(shadow); err == nil {
+			c, err = s.dev.AcceptShadow(ctx, shadow, peeked)
+		}
+	}
+	if err != nil {
+		shadow.Close()
+		restore()
+		return nil, nil, err
+	}
+	if c.Mode() != extds.ModeEXTDS {
+		why, _ := c.FallbackReason()
+		c.Close() // the dup only
+		restore()
+		s.fallback(why.String())
+		return switchResult{Mode: "tcp", Reason: why.String()}, nil, nil
+	}
+	app, mine, err := sys.Socketpair("extds-shim")
+	if err != nil {
+		abort(c)
+		return nil, nil, err
+	}
+	mc, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		app.Close()
+		abort(c)
+		return nil, nil, err
+	}
+	uc, ok := mc.(*net.UnixConn)
+	if !ok {
+		mc.Close()
+		app.Close()
+		abort(c)
+		return nil, nil, fmt.Errorf("socketpair end is a %T", mc)
+	}
+	e := &conn{
+		pid: pid, side: side, c: c, uc: uc, since: time.Now(),
+		local: c.LocalAddr().String(), remote: c.RemoteAddr().String(),
+	}
+	if fp, ok := c.FabricPeer(); ok {
+		e.peer = fp.String()
+	}
+	if !s.start(e) {
+		app.Close()
+		e.uc.Close()
+		abort(c)
+		return nil, nil, errors.New("exnd is shutting down")
+	}
+	s.switched.Add(1)
+	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", pid,
+		"local", e.local, "remote", e.remote, "peer", e.peer)
+	return switchResult{Mode: "extds", ID: e.id}, app, nil
+}
+
+func abort(c *extds.Conn) {
+	_ = c.SetLinger(0)
+	_ = c.Close()
+}
+
+func (s *Server) fallback(reason string) {
+	v, _ := s.fallbacks.LoadOrStore(reason, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
+}
+
+// peek waits (bounded by the peek timeout) for the first bytes of an
+// accepted socket without consuming them: until they are an EXT-DS hello,
+// certainly not one, EOF, or the timeout. It waits in Go's poller (the
+// socket is non-blocking), not in a blocked system call.
+func (s *Server) peek(shadow *net.TCPConn) ([]byte, error) {
+	rc, err := shadow.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, extds.HelloPrefixLen)
+	_ = shadow.SetReadDeadline(time.Now().Add(s.peekTO))
+	defer shadow.SetReadDeadline(time.Time{})
+	var n int
+	var perr error
+	err = rc.Read(func(fd uintptr) bool {
+		k, e := sys.RecvPeek(int(fd), buf)
+		if sys.IsEAGAIN(e) {
+			return false // nothing yet: wait for readability
+		}
+		if e != nil {
+			perr = e
+			return true
+		}
+		n = k
+		if k == 0 {
+			return true // EOF before any byte
+		}
+		hello, plain := extds.ClassifyPeek(buf[:k])
+		return hello || plain // a strict prefix of the magic: wait for more
+	})
+	if perr != nil {
+		return nil, perr
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, err
+	}
+	return buf[:n], nil // a timeout leaves whatever arrived: plain TCP
+}
+
+// ---- splice ----
+
+// start registers e and starts its splice, unless the server is closed.
+func (s *Server) start(e *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.nextID++
+	e.id = s.nextID
+	s.conns[e.id] = e
+	e.left.Store(2)
+	s.wg.Add(2)
+	go s.appToFabric(e)
+	go s.fabricToApp(e)
+	return true
+}
+
+// appToFabric copies the application's writes onto the extds connection.
+// EOF (the application shut down its writes or closed) becomes
+// CloseWrite; then it waits for the application's end to hang up
+// entirely and closes the connection (with unread data that is a reset,
+// as TCP's close is).
+func (s *Server) appToFabric(e *conn) {
+	defer s.done(e)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := e.uc.Read(buf)
+		if n > 0 {
+			if _, werr := e.c.Write(buf[:n]); werr != nil {
+				s.failed(e, "write to fabric", werr)
+				return
+			}
+			e.out.Add(uint64(n))
+			s.bytesOut.Add(uint64(n))
+		}
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			if cerr := e.c.CloseWrite(); cerr != nil {
+				s.failed(e, "close write", cerr)
+				return
+			}
+			s.waitHangup(e)
+			_ = e.c.Close()
+			return
+		case errors.Is(err, net.ErrClosed):
+			return // we closed the unix end (reset or shutdown)
+		default:
+			// ECONNRESET: the application closed with data we had not
+			// read yet. Reset the peer, as TCP would.
+			s.logConn(slog.LevelDebug, "extds shim: app socket error", "id", e.id, "err", err)
+			abort(e.c)
+			return
+		}
+	}
+}
+
+// waitHangup returns when the application's end of the socketpair is
+// gone (POLLHUP), or the unix end was closed here. It waits in Go's
+// poller: the release of the peer wakes it.
+func (s *Server) waitHangup(e *conn) {
+	rc, err := e.uc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		hup, err := sys.HungUp(int(fd))
+		return hup || err != nil
+	})
+}
+
+// fabricToApp copies the extds connection's data to the application.
+// The peer's SHUTDOWN becomes shutdown(SHUT_WR) of the unix end; a reset,
+// a dead peer or a protocol error closes the unix end (see resetApp).
+func (s *Server) fabricToApp(e *conn) {
+	defer s.done(e)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := e.c.Read(buf)
+		if n > 0 {
+			if _, werr := e.uc.Write(buf[:n]); werr != nil {
+				if !errors.Is(werr, net.ErrClosed) {
+					// The application is gone (EPIPE, ECONNRESET): data
+					// for a closed socket resets the peer.
+					abort(e.c)
+				}
+				return
+			}
+			e.in.Add(uint64(n))
+			s.bytesIn.Add(uint64(n))
+		}
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			_ = e.uc.CloseWrite()
+			return
+		case errors.Is(err, net.ErrClosed):
+			return // closed here: the application hung up, or Close
+		default:
+			s.failed(e, "read from fabric", err)
+			return
+		}
+	}
+}
+
+// failed ends a connection whose fabric side broke: the application's
+// end is closed (see resetApp) and the extds connection released.
+func (s *Server) failed(e *conn, what string, err error) {
+	if e.reset.CompareAndSwap(false, true) {
+		s.resets.Add(1)
+	}
+	s.logConn(slog.LevelDebug, "extds shim: connection reset", "id", e.id, "what", what, "err", err)
+	s.resetApp(e)
+	abort(e.c)
+}
+
+// resetApp closes exnd's end of the socketpair. AF_UNIX has no RST: the
+// application reads ECONNRESET only if exnd's end still holds data the
+// application wrote (the kernel then sets ECONNRESET on its end, which is
+// what a writer blocked on a dead peer sees); otherwise it reads EOF, and
+// its next write fails with EPIPE. SO_LINGER does not apply to AF_UNIX.
+func (s *Server) resetApp(e *conn) {
+	e.closeOnce.Do(func() { _ = e.uc.Close() })
+}
+
+// done runs as each splice goroutine ends; the last one releases e.
+func (s *Server) done(e *conn) {
+	if e.left.Add(-1) == 0 {
+		e.closeOnce.Do(func() { _ = e.uc.Close() })
+		_ = e.c.Close() // no-op if already closed
+		s.mu.Lock()
+		delete(s.conns, e.id)
+		s.mu.Unlock()
+		s.logConn(slog.LevelDebug, "extds shim: closed", "id", e.id, "in", e.in.Load(), "out", e.out.Load())
+	}
+	s.wg.Done()
+}
+
+// logConn logs a per-connection event, at most logLimit a second.
+func (s *Server) logConn(level slog.Level, msg string, args ...any) {
+	now := time.Now().Unix()
+	if w := s.logWin.Load(); w != now && s.logWin.CompareAndSwap(w, now) {
+		s.logN.Store(0)
+	}
+	if s.logN.Add(1) > logLimit {
+		return
+	}
+	s.log.Log(context.Background(), level, msg, args...)
+}
+
+// ---- introspection, shutdown ----
+
+// Conns lists the switched connections.
+func (s *Server) Conns() []ConnInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]ConnInfo, 0, len(s.conns))
+	for _, e := range s.conns {
+		out = append(out, ConnInfo{
+			ID: e.id, Mode: extds.ModeEXTDS.String(), Side: e.side, Local: e.local, Remote: e.remote,
+			FabricPeer: e.peer, PID: e.pid, BytesIn: e.in.Load(), BytesOut: e.out.Load(), Since: e.since,
+		})
+	}
+	return out
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	st := Stats{
+		Switched: s.switched.Load(), Errors: s.errs.Load(), Resets: s.resets.Load(),
+		BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(), Fallbacks: make(map[string]uint64),
+	}
+	s.fallbacks.Range(func(k, v any) bool {
+		st.Fallbacks[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	s.mu.Lock()
+	st.Active, st.Listens = len(s.conns), len(s.listens)
+	s.mu.Unlock()
+	return st
+}
+
+// Close unregisters every listener, resets every switched connection
+// (peers get RESET, applications lose their sockets), cancels operations
+// in progress and joins all goroutines. It is idempotent. Close it before
+// the Device.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	listens := s.listens
+	s.listens = make(map[listenKey]func())
+	conns := make([]*conn, 0, len(s.conns))
+	for _, e := range s.conns {
+		conns = append(conns, e)
+	}
+	s.mu.Unlock()
+	s.cancel()
+	for _, unreg := range listens {
+		unreg()
+	}
+	for _, e := range conns {
+		s.resetApp(e)
+		abort(e.c)
+	}
+	s.wg.Wait()
+	return nil
+}
