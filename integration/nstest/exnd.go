@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,8 +19,11 @@ type Node struct {
 	IP     netip.Addr // IPv4 address on exn0
 	IP6    netip.Addr // global IPv6 address on exn0
 	Fabric string
-	Proc   *Proc
-	args   []string
+	// Control is the node's own control socket (namespaces share the
+	// file system, so every node needs its own path).
+	Control string
+	Proc    *Proc
+	args    []string
 }
 
 // NodeIP is the IPv4 address the harness gives node id on subnet (the
@@ -35,13 +39,16 @@ func NodeIP6(subnet, id int) netip.Addr {
 
 // StartNode creates a namespace and starts exnd in it as node id on shm
 // fabric fab, with 10.77.subnet.id/24 and fd77:subnet::id/64 on exn0, and
-// waits until exn0 is up. extra flags are appended.
+// waits until exn0 is up. Each node gets its own control socket in a
+// temporary directory (Node.Control). extra flags are appended, so a
+// --control in extra overrides it.
 func StartNode(t testing.TB, exnd, fab string, subnet, id int, extra ...string) *Node {
 	t.Helper()
 	n := &Node{NS: NewNetns(t, "n"+strconv.Itoa(id)+"-"), ID: id, Fabric: fab,
-		IP: NodeIP(subnet, id), IP6: NodeIP6(subnet, id)}
+		IP: NodeIP(subnet, id), IP6: NodeIP6(subnet, id),
+		Control: filepath.Join(t.TempDir(), "exnd.sock")}
 	n.args = append([]string{exnd, "--node-id", strconv.Itoa(id), "--fabric", "shm:" + fab,
-		"--addr", n.IP.String() + "/24," + n.IP6.String() + "/64"}, extra...)
+		"--addr", n.IP.String() + "/24," + n.IP6.String() + "/64", "--control", n.Control}, extra...)
 	n.Start(t)
 	return n
 }
