@@ -318,8 +318,8 @@ func TestResetPropagates(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	tests := []struct {
-		name  string
-		break_ func(b *node, server *app)
+		name    string
+		breakIt func(b *node, server *app)
 	}{
 		// The server application closes without reading what arrived:
 		// as with TCP, the peer is reset.
@@ -339,7 +339,7 @@ func TestResetPropagates(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, "data at the server app", func() bool { return b.srv.Stats().BytesIn > 0 })
-			tc.break_(b, server)
+			tc.breakIt(b, server)
 			// A writer sees the failure (ECONNRESET while its data is
 			// queued at exnd's end, EPIPE after).
 			chunk := make([]byte, 64<<10)
