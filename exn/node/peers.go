@@ -57,6 +57,12 @@ func (n *Node) resetDeadPeers(known map[tcpip.Address]fabric.NodeID) int {
 		if !ok {
 			continue
 		}
+		switch tcp.EndpointState(ep.State()) {
+		case tcp.StateEstablished, tcp.StateSynSent, tcp.StateSynRecv, tcp.StateFinWait1,
+			tcp.StateFinWait2, tcp.StateCloseWait, tcp.StateLastAck, tcp.StateClosing:
+		default:
+			continue // listening, closed, or in TIME_WAIT: nothing to reset
+		}
 		ra, err := ep.GetRemoteAddress()
 		if err != nil || ra.Addr.BitLen() == 0 {
 			continue // listener or unconnected

@@ -71,6 +71,10 @@ type Config struct {
 	// socket that cannot be served (another exnd on the host holds the
 	// default path) is a warning, not a failure; see startControl.
 	controlIsDefault bool
+
+	// NS is userspace mode's --socks, --forward and --expose (netstack.go).
+	NS NetstackConfig
+	ns netstackFlags
 }
 
 // field names setting name as the user gave it: the flag, or the file
@@ -148,6 +152,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")
 	fs.StringVar(&c.File, "config", "", "read settings from `FILE` ('name = value' lines; flags override it)")
 	fs.BoolVar(&c.CheckOnly, "check-config", false, "validate flags and the configuration file, then exit 0 (valid) or 2")
+	addNetstackFlags(fs, &c.ns)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return Config{}, err
@@ -304,11 +309,7 @@ func (c *Config) validate(nodeID, fab, logLevel string) error {
 		return bad("control", "%q: want a path of at most %d bytes", c.Control, maxSocketPath)
 	}
 
-	// Features owned by other issues: refuse rather than ignore.
-	if c.Netstack {
-		return fmt.Errorf("%s: userspace netstack mode: %w", c.field("netstack"), ErrNotImplemented)
-	}
-	return nil
+	return c.validateNetstack(&c.ns)
 }
 
 // Check validates what Parse cannot without reading other files: that the
