@@ -54,8 +54,6 @@ type Daemon struct {
 	extdsStats func() extds.Stats
 	// extraHandlers are control operations a part adds.
 	extraHandlers map[string]control.HandlerFunc
-	// extraFDHandlers are descriptor-passing operations a part adds.
-	extraFDHandlers map[string]control.FDHandlerFunc
 	// partClosers close the parts, in reverse order of start.
 	partClosers []func() error
 
@@ -212,7 +210,6 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 	if err := d.startControl(); err != nil {
 		return nil, err
 	}
-	d.registerFDHandlers() // extds.go
 
 	addrs := make([]string, len(cfg.Addrs))
 	for i, a := range cfg.Addrs {
