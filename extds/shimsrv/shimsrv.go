@@ -180,15 +180,35 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 
 // Register installs the shim operations on cs.
 func (s *Server) Register(cs *control.Server) {
-	cs.Handle("shim-hello", s.hello)
-	cs.Handle("shim-listen", s.listen)
-	cs.Handle("shim-unlisten", s.unlisten)
-	cs.HandleFD("shim-connect", func(ctx context.Context, r *control.Request) (any, *os.File, error) {
-		return s.switchFD(ctx, r, sideConnect)
-	})
-	cs.HandleFD("shim-accept", func(ctx context.Context, r *control.Request) (any, *os.File, error) {
-		return s.switchFD(ctx, r, sideAccept)
-	})
+	for op, h := range s.Handlers() {
+		cs.Handle(op, h)
+	}
+	for op, h := range s.FDHandlers() {
+		cs.HandleFD(op, h)
+	}
+}
+
+// Handlers are the operations without descriptors: shim-hello,
+// shim-listen, shim-unlisten (for a caller that registers them itself).
+func (s *Server) Handlers() map[string]control.HandlerFunc {
+	return map[string]control.HandlerFunc{
+		"shim-hello":    s.hello,
+		"shim-listen":   s.listen,
+		"shim-unlisten": s.unlisten,
+	}
+}
+
+// FDHandlers are the operations that take a socket: shim-connect and
+// shim-accept.
+func (s *Server) FDHandlers() map[string]control.FDHandlerFunc {
+	return map[string]control.FDHandlerFunc{
+		"shim-connect": func(ctx context.Context, r *control.Request) (any, *os.File, error) {
+			return s.switchFD(ctx, r, sideConnect)
+		},
+		"shim-accept": func(ctx context.Context, r *control.Request) (any, *os.File, error) {
+			return s.switchFD(ctx, r, sideAccept)
+		},
+	}
 }
 
 // ---- simple operations ----

@@ -54,6 +54,8 @@ type Daemon struct {
 	extdsStats func() extds.Stats
 	// extraHandlers are control operations a part adds.
 	extraHandlers map[string]control.HandlerFunc
+	// extraFDHandlers are descriptor-passing operations a part adds.
+	extraFDHandlers map[string]control.FDHandlerFunc
 	// partClosers close the parts, in reverse order of start.
 	partClosers []func() error
 
@@ -156,11 +158,6 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 		return nil, fmt.Errorf("open vpid %d: %w", fabric.EthVPID, err)
 	}
 	mac := prefix.MAC(cfg.Node)
-	if cfg.Netstack && d.opts.dev == nil { // userspace mode: the stack is the device
-		if d.opts.dev, err = openNetstack(cfg, d.nic, log.With("part", "netstack")); err != nil {
-			return nil, fmt.Errorf("start netstack: %w", err)
-		}
-	}
 	if d.opts.dev != nil {
 		d.dev = d.opts.dev
 	} else if d.dev, err = tap.Open(tap.Config{
@@ -210,6 +207,7 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 	if err := d.startControl(); err != nil {
 		return nil, err
 	}
+	d.registerFDHandlers() // extds.go
 
 	addrs := make([]string, len(cfg.Addrs))
 	for i, a := range cfg.Addrs {

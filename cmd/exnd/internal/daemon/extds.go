@@ -1,0 +1,81 @@
+package daemon
+
+// EXT-DS in exnd: the extds.Device on this node's NIC (VPIDs
+// extds.DefaultBaseVPID .. +15), resolving peer IPs through the neighbour
+// table, and the shim server (extds/shimsrv) that libextds.so talks to
+// over the control socket. It fills the daemon's "conns" (switched shim
+// connections), "stats"/metrics (the Device's counters, under "extds"),
+// adds "shim-stats", and the shim's operations: shim-hello, shim-listen,
+// shim-unlisten, shim-connect, shim-accept.
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/shimsrv"
+	"github.com/exn-project/exn/fabric"
+)
+
+func init() {
+	parts = append(parts, part{name: "extds", start: startEXTDS})
+}
+
+func startEXTDS(d *Daemon) (func() error, error) {
+	log := d.log.With("part", "extds")
+	res := extds.ResolverFunc(func(ip netip.Addr) (fabric.NodeID, bool) {
+		e, ok := d.arp.Lookup(ip)
+		if !ok || e.Node == d.cfg.Node {
+			return 0, false // unknown, or this node: plain (loopback) TCP
+		}
+		return e.Node, true
+	})
+	dev, err := extds.NewDevice(d.nic, extds.WithResolver(res), extds.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	// The shim hands over sockets the application connected itself, so
+	// the Dialer never dials a shadow connection here (Upgrade only).
+	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"))
+	d.conns = func() any { return srv.Conns() }
+	d.extdsStats = dev.Stats
+	for op, h := range srv.Handlers() {
+		d.extraHandlers[op] = h
+	}
+	d.extraHandlers["shim-stats"] = func(_ context.Context, args []string) (any, error) {
+		if len(args) != 0 {
+			return nil, fmt.Errorf("takes no arguments, have %d", len(args))
+		}
+		return srv.Stats(), nil
+	}
+	if d.extraFDHandlers == nil {
+		d.extraFDHandlers = make(map[string]control.FDHandlerFunc)
+	}
+	for op, h := range srv.FDHandlers() {
+		d.extraFDHandlers[op] = h
+	}
+	log.Info("EXT-DS ready", "vpids", fmt.Sprintf("%d-%d", dev.VPID(0), dev.VPID(15)))
+	return func() error {
+		// The control socket is closed before the parts: no new shim
+		// request arrives. Switched connections are reset, then the
+		// Device releases the VPIDs.
+		srv.Close()
+		if err := dev.Close(); err != nil {
+			return fmt.Errorf("close extds: %w", err)
+		}
+		return nil
+	}, nil
+}
+
+// registerFDHandlers adds the parts' descriptor-passing operations to the
+// control server.
+func (d *Daemon) registerFDHandlers() {
+	if d.ctl == nil {
+		return
+	}
+	for op, h := range d.extraFDHandlers {
+		d.ctl.HandleFD(op, h)
+	}
+}

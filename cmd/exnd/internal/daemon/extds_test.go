@@ -1,0 +1,125 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// TestEXTDSPart: exnd serves the shim operations, registers shim
+// listeners on its Device (a peer's probe sees them over the fabric),
+// answers shim-connect for an unknown peer with plain TCP, and shows
+// EXT-DS in conns, stats, shim-stats and /metrics. Close releases the
+// EXT-DS VPIDs.
+func TestEXTDSPart(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	c := mem.NewCluster()
+	n := startNode(t, c, memConfig(t, 1))
+	cl := dial(t, n.cfg.Control)
+
+	// A bare peer node with its own Device, to probe node 1.
+	nic, err := c.NewNIC(9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nic.Close()
+	peer, err := extds.NewDevice(nic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	probe := func(port uint16) bool {
+		ok, err := peer.Probe(t.Context(), 1, 4321, port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+
+	var hello struct{ Version int }
+	call(t, cl, &hello, "shim-hello", "1")
+	if hello.Version != 1 {
+		t.Fatalf("shim-hello: %+v", hello)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	call(t, cl, nil, "shim-listen", "7007", pid)
+	if !probe(7007) || probe(7008) {
+		t.Fatal("probe does not see the shim's listener")
+	}
+	call(t, cl, nil, "shim-unlisten", "7007", pid)
+	if probe(7007) {
+		t.Fatal("probe still sees the listener after shim-unlisten")
+	}
+
+	// A socket to a peer the neighbour table does not know stays TCP.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if s, err := ln.Accept(); err == nil {
+			s.Close()
+		}
+	}()
+	tc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	f, err := tc.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct{ Mode, Reason string }
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	out, err := cl.CallFD(ctx, &res, []*os.File{f}, "shim-connect", pid)
+	cancel()
+	f.Close()
+	if err != nil || out != nil || res.Mode != "tcp" || res.Reason != "no_route" {
+		t.Fatalf("shim-connect: %+v, fd %v, %v", res, out != nil, err)
+	}
+
+	var conns []json.RawMessage
+	call(t, cl, &conns, "conns")
+	if len(conns) != 0 {
+		t.Fatalf("conns %s", conns)
+	}
+	var st struct {
+		EXTDS map[string]json.RawMessage `json:"extds"`
+	}
+	call(t, cl, &st, "stats")
+	// 7007 twice; 7008's vdev was never opened on node 1, so that probe
+	// failed at the fabric (an immediate "no") without reaching the Device.
+	if string(st.EXTDS["probes_served"]) != "2" {
+		t.Fatalf("stats.extds.probes_served = %s", st.EXTDS["probes_served"])
+	}
+	var ss struct {
+		Switched  uint64
+		Fallbacks map[string]uint64
+	}
+	call(t, cl, &ss, "shim-stats")
+	if ss.Switched != 0 || ss.Fallbacks["no_route"] != 1 {
+		t.Fatalf("shim-stats %+v", ss)
+	}
+	if m := scrapeMetrics(t, n.d.MetricsAddr()); !strings.Contains(m, `exn_extds_fallbacks_total{node="1",reason="no_route"} 1`) {
+		t.Fatal("metrics lack the EXT-DS fallback")
+	}
+
+	call(t, cl, nil, "shim-listen", "7009", pid)
+	if err := n.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if probe(7009) {
+		t.Fatal("node 1 still answers probes after Close")
+	}
+}
