@@ -158,6 +158,11 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 		return nil, fmt.Errorf("open vpid %d: %w", fabric.EthVPID, err)
 	}
 	mac := prefix.MAC(cfg.Node)
+	if cfg.Netstack && d.opts.dev == nil { // userspace mode: the stack is the device
+		if d.opts.dev, err = openNetstack(cfg, d.nic, log.With("part", "netstack")); err != nil {
+			return nil, fmt.Errorf("start netstack: %w", err)
+		}
+	}
 	if d.opts.dev != nil {
 		d.dev = d.opts.dev
 	} else if d.dev, err = tap.Open(tap.Config{
