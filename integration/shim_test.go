@@ -56,8 +56,8 @@ func startShimCluster(t *testing.T, subnet int) *shimCluster {
 	c.lib, c.prog = buildShim(t, dir)
 	fab := nstest.ShmFabric(t)
 	for i := range c.nodes {
-		c.socks[i] = filepath.Join(dir, fmt.Sprintf("exnd%d.sock", i+1))
-		c.nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1, "--control", c.socks[i])
+		c.nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1)
+		c.socks[i] = c.nodes[i].Control
 	}
 	for i, n := range c.nodes {
 		if err := nstest.Eventually(10*time.Second, func() error {
