@@ -14,6 +14,11 @@
 // RMA GET or PUT). A *Conn is a net.Conn with deadlines, CloseWrite and
 // SetLinger; a peer not on the fabric, or not speaking EXT-DS, gets a
 // plain TCP connection without an error (Conn.Mode, Stats.Fallbacks).
+// Before its hello, a client probes the peer node's Device over the fabric
+// for a listener on the port (Device.RegisterPort), so a plain server
+// never receives EXT-DS bytes. Dialer.Upgrade and Device.AcceptShadow run
+// the same set-up over a socket connected or accepted elsewhere; package
+// shimsrv uses them for exnd's LD_PRELOAD shim.
 //
 // Wire formats, choices and numbers: docs/extds.md.
 package extds
