@@ -267,11 +267,17 @@ func TestSwitchedBothWays(t *testing.T) {
 		side    string
 		in, out int
 	}{{a, client.res.ID, "connect", len(down), len(up)}, {b, server.res.ID, "accept", len(up), len(down)}} {
-		cs := tc.n.srv.Conns()
-		if len(cs) != 1 {
-			t.Fatalf("%s: %d conns", tc.side, len(cs))
-		}
-		ci := cs[0]
+		// Counters move just after each write to the application
+		// returns, so the last may trail the application's read a little.
+		var ci ConnInfo
+		waitFor(t, tc.side+" byte counts", func() bool {
+			cs := tc.n.srv.Conns()
+			if len(cs) != 1 {
+				t.Fatalf("%s: %d conns", tc.side, len(cs))
+			}
+			ci = cs[0]
+			return ci.BytesIn == uint64(tc.in) && ci.BytesOut == uint64(tc.out)
+		})
 		if ci.ID != tc.id || ci.Side != tc.side || ci.Mode != "extds" || ci.PID != os.Getpid() ||
 			ci.BytesIn != uint64(tc.in) || ci.BytesOut != uint64(tc.out) || ci.FabricPeer == "" ||
 			!strings.HasPrefix(ci.Remote, "127.0.0.1:") {
