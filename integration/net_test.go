@@ -3,6 +3,8 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -398,8 +400,11 @@ func TestNetPerf(t *testing.T) {
 	ways := []struct{ name, ip string }{{"TCP over exn0 (net fabric)", b.IP.String()}, {"TCP over the underlay (veth+bridge)", ul}}
 	var res [2][]float64
 	// Interleaved, so a load change on the machine hits both alike.
-	for range 3 {
+	for run := range 3 {
 		for wi, w := range ways {
+			if run == 2 && wi == 0 {
+				profile(t, secs, a, b)
+			}
 			r, err := nstest.Iperf3(t, b.NS, a.NS, w.ip, secs)
 			if err != nil {
 				t.Fatalf("%s: %v", w.name, err)
@@ -423,5 +428,45 @@ func TestNetPerf(t *testing.T) {
 	}
 	if m0 < 0.5*m1 {
 		t.Errorf("bar: iperf3 over exn0 on net %.2f Gbit/s < 0.5x the underlay's %.2f", m0, m1)
+	}
+}
+
+// profile, with EXN_PERF_PROFILE=DIR, records `perf record -g` of the
+// nodes' exnd processes for secs seconds in the background (started just
+// before a run over exn0) into DIR/exnd-<id>.data; `perf report -i` reads
+// them. Without it, or without perf, it does nothing.
+func profile(t *testing.T, secs int, nodes ...*nstest.Node) {
+	dir := os.Getenv("EXN_PERF_PROFILE")
+	if dir == "" {
+		return
+	}
+	if _, err := exec.LookPath("perf"); err != nil {
+		t.Logf("EXN_PERF_PROFILE: no perf: %v", err)
+		return
+	}
+	for _, n := range append(nodes, nil) {
+		// The Proc is "ip netns exec", which execs exnd: same PID. The
+		// extra nil is the whole system (-a) into DIR/system.data.
+		out, target := filepath.Join(dir, "system.data"), []string{"-a"}
+		if n != nil {
+			out, target = filepath.Join(dir, fmt.Sprintf("exnd-%d.data", n.ID)), []string{"-p", strconv.Itoa(n.Proc.Pid())}
+		}
+		args := append(append([]string{"record", "-g", "-q", "-o", out}, target...), "--", "sleep", strconv.Itoa(secs))
+		cmd := exec.Command("perf", args...)
+		if err := cmd.Start(); err != nil {
+			t.Logf("perf record: %v", err)
+			continue
+		}
+		t.Cleanup(func() {
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				t.Logf("perf record: %v -> %s", err, out)
+			case <-time.After(time.Duration(secs)*time.Second + 30*time.Second):
+				_ = cmd.Process.Kill()
+				t.Errorf("perf record %s: still running; killed", out)
+			}
+		})
 	}
 }

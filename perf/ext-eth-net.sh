@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# EXT-Eth over the net fabric against its own underlay, measured in one
+# run. Needs root, /dev/net/tun, iperf3 (and perf for profiles). Usage:
+#
+#   perf/ext-eth-net.sh [results.md] [profile-dir]   (EXN_PERF_SECS=N per run, default 3)
+#
+# It runs TestNetPerf (integration/net_test.go): two namespaces on an
+# underlay bridge, exnd --fabric net in each, iperf3 with 1 stream over
+# exn0 and over the underlay, 3 runs each interleaved, medians, bar 0.5x.
+# With a profile-dir, `perf record -g` of both exnd and of the whole
+# system during the third exn0 run go there (perf report -i DIR/exnd-1.data).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-}
+prof=${2:-}
+tmp=$(mktemp -d)
+pid=
+cleanup() {
+	# The test binary tears down its namespaces on exit and on SIGINT/SIGTERM.
+	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+		kill -TERM "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ -n "$prof" ] && mkdir -p "$prof"
+go test -c -o "$tmp/integration.test" ./integration/
+rc=0
+EXN_PERF=1 EXN_PERF_OUT="$tmp/table.md" EXN_PERF_PROFILE="$prof" "$tmp/integration.test" \
+	-test.run '^TestNetPerf$' -test.timeout 5m -test.v &
+pid=$!
+wait "$pid" || rc=$?
+pid=
+if [ -n "$out" ] && [ -f "$tmp/table.md" ]; then
+	cp "$tmp/table.md" "$out"
+fi
+echo
+cat "$tmp/table.md" 2>/dev/null || true
+exit "$rc"
