@@ -10,7 +10,8 @@ package shm
 //	      liveness between slices.
 //	Recv: under recvMu, consume from head; wake blocked senders once per
 //	      batch.
-//	Wait: spin waitSpin, then announce sleep and FUTEX_WAIT on the doorbell.
+//	Wait: spin up to spinCap if recent waits were short (see learn),
+//	      then announce sleep and FUTEX_WAIT on the doorbell.
 //	Post: see rma.go.
 //
 // Close takes ops for writing, so it waits for every running call (each
@@ -41,10 +42,25 @@ const (
 	// sendWaitSlice bounds one futex sleep of a blocked sender, and so how
 	// late it notices ctx, Close or a dead target.
 	sendWaitSlice = 2 * time.Millisecond
-	// waitSpin is how long Wait polls before it sleeps: long enough to
-	// cover a ping-pong round trip (a few µs), short enough that an idle
-	// consumer costs nothing.
-	waitSpin = 50 * time.Microsecond
+	// spinCap is the longest Wait polls before it sleeps, and the longest
+	// wait that counts as short (see learn). It covers a ping-pong round
+	// trip between two polling consumers (a few µs) with room for jitter,
+	// and stays below a TCP round trip through two TAPs and two daemons
+	// (30 µs and more on a 2-core host), which a spin cannot catch.
+	spinCap = 20 * time.Microsecond
+	// spinYieldAfter is how long a spin runs before it also yields the
+	// thread (sched_yield) at every clock check: a sub-µs ping-pong never
+	// pays for the syscall and a context switch, a longer spin leaves the
+	// CPU to whatever else is runnable on it.
+	spinYieldAfter = 5 * time.Microsecond
+	// spinScoreMax, spinMiss and spinOn set how fast learn turns spinning
+	// on and off: +1 per short wait, -spinMiss per long one, spin from
+	// spinOn. Two long waits in a row stop a spin, four short ones start
+	// it; a consumer needs more than two short waits for each long one to
+	// keep spinning.
+	spinScoreMax = 8
+	spinMiss     = 2
+	spinOn       = 4
 	// waitSlice bounds one futex sleep in Wait; Close and ctx wake it
 	// directly, so this is only a backstop.
 	waitSlice = 100 * time.Millisecond
@@ -61,6 +77,10 @@ type endpoint struct {
 
 	ops    sync.RWMutex
 	closed atomic.Bool
+
+	// score says whether Wait spins (see learn). It starts at zero: a
+	// consumer spins only once its waits have proved short.
+	score atomic.Int32
 
 	recvMu sync.Mutex
 	rc     consumer
@@ -407,30 +427,42 @@ func (e *endpoint) ready() bool {
 	return e.v.mboxReady(e.rc.head.Load()) || e.v.notifyReady(e.nc.head.Load())
 }
 
-// Wait implements fabric.Endpoint: spin for waitSpin, then sleep on the
-// doorbell. Close and ctx wake it at once.
+// Wait implements fabric.Endpoint: spin (if recent waits were short, see
+// learn), then sleep on the doorbell. Close and ctx wake it at once.
 func (e *endpoint) Wait(ctx context.Context) error {
 	if err := e.enter(); err != nil {
 		return err
 	}
 	defer e.leave()
 	v := e.v
-	start := time.Time{}
-	for i := 0; ; i++ {
-		if e.ready() {
-			return nil
-		}
-		if i%spinCheckEvery == spinCheckEvery-1 {
-			if e.closed.Load() {
-				return net.ErrClosed
+	start := time.Now()
+	if e.score.Load() >= spinOn {
+		for i := 0; ; i++ {
+			if e.ready() {
+				e.learn(time.Since(start))
+				return nil
 			}
-			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > waitSpin {
-				break
+			if i%spinCheckEvery == spinCheckEvery-1 {
+				if e.closed.Load() {
+					return net.ErrClosed
+				}
+				spun := time.Since(start)
+				if spun > spinCap {
+					break
+				}
+				runtime.Gosched()
+				if spun > spinYieldAfter {
+					// Yield the thread, not just the goroutine: on a
+					// host with few cores what this spin waits for
+					// (the peer, the kernel's network stack, the
+					// applications) may need this CPU.
+					sys.Yield()
+				}
 			}
-			runtime.Gosched()
 		}
+	} else if e.ready() {
+		e.learn(0)
+		return nil
 	}
 	if done := ctx.Done(); done != nil {
 		e.watch(ctx, done)
@@ -446,13 +478,39 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		s := v.doorbell.Load()
 		if e.ready() {
 			v.sleepers.Add(^uint32(0))
+			e.learn(time.Since(start))
 			return nil
 		}
 		sys.FutexWait(v.doorbell, s, waitSlice) //nolint:errcheck // loop re-checks
 		v.sleepers.Add(^uint32(0))
 		if e.ready() {
+			e.learn(time.Since(start))
 			return nil
 		}
+	}
+}
+
+// learn scores how long a Wait that ended with work took (w). Spinning
+// pays only when work comes back within a spin, as in a tight ping-pong
+// between polling consumers or a stream of small messages; when the peer
+// answers after tens of µs (a TCP round trip through a TAP, on a host
+// whose few cores also run the applications and the kernel's network
+// stack) a spin only takes the CPU they need and delays the answer. A
+// short wait (w ≤ spinCap, the futex wake-up included when it slept)
+// adds one to a saturating score, a long one takes spinMiss off, and
+// Wait spins only while the score is at least spinOn: mostly-short waits
+// keep spinning through the odd preemption, mostly-long ones sleep at
+// once, and a sleeping consumer whose wake-ups turn short spins again.
+func (e *endpoint) learn(w time.Duration) {
+	old := e.score.Load()
+	s := old
+	if w <= spinCap {
+		s = min(s+1, spinScoreMax)
+	} else {
+		s = max(s-spinMiss, 0)
+	}
+	if s != old {
+		e.score.Store(s)
 	}
 }
 
