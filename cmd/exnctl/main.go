@@ -21,6 +21,7 @@ commands:
   neighbors       the neighbour table (IP -> MAC -> node)
   stats           every counter of the fabric, EXT-Eth, TAP and EXT-DS
   conns           EXT-DS connections and their modes
+  liveness        fabric peers up and down, and neighbour entries invalidated
   ping NODE [-c N] VELO ping-pong to NODE's management VPID (like ibping)
 `
 
@@ -70,7 +71,7 @@ func main() {
 // validating them here so that a typo gets a usage error, not a round trip.
 func request(args []string) (string, []string, error) {
 	switch cmd := args[0]; cmd {
-	case "status", "neighbors", "stats", "conns":
+	case "status", "neighbors", "stats", "conns", "liveness":
 		if len(args) != 1 {
 			return "", nil, fmt.Errorf("%s takes no arguments", cmd)
 		}

@@ -86,7 +86,7 @@ func TestParseBad(t *testing.T) {
 		{"log level", append(base, "--log-level", "loud"), "--log-level", ErrUsage},
 		{"unknown flag", append(base, "--bogus"), "bogus", ErrUsage},
 		{"positional", append(base, "extra"), "unexpected argument", ErrUsage},
-		{"netstack", append(base, "--netstack"), "--netstack", ErrNotImplemented},
+		{"netstack without addr", append(base, "--netstack"), "--addr is required with --netstack", ErrUsage},
 		{"metrics no port", append(base, "--metrics", "127.0.0.1"), "--metrics \"127.0.0.1\"", ErrUsage},
 		{"metrics bad port", append(base, "--metrics", "127.0.0.1:http"), "--metrics", ErrUsage},
 		{"metrics port range", append(base, "--metrics", ":70000"), "--metrics", ErrUsage},

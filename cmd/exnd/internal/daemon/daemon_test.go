@@ -117,6 +117,7 @@ func scrapeMetrics(t *testing.T, addr string) string {
 
 func TestDaemonOps(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
+	withParts(t) // the core daemon alone; parts have their own tests
 	c := mem.NewCluster()
 	n1 := startNode(t, c, memConfig(t, 1))
 	n2 := startNode(t, c, memConfig(t, 2))

@@ -104,7 +104,7 @@ func TestConfigFileBad(t *testing.T) {
 		{"config in config", base + "config = /etc/other.conf\n", `FILE:3: unknown setting "config"`, ErrUsage},
 		{"check in config", base + "check-config = true\n", `FILE:3: unknown setting "check-config"`, ErrUsage},
 		{"long line", base + "# " + strings.Repeat("x", MaxConfigLine) + "\n", `FILE:3: line longer than`, ErrUsage},
-		{"netstack", base + "netstack = true\n", `FILE:3: netstack: userspace netstack mode`, ErrNotImplemented},
+		{"netstack without addr", base + "netstack = true\n", "--addr is required with --netstack", ErrUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,7 +165,7 @@ func TestCheckConfigExitCodes(t *testing.T) {
 		{"bad value", []string{"--check-config", "--config", bad}, 2, bad + ":3: mtu 99999"},
 		{"bad peers", []string{"--check-config", "--config", badPeers}, 2, "peers"},
 		{"bad flag", []string{"--check-config", "--config", good, "--mtu", "1"}, 2, "--mtu 1:"},
-		{"not implemented", []string{"--check-config", "--config", ns}, 2, "netstack"},
+		{"netstack without addr", []string{"--check-config", "--config", ns}, 2, "--addr is required with --netstack"},
 		{"missing file", []string{"--check-config", "--config", good + ".nope"}, 2, "no such file"},
 	}
 	for _, tc := range tests {
