@@ -40,9 +40,11 @@ func FutexWait(addr *atomic.Uint32, val uint32, timeout time.Duration) error {
 }
 
 // FutexWake wakes up to n waiters on addr, in any process. It returns the
-// number woken.
+// number woken. It never blocks, so it is a RawSyscall: the runtime's
+// system-call bookkeeping would only add cost, and wake its monitor thread
+// (sysmon) when that is parked, on every doorbell.
 func FutexWake(addr *atomic.Uint32, n int) (int, error) {
-	r, _, e := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake,
+	r, _, e := unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake,
 		uintptr(n), 0, 0, 0)
 	if e != 0 {
 		return 0, fmt.Errorf("futex wake: %w", e)
