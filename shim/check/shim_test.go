@@ -84,7 +84,9 @@ func localIP(t testing.TB) string {
 
 var portSeq atomic.Int32
 
-func port() int { return 31000 + int(portSeq.Add(1)) + os.Getpid()%2000*10 }
+// port returns a port below the ephemeral range (32768-60999), so no
+// client's source port can hold it.
+func port() int { return 20000 + (os.Getpid()%120)*100 + int(portSeq.Add(1))%100 }
 
 // fakeExnd is a control server speaking the shim protocol: it splices
 // each connection it is handed onto a socketpair, transparently, and
@@ -199,8 +201,7 @@ func (f *fakeExnd) splice(tcp *net.TCPConn, uc *net.UnixConn) {
 	f.wg.Add(1)
 	cp := func(dst, src net.Conn, closeWrite func() error) {
 		defer done.Done()
-		n, _ := io.Copy(dst, src)
-		f.bytes.Add(n)
+		io.Copy(countingWriter{dst, &f.bytes}, src)
 		closeWrite()
 	}
 	go cp(tcp, uc, tcp.CloseWrite)
@@ -211,6 +212,19 @@ func (f *fakeExnd) splice(tcp *net.TCPConn, uc *net.UnixConn) {
 		tcp.Close()
 		uc.Close()
 	}()
+}
+
+// countingWriter counts as it writes, so a test can read the count while
+// the splice is still running.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // env returns the environment of a shimmed program.
