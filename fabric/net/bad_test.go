@@ -410,8 +410,11 @@ func TestHalfOpen(t *testing.T) {
 // budget stay connected while idle: heartbeats flow both ways.
 func TestHeartbeatKeepsIdleAlive(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	nics := cluster(t, 2, func(c *Config) { c.Heartbeat = 10 * time.Millisecond; c.DeadAfter = 60 * time.Millisecond })
-	time.Sleep(400 * time.Millisecond)
+	// DeadAfter is far below the idle time, so only heartbeats keep the
+	// session, yet 16 heartbeats long, so a goroutine stalled by a loaded
+	// machine under -race does not look dead.
+	nics := cluster(t, 2, func(c *Config) { c.Heartbeat = 25 * time.Millisecond; c.DeadAfter = 400 * time.Millisecond })
+	time.Sleep(1500 * time.Millisecond)
 	for _, n := range nics {
 		if s := n.NetStats(); s.HeartbeatTimeouts != 0 || s.SessionsUp != 1 {
 			t.Fatalf("node %d: %+v: idle session dropped", n.id, s)

@@ -32,6 +32,8 @@ func listen(t testing.TB) net.Listener {
 
 // cluster starts n nodes, IDs 1..n, on loopback and waits for the full
 // mesh. mod may adjust each node's config.
+const testDeadAfter = 10 * time.Second
+
 func cluster(t testing.TB, n int, mod func(*Config)) []*NIC {
 	t.Helper()
 	lns := make([]net.Listener, n)
@@ -42,7 +44,10 @@ func cluster(t testing.TB, n int, mod func(*Config)) []*NIC {
 	}
 	nics := make([]*NIC, n)
 	for i := range nics {
-		cfg := Config{Node: fabric.NodeID(i + 1), Listener: lns[i], Peers: addrs, Logger: testLogger()}
+		// testDeadAfter: a loaded CI machine under -race can stall a
+		// goroutine for longer than DefaultDeadAfter, which would report a
+		// live peer down. Tests of heartbeat expiry set their own values.
+		cfg := Config{Node: fabric.NodeID(i + 1), Listener: lns[i], Peers: addrs, Logger: testLogger(), DeadAfter: testDeadAfter}
 		if mod != nil {
 			mod(&cfg)
 		}
