@@ -26,14 +26,16 @@ import (
 
 // Limits of the userspace-mode services.
 const (
-	// MaxNetstackConns bounds the connections each service (the SOCKS5
-	// listener, each forward, each expose) carries at once; more are
-	// refused at accept.
-	MaxNetstackConns = 4096
 	// socksHandshakeTimeout bounds a SOCKS5 greeting plus request, and
 	// dialTimeout a connect to the fabric or to a local server.
 	spliceBuf = 64 << 10
 )
+
+// maxNetstackConns bounds the connections the userspace-mode front doors
+// (the SOCKS5 listener, the forwards and the exposes together) carry at
+// once; more are refused at accept. A variable for the tests, which set it
+// before starting a daemon (each daemon reads it once).
+var maxNetstackConns int64 = 4096
 
 // Timeouts of the userspace-mode services. The handshake timeout is
 // atomic so that tests may shorten it while a daemon runs.
@@ -257,7 +259,7 @@ func init() {
 // nsStats are the userspace services' counters.
 type nsStats struct {
 	Accepted  atomic.Uint64 // connections accepted (all services)
-	Refused   atomic.Uint64 // over MaxNetstackConns, bad SOCKS5 handshakes, failed dials
+	Refused   atomic.Uint64 // over maxNetstackConns, bad SOCKS5 handshakes, failed dials
 	Active    atomic.Int64
 	BytesOut  atomic.Uint64 // local → fabric
 	BytesIn   atomic.Uint64 // fabric → local
@@ -266,12 +268,13 @@ type nsStats struct {
 
 // nsServices owns the listeners and connections of userspace mode.
 type nsServices struct {
-	log   *slog.Logger
-	n     *node.Node
-	ctx   context.Context
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
-	stats nsStats
+	log      *slog.Logger
+	n        *node.Node
+	ctx      context.Context
+	stop     context.CancelFunc
+	maxConns int64
+	wg       sync.WaitGroup
+	stats    nsStats
 
 	mu     sync.Mutex
 	lns    []net.Listener
@@ -293,7 +296,8 @@ func startNetstackServices(d *Daemon) (func() error, error) {
 	if !ok {
 		return nil, errors.New("--netstack: the device is not the userspace stack")
 	}
-	s := &nsServices{log: d.log.With("part", "netstack"), n: dev.n, conns: map[net.Conn]struct{}{}}
+	s := &nsServices{log: d.log.With("part", "netstack"), n: dev.n, conns: map[net.Conn]struct{}{},
+		maxConns: maxNetstackConns}
 	s.stats.PeerReset = dev.n.PeerResets
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	fail := func(err error) (func() error, error) {
@@ -414,7 +418,7 @@ func (s *nsServices) serve(ln net.Listener, what string, handle func(net.Conn)) 
 func (s *nsServices) track(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || len(s.conns) >= MaxNetstackConns {
+	if s.closed || s.stats.Active.Load() >= s.maxConns {
 		return false
 	}
 	s.conns[c] = struct{}{}

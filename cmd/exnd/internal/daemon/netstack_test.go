@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -43,6 +44,22 @@ func TestParseNetstack(t *testing.T) {
 	}
 	if fmt.Sprint(c.NS) != fmt.Sprint(want) || !c.Netstack {
 		t.Fatalf("NS = %+v, want %+v", c.NS, want)
+	}
+
+	// The same settings from a configuration file, forward and expose
+	// repeated.
+	file := filepath.Join(t.TempDir(), "exnd.conf")
+	if err := os.WriteFile(file, []byte("node-id = 1\nfabric = mem\nnetstack = true\naddr = 10.88.0.1/24\n"+
+		"socks = 127.0.0.1:1080\nforward = 127.0.0.1:1=10.88.0.2:1\nforward = 127.0.0.1:2=10.88.0.2:2\n"+
+		"expose = 80=127.0.0.1:80\nexpose = 81=127.0.0.1:81\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := Parse([]string{"--config", file, "--control", ""}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fc.NS.Forwards) != 2 || len(fc.NS.Exposes) != 2 || fc.NS.Socks != "127.0.0.1:1080" {
+		t.Fatalf("from file: %+v", fc.NS)
 	}
 
 	for _, tc := range []struct {
@@ -327,4 +344,58 @@ func TestNetstackServices(t *testing.T) {
 			t.Errorf("client conn after close: %v", err)
 		}
 	})
+}
+
+// TestNetstackConnLimit: connections beyond the limit are refused at
+// accept (closed at once, counted) while the others keep working.
+func TestNetstackConnLimit(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	old := maxNetstackConns
+	maxNetstackConns = 2
+	defer func() { maxNetstackConns = old }()
+	server := shaServer(t)
+	c := mem.NewCluster()
+	startNetstack(t, c, 2, NetstackConfig{Exposes: []Expose{{Port: 8080, Local: server}}})
+	a := startNetstack(t, c, 1, NetstackConfig{
+		Forwards: []Forward{{Local: "127.0.0.1:0", Remote: netip.MustParseAddrPort("10.88.0.2:8080")}},
+	})
+	local, _, _ := strings.Cut(a.st.Forwards[0], "=")
+	var held []net.Conn
+	for range 2 {
+		conn, err := net.Dial("tcp", local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		held = append(held, conn)
+	}
+	// Both are accepted (active 2) before the third arrives.
+	if err := nsWaitFor(5*time.Second, func() bool { return a.status(t).Active == 2 }); err != nil {
+		t.Fatalf("active: %+v", a.status(t))
+	}
+	over, err := net.Dial("tcp", local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	over.SetDeadline(time.Now().Add(5 * time.Second))
+	if n, err := over.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("connection over the limit read %d bytes, want it closed", n)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("connection over the limit left open")
+	}
+	if st := a.status(t); st.Refused != 1 || st.Active != 2 {
+		t.Errorf("status %+v, want refused 1, active 2", st)
+	}
+	// The held connections still work end to end.
+	roundTrip(t, held[0], 1<<16, 9)
+}
+
+func nsWaitFor(d time.Duration, f func() bool) error {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if f() {
+			return nil
+		}
+	}
+	return errors.New("timed out")
 }
