@@ -70,10 +70,9 @@ func startShimCluster(t *testing.T, subnet int) *shimCluster {
 			t.Fatal(err)
 		}
 	}
-	// Until exnd serves the shim's operations there is nothing to test.
-	// TODO(shim): drop this once extds/shimsrv is wired into exnd.
-	if err := shimHello(c.socks[0]); err != nil && strings.Contains(err.Error(), "unknown operation") {
-		t.Skipf("exnd does not serve the shim protocol yet: %v", err)
+	// exnd must speak the shim protocol; an error here is a failure.
+	if err := shimHello(c.socks[0]); err != nil {
+		t.Fatalf("shim-hello: %v", err)
 	}
 	// Fill both neighbour tables (EXT-DS resolves peers through them).
 	if _, err := nstest.Ping(c.nodes[0].NS, c.nodes[1].IP.String(), 1, 56, ""); err != nil {
