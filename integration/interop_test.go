@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,7 +34,7 @@ const interopSubnet = 11
 // shm fabric. TCP goes both ways between the kernel and each userspace
 // node, checked by SHA-256, and ICMP echo both ways.
 func TestInterop(t *testing.T) {
-	testenv.RequirePrivileged(t, "ip", "ping")
+	testenv.RequirePrivileged(t, "ip", "ping", "ss", "iperf3")
 	exnd := nstest.Build(t)
 	fab := nstest.ShmFabric(t)
 	kern := nstest.StartNode(t, exnd, fab, interopSubnet, 1)
@@ -42,22 +43,17 @@ func TestInterop(t *testing.T) {
 	// node, --expose fabric port 7002 to a loopback server.
 	nsIP := nstest.NodeIP(interopSubnet, 2)
 	toKernel, kernPort, exposed, localSrv := nstest.Port(), nstest.Port(), nstest.Port(), nstest.Port()
+	// And a second userspace node, 4, serving iperf3 to node 2 through
+	// node 2's --forward and its own --expose (docs/netstack.md's example).
+	ip4 := nstest.NodeIP(interopSubnet, 4)
+	iperfFwd, iperfExposed, iperfSrv := nstest.Port(), nstest.Port(), nstest.Port()
 	userNS := nstest.NewNetns(t, "user-")
-	user := userNS.Start(t, exnd, "--node-id", "2", "--fabric", "shm:"+fab, "--netstack",
-		"--addr", nsIP.String()+"/24", "--control", "",
+	user := startUserspace(t, userNS, exnd, fab, 2, nsIP,
 		"--forward", fmt.Sprintf("127.0.0.1:%d=%s:%d", toKernel, kern.IP, kernPort),
+		"--forward", fmt.Sprintf("127.0.0.1:%d=%s:%d", iperfFwd, ip4, iperfExposed),
 		"--expose", fmt.Sprintf("%d=127.0.0.1:%d", exposed, localSrv))
-	if err := nstest.Eventually(10*time.Second, func() error {
-		if user.Exited() {
-			return fmt.Errorf("exnd --netstack exited: %v", user.Wait(0))
-		}
-		if !strings.Contains(user.Output(), "exnd up") {
-			return fmt.Errorf("not up yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("%v\n%s", err, user.Output())
-	}
+	user4NS := nstest.NewNetns(t, "user4-")
+	startUserspace(t, user4NS, exnd, fab, 4, ip4, "--expose", fmt.Sprintf("%d=127.0.0.1:%d", iperfExposed, iperfSrv))
 
 	// In-test node 3 on the same fabric.
 	nic, err := backend.OpenSpec(backend.Spec{Kind: backend.SHM, Arg: fab}, 3, backend.Options{Logger: slog.New(slog.DiscardHandler)})
@@ -187,6 +183,30 @@ func TestInterop(t *testing.T) {
 		}
 	})
 
+	t.Run("iperf3 between two exnd --netstack nodes", func(t *testing.T) {
+		srv := user4NS.Start(t, "iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", strconv.Itoa(iperfSrv))
+		if err := user4NS.WaitListening(srv, strconv.Itoa(iperfSrv), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		out, err := userNS.Run(40*time.Second, "iperf3", "-c", "127.0.0.1", "-p", strconv.Itoa(iperfFwd), "-t", "2", "-J")
+		if err != nil {
+			t.Fatalf("iperf3: %v\n%s\nserver:\n%s", err, out, srv.Output())
+		}
+		var j struct {
+			End struct {
+				SumReceived struct {
+					Bytes         float64 `json:"bytes"`
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(out), &j); err != nil || j.Error != "" || j.End.SumReceived.Bytes < 1<<20 {
+			t.Fatalf("iperf3: %v %q, received %.0f bytes\n%s", err, j.Error, j.End.SumReceived.Bytes, out)
+		}
+		t.Logf("iperf3 node 2 -> node 4 through --forward/--expose: %.2f Gbit/s", j.End.SumReceived.BitsPerSecond/1e9)
+	})
+
 	t.Run("kernel crash resets netstack conns", func(t *testing.T) {
 		// A connection from node 3 to the kernel node, then the kernel's
 		// exnd dies (SIGKILL): node 3 must reset the connection promptly.
@@ -234,6 +254,27 @@ func TestInterop(t *testing.T) {
 	if !strings.Contains(user.Output(), "exnd stopped") {
 		t.Errorf("exnd --netstack log lacks \"exnd stopped\":\n%s", user.Output())
 	}
+}
+
+// startUserspace starts exnd --netstack as node id with address ip in
+// namespace ns and waits until it is up.
+func startUserspace(t *testing.T, ns *nstest.Netns, exnd, fab string, id int, ip netip.Addr, extra ...string) *nstest.Proc {
+	t.Helper()
+	args := append([]string{exnd, "--node-id", strconv.Itoa(id), "--fabric", "shm:" + fab, "--netstack",
+		"--addr", ip.String() + "/24", "--control", ""}, extra...)
+	p := ns.Start(t, args...)
+	if err := nstest.Eventually(10*time.Second, func() error {
+		if p.Exited() {
+			return fmt.Errorf("exnd --netstack exited: %v", p.Wait(0))
+		}
+		if !strings.Contains(p.Output(), "exnd up") {
+			return fmt.Errorf("not up yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("node %d: %v\n%s", id, err, p.Output())
+	}
+	return p
 }
 
 // checkSums compares the sender's output with the receiver's.
