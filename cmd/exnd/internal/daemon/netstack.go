@@ -516,8 +516,7 @@ func (s *nsServices) splice(local, fc net.Conn) {
 	pipe := func(dst, src net.Conn, count *atomic.Uint64) {
 		bp := bufPool.Get().(*[]byte)
 		defer bufPool.Put(bp)
-		n, err := io.CopyBuffer(onlyWriter{dst}, onlyReader{src}, *bp)
-		count.Add(uint64(n))
+		_, err := io.CopyBuffer(countingWriter{dst, count}, onlyReader{src}, *bp)
 		if err != nil {
 			local.Close()
 			fc.Close()
@@ -538,10 +537,21 @@ func (s *nsServices) splice(local, fc net.Conn) {
 	<-done
 }
 
-// onlyReader and onlyWriter hide ReadFrom/WriteTo so io.CopyBuffer uses
-// the pooled buffer (gonet's ReadFrom would allocate per call).
+// onlyReader and countingWriter hide WriteTo and ReadFrom so io.CopyBuffer
+// uses the pooled buffer (gonet's ReadFrom would allocate per call);
+// countingWriter also counts the bytes as they pass.
 type onlyReader struct{ io.Reader }
-type onlyWriter struct{ io.Writer }
+
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Uint64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(uint64(n))
+	return n, err
+}
 
 // SOCKS5 (RFC 1928), the subset a local proxy needs: no authentication,
 // CONNECT, IPv4 and IPv6 addresses, and domain names that are IP literals
