@@ -399,3 +399,38 @@ func nsWaitFor(d time.Duration, f func() bool) error {
 	}
 	return errors.New("timed out")
 }
+
+// TestNetstackStartFailure: a front door that cannot listen fails Start
+// with the flag named, and everything started so far is stopped.
+func TestNetstackStartFailure(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	c := mem.NewCluster()
+	cfg := Config{
+		Node: 1, Fabric: backend.Spec{Kind: backend.Mem}, Ifname: "exnt", MTU: DefaultMTU,
+		EagerThreshold: DefaultEagerThreshold, Netstack: true,
+		NS:    NetstackConfig{Socks: "127.0.0.1:0", Forwards: []Forward{{Local: busy.Addr().String(), Remote: netip.MustParseAddrPort("10.88.0.2:1")}}},
+		Addrs: []netip.Prefix{netip.MustParsePrefix("10.88.0.1/24")},
+	}
+	d, err := Start(cfg, slog.New(slog.DiscardHandler), WithMemCluster(c))
+	if err == nil {
+		d.Close()
+		t.Fatal("Start with a busy --forward port: no error")
+	}
+	if !strings.Contains(err.Error(), "--forward "+busy.Addr().String()) {
+		t.Fatalf("Start: %v, want the --forward named", err)
+	}
+	// The node ID is free again: a second start on the same fabric works.
+	cfg.NS.Forwards = nil
+	d, err = Start(cfg, slog.New(slog.DiscardHandler), WithMemCluster(c))
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
