@@ -22,6 +22,7 @@ commands:
   stats           every counter of the fabric, EXT-Eth, TAP and EXT-DS
   conns           EXT-DS connections and their modes
   liveness        fabric peers up and down, and neighbour entries invalidated
+  netstack        userspace mode: addresses, listeners, forwards and counters
   ping NODE [-c N] VELO ping-pong to NODE's management VPID (like ibping)
 `
 
@@ -71,7 +72,7 @@ func main() {
 // validating them here so that a typo gets a usage error, not a round trip.
 func request(args []string) (string, []string, error) {
 	switch cmd := args[0]; cmd {
-	case "status", "neighbors", "stats", "conns", "liveness":
+	case "status", "neighbors", "stats", "conns", "liveness", "netstack":
 		if len(args) != 1 {
 			return "", nil, fmt.Errorf("%s takes no arguments", cmd)
 		}
