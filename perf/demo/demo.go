@@ -1,7 +1,9 @@
 // Package demo is exnperf's embedded default: an in-process N-node cluster
-// on the mem fabric (exn/node), a TCP throughput transfer and a TCP
-// ping-pong latency test for every ordered pair of nodes over EXT-Eth on
-// netstack, and the results as a table, JSON and an SVG chart.
+// on the mem fabric (exn/node), a throughput transfer and a ping-pong
+// latency test for every ordered pair of nodes, both over TCP on EXT-Eth
+// (gVisor netstack) and over EXT-DS (the shadow TCP connection runs on the
+// same netstack, the data on the fabric), and the results as a table, JSON
+// and an SVG chart.
 package demo
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/exn-project/exn/exn"
 	"github.com/exn-project/exn/exn/node"
+	"github.com/exn-project/exn/extds"
 )
 
 // Options configures Run.
@@ -29,6 +32,7 @@ type Options struct {
 	MaxBytes   int64         // throughput test cap per pair (0: none)
 	RoundTrips int           // ping-pong round trips per pair
 	MTU        int           // IP MTU (0: default 65521)
+	NoEXTDS    bool          // skip the EXT-DS measurements
 	// Progress, if set, receives a one-line status after each step.
 	Progress func(done, total int, what string)
 	Logger   *slog.Logger
@@ -41,6 +45,20 @@ type Pair struct {
 	Bytes      int64   `json:"bytes"`
 	Seconds    float64 `json:"seconds"`
 	MBps       float64 `json:"throughput_mb_s"` // 10^6 bytes per second
+	Gbps       float64 `json:"throughput_gbit_s"`
+	RoundTrips int     `json:"round_trips"`
+	P50us      float64 `json:"rtt_p50_us"`
+	P99us      float64 `json:"rtt_p99_us"`
+	Minus      float64 `json:"rtt_min_us"`
+	// DS is the same pair over EXT-DS (nil with Options.NoEXTDS).
+	DS *PathResult `json:"extds,omitempty"`
+}
+
+// PathResult is one path's measurements of a pair.
+type PathResult struct {
+	Bytes      int64   `json:"bytes"`
+	Seconds    float64 `json:"seconds"`
+	MBps       float64 `json:"throughput_mb_s"`
 	Gbps       float64 `json:"throughput_gbit_s"`
 	RoundTrips int     `json:"round_trips"`
 	P50us      float64 `json:"rtt_p50_us"`
@@ -63,7 +81,14 @@ type Result struct {
 	WallS      float64   `json:"wall_seconds"`
 }
 
-const port = 5201
+// Ports of the servers every node runs: TCP over EXT-Eth, and EXT-DS.
+const (
+	port   = 5201
+	dsPort = 5202
+)
+
+// dialFunc dials a test connection on one path.
+type dialFunc func(ctx context.Context, network, address string) (net.Conn, error)
 
 // Run brings the cluster up, measures every ordered pair in turn and
 // shuts the cluster down. It stops early with ctx.
@@ -90,7 +115,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	t := nodes[0].TCP()
 	res := &Result{
 		Started: start.UTC(), Nodes: o.Nodes, Fabric: "mem (in-process)",
-		Transport: "TCP over EXT-Eth on gVisor netstack", MTU: nodes[0].MTU(),
+		Transport: transport(o), MTU: nodes[0].MTU(),
 		TCP: fmt.Sprintf("%s, SACK %v, send buffer %d/%d/%d, receive buffer %d/%d/%d", t.CongestionControl, !t.DisableSACK,
 			t.SendBuffer.Min, t.SendBuffer.Default, t.SendBuffer.Max, t.ReceiveBuffer.Min, t.ReceiveBuffer.Default, t.ReceiveBuffer.Max),
 		DurationS: o.Duration.Seconds(),
@@ -112,6 +137,46 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}()
 	}
 
+	// EXT-DS: a Device per node on its NIC, the listener's shadow TCP on
+	// the node's netstack, peers resolved from the cluster's addresses.
+	dsDial := map[*node.Node]dialFunc{}
+	if !o.NoEXTDS {
+		res := extds.StaticResolver{}
+		for _, n := range nodes {
+			res[n.Addr().Addr()] = n.NIC().Node()
+		}
+		for _, n := range nodes {
+			dev, err := extds.NewDevice(n.NIC(), extds.WithResolver(res), extds.WithLogger(o.Logger))
+			if err != nil {
+				return nil, fmt.Errorf("demo: extds device: %w", err)
+			}
+			defer dev.Close()
+			inner, err := n.Listen("tcp4", fmt.Sprintf(":%d", dsPort))
+			if err != nil {
+				return nil, err
+			}
+			l := extds.NewListener(dev, inner)
+			defer l.Close()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				serve(l)
+			}()
+			d := &extds.Dialer{Device: dev, DialContext: n.DialContext}
+			dsDial[n] = func(ctx context.Context, network, address string) (net.Conn, error) {
+				c, err := d.DialConn(ctx, network, address)
+				if err != nil {
+					return nil, err
+				}
+				if c.Mode() != extds.ModeEXTDS {
+					c.Close()
+					return nil, fmt.Errorf("extds connection fell back to %v", c.Mode())
+				}
+				return c, nil
+			}
+		}
+	}
+
 	total := o.Nodes * (o.Nodes - 1)
 	done := 0
 	for _, a := range nodes {
@@ -127,14 +192,30 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				o.Progress(done, total, fmt.Sprintf("%s -> %s throughput", p.From, p.To))
 			}
 			dst := netip.AddrPortFrom(b.Addr().Addr(), port).String()
-			if err := throughput(ctx, a, dst, o.Duration, o.MaxBytes, &p); err != nil {
+			var tcp PathResult
+			if err := throughput(ctx, a.DialContext, dst, o.Duration, o.MaxBytes, &tcp); err != nil {
 				return nil, fmt.Errorf("%s -> %s throughput: %w", p.From, p.To, err)
 			}
 			if o.Progress != nil {
 				o.Progress(done, total, fmt.Sprintf("%s -> %s latency", p.From, p.To))
 			}
-			if err := pingPong(ctx, a, dst, o.RoundTrips, &p); err != nil {
+			if err := pingPong(ctx, a.DialContext, dst, o.RoundTrips, &tcp); err != nil {
 				return nil, fmt.Errorf("%s -> %s latency: %w", p.From, p.To, err)
+			}
+			p.Bytes, p.Seconds, p.MBps, p.Gbps = tcp.Bytes, tcp.Seconds, tcp.MBps, tcp.Gbps
+			p.RoundTrips, p.P50us, p.P99us, p.Minus = tcp.RoundTrips, tcp.P50us, tcp.P99us, tcp.Minus
+			if dial := dsDial[a]; dial != nil {
+				dsDst := netip.AddrPortFrom(b.Addr().Addr(), dsPort).String()
+				p.DS = &PathResult{}
+				if o.Progress != nil {
+					o.Progress(done, total, fmt.Sprintf("%s -> %s EXT-DS", p.From, p.To))
+				}
+				if err := throughput(ctx, dial, dsDst, o.Duration, o.MaxBytes, p.DS); err != nil {
+					return nil, fmt.Errorf("%s -> %s EXT-DS throughput: %w", p.From, p.To, err)
+				}
+				if err := pingPong(ctx, dial, dsDst, o.RoundTrips, p.DS); err != nil {
+					return nil, fmt.Errorf("%s -> %s EXT-DS latency: %w", p.From, p.To, err)
+				}
 			}
 			res.Pairs = append(res.Pairs, p)
 			done++
@@ -150,6 +231,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.WallS = time.Since(start).Seconds()
 	return res, nil
+}
+
+func transport(o Options) string {
+	if o.NoEXTDS {
+		return "TCP over EXT-Eth on gVisor netstack"
+	}
+	return "TCP over EXT-Eth on gVisor netstack, and EXT-DS"
 }
 
 // Test selector: the first byte of a connection.
@@ -212,10 +300,10 @@ func getUint64(b []byte) uint64 {
 
 // throughput writes for d (or max bytes), then half-closes and waits for
 // the sink's byte count, so the time covers delivery, not just queuing.
-func throughput(ctx context.Context, n *node.Node, dst string, d time.Duration, max int64, p *Pair) error {
+func throughput(ctx context.Context, dial dialFunc, dst string, d time.Duration, max int64, p *PathResult) error {
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
-	c, err := n.DialContext(ctx, "tcp4", dst)
+	c, err := dial(ctx, "tcp4", dst)
 	if err != nil {
 		return err
 	}
@@ -254,10 +342,10 @@ func throughput(ctx context.Context, n *node.Node, dst string, d time.Duration, 
 }
 
 // pingPong does rounds 1-byte round trips and records p50, p99 and min.
-func pingPong(ctx context.Context, n *node.Node, dst string, rounds int, p *Pair) error {
+func pingPong(ctx context.Context, dial dialFunc, dst string, rounds int, p *PathResult) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	c, err := n.DialContext(ctx, "tcp4", dst)
+	c, err := dial(ctx, "tcp4", dst)
 	if err != nil {
 		return err
 	}

@@ -41,6 +41,12 @@ func TestRun(t *testing.T) {
 	if res.EngineRx == 0 {
 		t.Error("no rendezvous frames: the throughput test did not use large frames")
 	}
+	// EXT-DS ran on every pair (a fallback to TCP is an error in Run).
+	for _, p := range res.Pairs {
+		if d := p.DS; d == nil || d.Bytes <= 0 || d.MBps <= 0 || d.RoundTrips != 100 || d.Minus <= 0 || d.P50us < d.Minus || d.P99us < d.P50us {
+			t.Errorf("implausible EXT-DS result for %s -> %s: %+v", p.From, p.To, p.DS)
+		}
+	}
 
 	dir := t.TempDir()
 	jp := filepath.Join(dir, "r.json")
@@ -74,16 +80,16 @@ func TestRun(t *testing.T) {
 			rects++
 		}
 	}
-	// background + 6 throughput bars + 12 latency bars + legend and labels
-	if rects < 1+6+12 {
-		t.Errorf("svg has %d rects, want >= 19", rects)
+	// background + 6+6 throughput bars + 6*3 latency bars + legend and labels
+	if rects < 1+12+18 {
+		t.Errorf("svg has %d rects, want >= 31", rects)
 	}
 
 	var tbl bytes.Buffer
 	if err := WriteTable(&tbl, res); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"10.88.0.1", "10.88.0.3", "rtt p50", "6 pairs"} {
+	for _, want := range []string{"10.88.0.1", "10.88.0.3", "rtt p50", "6 pairs", "EXT-DS MB/s", "EXT-DS: throughput median"} {
 		if !strings.Contains(tbl.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl.String())
 		}

@@ -10,15 +10,27 @@ import (
 	"text/template"
 )
 
-// WriteTable prints r as an aligned table with a summary line.
+// WriteTable prints r as an aligned table with a summary line. EXT-DS
+// columns appear when the run measured EXT-DS.
 func WriteTable(w io.Writer, r *Result) error {
 	fmt.Fprintf(w, "exnperf: %d nodes, fabric %s, %s, MTU %d\nTCP: %s\n\n", r.Nodes, r.Fabric, r.Transport, r.MTU, r.TCP)
+	ds := hasDS(r)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "from\tto\tMB/s\tGbit/s\tMiB sent\trtt p50 µs\trtt p99 µs\trtt min µs\t")
-	var tp, p50 []float64
+	head := "from\tto\tTCP MB/s\tGbit/s\tMiB sent\trtt p50 µs\trtt p99 µs\trtt min µs\t"
+	if ds {
+		head += "EXT-DS MB/s\tGbit/s\trtt p50 µs\trtt p99 µs\t"
+	}
+	fmt.Fprintln(tw, head)
+	var tp, p50, dtp, d50 []float64
 	for _, p := range r.Pairs {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t",
 			p.From, p.To, p.MBps, p.Gbps, float64(p.Bytes)/(1<<20), p.P50us, p.P99us, p.Minus)
+		if ds && p.DS != nil {
+			fmt.Fprintf(tw, "%.0f\t%.2f\t%.2f\t%.2f\t", p.DS.MBps, p.DS.Gbps, p.DS.P50us, p.DS.P99us)
+			dtp = append(dtp, p.DS.MBps)
+			d50 = append(d50, p.DS.P50us)
+		}
+		fmt.Fprintln(tw)
 		tp = append(tp, p.MBps)
 		p50 = append(p50, p.P50us)
 	}
@@ -26,14 +38,34 @@ func WriteTable(w io.Writer, r *Result) error {
 		return err
 	}
 	if len(tp) > 0 {
-		slices.Sort(tp)
-		slices.Sort(p50)
-		_, err := fmt.Fprintf(w, "\n%d pairs: throughput median %.0f MB/s (min %.0f, max %.0f); rtt p50 median %.1f µs; "+
+		_, err := fmt.Fprintf(w, "\n%d pairs: TCP throughput median %.0f MB/s (min %.0f, max %.0f); rtt p50 median %.1f µs; "+
 			"%d rendezvous frames, %d engine drops; %.1f s wall\n",
-			len(tp), tp[len(tp)/2], tp[0], tp[len(tp)-1], p50[len(p50)/2], r.EngineRx, r.EngineDrop, r.WallS)
+			len(tp), median(tp), slices.Min(tp), slices.Max(tp), median(p50), r.EngineRx, r.EngineDrop, r.WallS)
+		if err != nil {
+			return err
+		}
+	}
+	if len(dtp) > 0 {
+		_, err := fmt.Fprintf(w, "EXT-DS: throughput median %.0f MB/s (%.2f× TCP), rtt p50 median %.2f µs (%.2f× TCP)\n",
+			median(dtp), median(dtp)/median(tp), median(d50), median(d50)/median(p50))
 		return err
 	}
 	return nil
+}
+
+func hasDS(r *Result) bool {
+	for _, p := range r.Pairs {
+		if p.DS != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// median of xs (sorted in place).
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }
 
 type bar struct {
@@ -104,12 +136,12 @@ func renderSVG(w io.Writer, r *Result) error {
 		slot = 24
 	}
 	width := left + float64(n)*slot + 40
-	if width < 520 {
-		width = 520
+	if width < 640 {
+		width = 640
 	}
 	pg := page{
 		Width: width, Height: top + 2*chartH,
-		Title: fmt.Sprintf("exnperf: %d-node in-process cluster, TCP over EXT-Eth on netstack", r.Nodes),
+		Title: fmt.Sprintf("exnperf: %d-node in-process cluster: %s", r.Nodes, r.Transport),
 		Sub:   fmt.Sprintf("fabric %s, MTU %d, %.1f s per pair", r.Fabric, r.MTU, r.DurationS),
 	}
 	labels := func(y0 float64) []bar {
@@ -124,17 +156,34 @@ func renderSVG(w io.Writer, r *Result) error {
 	maxTP := 0.0
 	for _, p := range r.Pairs {
 		maxTP = math.Max(maxTP, p.MBps)
+		if p.DS != nil {
+			maxTP = math.Max(maxTP, p.DS.MBps)
+		}
 	}
 	scale, ticks := axis(maxTP, plotH, top)
 	tp.Ticks = ticks
+	ds := hasDS(r)
+	bw := slot - 8
+	if ds {
+		bw /= 2
+	}
 	for i, p := range r.Pairs {
+		x := left + float64(i)*slot + 4
 		h := p.MBps * scale
-		tp.Bars = append(tp.Bars, bar{X: left + float64(i)*slot + 4, Y: top + plotH - h, W: slot - 8, H: h,
-			Label: p.From + " → " + p.To, Value: fmt.Sprintf("%.0f MB/s", p.MBps), Color: "#3b7dd8"})
+		tp.Bars = append(tp.Bars, bar{X: x, Y: top + plotH - h, W: bw, H: h,
+			Label: p.From + " → " + p.To + " TCP", Value: fmt.Sprintf("%.0f MB/s", p.MBps), Color: "#3b7dd8"})
+		if p.DS != nil {
+			h := p.DS.MBps * scale
+			tp.Bars = append(tp.Bars, bar{X: x + bw, Y: top + plotH - h, W: bw, H: h,
+				Label: p.From + " → " + p.To + " EXT-DS", Value: fmt.Sprintf("%.0f MB/s", p.DS.MBps), Color: "#8e44ad"})
+		}
+	}
+	if ds {
+		tp.Legend = []bar{{X: width - 200, Y: top - 22, Label: "TCP/EXT-Eth", Color: "#3b7dd8"}, {X: width - 100, Y: top - 22, Label: "EXT-DS", Color: "#8e44ad"}}
 	}
 	// Latency.
 	y1 := top + chartH
-	lt := chart{Title: "TCP 1-byte round trip per pair (µs)", Y0: y1, Height: plotH}
+	lt := chart{Title: "1-byte round trip per pair (µs): TCP p50, p99; EXT-DS p50", Y0: y1, Height: plotH}
 	maxL := 0.0
 	for _, p := range r.Pairs {
 		maxL = math.Max(maxL, p.P99us)
@@ -144,12 +193,23 @@ func renderSVG(w io.Writer, r *Result) error {
 	for i, p := range r.Pairs {
 		x := left + float64(i)*slot + 4
 		w := (slot - 8) / 2
+		if ds {
+			w = (slot - 8) / 3
+		}
 		h50, h99 := p.P50us*scale, p.P99us*scale
 		lt.Bars = append(lt.Bars,
-			bar{X: x, Y: y1 + plotH - h50, W: w, H: h50, Label: p.From + " → " + p.To + " p50", Value: fmt.Sprintf("%.1f µs", p.P50us), Color: "#2a9d5c"},
-			bar{X: x + w, Y: y1 + plotH - h99, W: w, H: h99, Label: p.From + " → " + p.To + " p99", Value: fmt.Sprintf("%.1f µs", p.P99us), Color: "#e07b39"})
+			bar{X: x, Y: y1 + plotH - h50, W: w, H: h50, Label: p.From + " → " + p.To + " TCP p50", Value: fmt.Sprintf("%.1f µs", p.P50us), Color: "#2a9d5c"},
+			bar{X: x + w, Y: y1 + plotH - h99, W: w, H: h99, Label: p.From + " → " + p.To + " TCP p99", Value: fmt.Sprintf("%.1f µs", p.P99us), Color: "#e07b39"})
+		if p.DS != nil {
+			h := math.Max(p.DS.P50us*scale, 1) // at least a visible sliver
+			lt.Bars = append(lt.Bars, bar{X: x + 2*w, Y: y1 + plotH - h, W: w, H: h,
+				Label: p.From + " → " + p.To + " EXT-DS p50", Value: fmt.Sprintf("%.2f µs", p.DS.P50us), Color: "#8e44ad"})
+		}
 	}
-	lt.Legend = []bar{{X: width - 160, Y: y1 - 22, Label: "p50", Color: "#2a9d5c"}, {X: width - 100, Y: y1 - 22, Label: "p99", Color: "#e07b39"}}
+	lt.Legend = []bar{{X: width - 250, Y: y1 - 22, Label: "TCP p50", Color: "#2a9d5c"}, {X: width - 170, Y: y1 - 22, Label: "TCP p99", Color: "#e07b39"}}
+	if ds {
+		lt.Legend = append(lt.Legend, bar{X: width - 90, Y: y1 - 22, Label: "EXT-DS p50", Color: "#8e44ad"})
+	}
 	// Pair labels under both charts, as legend-less text bars.
 	for _, c := range []*chart{&tp, &lt} {
 		for _, l := range labels(c.Y0) {
