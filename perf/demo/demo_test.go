@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,5 +119,19 @@ func TestAxis(t *testing.T) {
 		if len(ticks) < 2 || ticks[0].Label != "0" {
 			t.Errorf("axis(%v): ticks %+v", tc.max, ticks)
 		}
+	}
+}
+
+func TestLogAxis(t *testing.T) {
+	h, ticks := logAxis(1.3, 1200, 300, 0)
+	if len(ticks) != 5 || ticks[0].Label != "1" || ticks[4].Label != "10000" {
+		t.Fatalf("ticks %+v", ticks)
+	}
+	// Decades are evenly spaced and values map monotonically.
+	if !(h(1.3) < h(13) && h(13) < h(1200)) || h(1200) > 300 {
+		t.Errorf("heights %v %v %v", h(1.3), h(13), h(1200))
+	}
+	if d := h(100) - h(10); math.Abs(d-75) > 0.01 {
+		t.Errorf("one decade is %v px, want 75", d)
 	}
 }

@@ -127,7 +127,7 @@ func renderSVG(w io.Writer, r *Result) error {
 	const (
 		left   = 80.0
 		plotH  = 220.0
-		chartH = plotH + 110
+		chartH = plotH + 120
 		top    = 80.0
 	)
 	n := len(r.Pairs)
@@ -141,8 +141,8 @@ func renderSVG(w io.Writer, r *Result) error {
 	}
 	pg := page{
 		Width: width, Height: top + 2*chartH,
-		Title: fmt.Sprintf("exnperf: %d-node in-process cluster: %s", r.Nodes, r.Transport),
-		Sub:   fmt.Sprintf("fabric %s, MTU %d, %.1f s per pair", r.Fabric, r.MTU, r.DurationS),
+		Title: fmt.Sprintf("exnperf: %d-node in-process cluster", r.Nodes),
+		Sub:   fmt.Sprintf("%s; fabric %s, MTU %d, %.1f s per pair", r.Transport, r.Fabric, r.MTU, r.DurationS),
 	}
 	labels := func(y0 float64) []bar {
 		var ls []bar
@@ -179,36 +179,60 @@ func renderSVG(w io.Writer, r *Result) error {
 		}
 	}
 	if ds {
-		tp.Legend = []bar{{X: width - 200, Y: top - 22, Label: "TCP/EXT-Eth", Color: "#3b7dd8"}, {X: width - 100, Y: top - 22, Label: "EXT-DS", Color: "#8e44ad"}}
+		tp.Legend = []bar{{X: left, Y: top + plotH + 26, Label: "TCP over EXT-Eth", Color: "#3b7dd8"}, {X: left + 140, Y: top + plotH + 26, Label: "EXT-DS", Color: "#8e44ad"}}
 	}
-	// Latency.
+	// Latency, on a log scale: p99 tails are 10-1000× the p50s, and
+	// EXT-DS p50s are 10× below TCP's.
 	y1 := top + chartH
-	lt := chart{Title: "1-byte round trip per pair (µs): TCP p50, p99; EXT-DS p50", Y0: y1, Height: plotH}
-	maxL := 0.0
+	lt := chart{Title: "1-byte round trip per pair (µs, log scale)", Y0: y1, Height: plotH}
+	lo, hi := math.Inf(1), 0.0
 	for _, p := range r.Pairs {
-		maxL = math.Max(maxL, p.P99us)
+		lo, hi = math.Min(lo, p.Minus), math.Max(hi, p.P99us)
+		if p.DS != nil {
+			lo, hi = math.Min(lo, p.DS.Minus), math.Max(hi, p.DS.P99us)
+		}
 	}
-	scale, ticks = axis(maxL, plotH, y1)
+	height, ticks := logAxis(lo, hi, plotH, y1)
 	lt.Ticks = ticks
+	type series struct {
+		name  string
+		color string
+		v     func(p Pair) (float64, bool)
+	}
+	ss := []series{
+		{"TCP p50", "#2a9d5c", func(p Pair) (float64, bool) { return p.P50us, true }},
+		{"TCP p99", "#e07b39", func(p Pair) (float64, bool) { return p.P99us, true }},
+	}
+	if ds {
+		ss = append(ss,
+			series{"EXT-DS p50", "#8e44ad", func(p Pair) (float64, bool) {
+				if p.DS == nil {
+					return 0, false
+				}
+				return p.DS.P50us, true
+			}},
+			series{"EXT-DS p99", "#c39bd3", func(p Pair) (float64, bool) {
+				if p.DS == nil {
+					return 0, false
+				}
+				return p.DS.P99us, true
+			}})
+	}
+	bw = (slot - 8) / float64(len(ss))
 	for i, p := range r.Pairs {
 		x := left + float64(i)*slot + 4
-		w := (slot - 8) / 2
-		if ds {
-			w = (slot - 8) / 3
-		}
-		h50, h99 := p.P50us*scale, p.P99us*scale
-		lt.Bars = append(lt.Bars,
-			bar{X: x, Y: y1 + plotH - h50, W: w, H: h50, Label: p.From + " → " + p.To + " TCP p50", Value: fmt.Sprintf("%.1f µs", p.P50us), Color: "#2a9d5c"},
-			bar{X: x + w, Y: y1 + plotH - h99, W: w, H: h99, Label: p.From + " → " + p.To + " TCP p99", Value: fmt.Sprintf("%.1f µs", p.P99us), Color: "#e07b39"})
-		if p.DS != nil {
-			h := math.Max(p.DS.P50us*scale, 1) // at least a visible sliver
-			lt.Bars = append(lt.Bars, bar{X: x + 2*w, Y: y1 + plotH - h, W: w, H: h,
-				Label: p.From + " → " + p.To + " EXT-DS p50", Value: fmt.Sprintf("%.2f µs", p.DS.P50us), Color: "#8e44ad"})
+		for j, se := range ss {
+			v, ok := se.v(p)
+			if !ok {
+				continue
+			}
+			h := height(v)
+			lt.Bars = append(lt.Bars, bar{X: x + float64(j)*bw, Y: y1 + plotH - h, W: bw, H: h,
+				Label: p.From + " → " + p.To + " " + se.name, Value: fmt.Sprintf("%.2f µs", v), Color: se.color})
 		}
 	}
-	lt.Legend = []bar{{X: width - 250, Y: y1 - 22, Label: "TCP p50", Color: "#2a9d5c"}, {X: width - 170, Y: y1 - 22, Label: "TCP p99", Color: "#e07b39"}}
-	if ds {
-		lt.Legend = append(lt.Legend, bar{X: width - 90, Y: y1 - 22, Label: "EXT-DS p50", Color: "#8e44ad"})
+	for j, se := range ss {
+		lt.Legend = append(lt.Legend, bar{X: left + float64(j)*110, Y: y1 + plotH + 26, Label: se.name, Color: se.color})
 	}
 	// Pair labels under both charts, as legend-less text bars.
 	for _, c := range []*chart{&tp, &lt} {
@@ -218,6 +242,33 @@ func renderSVG(w io.Writer, r *Result) error {
 	}
 	pg.Charts = []chart{tp, lt}
 	return svgTmpl.Execute(w, pg)
+}
+
+// logAxis maps values in [lo, hi] to bar heights on a log scale whose
+// ends are whole decades, and returns the decade ticks.
+func logAxis(lo, hi, plotH, y0 float64) (func(float64) float64, []tick) {
+	if lo <= 0 || math.IsInf(lo, 1) {
+		lo = 0.1
+	}
+	if hi < lo {
+		hi = lo
+	}
+	d0, d1 := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if d1 == d0 {
+		d1++
+	}
+	span := d1 - d0
+	height := func(v float64) float64 {
+		if v <= 0 {
+			return 0
+		}
+		return math.Max((math.Log10(v)-d0)/span*plotH, 1) // at least a visible sliver
+	}
+	var ts []tick
+	for d := d0; d <= d1; d++ {
+		ts = append(ts, tick{Y: y0 + plotH - (d-d0)/span*plotH, Label: fmt.Sprintf("%g", math.Pow(10, d))})
+	}
+	return height, ts
 }
 
 // short returns the last octet of a dotted address, for axis labels.
