@@ -417,13 +417,19 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 	buf := n.tx.bytes()[off : off+packetSize]
 	putHeader(buf, hdr)
 	copy(buf[headerSize:], m.Data[:m.Len])
+	if !p.enter() {
+		n.txFree <- slot
+		return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+	}
 	n.txDests[slot].Store(p)
 	for spins := 0; ; spins++ {
 		err := n.f.send(n.tx.at(off), headerSize+int(m.Len), n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
 		if err == nil {
+			p.leave()
 			return nil
 		}
 		if !isAgain(err) || n.closed.Load() || e.closed.Load() {
+			p.leave()
 			n.txDests[slot].Store(nil)
 			n.txFree <- slot
 			if e.closed.Load() || n.closed.Load() {
@@ -440,6 +446,7 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 			time.Sleep(10 * time.Microsecond)
 		}
 		if up, _ := p.state(); !up {
+			p.leave()
 			n.txDests[slot].Store(nil)
 			n.txFree <- slot
 			return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)

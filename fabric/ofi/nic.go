@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,9 +55,15 @@ const (
 	// avSize is the address vector's initial size hint.
 	avSize = 256
 	// progressSpin is how long progress polls the CQ before it sleeps in
-	// fi_cq_sreadfrom: a VELO round trip on shm, so ping-pong never sleeps.
+	// on the CQ: a VELO round trip on shm, so ping-pong never sleeps.
 	progressSpin = 50 * time.Microsecond
-	// progressSleepMs bounds one fi_cq_sreadfrom sleep, so progress checks
+	// progressPollSleep is the idle sleep of a provider without a CQ wait
+	// fd: short, because it is added to the latency of an idle node.
+	progressPollSleep = 20 * time.Microsecond
+	// progressPollMax caps that sleep once the node has been idle a while:
+	// an idle node wakes 1000 times a second at most.
+	progressPollMax = time.Millisecond
+	// progressSleepMs bounds one sleep on the CQ wait fd, so progress checks
 	// for Close and queued work at least this often even if a provider's
 	// fi_cq_signal is lost.
 	progressSleepMs = 5
@@ -119,7 +126,8 @@ type NIC struct {
 	ctlSpare []ctlPkt
 	jobs     []func()
 	sleeping atomic.Bool
-	ctlIdle  atomic.Bool // no control packet queued or in flight
+	ctlIdle  atomic.Bool   // no control packet queued or in flight
+	kickCh   chan struct{} // wakes a polling progress (no CQ wait fd)
 
 	done    chan struct{} // closed by Close
 	stopped chan struct{} // closed when progress returns
@@ -135,10 +143,30 @@ type peer struct {
 	node fabric.NodeID
 	fa   uint64
 
+	// busy counts libfabric calls addressed to this peer in progress.
+	// peerDown waits for it to drain, so after a goodbye is acknowledged
+	// no call touches the peer (the shm provider maps peers in the same
+	// process by pointer: a send after the peer closed would fault).
+	busy  atomic.Int32
+	acked atomic.Bool // acknowledged our goodbye
+
 	mu   sync.Mutex
 	up   bool
 	down chan struct{} // closed when the peer goes down; replaced when it returns
 }
+
+// enter marks a libfabric call to p in progress; it fails if p is down.
+// Every successful enter is paired with leave.
+func (p *peer) enter() bool {
+	p.busy.Add(1)
+	if up, _ := p.state(); !up {
+		p.busy.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (p *peer) leave() { p.busy.Add(-1) }
 
 func (p *peer) state() (up bool, down <-chan struct{}) {
 	p.mu.Lock()
@@ -195,6 +223,7 @@ func open(cfg Config) (*NIC, error) {
 		pending:  make(map[uint64]*remoteRegion),
 		done:     make(chan struct{}),
 		stopped:  make(chan struct{}),
+		kickCh:   make(chan struct{}, 1),
 	}
 	n.groups.Store(1 << fabric.Broadcast)
 	if err := n.setupBuffers(); err != nil {
@@ -415,6 +444,9 @@ func (n *NIC) peerDown(p *peer, why string) {
 	p.up = false
 	close(p.down)
 	p.mu.Unlock()
+	for p.busy.Load() > 0 {
+		runtime.Gosched() // a send to p is in its libfabric call: it is short
+	}
 	n.log.Info("ofi peer down", "peer", p.node, "why", why)
 	n.dropRemote(p.node)
 	for i := range n.eps {
@@ -541,12 +573,14 @@ func (n *NIC) Close() error {
 			e.Close()
 		}
 	}
+	var told []*peer
 	for _, p := range n.peerList() {
 		if up, _ := p.state(); up {
+			told = append(told, p)
 			n.sendCtl(p.node, header{typ: pBye}, nil)
 		}
 	}
-	n.flushCtl(byeTimeout)
+	n.awaitByeAcks(told, byeTimeout)
 	close(n.done)
 	n.kick()
 	n.wg.Wait()
@@ -561,19 +595,28 @@ func (n *NIC) Close() error {
 	return nil
 }
 
-// flushCtl waits until the control queue and control slots drain, or d.
-func (n *NIC) flushCtl(d time.Duration) {
+// awaitByeAcks waits until every peer told goodbye acknowledged it (or
+// went down), then for the control queue to drain, or d.
+func (n *NIC) awaitByeAcks(told []*peer, d time.Duration) {
 	end := time.Now().Add(d)
 	for time.Now().Before(end) {
+		acked := true
+		for _, p := range told {
+			if up, _ := p.state(); up && !p.acked.Load() {
+				acked = false
+				break
+			}
+		}
 		n.ctlMu.Lock()
 		q := len(n.ctlQ)
 		n.ctlMu.Unlock()
-		if q == 0 && n.ctlIdle.Load() {
+		if acked && q == 0 && n.ctlIdle.Load() {
 			return
 		}
 		n.kick()
 		time.Sleep(100 * time.Microsecond)
 	}
+	n.log.Warn("ofi close: peers did not acknowledge goodbye in time", "timeout", d)
 }
 
 // logFault logs a per-message fault at most once per faultLogInterval.
@@ -640,10 +683,17 @@ func (n *NIC) runLeftJobs() {
 	}
 }
 
-// kick wakes progress if it sleeps in the CQ.
+// kick wakes progress if it sleeps.
 func (n *NIC) kick() {
 	if n.sleeping.Load() {
-		n.f.signal()
+		if n.f.waitable() {
+			n.f.signal()
+		} else {
+			select {
+			case n.kickCh <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 
@@ -658,6 +708,10 @@ func (n *NIC) progress() {
 	b := newCQBatch(cqBatchSize)
 	defer b.free()
 	idleSince := time.Now()
+	var pollSleep time.Duration
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
 	for {
 		select {
 		case <-n.done:
@@ -666,7 +720,7 @@ func (n *NIC) progress() {
 		default:
 		}
 		work := n.drainCtl()
-		got, err := n.f.cqRead(b, -1)
+		got, err := n.f.cqRead(b)
 		switch {
 		case err == errAvail:
 			n.handleCQErr(b)
@@ -679,6 +733,7 @@ func (n *NIC) progress() {
 		}
 		if got > 0 || work {
 			idleSince = time.Now()
+			pollSleep = 0
 			continue
 		}
 		if time.Since(idleSince) < progressSpin {
@@ -690,15 +745,21 @@ func (n *NIC) progress() {
 		n.ctlMu.Unlock()
 		if !busy {
 			if n.f.waitable() {
-				got, err = n.f.cqRead(b, progressSleepMs)
-				if err == errAvail {
-					n.handleCQErr(b)
-				}
-				for i := range got {
-					n.complete(opctx(b.ctx(i)), b.len(i), b.src(i))
-				}
+				n.f.cqWait(progressSleepMs)
 			} else {
-				time.Sleep(20 * time.Microsecond)
+				// No wait fd: sleep, doubling from progressPollSleep to
+				// progressPollMax while idle; kick cuts a sleep short.
+				if pollSleep == 0 {
+					pollSleep = progressPollSleep
+				} else {
+					pollSleep = min(2*pollSleep, progressPollMax)
+				}
+				idle.Reset(pollSleep)
+				select {
+				case <-idle.C:
+				case <-n.kickCh:
+					idle.Stop()
+				}
 			}
 		}
 		n.sleeping.Store(false)
@@ -730,9 +791,14 @@ func (n *NIC) drainCtl() bool {
 			sent++
 			continue
 		}
-		if up, _ := p.state(); !up && ptype(pk.hdr>>hdrTypeShift) != pHello {
-			sent++ // a down peer gets nothing but hellos
+		if t := ptype(pk.hdr >> hdrTypeShift); t == pByeAck {
+			// The one packet a down peer gets: it waits for it. busy is
+			// not needed: progress (us) is the only sender now.
+		} else if !p.enter() {
+			sent++ // a down peer gets nothing else
 			continue
+		} else {
+			p.leave() // progress runs peerDown itself, so no send races it
 		}
 		if len(n.ctlFree) == 0 {
 			break
@@ -864,8 +930,13 @@ func (n *NIC) receive(b []byte, src uint64) {
 		n.logFault("ofi packet with unverifiable source dropped", "claimed", h.desc.Node, "fi_addr", src)
 		return
 	}
-	if h.typ == pBye {
+	switch h.typ {
+	case pBye:
 		n.peerDown(p, "goodbye")
+		n.sendCtl(p.node, header{typ: pByeAck}, nil)
+		return
+	case pByeAck:
+		p.acked.Store(true)
 		return
 	}
 	if up, _ := p.state(); !up {

@@ -248,6 +248,14 @@ func (e *endpoint) post(r *fabric.RMA) error {
 		raddr += ans.base
 	}
 	buf := local.mem.at(int(r.Local.Offset()))
+	if !p.enter() {
+		op.ep = nil
+		n.opFree <- slot
+		local.inflight.Add(-1)
+		e.errorNotify(r, fabric.NErrPeerDown)
+		return nil
+	}
+	defer p.leave()
 	for spins := 0; ; spins++ {
 		err := n.f.rma(r.Op == fabric.OpPut, buf, int(r.Len), local.mr.desc, p.fa, raddr, ans.key, mkctx(ctxRMA, int(slot)))
 		if err == nil {

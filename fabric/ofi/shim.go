@@ -22,6 +22,7 @@ package ofi
 #include <string.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -40,7 +41,7 @@ typedef struct {
 	struct fid_av *av;
 	struct fid_cq *cq;
 	struct fid_ep *ep;
-	int waitable;      // the CQ has a wait object: fi_cq_sreadfrom works
+	int waitfd;        // the CQ's wait fd (FI_WAIT_FD), or -1: poll with sleeps
 	uint64_t mr_mode;  // the domain's required FI_MR_* bits
 	uint64_t addr_format;
 	char prov[64];
@@ -114,10 +115,15 @@ static int exn_open(struct fi_info *info, size_t cq_size, size_t av_size, exn_of
 	struct fi_av_attr av = { .type = FI_AV_TABLE, .count = av_size };
 	*stage = "fi_av_open";
 	if ((ret = fi_av_open(o->domain, &av, &o->av, NULL))) goto fail;
-	struct fi_cq_attr cq = { .size = cq_size, .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_UNSPEC };
+	// A CQ with an fd wait object lets progress sleep in poll(2) after
+	// fi_trywait. fi_cq_sread is not used: some providers (shm in 1.17)
+	// ignore its timeout. Without an fd, progress polls with short sleeps.
+	struct fi_cq_attr cq = { .size = cq_size, .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_FD };
 	*stage = "fi_cq_open";
+	o->waitfd = -1;
 	if (fi_cq_open(o->domain, &cq, &o->cq, NULL) == 0) {
-		o->waitable = 1;
+		int fd = -1;
+		if (fi_control(&o->cq->fid, FI_GETWAIT, &fd) == 0) o->waitfd = fd;
 	} else {
 		cq.wait_obj = FI_WAIT_NONE;
 		if ((ret = fi_cq_open(o->domain, &cq, &o->cq, NULL))) goto fail;
@@ -198,17 +204,22 @@ static ssize_t exn_rma(exn_ofi *o, int write, void *buf, size_t len, void *desc,
 	return fi_readmsg(o->ep, &msg, FI_COMPLETION);
 }
 
-// exn_cq_read reads up to n completions into ents/srcs. wait_ms >= 0 and a
-// waitable CQ block up to that long. It returns the count, 0 for none, or
-// a negative fi_errno (-FI_EAVAIL: an error entry is queued).
-static ssize_t exn_cq_read(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs, size_t n, int wait_ms) {
-	ssize_t ret;
-	if (wait_ms >= 0 && o->waitable)
-		ret = fi_cq_sreadfrom(o->cq, ents, n, (fi_addr_t *)srcs, NULL, wait_ms);
-	else
-		ret = fi_cq_readfrom(o->cq, ents, n, (fi_addr_t *)srcs);
+// exn_cq_read reads up to n completions into ents/srcs without blocking.
+// It returns the count, 0 for none, or a negative fi_errno (-FI_EAVAIL:
+// an error entry is queued).
+static ssize_t exn_cq_read(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs, size_t n) {
+	ssize_t ret = fi_cq_readfrom(o->cq, ents, n, (fi_addr_t *)srcs);
 	if (ret == -FI_EAGAIN) return 0;
 	return ret;
+}
+
+// exn_cq_wait sleeps until the CQ may have work, fi_cq_signal, or wait_ms.
+static void exn_cq_wait(exn_ofi *o, int wait_ms) {
+	if (o->waitfd < 0) return;
+	struct fid *f = &o->cq->fid;
+	if (fi_trywait(o->fabric, &f, 1) != FI_SUCCESS) return;
+	struct pollfd p = { .fd = o->waitfd, .events = POLLIN };
+	poll(&p, 1, wait_ms);
 }
 
 static uint64_t exn_ent_ctx(struct fi_cq_msg_entry *e, int i) { return (uint64_t)(uintptr_t)e[i].op_context; }
@@ -230,7 +241,7 @@ static int exn_cq_readerr(exn_ofi *o, exn_err *out) {
 	return 0;
 }
 
-static int exn_cq_signal(exn_ofi *o) { return o->waitable ? fi_cq_signal(o->cq) : 0; }
+static int exn_cq_signal(exn_ofi *o) { return o->waitfd >= 0 ? fi_cq_signal(o->cq) : 0; }
 
 static void *exn_mmap(size_t len) {
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -376,9 +387,9 @@ func openFab(in info, cqSize, avSize int) (*fab, error) {
 
 func (f *fab) close() { C.exn_close_all(f.o) }
 
-func (f *fab) provider() string  { return C.GoString(&f.o.prov[0]) }
-func (f *fab) mrMode() uint64    { return uint64(f.o.mr_mode) }
-func (f *fab) waitable() bool    { return f.o.waitable != 0 }
+func (f *fab) provider() string   { return C.GoString(&f.o.prov[0]) }
+func (f *fab) mrMode() uint64     { return uint64(f.o.mr_mode) }
+func (f *fab) waitable() bool     { return f.o.waitfd >= 0 }
 func (f *fab) addrFormat() uint64 { return uint64(f.o.addr_format) }
 
 // name returns this endpoint's address (fi_getname).
@@ -508,10 +519,13 @@ func (b *cqBatch) free() {
 	C.free(unsafe.Pointer(b.err))
 }
 
-// read fills the batch; waitMs < 0 polls. It returns the count, or
+// cqWait sleeps until the CQ may have completions, signal, or waitMs.
+func (f *fab) cqWait(waitMs int) { C.exn_cq_wait(f.o, C.int(waitMs)) }
+
+// cqRead fills the batch without blocking. It returns the count, or
 // errAvail when an error entry is queued.
-func (f *fab) cqRead(b *cqBatch, waitMs int) (int, error) {
-	ret := C.exn_cq_read(f.o, b.ents, b.srcs, C.size_t(b.n), C.int(waitMs))
+func (f *fab) cqRead(b *cqBatch) (int, error) {
+	ret := C.exn_cq_read(f.o, b.ents, b.srcs, C.size_t(b.n))
 	switch {
 	case ret >= 0:
 		return int(ret), nil

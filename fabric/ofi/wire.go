@@ -46,23 +46,24 @@ const (
 type ptype uint8
 
 const (
-	pVELO    ptype = iota // a VELO message for the addressed VPID's mailbox
-	pOpenQ                // "is VPID d open, and how many credits do I get?"
-	pOpenA                // answer to pOpenQ: status, epoch, credits
-	pCredit               // credits returned to the sender of a pair
-	pClosed               // VPID closed: senders blocked on it get ErrPeerDown
-	pRegQ                 // region query: key, base and size of region idx
-	pRegA                 // answer to pRegQ
-	pInval                // region deregistered: drop cached keys
-	pNotify               // a completer/responder notification for the target
-	pHello                // node (re)started
-	pBye                  // node closing
-	pMcast                // a multicast VELO message (group in the header)
+	pVELO   ptype = iota // a VELO message for the addressed VPID's mailbox
+	pOpenQ               // "is VPID d open, and how many credits do I get?"
+	pOpenA               // answer to pOpenQ: status, epoch, credits
+	pCredit              // credits returned to the sender of a pair
+	pClosed              // VPID closed: senders blocked on it get ErrPeerDown
+	pRegQ                // region query: key, base and size of region idx
+	pRegA                // answer to pRegQ
+	pInval               // region deregistered: drop cached keys
+	pNotify              // a completer/responder notification for the target
+	pHello               // node (re)started
+	pBye                 // node closing
+	pMcast               // a multicast VELO message (group in the header)
+	pByeAck              // "I have stopped sending to you": the closer may go
 	numPtypes
 )
 
 func (t ptype) String() string {
-	names := [...]string{"velo", "openq", "opena", "credit", "closed", "regq", "rega", "inval", "notify", "hello", "bye", "mcast"}
+	names := [...]string{"velo", "openq", "opena", "credit", "closed", "regq", "rega", "inval", "notify", "hello", "bye", "mcast", "byeack"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -171,16 +172,16 @@ func need(b []byte, n int, what string) error {
 type opctx uint64
 
 const (
-	ctxRecv opctx = iota + 1 // a receive slot
-	ctxSend                  // a VELO send slot
-	ctxCtrl                  // a control send slot
-	ctxRMA                   // an RMA operation slot
+	ctxRecv      opctx = iota + 1 // a receive slot
+	ctxSend                       // a VELO send slot
+	ctxCtrl                       // a control send slot
+	ctxRMA                        // an RMA operation slot
 	ctxKindShift = 56
 )
 
 func mkctx(kind opctx, idx int) uint64 { return uint64(kind)<<ctxKindShift | uint64(idx) }
-func (c opctx) kind() opctx         { return c >> ctxKindShift }
-func (c opctx) index() int          { return int(c & (1<<ctxKindShift - 1)) }
+func (c opctx) kind() opctx            { return c >> ctxKindShift }
+func (c opctx) index() int             { return int(c & (1<<ctxKindShift - 1)) }
 
 func putHeader(b []byte, w uint64) { binary.LittleEndian.PutUint64(b, w) }
 func getHeader(b []byte) uint64    { return binary.LittleEndian.Uint64(b) }
