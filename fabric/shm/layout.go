@@ -17,10 +17,12 @@ import (
 const (
 	pageSize = 4096
 
-	nodeMagic     = 0x314e4d4853584e45 // "ENXSHMN1"
-	vpidMagic     = 0x31564d4853584e45 // "ENXSHMV1"
-	fabricMagic   = 0x31464d4853584e45 // "ENXSHMF1"
-	layoutVersion = 1
+	nodeMagic   = 0x314e4d4853584e45 // "ENXSHMN1"
+	vpidMagic   = 0x31564d4853584e45 // "ENXSHMV1"
+	fabricMagic = 0x31464d4853584e45 // "ENXSHMF1"
+	// layoutVersion 2: the lease table in the node header and the region
+	// table extended by the leases' region blocks (see attach.go).
+	layoutVersion = 2
 
 	// maxFabricName bounds the fabric name so every file name stays well
 	// under NAME_MAX (255) with the node, incarnation and region suffixes.
@@ -51,8 +53,27 @@ const (
 	nOffState    = 20 // u32, atomic
 	nOffInc      = 24 // u64
 	nOffGroups   = 32 // u64, atomic
+	nOffLeases   = 1024
 	nOffRegions  = pageSize
-	nodeFileSize = nOffRegions + maxNodeRegions*regionEntrySize
+	nodeFileSize = nOffRegions + maxTableRegions*regionEntrySize
+)
+
+// Lease table (attach.go): maxLeases entries of leaseEntrySize bytes at
+// nOffLeases, in the node file's header page. Lease s owns region indices
+// leaseRegionLo(s) .. +leaseRegions-1, above the owner's own 1..maxNodeRegions.
+const (
+	maxLeases       = 16
+	leaseEntrySize  = 64
+	leaseRegions    = 256
+	maxTableRegions = maxNodeRegions + maxLeases*leaseRegions
+
+	lOffState  = 0  // u32, atomic: leaseFree / leaseGranted / leaseRevoked; stored last
+	lOffHold   = 4  // u32, atomic: holdNone / holdAttached / holdDetached
+	lOffBase   = 8  // u32: first VPID
+	lOffCount  = 12 // u32: number of VPIDs
+	lOffPID    = 16 // u32: the process the owner granted it to (0: any)
+	lOffHolder = 20 // u32: the process that attached
+	lOffSecret = 32 // 2 x u64: the token's secret
 )
 
 // Node states (nOffState).

@@ -98,6 +98,16 @@ type nicT struct {
 	gens    []uint32 // by region index
 	freeIdx []uint32
 	nextIdx uint32
+	// regLo..regHi: the region indices this process allocates from, the
+	// owner's 1..maxNodeRegions or an attached process's lease block.
+	regLo, regHi uint32
+
+	// att is set on a NIC attached to a node another process owns
+	// (attach.go); hook runs once per monitor period (owner: lease sweep,
+	// attached: owner and lease check).
+	att  *attachState
+	hook func()
+	lctr leaseCounters
 
 	self *peer
 
@@ -127,10 +137,11 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 		peers:   make(map[fabric.NodeID]*peer),
 		gone:    make(map[fabric.NodeID]bool),
 		regions: make(map[uint32]*localRegion),
-		gens:    make([]uint32, maxNodeRegions+1),
-		nextIdx: 1,
-		stop:    make(chan struct{}),
+		gens:    make([]uint32, maxTableRegions+1),
+		nextIdx: 1, regLo: 1, regHi: maxNodeRegions,
+		stop: make(chan struct{}),
 	}
+	n.hook = n.sweepLeases
 	var rb [8]byte
 	for n.inc == 0 {
 		if _, err := rand.Read(rb[:]); err != nil {

@@ -226,6 +226,9 @@ func (n *nicT) monitor() {
 				n.probe(p)
 			}
 		}
+		if n.hook != nil {
+			n.hook()
+		}
 	}
 }
 

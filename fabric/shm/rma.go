@@ -62,11 +62,11 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 	case len(n.freeIdx) > 0:
 		idx = n.freeIdx[len(n.freeIdx)-1]
 		n.freeIdx = n.freeIdx[:len(n.freeIdx)-1]
-	case n.nextIdx <= maxNodeRegions:
+	case n.nextIdx <= n.regHi:
 		idx = n.nextIdx
 		n.nextIdx++
 	default:
-		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("shm: register: all %d region indices in use: %w", maxNodeRegions, fabric.ErrInvalid))
+		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("shm: register: all %d region indices in use: %w", n.regHi-n.regLo+1, fabric.ErrInvalid))
 	}
 	gen := n.gens[idx] + 1
 	path := n.regionPath(n.node, n.inc, idx, gen)
@@ -144,7 +144,7 @@ func (n *nicT) remoteBuf(p *peer, owner fabric.VPID, a fabric.NLA, l uint32) (*m
 		return n.localBuf(owner, a, l)
 	}
 	idx := a.Region()
-	if idx == 0 || idx > maxNodeRegions {
+	if idx == 0 || idx > maxTableRegions {
 		return nil, nil, fabric.NErrAccess
 	}
 	if !p.m.acquire() {
