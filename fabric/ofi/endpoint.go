@@ -301,7 +301,18 @@ func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error
 			e.nic.ctr.SendBlocked.Add(1)
 			counted = true
 		}
+		var timeout <-chan time.Time
+		if !waitCredits && p != nil {
+			// Querying: a silent peer is an unreachable one. The timer
+			// exists only on the first send of a pair.
+			t := time.NewTimer(queryTimeout)
+			defer t.Stop()
+			timeout = t.C
+		}
 		select {
+		case <-timeout:
+			e.nic.peerDown(p, "no answer to a vpid open query")
+			return 0, fmt.Errorf("ofi: velo send to %v: no answer in %v: %w", pr.dst, queryTimeout, fabric.ErrPeerDown)
 		case <-ch:
 		case <-down:
 			return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)

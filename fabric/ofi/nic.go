@@ -69,9 +69,12 @@ const (
 	progressSleepMs = 5
 	// byeTimeout bounds how long Close waits to flush its goodbyes.
 	byeTimeout = 200 * time.Millisecond
-	// resolveTimeout bounds one remote region query; a peer that does not
-	// answer in time is treated as down for that request.
-	resolveTimeout = 5 * time.Second
+	// queryTimeout bounds a VPID open query or a remote region query. A
+	// live peer answers from its progress goroutine in microseconds, so
+	// silence this long means it is unreachable (some providers, e.g.
+	// tcp;ofi_rxm, keep retrying a refused connection instead of failing
+	// the send): the peer is marked down.
+	queryTimeout = 3 * time.Second
 	// faultLogInterval rate-limits per-message fault logs.
 	faultLogInterval = time.Second
 )
@@ -275,16 +278,15 @@ func splitHostPort(a string) (string, string) {
 	return strings.Trim(a, "[]"), strconv.Itoa(DefaultPort)
 }
 
-// diagnose turns a failed fi_getinfo into the reason: no such provider,
-// no RDM endpoint, no FI_RMA, no FI_SOURCE, or no ordered sends.
+// diagnose turns a failed fi_getinfo into the reason, asking libfabric
+// again with fewer requirements.
 func diagnose(prov, node, svc string, cause error) error {
-	try := func(caps uint64, rdm, order bool) bool {
+	probe := func(caps uint64, rdm, order bool) bool {
 		in, err := getinfo(prov, node, svc, caps, rdm, order)
 		in.free()
 		return err == nil
 	}
-	switch {
-	case !try(0, false, false):
+	available := func() []string {
 		var names []string
 		if all, err := getinfo("", "", "", 0, false, false); err == nil {
 			for _, e := range all.entries() {
@@ -294,16 +296,9 @@ func diagnose(prov, node, svc string, cause error) error {
 			}
 			all.free()
 		}
-		return fmt.Errorf("ofi: provider %q not found (%v); available: %s (FI_PROVIDER and `fi_info -l` filter and list them)",
-			prov, cause, strings.Join(names, ", "))
-	case !try(capMsg, true, false):
-		return fmt.Errorf("ofi: provider %q has no reliable datagram (FI_EP_RDM) endpoint with FI_MSG: %w", prov, cause)
-	case !try(capMsg|capRMA, true, false):
-		return fmt.Errorf("ofi: provider %q lacks FI_RMA, which RMA PUT/GET needs: %w", prov, cause)
-	case !try(capMsg|capRMA|capSource, true, false):
-		return fmt.Errorf("ofi: provider %q lacks FI_SOURCE, which checking VELO source addresses needs: %w", prov, cause)
+		return names
 	}
-	return fmt.Errorf("ofi: provider %q lacks send-after-send ordering (FI_ORDER_SAS) or thread safety: %w", prov, cause)
+	return explain(prov, cause, probe, available)
 }
 
 func (n *NIC) setupBuffers() error {
@@ -708,7 +703,6 @@ func (n *NIC) progress() {
 	b := newCQBatch(cqBatchSize)
 	defer b.free()
 	idleSince := time.Now()
-	var pollSleep time.Duration
 	idle := time.NewTimer(time.Hour)
 	idle.Stop()
 	defer idle.Stop()
@@ -733,7 +727,6 @@ func (n *NIC) progress() {
 		}
 		if got > 0 || work {
 			idleSince = time.Now()
-			pollSleep = 0
 			continue
 		}
 		if time.Since(idleSince) < progressSpin {
@@ -747,14 +740,11 @@ func (n *NIC) progress() {
 			if n.f.waitable() {
 				n.f.cqWait(progressSleepMs)
 			} else {
-				// No wait fd: sleep, doubling from progressPollSleep to
-				// progressPollMax while idle; kick cuts a sleep short.
-				if pollSleep == 0 {
-					pollSleep = progressPollSleep
-				} else {
-					pollSleep = min(2*pollSleep, progressPollMax)
-				}
-				idle.Reset(pollSleep)
+				// No wait fd: sleep a 64th of the idle time so far, from
+				// progressPollSleep up to progressPollMax, so a busy
+				// exchange pays microseconds and an idle node wakes
+				// rarely; kick cuts a sleep short.
+				idle.Reset(min(max(time.Since(idleSince)/64, progressPollSleep), progressPollMax))
 				select {
 				case <-idle.C:
 				case <-n.kickCh:

@@ -405,7 +405,7 @@ func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, fabri
 	select {
 	case <-rr.done:
 	default:
-		t := time.NewTimer(resolveTimeout)
+		t := time.NewTimer(queryTimeout)
 		defer t.Stop()
 		select {
 		case <-rr.done:
@@ -415,7 +415,7 @@ func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, fabri
 			return regAnswer{}, fabric.NErrPeerDown
 		case <-t.C:
 			n.forget(k)
-			n.logFault("ofi region query timed out", "peer", p.node, "region", idx)
+			n.peerDown(p, "no answer to a region query")
 			return regAnswer{}, fabric.NErrPeerDown
 		}
 	}

@@ -290,6 +290,9 @@ const (
 	fiESHUTDOWN    = C.FI_ESHUTDOWN
 )
 
+// The cgo-free capability constants of diagnose.go must be libfabric's.
+var _ = [1]struct{}{}[(probeMsg^capMsg)|(probeRMA^capRMA)|(probeSource^capSource)]
+
 // fiErr is a libfabric error code with the failing call.
 type fiErr struct {
 	op   string

@@ -1,0 +1,111 @@
+package ofi
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+func TestHeaderRoundTrip(t *testing.T) {
+	for _, h := range []header{
+		{typ: pVELO, desc: fabric.Descriptor{Node: 0xFFFF, VPID: 255, Tag: 0xA5, Len: 120}, dst: 7, epoch: 63},
+		{typ: pMcast, desc: fabric.Descriptor{Node: 300, VPID: 1, Len: 0}, dst: 9, epoch: 1, group: fabric.Broadcast},
+		{typ: pByeAck, desc: fabric.Descriptor{Node: 2}},
+	} {
+		got, err := decodeHeader(h.encode())
+		if err != nil || got != h {
+			t.Fatalf("round trip of %+v: %+v, %v", h, got, err)
+		}
+	}
+	// Epoch and group are masked to their 6 bits, not spilled into the type.
+	h := header{typ: pVELO, epoch: 0xFF, group: 0xFF}
+	got, err := decodeHeader(h.encode())
+	if err != nil || got.typ != pVELO || got.epoch != epochMask || got.group != groupMask {
+		t.Fatalf("masked fields: %+v, %v", got, err)
+	}
+}
+
+func TestHeaderRejects(t *testing.T) {
+	bad := []uint64{
+		uint64(numPtypes) << hdrTypeShift,        // unknown packet type
+		fabric.Descriptor{Len: 121}.Encode() | 0, // payload over 120 bytes
+	}
+	for _, w := range bad {
+		if _, err := decodeHeader(w); !errors.Is(err, fabric.ErrInvalid) {
+			t.Errorf("decodeHeader(%#x) = %v, want ErrInvalid", w, err)
+		}
+	}
+}
+
+func TestRegAnswer(t *testing.T) {
+	a := regAnswer{cookie: 1 << 60, status: stOK, owner: 200, key: 0xDEADBEEF, base: 0x7f0000001000, size: 4096}
+	var b [regABody]byte
+	a.put(b[:])
+	got, err := parseRegAnswer(b[:])
+	if err != nil || got != a {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	if _, err := parseRegAnswer(b[:regABody-1]); !errors.Is(err, fabric.ErrInvalid) {
+		t.Errorf("short answer: %v", err)
+	}
+	a.size = 0
+	a.put(b[:])
+	if _, err := parseRegAnswer(b[:]); !errors.Is(err, fabric.ErrInvalid) {
+		t.Errorf("zero-size ok answer: %v", err)
+	}
+}
+
+func TestOpctx(t *testing.T) {
+	c := opctx(mkctx(ctxRMA, 8191))
+	if c.kind() != ctxRMA || c.index() != 8191 {
+		t.Fatalf("opctx: kind %d index %d", c.kind(), c.index())
+	}
+}
+
+// TestExplain checks each start-up diagnosis: the first requirement the
+// provider fails is the one named.
+func TestExplain(t *testing.T) {
+	cause := errors.New("fi_getinfo: No data available (-61)")
+	cases := []struct {
+		name string
+		has  func(caps uint64, rdm, order bool) bool
+		want string
+	}{
+		{"missing", func(uint64, bool, bool) bool { return false }, `provider "p" not found`},
+		{"no rdm", func(c uint64, rdm, _ bool) bool { return !rdm }, "FI_EP_RDM"},
+		{"no rma", func(c uint64, _, _ bool) bool { return c&probeRMA == 0 }, "lacks FI_RMA"},
+		{"no source", func(c uint64, _, _ bool) bool { return c&probeSource == 0 }, "lacks FI_SOURCE"},
+		{"no order", func(uint64, bool, bool) bool { return true }, "FI_ORDER_SAS"},
+	}
+	for _, tc := range cases {
+		err := explain("p", cause, tc.has, func() []string { return []string{"tcp", "shm"} })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want it to mention %q", tc.name, err, tc.want)
+		}
+	}
+	err := explain("p", cause, func(uint64, bool, bool) bool { return false }, func() []string { return []string{"tcp", "shm"} })
+	if !strings.Contains(err.Error(), "available: tcp, shm") {
+		t.Errorf("missing provider error does not list the available ones: %v", err)
+	}
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	f.Add(header{typ: pVELO, desc: fabric.Descriptor{Node: 1, VPID: 2, Len: 8}, dst: 3}.encode())
+	f.Add(uint64(0xFFFFFFFFFFFFFFFF))
+	f.Fuzz(func(t *testing.T, w uint64) {
+		h, err := decodeHeader(w)
+		if err != nil {
+			return
+		}
+		if h.desc.Len > fabric.MaxVELOPayload || h.typ >= numPtypes {
+			t.Fatalf("accepted %+v", h)
+		}
+		// Re-encoding is stable (the descriptor's MC bit aside, which the
+		// wire never sets).
+		if h2, err := decodeHeader(h.encode()); err != nil || h2 != h {
+			t.Fatalf("re-encode %+v: %+v %v", h, h2, err)
+		}
+	})
+}
