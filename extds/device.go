@@ -153,6 +153,15 @@ type config struct {
 	probeTO        time.Duration
 	lazyOpen       bool
 	creditFraction int
+	// probeBase is the first VPID of the block that answers listener
+	// probes on peer nodes (0: base). An attached process (AttachDevice)
+	// has a VPID block of its own but probes exnd's (see attach.go).
+	probeBase fabric.VPID
+	// portHook, if set, also announces a registered port elsewhere (an
+	// attached process tells exnd); its unregister runs with the port's.
+	portHook func(port uint16) (unregister func(), err error)
+	// onClose runs at the end of Close (an attached process detaches).
+	onClose func() error
 }
 
 // Option configures a Device.
@@ -530,9 +539,18 @@ func (d *Device) RegisterPort(port uint16) (unregister func(), err error) {
 	if _, err := d.vdev(int(port & 0xF)); err != nil {
 		return func() {}, err
 	}
+	hookUnreg := func() {}
+	if d.cfg.portHook != nil {
+		u, err := d.cfg.portHook(port)
+		if err != nil {
+			return func() {}, err
+		}
+		hookUnreg = u
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
+		hookUnreg()
 		return func() {}, net.ErrClosed
 	}
 	d.ports[port]++
@@ -545,6 +563,7 @@ func (d *Device) RegisterPort(port uint16) (unregister func(), err error) {
 				delete(d.ports, port)
 			}
 			d.mu.Unlock()
+			hookUnreg()
 		})
 	}, nil
 }
@@ -558,7 +577,10 @@ func (d *Device) Listening(port uint16) bool {
 
 // Probe asks node's Device whether an EXT-DS listener is registered for
 // TCP port. It sends one PROBE from the vdev of localPort (the prober's
-// side of the shadow connection) and waits at most the probe timeout;
+// side of the shadow connection) to VPID base + (port & 0xF) on node —
+// the prober's own base, or, in a process attached through exnd
+// (AttachDevice), exnd's block, which answers for the node's attached
+// listeners too — and waits at most the probe timeout;
 // a node whose vdev for port is not open, or no answer in time, is
 // "no". The error is non-nil only when ctx ends or the Device is closed.
 func (d *Device) Probe(ctx context.Context, node fabric.NodeID, localPort, port uint16) (bool, error) {
@@ -566,7 +588,11 @@ func (d *Device) Probe(ctx context.Context, node fabric.NodeID, localPort, port 
 	if err != nil {
 		return false, err
 	}
-	pw := &probeWait{vd: v, peer: fabric.Addr{Node: node, VPID: d.VPID(port)}, port: port, ch: make(chan bool, 1)}
+	pbase := d.cfg.probeBase
+	if pbase == 0 {
+		pbase = d.cfg.base
+	}
+	pw := &probeWait{vd: v, peer: fabric.Addr{Node: node, VPID: pbase + fabric.VPID(port&0xF)}, port: port, ch: make(chan bool, 1)}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -788,5 +814,10 @@ func (d *Device) Close() error {
 		}
 	}
 	d.wg.Wait()
+	if d.cfg.onClose != nil {
+		if err := d.cfg.onClose(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }

@@ -56,12 +56,14 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	for op, h := range srv.FDHandlers() {
 		d.extraFDHandlers[op] = h
 	}
+	att := startAttach(d, dev, log.With("sub", "attach")) // extds_attach.go
 	log.Info("EXT-DS ready", "vpids", fmt.Sprintf("%d-%d", dev.VPID(0), dev.VPID(15)))
 	return func() error {
 		// The control socket is closed before the parts: no new shim
-		// request arrives. Switched connections are reset, then the
-		// Device releases the VPIDs.
+		// request arrives. Switched connections are reset, attached
+		// processes lose their leases, then the Device releases the VPIDs.
 		srv.Close()
+		att.Close()
 		if err := dev.Close(); err != nil {
 			return fmt.Errorf("close extds: %w", err)
 		}
