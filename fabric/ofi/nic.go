@@ -57,6 +57,10 @@ const (
 	// progressSpin is how long progress polls the CQ before it sleeps in
 	// on the CQ: a VELO round trip on shm, so ping-pong never sleeps.
 	progressSpin = 50 * time.Microsecond
+	// progressSpinNoFD replaces it for providers without a CQ wait fd
+	// (shm), whose sleep is a timer with tens of µs of slack: spinning
+	// through a few round trips keeps an active exchange off the timer.
+	progressSpinNoFD = 200 * time.Microsecond
 	// progressPollSleep is the idle sleep of a provider without a CQ wait
 	// fd: short, because it is added to the latency of an idle node.
 	progressPollSleep = 20 * time.Microsecond
@@ -207,7 +211,10 @@ func open(cfg Config) (*NIC, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := getinfo(cfg.Provider, node, svc, capMsg|capRMA|capSource, true, true)
+	in, err := getinfo(cfg.Provider, node, svc, capMsg|capRMA|capSource, true, orderSAW)
+	if err != nil {
+		in, err = getinfo(cfg.Provider, node, svc, capMsg|capRMA|capSource, true, orderSAS)
+	}
 	if err != nil {
 		return nil, diagnose(cfg.Provider, node, svc, err)
 	}
@@ -251,7 +258,7 @@ func open(cfg Config) (*NIC, error) {
 	for _, p := range n.peerList() {
 		n.sendCtl(p.node, header{typ: pHello}, nil)
 	}
-	n.log.Debug("ofi nic open", "provider", f.provider(), "mr_mode", f.mrMode(), "waitable_cq", f.waitable())
+	n.log.Debug("ofi nic open", "provider", f.provider(), "mr_mode", f.mrMode(), "cq_wait_fd", f.waitable(), "order_saw", f.saw())
 	return n, nil
 }
 
@@ -282,13 +289,17 @@ func splitHostPort(a string) (string, string) {
 // again with fewer requirements.
 func diagnose(prov, node, svc string, cause error) error {
 	probe := func(caps uint64, rdm, order bool) bool {
-		in, err := getinfo(prov, node, svc, caps, rdm, order)
+		lvl := orderNone
+		if order {
+			lvl = orderSAS
+		}
+		in, err := getinfo(prov, node, svc, caps, rdm, lvl)
 		in.free()
 		return err == nil
 	}
 	available := func() []string {
 		var names []string
-		if all, err := getinfo("", "", "", 0, false, false); err == nil {
+		if all, err := getinfo("", "", "", 0, false, orderNone); err == nil {
 			for _, e := range all.entries() {
 				if !slices.Contains(names, e.prov) {
 					names = append(names, e.prov)
@@ -442,7 +453,11 @@ func (n *NIC) peerDown(p *peer, why string) {
 	for p.busy.Load() > 0 {
 		runtime.Gosched() // a send to p is in its libfabric call: it is short
 	}
-	n.log.Info("ofi peer down", "peer", p.node, "why", why)
+	if why == whyGoodbye {
+		n.log.Debug("ofi peer down", "peer", p.node, "why", why)
+	} else {
+		n.log.Warn("ofi peer down", "peer", p.node, "why", why)
+	}
 	n.dropRemote(p.node)
 	for i := range n.eps {
 		if e := n.eps[i].Load(); e != nil {
@@ -450,6 +465,9 @@ func (n *NIC) peerDown(p *peer, why string) {
 		}
 	}
 }
+
+// whyGoodbye is the peerDown reason of an orderly close.
+const whyGoodbye = "goodbye"
 
 // peerUp revives a peer that was down (it restarted and spoke again).
 func (n *NIC) peerUp(p *peer) {
@@ -703,6 +721,10 @@ func (n *NIC) progress() {
 	b := newCQBatch(cqBatchSize)
 	defer b.free()
 	idleSince := time.Now()
+	spin := progressSpin
+	if !n.f.waitable() {
+		spin = progressSpinNoFD
+	}
 	idle := time.NewTimer(time.Hour)
 	idle.Stop()
 	defer idle.Stop()
@@ -729,7 +751,7 @@ func (n *NIC) progress() {
 			idleSince = time.Now()
 			continue
 		}
-		if time.Since(idleSince) < progressSpin {
+		if time.Since(idleSince) < spin {
 			continue
 		}
 		n.sleeping.Store(true)
@@ -922,7 +944,7 @@ func (n *NIC) receive(b []byte, src uint64) {
 	}
 	switch h.typ {
 	case pBye:
-		n.peerDown(p, "goodbye")
+		n.peerDown(p, whyGoodbye)
 		n.sendCtl(p.node, header{typ: pByeAck}, nil)
 		return
 	case pByeAck:

@@ -61,9 +61,9 @@ func TestConformanceSHM(t *testing.T) { fabrictest.Run(t, factory("shm", nil)) }
 func BenchmarkFabricTCP(b *testing.B) { fabrictest.Bench(b, factory("tcp", nil)) }
 func BenchmarkFabricSHM(b *testing.B) { fabrictest.Bench(b, factory("shm", nil)) }
 
-// TestConformanceSmallWindow runs the suite on shm with a 4-credit window
+// TestConformanceSmallWindow runs the suite on shm with a 16-credit window
 // and 4-slot mailboxes, so credit returns, blocking and mailbox growth run
 // constantly.
 func TestConformanceSmallWindow(t *testing.T) {
-	fabrictest.Run(t, factory("shm", func(c *ofi.Config) { c.Credits, c.MailboxSlots = 4, 4 }))
+	fabrictest.Run(t, factory("shm", func(c *ofi.Config) { c.Credits, c.MailboxSlots = 16, 4 }))
 }

@@ -42,6 +42,7 @@ typedef struct {
 	struct fid_cq *cq;
 	struct fid_ep *ep;
 	int waitfd;        // the CQ's wait fd (FI_WAIT_FD), or -1: poll with sleeps
+	int saw;           // FI_ORDER_SAW: writes need not be delivery-complete
 	uint64_t mr_mode;  // the domain's required FI_MR_* bits
 	uint64_t addr_format;
 	char prov[64];
@@ -70,8 +71,12 @@ static int exn_getinfo(const char *prov, const char *node, const char *service,
 	hints->domain_attr->mr_mode = EXN_MR_MODES;
 	hints->domain_attr->av_type = FI_AV_TABLE;
 	if (order) {
-		hints->tx_attr->msg_order = FI_ORDER_SAS;
-		hints->rx_attr->msg_order = FI_ORDER_SAS;
+		// SAS: VELO order per pair. SAW (order == 2): a send after a write
+		// lands after the write's data, so the completer notification can
+		// follow a transmit-complete write.
+		uint64_t o = FI_ORDER_SAS | (order == 2 ? FI_ORDER_SAW : 0);
+		hints->tx_attr->msg_order = o;
+		hints->rx_attr->msg_order = o;
 	}
 	if (prov) hints->fabric_attr->prov_name = strdup(prov);
 	uint64_t flags = (node || service) ? FI_SOURCE : 0;
@@ -105,6 +110,7 @@ static int exn_open(struct fi_info *info, size_t cq_size, size_t av_size, exn_of
 	fi_freeinfo(info);
 	if (!o->info) { *stage = "fi_dupinfo"; exn_close_all(o); return -FI_ENOMEM; }
 	o->mr_mode = o->info->domain_attr->mr_mode;
+	o->saw = (o->info->tx_attr->msg_order & FI_ORDER_SAW) != 0;
 	o->addr_format = o->info->addr_format;
 	strncpy(o->prov, o->info->fabric_attr->prov_name, sizeof(o->prov) - 1);
 	int ret;
@@ -187,10 +193,10 @@ static ssize_t exn_send(exn_ofi *o, void *buf, size_t len, void *desc, uint64_t 
 	return fi_send(o->ep, buf, len, desc, (fi_addr_t)dest, (void *)(uintptr_t)ctx);
 }
 
-// exn_rma issues one fi_readmsg/fi_writemsg. Writes ask for
-// FI_DELIVERY_COMPLETE: the completion then means the data is visible in
-// the target's memory, so the completer notification sent after it never
-// overtakes the data.
+// exn_rma issues one fi_readmsg/fi_writemsg. Without FI_ORDER_SAW, writes
+// ask for FI_DELIVERY_COMPLETE: the completion then means the data is
+// visible in the target's memory, so the completer notification sent
+// after it never overtakes the data. With SAW the ordering gives that.
 static ssize_t exn_rma(exn_ofi *o, int write, void *buf, size_t len, void *desc,
 		uint64_t dest, uint64_t raddr, uint64_t key, uint64_t ctx) {
 	struct iovec iov = { .iov_base = buf, .iov_len = len };
@@ -200,7 +206,7 @@ static ssize_t exn_rma(exn_ofi *o, int write, void *buf, size_t len, void *desc,
 		.msg_iov = &iov, .desc = descs, .iov_count = 1, .addr = (fi_addr_t)dest,
 		.rma_iov = &riov, .rma_iov_count = 1, .context = (void *)(uintptr_t)ctx,
 	};
-	if (write) return fi_writemsg(o->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+	if (write) return fi_writemsg(o->ep, &msg, FI_COMPLETION | (o->saw ? 0 : FI_DELIVERY_COMPLETE));
 	return fi_readmsg(o->ep, &msg, FI_COMPLETION);
 }
 
@@ -318,7 +324,14 @@ func isAgain(err error) bool {
 // info is a libfabric fi_info list returned by getinfo.
 type info struct{ p *C.struct_fi_info }
 
-func getinfo(prov, node, service string, caps uint64, rdm, order bool) (info, error) {
+// Ordering levels of getinfo.
+const (
+	orderNone = 0
+	orderSAS  = 1 // send after send
+	orderSAW  = 2 // send after send and send after write
+)
+
+func getinfo(prov, node, service string, caps uint64, rdm bool, order int) (info, error) {
 	var cprov, cnode, csvc *C.char
 	if prov != "" {
 		cprov = C.CString(prov)
@@ -333,7 +346,7 @@ func getinfo(prov, node, service string, caps uint64, rdm, order bool) (info, er
 		defer C.free(unsafe.Pointer(csvc))
 	}
 	var out *C.struct_fi_info
-	ret := C.exn_getinfo(cprov, cnode, csvc, C.uint64_t(caps), cbool(rdm), cbool(order), &out)
+	ret := C.exn_getinfo(cprov, cnode, csvc, C.uint64_t(caps), cbool(rdm), C.int(order), &out)
 	if ret != 0 {
 		return info{}, fiError("fi_getinfo", C.ssize_t(ret))
 	}
@@ -393,6 +406,7 @@ func (f *fab) close() { C.exn_close_all(f.o) }
 func (f *fab) provider() string   { return C.GoString(&f.o.prov[0]) }
 func (f *fab) mrMode() uint64     { return uint64(f.o.mr_mode) }
 func (f *fab) waitable() bool     { return f.o.waitfd >= 0 }
+func (f *fab) saw() bool          { return f.o.saw != 0 }
 func (f *fab) addrFormat() uint64 { return uint64(f.o.addr_format) }
 
 // name returns this endpoint's address (fi_getname).

@@ -18,7 +18,7 @@ func TestCQWaitBounded(t *testing.T) {
 		if p == "tcp" {
 			node, svc = "127.0.0.1", "0"
 		}
-		in, err := getinfo(p, node, svc, capMsg|capRMA|capSource, true, true)
+		in, err := getinfo(p, node, svc, capMsg|capRMA|capSource, true, orderSAS)
 		if err != nil {
 			t.Fatal(err)
 		}
