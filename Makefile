@@ -4,9 +4,9 @@
 GO      ?= go
 BIN     := bin
 CC      ?= gcc
-PKGS    := iperf3 sockperf iproute2 iputils-ping gcc procps
+PKGS    := iperf3 sockperf iproute2 iputils-ping gcc procps libfabric-dev
 
-.PHONY: all build test deps fmt-check vet unit race clean demo fuzz
+.PHONY: all build test deps fmt-check vet unit race clean demo fuzz ofi
 
 all: build
 
@@ -44,7 +44,15 @@ unit:
 fuzz:
 	.ci/fuzz
 
-test: deps fmt-check vet build race unit fuzz
+# The libfabric backend (build tag ofi, cgo): its conformance suite on the
+# tcp and shm providers, the backend selector, and EXT-Eth over ofi:tcp in
+# network namespaces.
+ofi:
+	$(GO) vet -tags ofi ./fabric/... ./integration/...
+	$(GO) test -tags ofi -count=1 -timeout 10m ./fabric/ofi/ ./fabric/backend/
+	$(GO) test -tags ofi -count=1 -timeout 10m -run 'TestOFI' ./integration/
+
+test: deps fmt-check vet build race unit ofi fuzz
 
 clean:
 	rm -rf $(BIN)

@@ -4,7 +4,7 @@
 //	mem              the in-process backend (needs Options.Mem)
 //	shm:NAME         processes on one host, files /dev/shm/exn-NAME-*
 //	net:LISTEN_ADDR  hosts over TCP (needs Options.Peers)
-//	ofi:PROVIDER     libfabric (only with build tag ofi)
+//	ofi:PROVIDER     libfabric (build tag ofi; else a clear error naming it)
 //
 // It is the one place that knows every backend, so commands and tests
 // choose a fabric by string.

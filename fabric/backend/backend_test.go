@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/ofi"
 )
 
 func TestParse(t *testing.T) {
@@ -82,7 +83,7 @@ func TestOpenErrors(t *testing.T) {
 		{name: "mem without cluster", spec: "mem", is: ErrBadSpec, wantErr: "cannot span processes"},
 		{name: "mem cluster error", spec: "mem", opts: Options{Mem: &fakeCluster{err: boom}}, is: boom, wantErr: "fabric mem: node 7: boom"},
 		{name: "net without peers", spec: "net:127.0.0.1:0", is: ErrBadSpec, wantErr: "needs a peers file"},
-		{name: "ofi", spec: "ofi:tcp", is: ErrUnavailable, wantErr: "fabric backend ofi not available in this build"},
+		{name: "ofi without the build tag", spec: "ofi:tcp", is: ofi.ErrNotBuilt, wantErr: "-tags ofi"},
 		{name: "bad", spec: "tcp:1", is: ErrBadSpec, wantErr: "unknown backend"},
 	}
 	for _, tc := range tests {

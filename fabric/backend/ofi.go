@@ -1,9 +1,19 @@
 package backend
 
-import "github.com/exn-project/exn/fabric"
+import (
+	"fmt"
 
-// openOFI opens a libfabric NIC. Until the ofi backend is wired here, the
-// spec parses but opening it is refused clearly.
-func openOFI(s Spec, _ fabric.NodeID, _ Options) (fabric.NIC, error) {
-	return nil, &UnavailableError{Kind: s.Kind}
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/ofi"
+)
+
+// openOFI opens a libfabric NIC. In a build without the ofi tag,
+// ofi.Open fails with ofi.ErrNotBuilt, whose message names the tag.
+// libfabric's own FI_* environment variables pass through untouched.
+func openOFI(s Spec, node fabric.NodeID, opts Options) (fabric.NIC, error) {
+	nic, err := ofi.Open(ofi.Config{Provider: s.Arg, Node: node, Peers: opts.Peers, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("fabric %s: node %d: %w", s, node, err)
+	}
+	return nic, nil
 }

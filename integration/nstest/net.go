@@ -80,16 +80,29 @@ type NetCluster struct {
 // (NetNodes.WaitPeers). extra flags are appended to every exnd.
 func StartNetCluster(t testing.TB, exnd string, subnet int, ids []int, extra ...string) *NetCluster {
 	t.Helper()
+	return StartUnderlayCluster(t, exnd, "net", NetPort, subnet, ids, extra...)
+}
+
+// StartUnderlayCluster is StartNetCluster for any fabric that reaches its
+// peers over the underlay: "net" (each node listens on its underlay
+// address and port) or a spec used as is, such as "ofi:tcp" (the peers
+// file then carries the underlay address and port of every node, which
+// the backend binds and dials).
+func StartUnderlayCluster(t testing.TB, exnd, fabric string, port, subnet int, ids []int, extra ...string) *NetCluster {
+	t.Helper()
 	c := &NetCluster{Underlay: NewUnderlay(t, subnet), Peers: filepath.Join(t.TempDir(), "peers")}
 	var peers strings.Builder
-	fmt.Fprintf(&peers, "# exnt net cluster, underlay 10.78.%d.0/24\n", subnet)
+	fmt.Fprintf(&peers, "# exnt %s cluster, underlay 10.78.%d.0/24\n", fabric, subnet)
 	for _, id := range ids {
 		n := &Node{NS: NewNetns(t, "n"+strconv.Itoa(id)+"-"), ID: id,
 			IP: NodeIP(subnet, id), IP6: NodeIP6(subnet, id),
 			Control: filepath.Join(t.TempDir(), "exnd.sock")}
 		ul := c.Underlay.Attach(t, n.NS, id)
-		listen := fmt.Sprintf("%s:%d", ul, NetPort)
-		n.Fabric = "net:" + listen
+		listen := fmt.Sprintf("%s:%d", ul, port)
+		n.Fabric = fabric
+		if fabric == "net" {
+			n.Fabric = "net:" + listen
+		}
 		fmt.Fprintf(&peers, "%d %s %s\n", id, listen, n.IP)
 		c.Nodes = append(c.Nodes, n)
 	}

@@ -399,7 +399,13 @@ func Build(t testing.TB) string {
 			return
 		}
 		register(regDirs, buildDir, true)
-		cmd := exec.Command("go", "build", "-o", buildDir+"/", "./cmd/exnd")
+		// The tests' own build tags (ofi) go to exnd too, so a test
+		// binary built with -tags ofi runs an exnd that has the backend.
+		args := []string{"build", "-o", buildDir + "/"}
+		if buildTags != "" {
+			args = append(args, "-tags", buildTags)
+		}
+		cmd := exec.Command("go", append(args, "./cmd/exnd")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/exnd: %w\n%s", err, out)
