@@ -5,27 +5,27 @@ package mem
 //	Send ──► target mailbox (ring of fabric.Message, mailbox.mu) ──► Recv
 //	          │ full: sender parks on mailbox.space (a channel made only
 //	          │ when someone waits, closed by Recv when it frees slots)
-//	Post ──► inline copy under region.mu read locks ──► notifyQueue (nq.mu)
+//	Post ──► inline copy under region.mu read locks ──► localq.NotifyQueue
 //	                                                  ──► PollNotifications
-//	Wait: spin ~waitSpin on the two atomic lengths, then set sleeping and
-//	      park on wake; producers signal wake only when sleeping is set, so
-//	      the common case costs no channel operation.
+//	Wait: localq.Waiter: spin ~waitSpin on the two atomic lengths, then set
+//	      sleeping and park on wake; producers signal wake only when
+//	      sleeping is set, so the common case costs no channel operation.
 //
-// Locks: mailbox.mu guards the ring, closed flag and space channel;
-// nq.mu guards the notification ring; nic.regMu guards the region table and
-// endpoint.regs; region.mu guards one region's buffer against Deregister.
-// No lock is held while blocked.
+// Locks: mailbox.mu guards the ring, closed flag and space channel; the
+// notification queue and the region table (nic.regs, localq.Table) have
+// their own locks (see localq); region.mu guards one region's buffer
+// against Deregister. No lock is held while blocked.
 
 import (
 	"context"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // waitSpin is how long Wait polls before it sleeps. 20 µs covers a VELO
@@ -43,40 +43,28 @@ type mailbox struct {
 	length atomic.Int32  // mirror of n for lock-free readiness checks
 }
 
-type notifyQueue struct {
-	mu     sync.Mutex
-	ring   []fabric.Notification
-	head   int
-	n      int
-	closed bool
-	length atomic.Int32
-}
-
 type endpoint struct {
 	nic  *nic
 	addr fabric.Addr
 
 	mb mailbox
-	nq notifyQueue
+	nq localq.NotifyQueue
 
-	sleeping atomic.Bool   // consumer is (about to be) parked in Wait
-	wake     chan struct{} // capacity 1
-	done     chan struct{} // closed by Close
-	closed   atomic.Bool
-
-	regs map[uint32]*region // this VPID's regions; guarded by nic.regMu
+	w      localq.Waiter
+	done   chan struct{} // closed by Close
+	closed atomic.Bool
 }
 
 func newEndpoint(n *nic, v fabric.VPID) *endpoint {
-	return &endpoint{
+	e := &endpoint{
 		nic:  n,
 		addr: fabric.Addr{Node: n.id, VPID: v},
 		mb:   mailbox{ring: make([]fabric.Message, n.c.opts.slots)},
-		nq:   notifyQueue{ring: make([]fabric.Notification, n.c.opts.notifyDepth)},
-		wake: make(chan struct{}, 1),
 		done: make(chan struct{}),
-		regs: make(map[uint32]*region),
 	}
+	e.nq.Init(n.c.opts.notifyDepth)
+	e.w.Init(waitSpin, e.ready, &e.closed, e.done)
+	return e
 }
 
 func (e *endpoint) Addr() fabric.Addr { return e.addr }
@@ -87,16 +75,9 @@ func (e *endpoint) errClosed(op string) error {
 
 // signal wakes the consumer if it sleeps in Wait. It must be called after
 // the producer made its item visible (length updated).
-func (e *endpoint) signal() {
-	if e.sleeping.Load() {
-		select {
-		case e.wake <- struct{}{}:
-		default:
-		}
-	}
-}
+func (e *endpoint) signal() { e.w.Signal() }
 
-func (e *endpoint) ready() bool { return e.mb.length.Load() > 0 || e.nq.length.Load() > 0 }
+func (e *endpoint) ready() bool { return e.mb.length.Load() > 0 || e.nq.Len() > 0 }
 
 // ---- VELO ----
 
@@ -255,85 +236,32 @@ func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
 // notify queues one notification for e. It never blocks: a full queue
 // drops it and counts NotifyOverflow; a closed endpoint drops it silently.
 func (e *endpoint) notify(n fabric.Notification) {
-	q := &e.nq
-	ctr := &e.nic.ctr
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return
+	switch e.nq.Push(&e.nic.ctr, n) {
+	case localq.Queued:
+		e.signal()
+	case localq.Full:
+		e.nic.logFault("fabric notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
 	}
-	if q.n == len(q.ring) {
-		q.mu.Unlock()
-		ctr.NotifyOverflow.Add(1)
-		e.nic.logFault("fabric notification queue full, dropped", "vpid", e.addr.VPID, "depth", len(q.ring))
-		return
-	}
-	q.ring[(q.head+q.n)%len(q.ring)] = n
-	q.n++
-	q.length.Store(int32(q.n))
-	q.mu.Unlock()
-	ctr.Notifications[n.Kind].Add(1)
-	if n.Err != fabric.NErrNone {
-		ctr.NotifyErrors[n.Err].Add(1)
-	}
-	e.signal()
 }
 
 func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
-	q := &e.nq
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	k, ok := e.nq.Poll(ns)
+	if !ok {
 		return 0, e.errClosed("poll notifications")
 	}
-	k := min(len(ns), q.n)
-	for i := 0; i < k; i++ {
-		ns[i] = q.ring[q.head]
-		q.head++
-		if q.head == len(q.ring) {
-			q.head = 0
-		}
-	}
-	q.n -= k
-	q.length.Store(int32(q.n))
-	q.mu.Unlock()
 	return k, nil
 }
 
 // ---- waiting ----
 
 func (e *endpoint) Wait(ctx context.Context) error {
-	if e.closed.Load() {
+	switch e.w.Wait(ctx) {
+	case localq.Closed:
 		return e.errClosed("wait")
-	}
-	if e.ready() {
-		return nil
-	}
-	start := time.Now()
-	for time.Since(start) < waitSpin {
-		runtime.Gosched()
-		if e.ready() {
-			return nil
-		}
-		if e.closed.Load() {
-			return e.errClosed("wait")
-		}
-	}
-	e.sleeping.Store(true)
-	defer e.sleeping.Store(false)
-	// Re-check after publishing sleeping: a producer that queued before
-	// seeing the flag is caught here; one that queues after sends a wake.
-	if e.ready() {
-		return nil
-	}
-	select {
-	case <-e.wake:
-		return nil
-	case <-e.done:
-		return e.errClosed("wait")
-	case <-ctx.Done():
+	case localq.Cancelled:
 		return fmt.Errorf("mem: wait: %w", ctx.Err())
 	}
+	return nil
 }
 
 // ---- registration ----
@@ -344,32 +272,26 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 		return fabric.Region{}, ctr.CountErr(fmt.Errorf("mem: register %d bytes: %w", size, fabric.ErrInvalid))
 	}
 	n := e.nic
-	n.regMu.Lock()
-	defer n.regMu.Unlock()
+	n.regs.Lock()
+	defer n.regs.Unlock()
 	if e.closed.Load() {
 		return fabric.Region{}, e.errClosed("register")
 	}
-	if n.nextReg >= fabric.MaxRegions {
+	idx, ok := n.regs.ReserveLocked()
+	if !ok {
 		return fabric.Region{}, ctr.CountErr(fmt.Errorf("mem: register: region indices exhausted: %w", fabric.ErrInvalid))
 	}
-	n.nextReg++
-	r := &region{node: n.id, idx: n.nextReg, owner: e, buf: make([]byte, size)}
-	n.regions[r.idx] = r
-	e.regs[r.idx] = r
+	r := &region{node: n.id, idx: idx, owner: e, buf: make([]byte, size)}
+	n.regs.PutLocked(idx, e, r, uint64(size))
 	return fabric.Region{NLA: fabric.MakeNLA(r.idx, 0), Buf: r.buf}, nil
 }
 
 func (e *endpoint) Deregister(base fabric.NLA) error {
 	n := e.nic
-	n.regMu.Lock()
-	r := e.regs[base.Region()]
-	if r == nil || base.Offset() != 0 {
-		n.regMu.Unlock()
+	r, ok := n.regs.Remove(e, base)
+	if !ok {
 		return n.ctr.CountErr(fmt.Errorf("mem: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
 	}
-	delete(e.regs, r.idx)
-	delete(n.regions, r.idx)
-	n.regMu.Unlock()
 	kill(r)
 	return nil
 }
@@ -402,8 +324,8 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	if err := fabric.CheckRMA(r); err != nil {
 		return err
 	}
-	local := e.nic.lookupRegion(r.Local.Region())
-	if local == nil || local.owner != e || !fabric.CheckRange(r.Local, uint64(r.Len), uint64(len(local.buf))) {
+	local, lerr := e.nic.regs.Check(e, r.Local, uint64(r.Len))
+	if lerr != fabric.NErrNone {
 		return fmt.Errorf("mem: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
 	}
 	ctr := &e.nic.ctr
@@ -480,12 +402,9 @@ func (e *endpoint) resolveRemote(r *fabric.RMA) (*region, *endpoint, fabric.Noti
 	if peer == nil || peer.closed.Load() {
 		return nil, nil, fabric.NErrPeerDown
 	}
-	reg := tn.lookupRegion(r.Remote.Region())
-	if reg == nil || reg.owner != peer {
-		return nil, nil, fabric.NErrAccess
-	}
-	if !fabric.CheckRange(r.Remote, uint64(r.Len), uint64(len(reg.buf))) {
-		return nil, nil, fabric.NErrBounds
+	reg, nerr := tn.regs.Check(peer, r.Remote, uint64(r.Len))
+	if nerr != fabric.NErrNone {
+		return nil, nil, nerr
 	}
 	return reg, peer, fabric.NErrNone
 }
@@ -509,22 +428,10 @@ func (e *endpoint) Close() error {
 	e.mb.n = 0
 	e.mb.length.Store(0)
 	e.mb.mu.Unlock()
-	e.nq.mu.Lock()
-	e.nq.closed = true
-	e.nq.n = 0
-	e.nq.length.Store(0)
-	e.nq.mu.Unlock()
+	e.nq.Close()
 
 	n := e.nic
-	n.regMu.Lock()
-	regs := make([]*region, 0, len(e.regs))
-	for idx, r := range e.regs {
-		delete(n.regions, idx)
-		regs = append(regs, r)
-	}
-	clear(e.regs)
-	n.regMu.Unlock()
-	for _, r := range regs {
+	for _, r := range n.regs.RemoveOwner(e) {
 		kill(r)
 	}
 

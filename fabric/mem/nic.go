@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // faultLogInterval bounds fault logging per NIC: events that can happen per
@@ -23,22 +24,21 @@ type nic struct {
 	ctr fabric.Counters
 
 	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
-	groups atomic.Uint64                 // multicast membership bitmap
+	groups localq.Groups                 // multicast membership
 	down   chan struct{}                 // closed by Close: wakes blocked senders
 	closed atomic.Bool
 
 	mu sync.Mutex // serialises Open, Close
 
-	regMu   sync.RWMutex
-	regions map[uint32]*region // by NLA region index; guarded by regMu
-	nextReg uint32             // last region index handed out; guarded by regMu
+	regs localq.Table[*endpoint, *region] // by NLA region index
 
 	lastLog atomic.Int64 // unix nanos of the last rate-limited log
 }
 
 func newNIC(c *Cluster, id fabric.NodeID) *nic {
-	n := &nic{c: c, id: id, down: make(chan struct{}), regions: make(map[uint32]*region)}
-	n.groups.Store(1 << fabric.Broadcast)
+	n := &nic{c: c, id: id, down: make(chan struct{})}
+	n.groups.Init("mem")
+	n.regs.Init()
 	return n
 }
 
@@ -58,39 +58,11 @@ func (n *nic) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	return ep, nil
 }
 
-func checkGroup(g fabric.Group) error {
-	if g >= fabric.MaxGroups {
-		return fmt.Errorf("mem: group %d >= %d: %w", g, fabric.MaxGroups, fabric.ErrInvalid)
-	}
-	return nil
-}
+func (n *nic) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
 
-func (n *nic) Join(g fabric.Group) error {
-	if err := checkGroup(g); err != nil {
-		return n.ctr.CountErr(err)
-	}
-	if n.closed.Load() {
-		return fmt.Errorf("mem: join: %w", net.ErrClosed)
-	}
-	n.groups.Or(1 << g)
-	return nil
-}
+func (n *nic) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
 
-func (n *nic) Leave(g fabric.Group) error {
-	if err := checkGroup(g); err != nil {
-		return n.ctr.CountErr(err)
-	}
-	if g == fabric.Broadcast {
-		return n.ctr.CountErr(fmt.Errorf("mem: leave broadcast group: %w", fabric.ErrInvalid))
-	}
-	if n.closed.Load() {
-		return fmt.Errorf("mem: leave: %w", net.ErrClosed)
-	}
-	n.groups.And(^(uint64(1) << g))
-	return nil
-}
-
-func (n *nic) member(g fabric.Group) bool { return n.groups.Load()&(1<<g) != 0 }
+func (n *nic) member(g fabric.Group) bool { return n.groups.Member(g) }
 
 func (n *nic) Peers() []fabric.NodeID {
 	t := n.c.live.Load()
@@ -162,12 +134,4 @@ func (r *region) less(o *region) bool {
 		return r.node < o.node
 	}
 	return r.idx < o.idx
-}
-
-// lookupRegion returns the live region with index idx, or nil.
-func (n *nic) lookupRegion(idx uint32) *region {
-	n.regMu.RLock()
-	r := n.regions[idx]
-	n.regMu.RUnlock()
-	return r
 }

@@ -1,0 +1,29 @@
+// Package localq holds the pieces the in-process-queue backends (fabric/mem,
+// fabric/net, fabric/ofi) share: the bounded notification queue, the
+// spin-then-sleep Wait, the region table and the multicast group bitmap.
+// It knows nothing of transports; each backend keeps its own error
+// wrapping (the callers turn the results below into their own errors) and
+// its own mailbox, whose back-pressure differs per backend.
+//
+// Locking discipline:
+//
+//	NotifyQueue: its own mutex guards the ring and the closed flag; the
+//	    length is mirrored in an atomic for lock-free readiness checks.
+//	    Push never blocks: a full queue drops and counts NotifyOverflow.
+//	    Counters are updated after the mutex is released.
+//	Waiter: no lock. A consumer spins on the backend's readiness func,
+//	    then publishes sleeping and re-checks before it parks on wake;
+//	    producers call Signal after making their item visible, and only
+//	    a sleeping consumer costs them a channel operation.
+//	Table: one RWMutex guards the index counter and the map (index →
+//	    region, owner, size). Lookups take it for reading; Register,
+//	    Deregister and Close take it for writing. Callers may hold it
+//	    (Lock/Unlock, *Locked methods) to make a check, such as "the
+//	    endpoint is not closed", atomic with an insert, or to guard
+//	    backend fields of their regions. Region bodies (buffers, dead
+//	    flags, users) are the backend's and are never touched under it.
+//	Groups: one atomic bitmap, no lock.
+//
+// No lock of this package is held while a caller blocks, and none calls
+// back into the backend while held.
+package localq
