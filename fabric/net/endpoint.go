@@ -11,7 +11,9 @@ package fabnet
 //	Post ─┬─ own node:  inline copy between acquired regions, notifications
 //	      └─ remote:    pending slab + PUT bulk item / GET request frame;
 //	                    notifications when the ack / last chunk arrives
-//	Wait: spin waitSpin on the atomic lengths, then park (as in mem).
+//	Wait: localq.Waiter: spin waitSpin on the atomic lengths, then park
+//	      (as in mem). The notification queue (localq.NotifyQueue) and
+//	      the region table (nic.regs, localq.Table) have their own locks.
 //
 // Mailbox accounting (mb.mu): n queued + reserved (credits granted to
 // peers and not yet spent) never exceeds len(ring); local senders may use
@@ -22,12 +24,12 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 const (
@@ -58,38 +60,27 @@ type mailbox struct {
 	length   atomic.Int32
 }
 
-type notifyQueue struct {
-	mu      sync.Mutex
-	ring    []fabric.Notification
-	head, n int
-	closed  bool
-	length  atomic.Int32
-}
-
 type endpoint struct {
 	nic  *NIC
 	addr fabric.Addr
 	mb   mailbox
-	nq   notifyQueue
+	nq   localq.NotifyQueue
 
-	sleeping atomic.Bool
-	wake     chan struct{}
-	done     chan struct{}
-	closed   atomic.Bool
-
-	regs map[uint32]*region // guarded by nic.regMu
+	w      localq.Waiter
+	done   chan struct{}
+	closed atomic.Bool
 }
 
 func newEndpoint(n *NIC, v fabric.VPID) *endpoint {
-	return &endpoint{
+	e := &endpoint{
 		nic:  n,
 		addr: fabric.Addr{Node: n.id, VPID: v},
 		mb:   mailbox{ring: make([]fabric.Message, n.cfg.MailboxSlots), rx: make(map[*session]*rxCredit)},
-		nq:   notifyQueue{ring: make([]fabric.Notification, n.cfg.NotifyDepth)},
-		wake: make(chan struct{}, 1),
 		done: make(chan struct{}),
-		regs: make(map[uint32]*region),
 	}
+	e.nq.Init(n.cfg.NotifyDepth)
+	e.w.Init(waitSpin, e.ready, &e.closed, e.done)
+	return e
 }
 
 func (e *endpoint) Addr() fabric.Addr { return e.addr }
@@ -98,16 +89,9 @@ func (e *endpoint) errClosed(op string) error {
 	return fmt.Errorf("fabnet: %s on %v: %w", op, e.addr, net.ErrClosed)
 }
 
-func (e *endpoint) signal() {
-	if e.sleeping.Load() {
-		select {
-		case e.wake <- struct{}{}:
-		default:
-		}
-	}
-}
+func (e *endpoint) signal() { e.w.Signal() }
 
-func (e *endpoint) ready() bool { return e.mb.length.Load() > 0 || e.nq.length.Load() > 0 }
+func (e *endpoint) ready() bool { return e.mb.length.Load() > 0 || e.nq.Len() > 0 }
 
 func (e *endpoint) grantSize() int { return max(1, min(maxGrant, len(e.mb.ring)/4)) }
 
@@ -433,28 +417,12 @@ func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
 // notify queues one notification; it never blocks (overflow is dropped
 // and counted), and a closed endpoint drops it silently.
 func (e *endpoint) notify(n fabric.Notification) {
-	q := &e.nq
-	ctr := &e.nic.ctr
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return
+	switch e.nq.Push(&e.nic.ctr, n) {
+	case localq.Queued:
+		e.signal()
+	case localq.Full:
+		e.nic.logFault("fabnet notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
 	}
-	if q.n == len(q.ring) {
-		q.mu.Unlock()
-		ctr.NotifyOverflow.Add(1)
-		e.nic.logFault("fabnet notification queue full, dropped", "vpid", e.addr.VPID, "depth", len(q.ring))
-		return
-	}
-	q.ring[(q.head+q.n)%len(q.ring)] = n
-	q.n++
-	q.length.Store(int32(q.n))
-	q.mu.Unlock()
-	ctr.Notifications[n.Kind].Add(1)
-	if n.Err != fabric.NErrNone {
-		ctr.NotifyErrors[n.Err].Add(1)
-	}
-	e.signal()
 }
 
 func (e *endpoint) errorNotify(r *fabric.RMA, nerr fabric.NotifyErr) {
@@ -478,57 +446,23 @@ func (e *endpoint) complete(r *fabric.RMA, nerr fabric.NotifyErr) {
 }
 
 func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
-	q := &e.nq
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	k, ok := e.nq.Poll(ns)
+	if !ok {
 		return 0, e.errClosed("poll notifications")
 	}
-	k := min(len(ns), q.n)
-	for i := 0; i < k; i++ {
-		ns[i] = q.ring[q.head]
-		if q.head++; q.head == len(q.ring) {
-			q.head = 0
-		}
-	}
-	q.n -= k
-	q.length.Store(int32(q.n))
-	q.mu.Unlock()
 	return k, nil
 }
 
 // ---- waiting ----
 
 func (e *endpoint) Wait(ctx context.Context) error {
-	if e.closed.Load() {
+	switch e.w.Wait(ctx) {
+	case localq.Closed:
 		return e.errClosed("wait")
-	}
-	if e.ready() {
-		return nil
-	}
-	start := time.Now()
-	for time.Since(start) < waitSpin {
-		runtime.Gosched()
-		if e.ready() {
-			return nil
-		}
-		if e.closed.Load() {
-			return e.errClosed("wait")
-		}
-	}
-	e.sleeping.Store(true)
-	defer e.sleeping.Store(false)
-	if e.ready() {
-		return nil
-	}
-	select {
-	case <-e.wake:
-		return nil
-	case <-e.done:
-		return e.errClosed("wait")
-	case <-ctx.Done():
+	case localq.Cancelled:
 		return fmt.Errorf("fabnet: wait: %w", ctx.Err())
 	}
+	return nil
 }
 
 // ---- registration ----
@@ -539,18 +473,17 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 		return fabric.Region{}, ctr.CountErr(fmt.Errorf("fabnet: register %d bytes: %w", size, fabric.ErrInvalid))
 	}
 	n := e.nic
-	n.regMu.Lock()
-	defer n.regMu.Unlock()
+	n.regs.Lock()
+	defer n.regs.Unlock()
 	if e.closed.Load() {
 		return fabric.Region{}, e.errClosed("register")
 	}
-	if n.nextReg >= fabric.MaxRegions {
+	idx, ok := n.regs.ReserveLocked()
+	if !ok {
 		return fabric.Region{}, ctr.CountErr(fmt.Errorf("fabnet: register: region indices exhausted: %w", fabric.ErrInvalid))
 	}
-	n.nextReg++
-	r := &region{idx: n.nextReg, owner: e, buf: make([]byte, size)}
-	n.regions[r.idx] = r
-	e.regs[r.idx] = r
+	r := &region{idx: idx, owner: e, buf: make([]byte, size)}
+	n.regs.PutLocked(idx, e, r, uint64(size))
 	return fabric.Region{NLA: fabric.MakeNLA(r.idx, 0), Buf: r.buf}, nil
 }
 
@@ -559,15 +492,10 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 // its current chunk first).
 func (e *endpoint) Deregister(base fabric.NLA) error {
 	n := e.nic
-	n.regMu.Lock()
-	r := e.regs[base.Region()]
-	if r == nil || base.Offset() != 0 {
-		n.regMu.Unlock()
+	r, ok := n.regs.Remove(e, base)
+	if !ok {
 		return n.ctr.CountErr(fmt.Errorf("fabnet: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
 	}
-	delete(e.regs, r.idx)
-	delete(n.regions, r.idx)
-	n.regMu.Unlock()
 	r.kill()
 	return nil
 }
@@ -594,8 +522,8 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	if err := fabric.CheckRMA(r); err != nil {
 		return err
 	}
-	local := e.nic.lookupRegion(r.Local.Region())
-	if local == nil || local.owner != e || !fabric.CheckRange(r.Local, uint64(r.Len), uint64(len(local.buf))) {
+	local, lerr := e.nic.regs.Check(e, r.Local, uint64(r.Len))
+	if lerr != fabric.NErrNone {
 		return fmt.Errorf("fabnet: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
 	}
 	e.nic.ctr.RMAPosted[r.Op].Add(1)
@@ -697,22 +625,10 @@ func (e *endpoint) Close() error {
 		e.mb.space = nil
 	}
 	e.mb.mu.Unlock()
-	e.nq.mu.Lock()
-	e.nq.closed = true
-	e.nq.n = 0
-	e.nq.length.Store(0)
-	e.nq.mu.Unlock()
+	e.nq.Close()
 
 	n := e.nic
-	n.regMu.Lock()
-	regs := make([]*region, 0, len(e.regs))
-	for idx, r := range e.regs {
-		delete(n.regions, idx)
-		regs = append(regs, r)
-	}
-	clear(e.regs)
-	n.regMu.Unlock()
-	for _, r := range regs {
+	for _, r := range n.regs.RemoveOwner(e) {
 		r.kill()
 	}
 	n.mu.Lock()

@@ -15,7 +15,7 @@ package fabnet
 //
 // Locks: n.mu serialises Open/Close of VPIDs, session install/removal
 // and NIC close; the session table itself is a copy-on-write map read
-// without locks on every Send and Post. n.regMu guards the region table.
+// without locks on every Send and Post. n.regs (localq.Table) guards the region table.
 // Every goroutine is started with n.wg.Add under n.mu (or by a goroutine
 // that n.wg already counts) and Close waits for all of them.
 
@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // faultLogInterval bounds fault logging: faults a peer can trigger per
@@ -51,7 +52,7 @@ type NIC struct {
 	nctr netCounters
 
 	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
-	groups atomic.Uint64                 // multicast membership bitmap
+	groups localq.Groups                 // multicast membership
 
 	sessions atomic.Pointer[map[fabric.NodeID]*session] // copy-on-write; replaced under mu
 
@@ -63,9 +64,7 @@ type NIC struct {
 	wg     sync.WaitGroup
 	hsSem  chan struct{} // handshake slots
 
-	regMu   sync.RWMutex
-	regions map[uint32]*region // guarded by regMu
-	nextReg uint32             // guarded by regMu
+	regs localq.Table[*endpoint, *region] // by NLA region index
 
 	lastLog atomic.Int64
 }
@@ -110,12 +109,12 @@ func open(cfg Config) (*NIC, error) {
 	_, _ = crand.Read(b[:])
 	n := &NIC{
 		cfg: cfg, id: cfg.Node, boot: binary.LittleEndian.Uint64(b[:]) | 1, ln: ln,
-		down:    make(chan struct{}),
-		hsSem:   make(chan struct{}, maxHandshakes),
-		regions: make(map[uint32]*region),
+		down:  make(chan struct{}),
+		hsSem: make(chan struct{}, maxHandshakes),
 	}
 	n.life, n.cancel = context.WithCancel(context.Background())
-	n.groups.Store(1 << fabric.Broadcast)
+	n.groups.Init("fabnet")
+	n.regs.Init()
 	n.sessions.Store(&map[fabric.NodeID]*session{})
 	n.wg.Add(2)
 	go n.acceptLoop()
@@ -415,42 +414,14 @@ func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	return ep, nil
 }
 
-func checkGroup(g fabric.Group) error {
-	if g >= fabric.MaxGroups {
-		return fmt.Errorf("fabnet: group %d >= %d: %w", g, fabric.MaxGroups, fabric.ErrInvalid)
-	}
-	return nil
-}
-
 // Join adds this node to group g. Membership is checked by the receiving
 // node when a multicast frame arrives, so a Join is effective for every
 // frame that arrives after it returns.
-func (n *NIC) Join(g fabric.Group) error {
-	if err := checkGroup(g); err != nil {
-		return n.ctr.CountErr(err)
-	}
-	if n.closed.Load() {
-		return fmt.Errorf("fabnet: join: %w", net.ErrClosed)
-	}
-	n.groups.Or(1 << g)
-	return nil
-}
+func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
 
-func (n *NIC) Leave(g fabric.Group) error {
-	if err := checkGroup(g); err != nil {
-		return n.ctr.CountErr(err)
-	}
-	if g == fabric.Broadcast {
-		return n.ctr.CountErr(fmt.Errorf("fabnet: leave broadcast group: %w", fabric.ErrInvalid))
-	}
-	if n.closed.Load() {
-		return fmt.Errorf("fabnet: leave: %w", net.ErrClosed)
-	}
-	n.groups.And(^(uint64(1) << g))
-	return nil
-}
+func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
 
-func (n *NIC) member(g fabric.Group) bool { return n.groups.Load()&(1<<g) != 0 }
+func (n *NIC) member(g fabric.Group) bool { return n.groups.Member(g) }
 
 // Peers lists the nodes with a live session, sorted.
 func (n *NIC) Peers() []fabric.NodeID {
@@ -580,9 +551,7 @@ func (r *region) kill() {
 }
 
 func (n *NIC) lookupRegion(idx uint32) *region {
-	n.regMu.RLock()
-	r := n.regions[idx]
-	n.regMu.RUnlock()
+	r, _ := n.regs.Lookup(idx)
 	return r
 }
 
@@ -594,12 +563,9 @@ func (n *NIC) remoteRegion(v fabric.VPID, nla fabric.NLA, length uint64) (*endpo
 	if ep == nil || ep.closed.Load() {
 		return nil, nil, fabric.NErrPeerDown
 	}
-	r := n.lookupRegion(nla.Region())
-	if r == nil || r.owner != ep {
-		return ep, nil, fabric.NErrAccess
-	}
-	if !fabric.CheckRange(nla, length, uint64(len(r.buf))) {
-		return ep, nil, fabric.NErrBounds
+	r, nerr := n.regs.Check(ep, nla, length)
+	if nerr != fabric.NErrNone {
+		return ep, nil, nerr
 	}
 	return ep, r, fabric.NErrNone
 }
