@@ -55,12 +55,19 @@ const (
 	spinYieldAfter = 5 * time.Microsecond
 	// spinScoreMax, spinMiss and spinOn set how fast learn turns spinning
 	// on and off: +1 per short wait, -spinMiss per long one, spin from
-	// spinOn. Two long waits in a row stop a spin, four short ones start
-	// it; a consumer needs more than two short waits for each long one to
-	// keep spinning.
-	spinScoreMax = 8
-	spinMiss     = 2
-	spinOn       = 4
+	// spinOn. A consumer keeps spinning while at least about half its
+	// waits are short — a ping-pong between polling consumers on a
+	// loaded host, whose round trips are sub-µs but often preempted —
+	// and one whose waits are nearly all long (exnd, whose next frame is
+	// a TCP round trip away) stops after two.
+	// spinProbeEvery: while the score says sleep, every spinProbeEvery-th
+	// Wait spins anyway, to find out whether work now comes back within
+	// a spin; without it a consumer that sleeps would measure the futex
+	// wake-up in every wait and might never find out that spinning pays.
+	spinProbeEvery = 8
+	spinScoreMax   = 8
+	spinMiss       = 1
+	spinOn         = 2
 	// waitSlice bounds one futex sleep in Wait; Close and ctx wake it
 	// directly, so this is only a backstop.
 	waitSlice = 100 * time.Millisecond
@@ -80,7 +87,8 @@ type endpoint struct {
 
 	// score says whether Wait spins (see learn). It starts at zero: a
 	// consumer spins only once its waits have proved short.
-	score atomic.Int32
+	score  atomic.Int32
+	probes atomic.Uint32 // Waits that did not spin by score (see spinProbeEvery)
 
 	recvMu sync.Mutex
 	rc     consumer
@@ -436,7 +444,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	defer e.leave()
 	v := e.v
 	start := time.Now()
-	if e.score.Load() >= spinOn {
+	if e.score.Load() >= spinOn || e.probes.Add(1)%spinProbeEvery == 0 {
 		for i := 0; ; i++ {
 			if e.ready() {
 				e.learn(time.Since(start))
@@ -500,7 +508,8 @@ func (e *endpoint) Wait(ctx context.Context) error {
 // adds one to a saturating score, a long one takes spinMiss off, and
 // Wait spins only while the score is at least spinOn: mostly-short waits
 // keep spinning through the odd preemption, mostly-long ones sleep at
-// once, and a sleeping consumer whose wake-ups turn short spins again.
+// once, and a sleeping consumer that finds its waits short again (by a
+// probe spin, see spinProbeEvery) spins again.
 func (e *endpoint) learn(w time.Duration) {
 	old := e.score.Load()
 	s := old
