@@ -12,9 +12,11 @@ package ofi
 //	progress ──► deliver: mailbox ring (endpoint.mu), keyed source account
 //	Recv ──► copy out, count consumption per source; every credits/2
 //	         consumed go back as one pCredit (credMu orders the returns)
-//	notify ──► notification ring (nq.mu), overflow dropped and counted
-//	Wait: spin waitSpin on the atomic lengths, then publish sleeping and
-//	      park on wake; producers signal only a sleeping consumer.
+//	notify ──► notification ring (localq.NotifyQueue), overflow dropped
+//	         and counted
+//	Wait: localq.Waiter: spin waitSpin on the atomic lengths, then publish
+//	      sleeping and park on wake; producers signal only a sleeping
+//	      consumer.
 //
 // Loopback (a target on this node) takes the same path without libfabric:
 // control packets are dispatched inline and messages go straight into the
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // waitSpin is how long Wait polls before it sleeps: a VELO round trip on
@@ -75,15 +78,6 @@ type slot struct {
 	src *source
 }
 
-type notifyQueue struct {
-	mu     sync.Mutex
-	ring   []fabric.Notification
-	head   int
-	n      int
-	closed bool
-	length atomic.Int32
-}
-
 type creditDue struct {
 	addr fabric.Addr
 	n    int
@@ -107,32 +101,29 @@ type endpoint struct {
 	credMu  sync.Mutex // serialises credit returns so they leave in order
 	credOut []creditDue
 
-	nq notifyQueue
+	nq localq.NotifyQueue
 
 	pairsMu sync.RWMutex
 	pairs   map[fabric.Addr]*pair
 
-	sleeping atomic.Bool
-	wake     chan struct{}
-	done     chan struct{}
-	closed   atomic.Bool
-
-	regs map[uint32]*region // guarded by nic.regMu
+	w      localq.Waiter
+	done   chan struct{}
+	closed atomic.Bool
 }
 
 func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
-	return &endpoint{
+	e := &endpoint{
 		nic:   n,
 		addr:  fabric.Addr{Node: n.id, VPID: v},
 		epoch: epoch,
 		ring:  make([]slot, n.cfg.MailboxSlots),
 		srcs:  make(map[fabric.Addr]*source),
-		nq:    notifyQueue{ring: make([]fabric.Notification, n.cfg.NotifyDepth)},
 		pairs: make(map[fabric.Addr]*pair),
-		wake:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
-		regs:  make(map[uint32]*region),
 	}
+	e.nq.Init(n.cfg.NotifyDepth)
+	e.w.Init(waitSpin, e.ready, &e.closed, e.done)
+	return e
 }
 
 func (e *endpoint) Addr() fabric.Addr { return e.addr }
@@ -141,16 +132,9 @@ func (e *endpoint) errClosed(op string) error {
 	return fmt.Errorf("ofi: %s on %v: %w", op, e.addr, net.ErrClosed)
 }
 
-func (e *endpoint) signal() {
-	if e.sleeping.Load() {
-		select {
-		case e.wake <- struct{}{}:
-		default:
-		}
-	}
-}
+func (e *endpoint) signal() { e.w.Signal() }
 
-func (e *endpoint) ready() bool { return e.length.Load() > 0 || e.nq.length.Load() > 0 }
+func (e *endpoint) ready() bool { return e.length.Load() > 0 || e.nq.Len() > 0 }
 
 // ---- VELO send ----
 
@@ -597,83 +581,33 @@ func (e *endpoint) flushCredits() {
 // notify queues one notification; never blocks. A full queue drops it and
 // counts NotifyOverflow; a closed endpoint drops it silently.
 func (e *endpoint) notify(nt fabric.Notification) {
-	q := &e.nq
-	ctr := &e.nic.ctr
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return
+	switch e.nq.Push(&e.nic.ctr, nt) {
+	case localq.Queued:
+		e.signal()
+	case localq.Full:
+		e.nic.logFault("ofi notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
 	}
-	if q.n == len(q.ring) {
-		q.mu.Unlock()
-		ctr.NotifyOverflow.Add(1)
-		e.nic.logFault("ofi notification queue full, dropped", "vpid", e.addr.VPID, "depth", len(q.ring))
-		return
-	}
-	q.ring[(q.head+q.n)%len(q.ring)] = nt
-	q.n++
-	q.length.Store(int32(q.n))
-	q.mu.Unlock()
-	ctr.Notifications[nt.Kind].Add(1)
-	if nt.Err != fabric.NErrNone {
-		ctr.NotifyErrors[nt.Err].Add(1)
-	}
-	e.signal()
 }
 
 // PollNotifications copies up to len(ns) notifications, oldest first.
 func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
-	q := &e.nq
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	k, ok := e.nq.Poll(ns)
+	if !ok {
 		return 0, e.errClosed("poll notifications")
 	}
-	k := min(len(ns), q.n)
-	for i := 0; i < k; i++ {
-		ns[i] = q.ring[q.head]
-		q.head++
-		if q.head == len(q.ring) {
-			q.head = 0
-		}
-	}
-	q.n -= k
-	q.length.Store(int32(q.n))
 	return k, nil
 }
 
 // Wait blocks until Recv or PollNotifications may have something, ctx is
 // done or the endpoint closes. It spins waitSpin first.
 func (e *endpoint) Wait(ctx context.Context) error {
-	if e.closed.Load() {
+	switch e.w.Wait(ctx) {
+	case localq.Closed:
 		return e.errClosed("wait")
-	}
-	if e.ready() {
-		return nil
-	}
-	start := time.Now()
-	for time.Since(start) < waitSpin {
-		runtime.Gosched()
-		if e.ready() {
-			return nil
-		}
-		if e.closed.Load() {
-			return e.errClosed("wait")
-		}
-	}
-	e.sleeping.Store(true)
-	defer e.sleeping.Store(false)
-	if e.ready() {
-		return nil
-	}
-	select {
-	case <-e.wake:
-		return nil
-	case <-e.done:
-		return e.errClosed("wait")
-	case <-ctx.Done():
+	case localq.Cancelled:
 		return fmt.Errorf("ofi: wait: %w", ctx.Err())
 	}
+	return nil
 }
 
 // ---- close ----
@@ -703,11 +637,7 @@ func (e *endpoint) Close() error {
 	}
 	clear(e.srcs)
 	e.mu.Unlock()
-	e.nq.mu.Lock()
-	e.nq.closed = true
-	e.nq.n = 0
-	e.nq.length.Store(0)
-	e.nq.mu.Unlock()
+	e.nq.Close()
 
 	n.deregisterAll(e)
 	for _, node := range nodes {

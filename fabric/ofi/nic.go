@@ -17,8 +17,8 @@ package ofi
 //
 // One goroutine, progress, owns the completion queue, the control send
 // slots and every MR close; it is started by Open and joined by Close.
-// Locks: n.mu (Open/Close, epochs), peersMu (peer table), regMu (region
-// table), rcMu (remote region cache), ctlMu (control queue), per-endpoint
+// Locks: n.mu (Open/Close, epochs), peersMu (peer table), regs (region
+// table, localq.Table), rcMu (remote region cache), ctlMu (control queue), per-endpoint
 // mu (mailbox, sources) and nq.mu (notifications), per-pair mu (credits).
 // No lock is held across a libfabric call that can block, and none while a
 // caller waits.
@@ -37,6 +37,7 @@ import (
 	"unsafe"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // Sizes of the libfabric objects and progress loop.
@@ -110,15 +111,13 @@ type NIC struct {
 	mu    sync.Mutex // Open, Close, epoch
 	epoch uint8
 
-	groups atomic.Uint64
+	groups localq.Groups
 
 	peersMu sync.RWMutex
 	peers   map[fabric.NodeID]*peer
 	byFI    map[uint64]*peer
 
-	regMu   sync.RWMutex
-	regions map[uint32]*region
-	nextReg uint32
+	regs localq.Table[*endpoint, *region] // by NLA region index
 
 	rcMu    sync.Mutex
 	rcache  map[rkey]*remoteRegion
@@ -229,14 +228,14 @@ func open(cfg Config) (*NIC, error) {
 		provKey:  f.mrMode()&mrProvKey != 0,
 		peers:    make(map[fabric.NodeID]*peer),
 		byFI:     make(map[uint64]*peer),
-		regions:  make(map[uint32]*region),
 		rcache:   make(map[rkey]*remoteRegion),
 		pending:  make(map[uint64]*remoteRegion),
 		done:     make(chan struct{}),
 		stopped:  make(chan struct{}),
 		kickCh:   make(chan struct{}, 1),
 	}
-	n.groups.Store(1 << fabric.Broadcast)
+	n.groups.Init("ofi")
+	n.regs.Init()
 	if err := n.setupBuffers(); err != nil {
 		n.freeAll()
 		return nil, fmt.Errorf("ofi %s: %w", cfg.Provider, err)
@@ -366,10 +365,9 @@ func (n *NIC) setupBuffers() error {
 // bufKey is the requested key of a buffer pool registration: above every
 // region index, so it never collides with a region key.
 func (n *NIC) bufKey() uint64 {
-	n.regMu.Lock()
-	defer n.regMu.Unlock()
-	n.nextReg++
-	return uint64(n.nextReg) | 1<<62
+	n.regs.Lock()
+	defer n.regs.Unlock()
+	return uint64(n.regs.BumpLocked()) | 1<<62
 }
 
 func (n *NIC) freeAll() {
@@ -502,43 +500,15 @@ func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	return e, nil
 }
 
-func checkGroup(g fabric.Group) error {
-	if g >= fabric.MaxGroups {
-		return fmt.Errorf("ofi: group %d >= %d: %w", g, fabric.MaxGroups, fabric.ErrInvalid)
-	}
-	return nil
-}
-
 // Join makes this node a member of g. Membership is checked where a
 // multicast lands (senders fan out to every node), so it takes effect at
 // once for every sender.
-func (n *NIC) Join(g fabric.Group) error {
-	if err := checkGroup(g); err != nil {
-		return n.ctr.CountErr(err)
-	}
-	if n.closed.Load() {
-		return fmt.Errorf("ofi: join: %w", net.ErrClosed)
-	}
-	n.groups.Or(1 << g)
-	return nil
-}
+func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
 
 // Leave removes this node from g; Broadcast cannot be left.
-func (n *NIC) Leave(g fabric.Group) error {
-	if err := checkGroup(g); err != nil {
-		return n.ctr.CountErr(err)
-	}
-	if g == fabric.Broadcast {
-		return n.ctr.CountErr(fmt.Errorf("ofi: leave broadcast group: %w", fabric.ErrInvalid))
-	}
-	if n.closed.Load() {
-		return fmt.Errorf("ofi: leave: %w", net.ErrClosed)
-	}
-	n.groups.And(^(uint64(1) << g))
-	return nil
-}
+func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
 
-func (n *NIC) member(g fabric.Group) bool { return n.groups.Load()&(1<<g) != 0 }
+func (n *NIC) member(g fabric.Group) bool { return n.groups.Member(g) }
 
 // Peers lists the peers currently up.
 func (n *NIC) Peers() []fabric.NodeID {

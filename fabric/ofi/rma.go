@@ -5,7 +5,7 @@ package ofi
 // RMA pipeline:
 //
 //	Register ──► mmap + fi_mr_reg (key = region index, or the provider's
-//	             key under FI_MR_PROV_KEY) ──► region table (regMu)
+//	             key under FI_MR_PROV_KEY) ──► region table (localq.Table)
 //	Post ──► fabric.CheckRMA, local region/owner/bounds (ErrInvalid)
 //	     ──► loopback: copy in Go under region references, notify
 //	     ──► remote: region cache (rcMu) or one pRegQ/pRegA round trip;
@@ -43,7 +43,7 @@ type region struct {
 
 	dead     atomic.Bool
 	inflight atomic.Int32
-	handed   []fabric.NodeID // nodes given the key; guarded by nic.regMu
+	handed   []fabric.NodeID // nodes given the key; guarded by nic.regs' lock
 }
 
 // remote region cache key.
@@ -85,14 +85,12 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 	if e.closed.Load() {
 		return fabric.Region{}, e.errClosed("register")
 	}
-	n.regMu.Lock()
-	if n.nextReg >= fabric.MaxRegions {
-		n.regMu.Unlock()
+	n.regs.Lock()
+	idx, ok := n.regs.ReserveLocked()
+	n.regs.Unlock()
+	if !ok {
 		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("ofi: register: region indices exhausted: %w", fabric.ErrInvalid))
 	}
-	n.nextReg++
-	idx := n.nextReg
-	n.regMu.Unlock()
 	m, err := mmapMem(size)
 	if err != nil {
 		return fabric.Region{}, fmt.Errorf("ofi: register %d bytes: %w", size, err)
@@ -104,15 +102,14 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 		n.logFault("ofi memory registration failed", "size", size, "err", err)
 		return fabric.Region{}, fmt.Errorf("ofi: register %d bytes: %w", size, err)
 	}
-	n.regMu.Lock()
+	n.regs.Lock()
 	if e.closed.Load() {
-		n.regMu.Unlock()
+		n.regs.Unlock()
 		n.runJob(func() { r.mr.close(); m.free() })
 		return fabric.Region{}, e.errClosed("register")
 	}
-	n.regions[idx] = r
-	e.regs[idx] = r
-	n.regMu.Unlock()
+	n.regs.PutLocked(idx, e, r, uint64(size))
+	n.regs.Unlock()
 	return fabric.Region{NLA: fabric.MakeNLA(idx, 0), Buf: m.bytes()[:size]}, nil
 }
 
@@ -120,29 +117,16 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 // it finish first; remote requests afterwards get an error notification.
 func (e *endpoint) Deregister(base fabric.NLA) error {
 	n := e.nic
-	n.regMu.Lock()
-	r := e.regs[base.Region()]
-	if r == nil || base.Offset() != 0 {
-		n.regMu.Unlock()
+	r, ok := n.regs.Remove(e, base)
+	if !ok {
 		return n.ctr.CountErr(fmt.Errorf("ofi: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
 	}
-	delete(e.regs, r.idx)
-	delete(n.regions, r.idx)
-	n.regMu.Unlock()
 	n.release(r)
 	return nil
 }
 
 func (n *NIC) deregisterAll(e *endpoint) {
-	n.regMu.Lock()
-	regs := make([]*region, 0, len(e.regs))
-	for idx, r := range e.regs {
-		delete(n.regions, idx)
-		regs = append(regs, r)
-	}
-	clear(e.regs)
-	n.regMu.Unlock()
-	for _, r := range regs {
+	for _, r := range n.regs.RemoveOwner(e) {
 		n.release(r)
 	}
 }
@@ -153,10 +137,10 @@ func (n *NIC) release(r *region) {
 	for r.inflight.Load() > 0 {
 		time.Sleep(50 * time.Microsecond) // own RMA in flight: completes or fails soon
 	}
-	n.regMu.Lock()
+	n.regs.Lock()
 	handed := r.handed
 	r.handed = nil
-	n.regMu.Unlock()
+	n.regs.Unlock()
 	var body [invalBody]byte
 	putLe32(body[:], r.idx)
 	for _, node := range handed {
@@ -173,10 +157,13 @@ func (n *NIC) release(r *region) {
 // localRegion returns e's region holding [a, a+len) with a reference
 // taken, or nil.
 func (n *NIC) localRegion(e *endpoint, a fabric.NLA, length uint32) *region {
-	n.regMu.RLock()
-	r := n.regions[a.Region()]
-	n.regMu.RUnlock()
-	if r == nil || (e != nil && r.owner != e) || !fabric.CheckRange(a, uint64(length), uint64(r.size)) {
+	var r *region
+	if e != nil {
+		r, _ = n.regs.Check(e, a, uint64(length)) // nil unless owned and in bounds
+	} else if r, _ = n.regs.Lookup(a.Region()); r != nil && !fabric.CheckRange(a, uint64(length), uint64(r.size)) {
+		r = nil
+	}
+	if r == nil {
 		return nil
 	}
 	r.inflight.Add(1)
@@ -289,9 +276,7 @@ func (e *endpoint) loopback(r *fabric.RMA, local *region) {
 		e.errorNotify(r, fabric.NErrPeerDown)
 		return
 	}
-	n.regMu.RLock()
-	rr := n.regions[r.Remote.Region()]
-	n.regMu.RUnlock()
+	rr, _ := n.regs.Lookup(r.Remote.Region())
 	if rr == nil || rr.owner != t || r.Remote.Region() == 0 {
 		e.errorNotify(r, fabric.NErrAccess)
 		return
@@ -440,8 +425,8 @@ func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, fabri
 func (n *NIC) handleRegQ(h header, src fabric.NodeID, idx uint32, cookie uint64) {
 	a := regAnswer{cookie: cookie, owner: h.dst}
 	e := n.eps[h.dst].Load()
-	n.regMu.Lock()
-	r := n.regions[idx]
+	n.regs.Lock()
+	r, _ := n.regs.LookupLocked(idx)
 	switch {
 	case e == nil || e.closed.Load():
 		a.status = stNotOpen
@@ -456,7 +441,7 @@ func (n *NIC) handleRegQ(h header, src fabric.NodeID, idx uint32, cookie uint64)
 			r.handed = append(r.handed, src)
 		}
 	}
-	n.regMu.Unlock()
+	n.regs.Unlock()
 	var body [regABody]byte
 	a.put(body[:])
 	n.sendCtl(src, header{typ: pRegA, desc: fabric.Descriptor{VPID: h.dst}, dst: h.desc.VPID}, body[:])
