@@ -310,7 +310,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--node-id", "1", "--fabric", "shm:x", "--mtu", "70000"}, 2, "--mtu"},
 		{[]string{"--node-id", "1", "--fabric", "mem"}, 1, "cannot span processes"},
 		{[]string{"--node-id", "1", "--fabric", "net:127.0.0.1:7000"}, 2, "--peers"},
-		{[]string{"--node-id", "1", "--fabric", "ofi:tcp"}, 1, "fabric backend ofi not available in this build"},
+		{[]string{"--node-id", "1", "--fabric", "ofi:tcp"}, 1, "-tags ofi"},
 	}
 	for _, tc := range tests {
 		out, code := runExnd(t, exnd, tc.args...)

@@ -115,7 +115,7 @@ func TestMainExitCodes(t *testing.T) {
 	}
 	out.Reset()
 	// ofi needs the ofi build tag, which tests are not built with.
-	if code := Main([]string{"--node-id", "1", "--fabric", "ofi:tcp", "--control", ""}, &out); code != 1 || !strings.Contains(out.String(), "fabric backend ofi not available in this build") {
+	if code := Main([]string{"--node-id", "1", "--fabric", "ofi:tcp", "--control", ""}, &out); code != 1 || !strings.Contains(out.String(), "-tags ofi") {
 		t.Fatalf("exit %d, stderr %q", code, out.String())
 	}
 	out.Reset()
