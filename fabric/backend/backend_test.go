@@ -83,7 +83,6 @@ func TestOpenErrors(t *testing.T) {
 		{name: "mem without cluster", spec: "mem", is: ErrBadSpec, wantErr: "cannot span processes"},
 		{name: "mem cluster error", spec: "mem", opts: Options{Mem: &fakeCluster{err: boom}}, is: boom, wantErr: "fabric mem: node 7: boom"},
 		{name: "net without peers", spec: "net:127.0.0.1:0", is: ErrBadSpec, wantErr: "needs a peers file"},
-		{name: "ofi without the build tag", spec: "ofi:tcp", is: ofi.ErrNotBuilt, wantErr: "-tags ofi"},
 		{name: "bad", spec: "tcp:1", is: ErrBadSpec, wantErr: "unknown backend"},
 	}
 	for _, tc := range tests {
@@ -97,6 +96,23 @@ func TestOpenErrors(t *testing.T) {
 				t.Fatalf("Open(%q) error %q (is %v: %v), want one containing %q", tc.spec, err, tc.is, errors.Is(err, tc.is), tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestOpenOFIWithoutTag: a build without the ofi tag refuses ofi specs
+// with an error that names the tag (the tagged build runs the real
+// backend in fabric/ofi and integration/ofi_test.go).
+func TestOpenOFIWithoutTag(t *testing.T) {
+	if ofi.Built {
+		t.Skip("built with -tags ofi: the libfabric backend is present")
+	}
+	nic, err := Open("ofi:tcp", 7, Options{})
+	if err == nil {
+		nic.Close()
+		t.Fatal("ofi:tcp opened in a build without the ofi tag")
+	}
+	if !errors.Is(err, ofi.ErrNotBuilt) || !strings.Contains(err.Error(), "-tags ofi") {
+		t.Fatalf("error %q, want ErrNotBuilt naming -tags ofi", err)
 	}
 }
 
