@@ -201,6 +201,9 @@ type Conn struct {
 	freedRing  uint32
 	freedEager uint32
 	rdShut     bool
+	rxNote     func() // SetReadNotify: on the rx loop, no lock held
+	rxKick     func() // SetReadNotify: on failure and Close, mu may be held
+	notePend   bool   // rxNote is due once the rx loop releases mu
 	// transmit side
 	txFree  uint32
 	txWpos  uint32
@@ -250,6 +253,27 @@ func wake(ch chan struct{}) {
 func (c *Conn) wakeAll() {
 	wake(c.rdWake)
 	wake(c.wrWake)
+	if c.rxKick != nil {
+		c.rxKick()
+	}
+}
+
+// rdReadyLocked wakes a waiting Read and, with SetReadNotify, makes the
+// rx loop call the notify function once it has released mu.
+func (c *Conn) rdReadyLocked() {
+	wake(c.rdWake)
+	if c.rxNote != nil {
+		c.notePend = true
+	}
+}
+
+// takeNoteLocked returns the notify function if it is due.
+func (c *Conn) takeNoteLocked() func() {
+	if !c.notePend {
+		return nil
+	}
+	c.notePend = false
+	return c.rxNote
 }
 
 // Mode reports whether c runs over EXT-DS or fell back to TCP.
@@ -685,8 +709,7 @@ func (c *Conn) copyEagerLocked(p []byte, s *seg) int {
 func (c *Conn) flushCredits(all bool) {
 	c.mu.Lock()
 	fr, fe := c.freedRing, c.freedEager
-	frac := uint32(c.cfg.creditFraction)
-	if fr == 0 && fe == 0 || !all && fr < c.ringSize/frac && fe < c.eagerWin/frac || c.err != nil || c.released {
+	if !c.creditsDueLocked(all) {
 		c.mu.Unlock()
 		return
 	}
@@ -706,6 +729,135 @@ func (c *Conn) flushCredits(all bool) {
 	c.dev.ctr.creditBytes.Add(uint64(fr) + uint64(fe))
 }
 
+// creditsDueLocked says whether flushCredits(all) would send.
+func (c *Conn) creditsDueLocked(all bool) bool {
+	fr, fe := c.freedRing, c.freedEager
+	frac := uint32(c.cfg.creditFraction)
+	return !(fr == 0 && fe == 0 || !all && fr < c.ringSize/frac && fe < c.eagerWin/frac || c.err != nil || c.released)
+}
+
+// ---- non-waiting reads and read notification (exnd's shim splice) ----
+
+// ErrWouldBlock is TryRead's answer when nothing can be read without
+// waiting: no data yet, the next RMA chunk still in flight, or another
+// Read or TryRead in progress.
+var ErrWouldBlock = errors.New("extds: read would block")
+
+// ErrNeedRead is TryRead's answer when the next segment is a ZCopy
+// transfer: only Read, which drives it with fabric operations and waits
+// for them, can take it.
+var ErrNeedRead = errors.New("extds: next data needs Read")
+
+// SetReadNotify lets a reader that does not park in Read (exnd's shim
+// splice, which writes into a socket straight from the receive loop)
+// learn when c has something to read.
+//
+// notify runs on the receive loop with no lock held, after a message or
+// an RMA completion made data or EOF readable. It may call TryRead (not
+// Read, FlushCredits or Write: the receive loop serves every connection
+// of its vdev and must not wait) and must not block.
+//
+// kick runs when a Read waiting on c would wake for another reason: c
+// failed (reset, peer down, protocol error) or was closed. c's lock may
+// be held: kick must only signal (a non-blocking channel send), never
+// call c.
+//
+// Either may run spuriously. Read deadlines are not reported. Data that
+// arrived before SetReadNotify is not notified: drain with TryRead after
+// installing. nil, nil removes both. Not for ModeTCP connections.
+func (c *Conn) SetReadNotify(notify, kick func()) error {
+	if c.mode != ModeEXTDS {
+		return c.opErr("set", errors.New("read notification needs an EXT-DS connection"))
+	}
+	c.mu.Lock()
+	c.rxNote, c.rxKick, c.notePend = notify, kick, false
+	c.mu.Unlock()
+	return nil
+}
+
+// TryRead is a Read that neither waits nor sends: it returns what is
+// readable now (VELO data, a completed RMA chunk), io.EOF after the
+// peer's SHUTDOWN, or c's error; otherwise ErrWouldBlock or ErrNeedRead.
+// flush (with any result) says freed receive space has reached the point
+// where Read would return it to the peer: the caller must then call FlushCredits from a
+// goroutine that may block (the sender stalls without credits). At EOF
+// flush reports any freed space at all.
+func (c *Conn) TryRead(p []byte) (n int, flush bool, err error) {
+	if c.mode != ModeEXTDS {
+		return 0, false, ErrNeedRead
+	}
+	if !c.rmu.TryLock() {
+		return 0, false, ErrWouldBlock
+	}
+	defer c.rmu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return 0, false, c.opErr("read", net.ErrClosed)
+	case c.err != nil:
+		return 0, false, c.opErr("read", c.err)
+	case isClosedChan(c.rdDL.wait()):
+		return 0, false, c.opErr("read", os.ErrDeadlineExceeded)
+	case len(p) == 0:
+		return 0, false, nil
+	}
+	s := c.segs.peek()
+	if s == nil {
+		return 0, c.creditsDueLocked(false), ErrWouldBlock
+	}
+	switch s.kind {
+	case segVELO:
+		n = c.copyEagerLocked(p, s)
+	case segRMA:
+		if !s.ready {
+			return 0, c.creditsDueLocked(false), ErrWouldBlock
+		}
+		n = copy(p[:min(len(p), int(s.n))], c.rxRing.Buf[s.off:])
+		s.off += uint32(n)
+		s.n -= uint32(n)
+		c.rxUsed -= uint32(n)
+		c.freedRing += uint32(n)
+		if s.n == 0 {
+			c.segs.pop()
+		}
+	case segEOF:
+		return 0, c.creditsDueLocked(true), io.EOF
+	default:
+		return 0, c.creditsDueLocked(false), ErrNeedRead
+	}
+	c.dev.ctr.rxBytes.Add(uint64(n))
+	return n, c.creditsDueLocked(false), nil
+}
+
+// Buffered returns how many bytes TryRead could return now: the ready
+// data segments at the head of the receive queue.
+func (c *Conn) Buffered() int {
+	if c.mode != ModeEXTDS {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for i := 0; i < c.segs.len(); i++ {
+		s := &c.segs.buf[(c.segs.head+i)%len(c.segs.buf)]
+		if s.kind != segVELO && (s.kind != segRMA || !s.ready) {
+			break
+		}
+		n += int(s.n)
+	}
+	return n
+}
+
+// FlushCredits returns the receive space TryRead freed to the peer (all
+// of it, in one RMA_AVAIL). It may block like a Write; call it when
+// TryRead says flush.
+func (c *Conn) FlushCredits() {
+	if c.mode == ModeEXTDS {
+		c.flushCredits(true)
+	}
+}
+
 // ---- receive handlers (rx loop) ----
 
 func (c *Conn) protoErr(why string, args ...any) {
@@ -716,7 +868,15 @@ func (c *Conn) protoErr(why string, args ...any) {
 // onMsg handles one message for this connection. It runs on the rx loop.
 func (c *Conn) onMsg(m *msg) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.onMsgLocked(m)
+	f := c.takeNoteLocked()
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+func (c *Conn) onMsgLocked(m *msg) {
 	if c.released {
 		return
 	}
@@ -751,7 +911,7 @@ func (c *Conn) onMsg(m *msg) {
 		} else if !c.pushLocked(seg{kind: segVELO, ready: true, n: n}) {
 			return
 		}
-		wake(c.rdWake)
+		c.rdReadyLocked()
 	case TagRMAInfo:
 		off, n := m.a, m.b
 		if c.rdShut {
@@ -778,7 +938,7 @@ func (c *Conn) onMsg(m *msg) {
 			return
 		}
 		if ready {
-			wake(c.rdWake)
+			c.rdReadyLocked()
 		}
 	case TagRMAAvail:
 		if uint64(c.txFree)+uint64(m.a) > uint64(c.peerRingSize) || uint64(c.txEager)+uint64(m.b) > uint64(c.peerEager) {
@@ -798,7 +958,7 @@ func (c *Conn) onMsg(m *msg) {
 		}
 		c.rdShut = true
 		c.pushLocked(seg{kind: segEOF, ready: true})
-		wake(c.rdWake)
+		c.rdReadyLocked()
 	case TagReset:
 		c.dev.ctr.resetsRecv.Add(1)
 		c.failLocked(errReset, false)
@@ -812,7 +972,7 @@ func (c *Conn) onMsg(m *msg) {
 			k = segZCWant
 		}
 		if c.pushLocked(seg{kind: k, ready: true, n: m.b, nla: m.nla}) {
-			wake(c.rdWake)
+			c.rdReadyLocked()
 		}
 	case TagZCSink:
 		if !c.zcActive || c.zcSinkLen != 0 {
@@ -827,7 +987,7 @@ func (c *Conn) onMsg(m *msg) {
 			return
 		}
 		c.zcPutLen = m.b
-		wake(c.rdWake)
+		c.rdReadyLocked()
 	case TagZCDone:
 		if !c.zcActive || c.zcDone {
 			c.protoErr("unexpected zc_done")
@@ -851,7 +1011,15 @@ func (c *Conn) pushLocked(s seg) bool {
 // regions. It runs on the rx loop.
 func (c *Conn) onNotify(n *fabric.Notification) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.onNotifyLocked(n)
+	f := c.takeNoteLocked()
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+func (c *Conn) onNotifyLocked(n *fabric.Notification) {
 	if c.released || c.err != nil {
 		return
 	}
@@ -885,7 +1053,7 @@ func (c *Conn) onNotify(n *fabric.Notification) {
 			s := &c.segs.buf[(c.segs.head+i)%len(c.segs.buf)]
 			if s.kind == segRMA && !s.ready && s.last == n.Local {
 				s.ready = true
-				wake(c.rdWake)
+				c.rdReadyLocked()
 				return
 			}
 		}
@@ -904,7 +1072,7 @@ func (c *Conn) onNotify(n *fabric.Notification) {
 		} else {
 			c.zcPutNote = true
 		}
-		wake(c.rdWake)
+		c.rdReadyLocked()
 	default:
 		c.dev.drop(DropNotify, "conn", c.id, "kind", n.Kind, "op", n.Op, "local", n.Local)
 	}
