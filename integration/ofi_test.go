@@ -3,6 +3,13 @@
 package integration
 
 import (
+	"fmt"
+	"os"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/exn-project/exn/integration/nstest"
@@ -53,4 +60,96 @@ func TestOFIFabric(t *testing.T) {
 	if s := engineStats(t, a); s == nil {
 		t.Fatal("no engine stats")
 	}
+}
+
+// TestOFIvsNetPerf (issue #9) measures EXT-Eth over ofi:tcp against the
+// native net fabric on the same machine, in the same run: two two-node
+// underlay clusters (ofi:tcp on 10.78.32.0/24, net on 10.78.52.0/24), both
+// up for the whole test, and iperf3 with 1 stream for EXN_PERF_SECS
+// (default 3) seconds over exn0 of each, and over the ofi cluster's
+// underlay (veth+bridge) for reference, interleaved 3 times so a load
+// change hits all alike; ping RTT (10 × 56 B over exn0) once per round.
+// Medians are logged as a table (and written to EXN_PERF_OUT if set). Set
+// EXN_PERF=1; needs root and -tags ofi:
+//
+//	EXN_PERF=1 go test -tags ofi -run TestOFIvsNetPerf -v ./integration/
+func TestOFIvsNetPerf(t *testing.T) {
+	if os.Getenv("EXN_PERF") != "1" {
+		t.Skip("set EXN_PERF=1 to measure")
+	}
+	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "ping")
+	secs := 3
+	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
+		secs = s
+	}
+	exnd := nstest.Build(t)
+	oc := nstest.StartUnderlayCluster(t, exnd, "ofi:tcp", ofiPort, 32, []int{1, 2})
+	nc := nstest.StartUnderlayCluster(t, exnd, "net", nstest.NetPort, 52, []int{1, 2})
+	pingAll(t, oc.Nodes, 56)
+	pingAll(t, nc.Nodes, 56)
+	if t.Failed() {
+		t.FailNow()
+	}
+	type way struct {
+		name     string
+		cli, srv *nstest.Node
+		ip       string
+		rtt      bool // also ping over it
+	}
+	ways := []way{
+		{"exn0 on ofi:tcp", oc.Nodes[0], oc.Nodes[1], oc.Nodes[1].IP.String(), true},
+		{"exn0 on net", nc.Nodes[0], nc.Nodes[1], nc.Nodes[1].IP.String(), true},
+		{"underlay (veth+bridge, no exn)", oc.Nodes[0], oc.Nodes[1], nstest.UnderlayIP(32, oc.Nodes[1].ID).String(), false},
+	}
+	gbps := make([][]float64, len(ways))
+	rtts := make([][]float64, len(ways))
+	for range 3 {
+		for wi, w := range ways {
+			r, err := nstest.Iperf3(t, w.srv.NS, w.cli.NS, w.ip, secs)
+			if err != nil {
+				t.Fatalf("iperf3 over %s: %v", w.name, err)
+			}
+			gbps[wi] = append(gbps[wi], r.BitsPerSecond/1e9)
+			if w.rtt {
+				out, err := nstest.Ping(w.cli.NS, w.ip, 10, 56, "")
+				if err != nil {
+					t.Fatalf("ping over %s: %v", w.name, err)
+				}
+				avg, ok := pingAvgMs(out)
+				if !ok {
+					t.Fatalf("ping over %s: no rtt line in %q", w.name, out)
+				}
+				rtts[wi] = append(rtts[wi], avg)
+			}
+		}
+	}
+	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "| 2 nodes, iperf3 -t %d, 1 stream | runs (Gbit/s) | median Gbit/s | ping RTT avg, median (ms) |\n|---|---|---:|---:|\n", secs)
+	for wi, w := range ways {
+		rtt := ""
+		if w.rtt {
+			rtt = fmt.Sprintf("%.3f", med(rtts[wi]))
+		}
+		fmt.Fprintf(&sb, "| %s | %.2f | %.2f | %s |\n", w.name, gbps[wi], med(gbps[wi]), rtt)
+	}
+	fmt.Fprintf(&sb, "| ofi:tcp / net | | %.2fx | |\n", med(gbps[0])/med(gbps[1]))
+	t.Logf("%d CPUs\n%s", runtime.NumCPU(), sb.String())
+	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+var pingRTT = regexp.MustCompile(`rtt min/avg/max/mdev = [0-9.]+/([0-9.]+)/`)
+
+// pingAvgMs returns the average RTT in ms from ping's summary line.
+func pingAvgMs(out string) (float64, bool) {
+	m := pingRTT.FindStringSubmatch(out)
+	if m == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	return v, err == nil
 }
