@@ -7,6 +7,10 @@ package extds
 //  1. rx loop (vdev.run, one goroutine per opened vdev): Recv up to
 //     rxBudget VELO messages, then PollNotifications up to rxBudget; when
 //     both are empty, Wait (the endpoint spins briefly, then sleeps).
+//     A Read or a Write waiting for credits whose recent waits were short
+//     polls the vdev itself instead of parking (Conn.spinWaitLocked):
+//     vdev.poll, the same Recv + dispatch, under vdev.rxMu, which the rx
+//     loop holds for its polls too, so messages keep their order.
 //  2. demux (Device.dispatch): decode the payload (no allocation), find the
 //     connection by the receiver-assigned ID in Device.conns, check that the
 //     fabric-filled source is that connection's peer; notifications are
@@ -21,7 +25,10 @@ package extds
 //     each peer node's liveness, and releases closed connections whose
 //     drain (linger in the background) has run out.
 //
-// Locks: Device.mu guards conns, regions, vdevs and closed; it is never
+// Locks: vdev.rxMu is taken with no Conn lock held (a spinning waiter
+// holds only its rmu or wmu, which no handler takes) and is held while
+// dispatching, i.e. while taking Conn.mu and Device.mu.
+// Device.mu guards conns, regions, vdevs and closed; it is never
 // held while calling into a Conn that takes Conn.mu (snapshot, then call).
 // Conn.mu guards one connection's protocol state (see conn.go). Order:
 // Conn.mu may be held while taking Device.mu (release), never the reverse.
@@ -254,6 +261,15 @@ type vdev struct {
 	dev *Device
 	idx int
 	ep  fabric.Endpoint
+
+	// rxMu serialises receiving and dispatching: the rx loop holds it
+	// for one poll, and so does a spinning reader that polls the
+	// endpoint itself (Conn.spinRead), so messages of one connection are
+	// still handled in order. Guards msgs, notes and m.
+	rxMu  sync.Mutex
+	msgs  []fabric.Message
+	notes []fabric.Notification
+	m     msg
 }
 
 type ctrlReq struct {
@@ -366,7 +382,8 @@ func (d *Device) vdev(idx int) (*vdev, error) {
 	if err != nil {
 		return nil, fmt.Errorf("extds: open vdev %d: %w", idx, err)
 	}
-	v = &vdev{dev: d, idx: idx, ep: ep}
+	v = &vdev{dev: d, idx: idx, ep: ep,
+		msgs: make([]fabric.Message, rxBudget), notes: make([]fabric.Notification, rxBudget)}
 	d.vdevs[idx] = v
 	d.wg.Add(1)
 	go v.run()
@@ -377,22 +394,11 @@ func (d *Device) vdev(idx int) (*vdev, error) {
 func (v *vdev) run() {
 	d := v.dev
 	defer d.wg.Done()
-	msgs := make([]fabric.Message, rxBudget)
-	notes := make([]fabric.Notification, rxBudget)
-	var m msg
 	for {
-		n, err := v.ep.Recv(msgs)
-		for i := 0; i < n; i++ {
-			d.dispatch(v, &msgs[i], &m)
-		}
-		k, err2 := v.ep.PollNotifications(notes)
-		for i := 0; i < k; i++ {
-			d.notify(v, &notes[i])
-		}
-		if err == nil {
-			err = err2
-		}
-		if err == nil && n == 0 && k == 0 {
+		v.rxMu.Lock()
+		got, err := v.poll()
+		v.rxMu.Unlock()
+		if err == nil && !got {
 			err = v.ep.Wait(d.ctx)
 		}
 		if err != nil {
@@ -403,6 +409,24 @@ func (v *vdev) run() {
 			return
 		}
 	}
+}
+
+// poll receives and dispatches one budget of messages and notifications;
+// got says whether there was any. v.rxMu must be held.
+func (v *vdev) poll() (got bool, err error) {
+	d := v.dev
+	n, err := v.ep.Recv(v.msgs)
+	for i := 0; i < n; i++ {
+		d.dispatch(v, &v.msgs[i], &v.m)
+	}
+	k, err2 := v.ep.PollNotifications(v.notes)
+	for i := 0; i < k; i++ {
+		d.notify(v, &v.notes[i])
+	}
+	if err == nil {
+		err = err2
+	}
+	return n > 0 || k > 0, err
 }
 
 func (d *Device) drop(r DropReason, args ...any) {
