@@ -286,7 +286,7 @@ type readOp struct {
 
 func (r *readOp) run(fd uintptr) bool {
 	for r.n < r.want {
-		m, err := sys.TAPReadRaw(int(fd), r.bufs[r.n])
+		m, err := sys.TAPRead(int(fd), r.bufs[r.n])
 		switch {
 		case err == sys.EAGAIN:
 			return r.n > 0 // park in the poller only if nothing was read
@@ -323,7 +323,7 @@ func (w *writeOp) run(fd uintptr) bool {
 			w.err = fmt.Errorf("frame of %d bytes not in %d..%d: %w", len(f), HeaderLen, w.maxLen, ErrFrameSize)
 			return true
 		}
-		_, err := sys.TAPWriteRaw(int(fd), f)
+		_, err := sys.TAPWrite(int(fd), f)
 		switch {
 		case err == sys.EAGAIN:
 			return false // wait until writable

@@ -46,12 +46,19 @@ func OpenTAP(name string) (fd int, ifname string, err error) {
 	return fd, ifr.Name(), nil
 }
 
-// TAPRead reads one frame from a TAP fd into b. The kernel copies as much
-// of a frame as fits and returns the copied length, so truncation is
-// invisible to read(2); TAPRead therefore reads with readv into b and a
-// one-byte spill, and n > len(b) means the frame was longer than b (it is
-// consumed, and only len(b) bytes of it are in b). It returns EAGAIN when
-// no frame is queued. It does not allocate.
+// TAPRead reads one frame from a non-blocking TAP fd into b. The kernel
+// copies as much of a frame as fits and returns the copied length, so
+// truncation is invisible to read(2); TAPRead therefore reads with readv
+// into b and a one-byte spill, and n > len(b) means the frame was longer
+// than b (it is consumed, and only len(b) bytes of it are in b). It
+// returns EAGAIN when no frame is queued. It does not allocate.
+//
+// It is a RawSyscall, without the runtime's system-call bookkeeping: on a
+// non-blocking fd the call never sleeps, so handing the processor off is
+// pointless, and entering a system call while the runtime's monitor
+// thread (sysmon) is parked wakes it — an extra thread wake-up per frame
+// on an otherwise idle daemon, on a host with few cores. The fd must be
+// non-blocking.
 func TAPRead(fd int, b []byte) (n int, err error) {
 	if len(b) == 0 {
 		return 0, unix.EINVAL
@@ -62,21 +69,21 @@ func TAPRead(fd int, b []byte) (n int, err error) {
 	iov[0].SetLen(len(b))
 	iov[1].Base = &spill[0]
 	iov[1].SetLen(1)
-	r, _, e := unix.Syscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
+	r, _, e := unix.RawSyscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
 	if e != 0 {
 		return 0, errnoErr(e)
 	}
 	return int(r), nil
 }
 
-// TAPWrite writes one frame to a TAP fd. The kernel takes the whole frame
-// or none of it.
+// TAPWrite writes one frame to a non-blocking TAP fd; the kernel takes
+// the whole frame or none of it. A RawSyscall, for the reasons of TAPRead.
 func TAPWrite(fd int, b []byte) (n int, err error) {
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
 	}
-	r, _, e := unix.Syscall(unix.SYS_WRITE, uintptr(fd), uintptr(p), uintptr(len(b)))
+	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(p), uintptr(len(b)))
 	if e != 0 {
 		return 0, errnoErr(e)
 	}
