@@ -1,7 +1,6 @@
 package arp
 
 import (
-	"context"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/peers"
+	"github.com/exn-project/exn/internal/ratelog"
 )
 
 // DefaultMaxEntries bounds the table: learning stops (and is counted as
@@ -83,7 +83,7 @@ type Table struct {
 	log    *slog.Logger
 	now    func() time.Time
 	max    int
-	limit  rateLimiter
+	limit  ratelog.Limiter
 
 	mu sync.RWMutex
 	m  map[netip.Addr]entry
@@ -116,7 +116,7 @@ func New(prefix fabric.MACPrefix, logger *slog.Logger, opts ...Option) *Table {
 	for _, o := range opts {
 		o(t)
 	}
-	t.limit.init(t.now, time.Second, 10)
+	t.limit.Init(t.now, time.Second, 10)
 	return t
 }
 
@@ -252,48 +252,4 @@ func (t *Table) malformed(what string) {
 }
 
 // warn logs a per-frame event, at most a few per second.
-func (t *Table) warn(msg string, attrs ...slog.Attr) {
-	if !t.log.Enabled(context.Background(), slog.LevelWarn) {
-		return
-	}
-	if suppressed, ok := t.limit.allow(); ok {
-		if suppressed > 0 {
-			attrs = append(attrs, slog.Uint64("suppressed", suppressed))
-		}
-		t.log.LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
-	}
-}
-
-// rateLimiter allows burst events per period and counts the rest.
-type rateLimiter struct {
-	mu         sync.Mutex
-	now        func() time.Time
-	period     time.Duration
-	burst      int
-	start      time.Time
-	n          int
-	suppressed uint64
-}
-
-func (r *rateLimiter) init(now func() time.Time, period time.Duration, burst int) {
-	r.now, r.period, r.burst = now, period, burst
-}
-
-// allow reports whether to log now, and how many events were suppressed
-// since the last logged one.
-func (r *rateLimiter) allow() (suppressed uint64, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := r.now()
-	if now.Sub(r.start) >= r.period {
-		r.start, r.n = now, 0
-	}
-	if r.n >= r.burst {
-		r.suppressed++
-		return 0, false
-	}
-	r.n++
-	s := r.suppressed
-	r.suppressed = 0
-	return s, true
-}
+func (t *Table) warn(msg string, attrs ...slog.Attr) { t.limit.Warn(t.log, msg, attrs...) }

@@ -1,7 +1,6 @@
 package tap
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/exn-project/exn/internal/ratelog"
 	"github.com/exn-project/exn/internal/sys"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -144,7 +144,7 @@ type TAP struct {
 	name string
 	mtu  int
 	log  *slog.Logger
-	lim  limiter
+	lim  ratelog.Limiter
 
 	readMu  sync.Mutex
 	rd      readOp
@@ -192,7 +192,7 @@ func Open(cfg Config) (*TAP, error) {
 		return nil, fmt.Errorf("tap %s: %w", name, err)
 	}
 	t := &TAP{f: f, rc: rc, name: name, mtu: cfg.MTU, log: cfg.Logger.With("tap", name)}
-	t.lim.init(time.Second, 10)
+	t.lim.Init(nil, time.Second, 10)
 	t.rd.fn = t.rd.run
 	t.wr.fn, t.wr.maxLen = t.wr.run, FrameSize(cfg.MTU)
 	if err := configure(name, &cfg); err != nil {
@@ -431,43 +431,4 @@ func (t *TAP) Close() error {
 	return err
 }
 
-func (t *TAP) warn(msg string, attrs ...slog.Attr) {
-	if !t.log.Enabled(context.Background(), slog.LevelWarn) {
-		return
-	}
-	if s, ok := t.lim.allow(); ok {
-		if s > 0 {
-			attrs = append(attrs, slog.Uint64("suppressed", s))
-		}
-		t.log.LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
-	}
-}
-
-// limiter allows burst log lines per period and counts the rest.
-type limiter struct {
-	mu         sync.Mutex
-	period     time.Duration
-	burst      int
-	start      time.Time
-	n          int
-	suppressed uint64
-}
-
-func (l *limiter) init(period time.Duration, burst int) { l.period, l.burst = period, burst }
-
-func (l *limiter) allow() (suppressed uint64, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	if now.Sub(l.start) >= l.period {
-		l.start, l.n = now, 0
-	}
-	if l.n >= l.burst {
-		l.suppressed++
-		return 0, false
-	}
-	l.n++
-	s := l.suppressed
-	l.suppressed = 0
-	return s, true
-}
+func (t *TAP) warn(msg string, attrs ...slog.Attr) { t.lim.Warn(t.log, msg, attrs...) }
