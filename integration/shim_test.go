@@ -52,12 +52,23 @@ func startShimCluster(t *testing.T, subnet int) *shimCluster {
 	t.Helper()
 	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "sockperf", "gcc")
 	exnd := nstest.Build(t)
-	c := &shimCluster{exnctl: buildExnctl(t, exnd)}
-	dir := t.TempDir()
-	c.lib, c.prog = buildShim(t, dir)
 	fab := nstest.ShmFabric(t)
+	var nodes [2]*nstest.Node
+	for i := range nodes {
+		nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1)
+	}
+	return newShimCluster(t, exnd, nodes)
+}
+
+// newShimCluster makes a shimCluster of two running exnd nodes on any
+// fabric (each with its own control socket): it builds exnctl, the shim
+// and shimtest, waits for the control sockets, checks that exnd speaks
+// the shim protocol, and fills both neighbour tables.
+func newShimCluster(t *testing.T, exnd string, nodes [2]*nstest.Node) *shimCluster {
+	t.Helper()
+	c := &shimCluster{nodes: nodes, exnctl: buildExnctl(t, exnd)}
+	c.lib, c.prog = buildShim(t, t.TempDir())
 	for i := range c.nodes {
-		c.nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1)
 		c.socks[i] = c.nodes[i].Control
 	}
 	for i, n := range c.nodes {
