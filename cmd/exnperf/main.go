@@ -6,6 +6,8 @@
 //
 //	exnperf [-nodes 4] [-time 1s] [-rtt 2000] [-json FILE] [-svg FILE]
 //	exnperf demo [flags]   (the same)
+//	exnperf report [-quick] [-out docs] [-from DIR] [-only SECTION,...]
+//	                       (the benchmark matrix: docs/benchmarks.md, see perf/report)
 package main
 
 import (
@@ -22,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/exn-project/exn/perf/demo"
+	"github.com/exn-project/exn/perf/report"
 )
 
 func main() {
@@ -36,6 +39,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch sub {
 	case "demo":
 		return runDemo(args, stdout, stderr)
+	case "report":
+		return report.Main(args, stdout, stderr)
 	case "help":
 		usage(stderr)
 		return 0
@@ -47,10 +52,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, `usage: exnperf [demo] [flags]
+	fmt.Fprintln(w, `usage: exnperf [demo|report] [flags]
 subcommands:
   demo   (default) in-process N-node cluster: TCP throughput and latency for every pair
-run "exnperf demo -h" for the flags`)
+  report runs the benchmark matrix, writes docs/benchmarks.md and docs/charts/*.svg
+run "exnperf demo -h" or "exnperf report -h" for the flags`)
 }
 
 func runDemo(args []string, stdout, stderr io.Writer) int {

@@ -1,0 +1,95 @@
+package report
+
+// Target is one bar of DESIGN.md's "Performance targets" table, made
+// checkable: a result row names it by ID (Result.Bar).
+type Target struct {
+	ID      string
+	What    string // the DESIGN.md row
+	Bar     string // as DESIGN.md writes it
+	Stretch string
+	On      string  // "value" or "ratio"
+	Op      string  // "<=", ">=" or "<"
+	Limit   float64 // the bar, in the result's unit (On "value") or as a ratio
+	// StretchLimit is the stretch goal on the same quantity; 0 when the
+	// stretch is against another baseline (then it is its own Target).
+	StretchLimit float64
+	// StretchOnly: this target is the stretch goal of another row.
+	StretchOnly bool
+}
+
+// Targets is DESIGN.md's "Performance targets" table (plus the netstack
+// bar of docs/netstack.md), in its order.
+var Targets = []Target{
+	{ID: "shm-velo-p50", What: "shm VELO 120 B ping-pong p50", Bar: "≤ 2 µs", Stretch: "≤ 1 µs", On: "value", Op: "<=", Limit: 2000, StretchLimit: 1000},
+	{ID: "shm-rma-get", What: "shm RMA GET 64 KiB–8 MiB bandwidth", Bar: "≥ 0.5× memcpy of the same size", Stretch: "≥ 0.8×", On: "ratio", Op: ">=", Limit: 0.5, StretchLimit: 0.8},
+	{ID: "iperf3-exn0", What: "iperf3 1 stream over exn0, 2 netns nodes, shm fabric", Bar: "≥ 0.5× veth TCP", Stretch: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 0.5, StretchLimit: 1.0},
+	{ID: "sockperf-p50-exn0", What: "sockperf TCP p50 over exn0", Bar: "≤ 3× veth", Stretch: "≤ 1.5× veth", On: "ratio", Op: "<=", Limit: 3, StretchLimit: 1.5},
+	{ID: "extds-p50", What: "EXT-DS (library) p50 latency", Bar: "≤ 0.5× TCP over exn0", Stretch: "≤ veth", On: "ratio", Op: "<=", Limit: 0.5},
+	{ID: "extds-p50-veth", What: "EXT-DS (library) p50 latency (stretch)", Bar: "≤ veth", On: "ratio", Op: "<=", Limit: 1, StretchOnly: true},
+	{ID: "iperf3-shim", What: "iperf3 through libextds.so", Bar: "≥ 1.0× TCP over exn0", Stretch: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1},
+	{ID: "iperf3-shim-veth", What: "iperf3 through libextds.so (stretch)", Bar: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1, StretchOnly: true},
+	{ID: "idle-cpu", What: "exnd idle CPU", Bar: "< 2% of a core", Stretch: "< 0.5%", On: "value", Op: "<", Limit: 2, StretchLimit: 0.5},
+	{ID: "netstack-tcp", What: "node TCP over the engine vs a direct gVisor link (docs/netstack.md)", Bar: "≥ 0.7× direct", On: "ratio", Op: ">=", Limit: 0.7},
+}
+
+// TargetByID returns the target with this ID.
+func TargetByID(id string) (Target, bool) {
+	for _, t := range Targets {
+		if t.ID == id {
+			return t, true
+		}
+	}
+	return Target{}, false
+}
+
+// Status of a result against a target.
+type Status string
+
+const (
+	StatusNone    Status = ""
+	StatusMiss    Status = "miss"
+	StatusPass    Status = "pass"
+	StatusStretch Status = "pass (stretch)"
+)
+
+func cmp(op string, x, limit float64) bool {
+	switch op {
+	case "<=":
+		return x <= limit
+	case ">=":
+		return x >= limit
+	case "<":
+		return x < limit
+	case ">":
+		return x > limit
+	}
+	return false // an unknown operator never passes (Targets is checked by a test)
+}
+
+// Evaluate checks r against t. A ratio target with no baseline gives
+// StatusNone.
+func (t Target) Evaluate(r Result) Status {
+	x := r.Value
+	if t.On == "ratio" {
+		if r.Baseline == 0 || r.Ratio == 0 {
+			return StatusNone
+		}
+		x = r.Ratio
+	}
+	if !cmp(t.Op, x, t.Limit) {
+		return StatusMiss
+	}
+	if t.StretchLimit != 0 && cmp(t.Op, x, t.StretchLimit) {
+		return StatusStretch
+	}
+	return StatusPass
+}
+
+// Evaluate checks r against its Target (StatusNone without one).
+func Evaluate(r Result) Status {
+	t, ok := TargetByID(r.Bar)
+	if !ok {
+		return StatusNone
+	}
+	return t.Evaluate(r)
+}
