@@ -68,13 +68,7 @@ func FormatRatio(r float64) string {
 	if r == 0 || math.IsNaN(r) || math.IsInf(r, 0) {
 		return ""
 	}
-	switch {
-	case r >= 10:
-		return fmt.Sprintf("%.0f×", r)
-	case r >= 0.1:
-		return fmt.Sprintf("%.2f×", r)
-	}
-	return fmt.Sprintf("%.2g×", r)
+	return sig3(r) + "×"
 }
 
 // Derived computes the targets that compare across sections: the EXT-DS
