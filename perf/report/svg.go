@@ -51,13 +51,17 @@ type BarChart struct {
 const (
 	svgW, svgH   = 820, 460
 	plotL, plotT = 86, 62
-	plotR, plotB = svgW - 190, svgH - 70
+	plotR, plotB = svgW - 190, svgH - 70 // plotR: with the legend at the right
 )
 
 // Palette: colour-blind-safe (Okabe–Ito).
 var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"}
 
-type svgBuf struct{ bytes.Buffer }
+type svgBuf struct {
+	bytes.Buffer
+	right     int  // plot area's right edge
+	legendTop bool // legend in one row above the plot, not at the right
+}
 
 func esc(s string) string {
 	var b strings.Builder
@@ -111,10 +115,10 @@ func (w *svgBuf) yAxis(lo, hi float64, label string, f func(float64) string) fun
 			}
 			yy := y(v)
 			if m == 1 {
-				fmt.Fprintf(w, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#cccccc"/>`+"\n", plotL, yy, plotR, yy)
+				fmt.Fprintf(w, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#cccccc"/>`+"\n", plotL, yy, w.right, yy)
 				w.text(plotL-6, yy+4, "end", "", f(v))
 			} else {
-				fmt.Fprintf(w, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eeeeee"/>`+"\n", plotL, yy, plotR, yy)
+				fmt.Fprintf(w, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eeeeee"/>`+"\n", plotL, yy, w.right, yy)
 				if decades <= 2 {
 					w.text(plotL-6, yy+4, "end", ` fill="#777777" font-size="10"`, f(v))
 				}
@@ -126,11 +130,17 @@ func (w *svgBuf) yAxis(lo, hi float64, label string, f func(float64) string) fun
 }
 
 func (w *svgBuf) frame() {
-	fmt.Fprintf(w, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333333"/>`+"\n", plotL, plotT, plotR-plotL, plotB-plotT)
+	fmt.Fprintf(w, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333333"/>`+"\n", plotL, plotT, w.right-plotL, plotB-plotT)
 }
 
 func (w *svgBuf) legend(items []Series) {
-	x, y := float64(plotR+16), float64(plotT+8)
+	x, y := float64(w.right+16), float64(plotT+8)
+	if w.legendTop {
+		x, y = float64(w.right), float64(plotT-10)
+		for _, s := range items {
+			x -= 44 + 7*float64(len(s.Name))
+		}
+	}
 	for _, s := range items {
 		dash := ""
 		if s.Dash {
@@ -138,6 +148,10 @@ func (w *svgBuf) legend(items []Series) {
 		}
 		fmt.Fprintf(w, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"%s/>`+"\n", x, y, x+26, y, s.Color, dash)
 		w.text(x+32, y+4, "start", "", s.Name)
+		if w.legendTop {
+			x += 44 + 7*float64(len(s.Name))
+			continue
+		}
 		y += 20
 	}
 }
@@ -147,7 +161,7 @@ func (c LineChart) SVG() []byte {
 	if c.YFormat == nil {
 		c.YFormat = trimNum
 	}
-	var w svgBuf
+	w := svgBuf{right: plotR}
 	w.header(c.Title, c.Note)
 	var xs, ys []float64
 	for _, s := range c.Series {
@@ -162,7 +176,7 @@ func (c LineChart) SVG() []byte {
 		xs = []float64{1, 2}
 	}
 	lx, hx := math.Log2(xs[0])-0.5, math.Log2(xs[len(xs)-1])+0.5
-	x := func(v float64) float64 { return plotL + (math.Log2(v)-lx)/(hx-lx)*(plotR-plotL) }
+	x := func(v float64) float64 { return plotL + (math.Log2(v)-lx)/(hx-lx)*float64(w.right-plotL) }
 	lo, hi := logRange(ys)
 	y := w.yAxis(lo, hi, c.YLabel, c.YFormat)
 	for _, v := range xs {
@@ -171,7 +185,7 @@ func (c LineChart) SVG() []byte {
 		fmt.Fprintf(&w, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333333"/>`+"\n", xx, plotB, xx, plotB+5)
 		w.text(xx, plotB+19, "middle", "", SizeName(int(v)))
 	}
-	w.text(float64(plotL+plotR)/2, plotB+44, "middle", ` font-size="13"`, c.XLabel)
+	w.text(float64(plotL+w.right)/2, plotB+44, "middle", ` font-size="13"`, c.XLabel)
 	w.frame()
 	for _, s := range c.Series {
 		pts := slices.Clone(s.Pts)
@@ -208,7 +222,8 @@ func (c BarChart) SVG() []byte {
 	if c.YFormat == nil {
 		c.YFormat = trimNum
 	}
-	var w svgBuf
+	// Bars use the full width, the legend goes above the plot.
+	w := svgBuf{right: svgW - 24, legendTop: true}
 	w.header(c.Title, c.Note)
 	var vs []float64
 	for _, g := range c.Groups {
@@ -217,22 +232,22 @@ func (c BarChart) SVG() []byte {
 	lo, hi := logRange(vs)
 	y := w.yAxis(lo, hi, c.YLabel, c.YFormat)
 	n := max(len(c.Groups), 1)
-	gw := float64(plotR-plotL) / float64(n)
-	bw := gw * 0.7 / float64(max(len(c.Bars), 1))
+	gw := float64(w.right-plotL) / float64(n)
+	bw := gw * 0.8 / float64(max(len(c.Bars), 1))
 	for gi, g := range c.Groups {
 		gx := float64(plotL) + gw*float64(gi)
 		for bi, v := range g.Values {
 			if !(v > 0) || math.IsInf(v, 0) || bi >= len(c.Bars) {
 				continue
 			}
-			bx := gx + gw*0.15 + bw*float64(bi)
+			bx := gx + gw*0.1 + bw*float64(bi)
 			by := y(v)
 			fmt.Fprintf(&w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`+"\n",
 				bx, by, bw-1, float64(plotB)-by, c.Colors[bi%len(c.Colors)], esc(strings.ReplaceAll(g.Label, "\n", " ")+" "+c.Bars[bi]+": "+c.YFormat(v)))
-			w.text(bx+bw/2, by-4, "middle", ` font-size="9.5"`, c.YFormat(v))
+			w.text(bx+bw/2, by-4, "middle", ` font-size="9"`, c.YFormat(v))
 		}
 		for li, l := range strings.Split(g.Label, "\n") {
-			w.text(gx+gw/2, float64(plotB)+17+float64(li)*14, "middle", "", l)
+			w.text(gx+gw/2, float64(plotB)+17+float64(li)*14, "middle", ` font-size="11"`, l)
 		}
 	}
 	w.frame()
