@@ -116,6 +116,8 @@ func (c *shimCluster) env(i int, extra ...string) []string {
 type shimCounters struct {
 	ExtdsRx, ConnsEXTDS, ConnsTCP float64
 	TapBytes                      float64 // tx+rx on exn0: what went by TCP over the fabric
+	// How the payload crossed the fabric (the perf test logs them).
+	TxVELO, TxRMA, RingFull, CreditWaits float64
 }
 
 func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
@@ -136,11 +138,16 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 		t.Fatalf("node %d: no EXT-DS counters in stats: %s", i+1, out)
 	}
 	return shimCounters{ExtdsRx: num(s.EXTDS, "rx_bytes"), ConnsEXTDS: num(s.EXTDS, "conns_extds"),
-		ConnsTCP: num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes")}
+		ConnsTCP: num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
+		TxVELO: num(s.EXTDS, "tx_velo_bytes"), TxRMA: num(s.EXTDS, "tx_rma_bytes"),
+		RingFull: num(s.EXTDS, "ring_full_fallbacks"), CreditWaits: num(s.EXTDS, "credit_waits")}
 }
 
 // delta is the change of both nodes' counters across f.
-type shimDelta struct{ ExtdsRx, ConnsEXTDS, ConnsTCP, TapBytes float64 }
+type shimDelta struct {
+	ExtdsRx, ConnsEXTDS, ConnsTCP, TapBytes float64
+	TxVELO, TxRMA, RingFull, CreditWaits    float64
+}
 
 func (c *shimCluster) measure(t *testing.T, f func()) shimDelta {
 	t.Helper()
@@ -148,10 +155,14 @@ func (c *shimCluster) measure(t *testing.T, f func()) shimDelta {
 	f()
 	a0, a1 := c.stats(t, 0), c.stats(t, 1)
 	return shimDelta{
-		ExtdsRx:    a0.ExtdsRx + a1.ExtdsRx - b0.ExtdsRx - b1.ExtdsRx,
-		ConnsEXTDS: a0.ConnsEXTDS + a1.ConnsEXTDS - b0.ConnsEXTDS - b1.ConnsEXTDS,
-		ConnsTCP:   a0.ConnsTCP + a1.ConnsTCP - b0.ConnsTCP - b1.ConnsTCP,
-		TapBytes:   a0.TapBytes + a1.TapBytes - b0.TapBytes - b1.TapBytes,
+		ExtdsRx:     a0.ExtdsRx + a1.ExtdsRx - b0.ExtdsRx - b1.ExtdsRx,
+		ConnsEXTDS:  a0.ConnsEXTDS + a1.ConnsEXTDS - b0.ConnsEXTDS - b1.ConnsEXTDS,
+		ConnsTCP:    a0.ConnsTCP + a1.ConnsTCP - b0.ConnsTCP - b1.ConnsTCP,
+		TapBytes:    a0.TapBytes + a1.TapBytes - b0.TapBytes - b1.TapBytes,
+		TxVELO:      a0.TxVELO + a1.TxVELO - b0.TxVELO - b1.TxVELO,
+		TxRMA:       a0.TxRMA + a1.TxRMA - b0.TxRMA - b1.TxRMA,
+		RingFull:    a0.RingFull + a1.RingFull - b0.RingFull - b1.RingFull,
+		CreditWaits: a0.CreditWaits + a1.CreditWaits - b0.CreditWaits - b1.CreditWaits,
 	}
 }
 
@@ -417,7 +428,7 @@ func sockperfPercentiles(t *testing.T, out string) (p50, p99 float64) {
 // TestShimPerf measures, in one run between the same two namespaces,
 // iperf3 (1 and 4 streams) and sockperf TCP ping-pong three ways: through
 // libextds.so (EXT-DS), plain TCP over exn0, and TCP over a veth pair. It
-// repeats the whole set EXN_PERF_REPS times (default 3), the three ways
+// repeats the whole set EXN_PERF_REPS times (default 3), the ways
 // interleaved within each repetition, and reports the median of each cell
 // (and the per-repetition shim/exn0 ratios). It checks the bars of issue
 // #6 on the medians (shim >= 1.0x exn0 for iperf3, sockperf p50 <= exn0).
@@ -425,6 +436,12 @@ func sockperfPercentiles(t *testing.T, out string) (p50, p99 float64) {
 // the duration of each measurement, default 4 s):
 //
 //	EXN_PERF=1 go test -run TestShimPerf -v ./integration/
+//
+// EXN_PERF_BASE_EXND=/path/to/exnd (and optionally EXN_PERF_BASE_LIB=
+// /path/to/libextds.so) adds a fourth way, the shim through a second pair
+// of nodes running that (older) exnd, so that a change is measured
+// against its baseline in the same run: the table then also gives
+// shim / base.
 func TestShimPerf(t *testing.T) {
 	if os.Getenv("EXN_PERF") != "1" {
 		t.Skip("set EXN_PERF=1 to measure")
@@ -445,10 +462,25 @@ func TestShimPerf(t *testing.T) {
 	exnIP := c.nodes[1].IP.String()
 	type way struct {
 		name           string
+		c              *shimCluster
 		ip             string
 		srvEnv, cliEnv []string
+		shim           bool // the payload must cross EXT-DS
 	}
-	ways := []way{{"shim (EXT-DS)", exnIP, c.env(1), c.env(0)}, {"TCP over exn0", exnIP, nil, nil}, {"TCP over veth", vethB, nil, nil}}
+	ways := []way{{"shim (EXT-DS)", c, exnIP, c.env(1), c.env(0), true}, {"TCP over exn0", c, exnIP, nil, nil, false},
+		{"TCP over veth", c, vethB, nil, nil, false}}
+	if base := os.Getenv("EXN_PERF_BASE_EXND"); base != "" {
+		fab := nstest.ShmFabric(t)
+		var nodes [2]*nstest.Node
+		for i := range nodes {
+			nodes[i] = nstest.StartNode(t, base, fab, 42, i+1)
+		}
+		cb := newShimCluster(t, base, nodes)
+		if lib := os.Getenv("EXN_PERF_BASE_LIB"); lib != "" {
+			cb.lib = lib
+		}
+		ways = append(ways, way{"shim, base exnd", cb, cb.nodes[1].IP.String(), cb.env(1), cb.env(0), true})
+	}
 	// v[metric][way][rep]
 	const (
 		mIperf1 = iota
@@ -459,20 +491,25 @@ func TestShimPerf(t *testing.T) {
 	)
 	names := [nMetrics]string{"iperf3, 1 stream", "iperf3, 4 streams", "sockperf ping-pong p50", "sockperf ping-pong p99"}
 	units := [nMetrics]string{"Gbit/s", "Gbit/s", "us", "us"}
-	var v [nMetrics][3][]float64
+	var v [nMetrics][][]float64
+	for m := range v {
+		v[m] = make([][]float64, len(ways))
+	}
 	for rep := 0; rep < reps; rep++ {
 		for si, extra := range [][]string{nil, {"-P", "4"}} {
 			for wi, w := range ways {
 				var bytes, bps float64
-				d := c.measure(t, func() { bytes, bps = c.iperf3(t, w.srvEnv, w.cliEnv, w.ip, secs, extra...) })
+				d := w.c.measure(t, func() { bytes, bps = w.c.iperf3(t, w.srvEnv, w.cliEnv, w.ip, secs, extra...) })
 				v[mIperf1+si][wi] = append(v[mIperf1+si][wi], bps/1e9)
-				if wi == 0 {
-					overEXTDS(t, "perf iperf3", d, bytes)
+				if w.shim {
+					overEXTDS(t, "perf iperf3 "+w.name, d, bytes)
+					t.Logf("perf iperf3 %s %v: tx VELO %.0f bytes, RMA %.0f bytes, ring-full chunks %.0f, credit waits %.0f",
+						w.name, extra, d.TxVELO, d.TxRMA, d.RingFull, d.CreditWaits)
 				}
 			}
 		}
 		for wi, w := range ways {
-			out := c.sockperf(t, w.srvEnv, w.cliEnv, w.ip, "ping-pong", "e", secs)
+			out := w.c.sockperf(t, w.srvEnv, w.cliEnv, w.ip, "ping-pong", "e", secs)
 			p50, p99 := sockperfPercentiles(t, out)
 			v[mP50][wi] = append(v[mP50][wi], p50)
 			v[mP99][wi] = append(v[mP99][wi], p99)
@@ -481,21 +518,37 @@ func TestShimPerf(t *testing.T) {
 			v[mIperf1][0][rep]/v[mIperf1][1][rep], v[mP50][0][rep], v[mP50][1][rep], v[mP50][0][rep]/v[mP50][1][rep],
 			v[mP99][0][rep], v[mP99][1][rep], v[mP99][0][rep]/v[mP99][1][rep])
 	}
-	var med [nMetrics][3]float64
+	med := make([][]float64, nMetrics)
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "| measurement (median of %d) | %s | %s | %s | shim / exn0 | per-run shim / exn0 |\n|---|---|---|---|---|---|\n",
-		reps, ways[0].name, ways[1].name, ways[2].name)
-	for m := 0; m < nMetrics; m++ {
-		var ratios []string
-		for r := 0; r < reps; r++ {
-			ratios = append(ratios, fmt.Sprintf("%.2fx", v[m][0][r]/v[m][1][r]))
+	fmt.Fprintf(&sb, "| measurement (median of %d) |", reps)
+	for _, w := range ways {
+		fmt.Fprintf(&sb, " %s |", w.name)
+	}
+	fmt.Fprintf(&sb, " shim / exn0 | per-run shim / exn0 |")
+	if len(ways) > 3 {
+		fmt.Fprintf(&sb, " shim / base | per-run shim / base |")
+	}
+	fmt.Fprintf(&sb, "\n|%s\n", strings.Repeat("---|", 1+len(ways)+2*(len(ways)-2)))
+	ratios := func(m, a, b int) string {
+		var r []string
+		for i := 0; i < reps; i++ {
+			r = append(r, fmt.Sprintf("%.2fx", v[m][a][i]/v[m][b][i]))
 		}
+		return strings.Join(r, " ")
+	}
+	for m := 0; m < nMetrics; m++ {
+		med[m] = make([]float64, len(ways))
+		u := units[m]
+		fmt.Fprintf(&sb, "| %s |", names[m])
 		for wi := range ways {
 			med[m][wi] = median(v[m][wi])
+			fmt.Fprintf(&sb, " %.2f %s |", med[m][wi], u)
 		}
-		u := units[m]
-		fmt.Fprintf(&sb, "| %s | %.2f %s | %.2f %s | %.2f %s | %.2fx | %s |\n", names[m],
-			med[m][0], u, med[m][1], u, med[m][2], u, med[m][0]/med[m][1], strings.Join(ratios, " "))
+		fmt.Fprintf(&sb, " %.2fx | %s |", med[m][0]/med[m][1], ratios(m, 0, 1))
+		if len(ways) > 3 {
+			fmt.Fprintf(&sb, " %.2fx | %s |", med[m][0]/med[m][3], ratios(m, 0, 3))
+		}
+		sb.WriteString("\n")
 	}
 	t.Logf("%d s each, %d repetitions, %d CPUs\n%s", secs, reps, runtime.NumCPU(), sb.String())
 	if out := os.Getenv("EXN_PERF_OUT"); out != "" {

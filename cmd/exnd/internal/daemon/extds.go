@@ -23,6 +23,15 @@ func init() {
 	parts = append(parts, part{name: "extds", start: startEXTDS})
 }
 
+// shimRingSize is each EXT-DS connection's receive ring in exnd (the
+// sender mirrors it: 2x per connection). The shim's bulk streams arrive
+// faster than a loaded application drains them; with the library's 256
+// KiB default the ring is full most of the time and the sender spills
+// into 116-byte VELO fragments (about 14% of an iperf3 stream's bytes,
+// see docs/shim.md "Numbers"). 4 MiB keeps bulk on RMA PUTs and returns
+// credits in 1 MiB steps.
+const shimRingSize = 4 << 20
+
 func startEXTDS(d *Daemon) (func() error, error) {
 	log := d.log.With("part", "extds")
 	res := extds.ResolverFunc(func(ip netip.Addr) (fabric.NodeID, bool) {
@@ -32,7 +41,7 @@ func startEXTDS(d *Daemon) (func() error, error) {
 		}
 		return e.Node, true
 	})
-	dev, err := extds.NewDevice(d.nic, extds.WithResolver(res), extds.WithLogger(log))
+	dev, err := extds.NewDevice(d.nic, extds.WithResolver(res), extds.WithLogger(log), extds.WithRingSize(shimRingSize))
 	if err != nil {
 		return nil, err
 	}
