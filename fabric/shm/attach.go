@@ -28,7 +28,8 @@ package shm
 // process of the same uid can do anything anyway.
 //
 // Lifetimes.
-//   - The owner's monitor sweeps the lease table every livenessPeriod: a
+//   - The owner's monitor sweeps the lease table every monitor period
+//     (idleLivenessPeriod, livenessPeriod while it has a blocked sender): a
 //     lease whose holder detached, died (its attach file's lock can be
 //     taken), or was revoked before it attached, is cleaned up — its VPID
 //     files marked closed (blocked senders get ErrUnknownNode at once) and
@@ -36,7 +37,7 @@ package shm
 //     and its slot freed. A grant that is never attached stays until the
 //     owner revokes it (exnd does, when the grantee PID dies or after a
 //     grace period).
-//   - The attached process's monitor checks, every livenessPeriod, that
+//   - The attached process's monitor checks, every monitor period, that
 //     the owner still holds its node-file lock, still says alive, and that
 //     the lease still carries its secret. If not (the owner died, closed,
 //     or revoked the lease) the attachment is lost: every endpoint is
@@ -421,8 +422,15 @@ func (n *nicT) reclaimLease(s int, l leaseView) {
 			if x, err := strconv.ParseUint(i, 10, 32); err == nil && uint32(x) >= lo && uint32(x) < lo+leaseRegions {
 				os.Remove(filepath.Join(n.dir, e.Name()))
 			}
-		case strings.HasPrefix(rest, "v") && strings.HasSuffix(rest, ".tmp"):
-			if x, err := strconv.Atoi(strings.TrimSuffix(rest[1:], ".tmp")); err == nil && x >= base && x < base+count {
+		case strings.HasPrefix(rest, "v"):
+			// Left by a holder that died in Open or Close: a VPID file's
+			// temporary name, its doorbell FIFO or the FIFO's temporary
+			// name (the VPID files themselves: closeStaleVPID above).
+			num, suffix, _ := strings.Cut(rest[1:], ".")
+			if suffix != "tmp" && suffix != "bell" && suffix != "tmp.bell" {
+				continue
+			}
+			if x, err := strconv.Atoi(num); err == nil && x >= base && x < base+count {
 				os.Remove(filepath.Join(n.dir, e.Name()))
 			}
 		}
@@ -452,6 +460,8 @@ func (n *nicT) closeStaleVPID(path string) {
 		}
 	}
 	os.Remove(path)
+	// The holder is gone, so nobody sleeps on its FIFO; unlink it.
+	os.Remove(path + ".bell")
 }
 
 // ---- Attached side ---------------------------------------------------
@@ -496,7 +506,7 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 	if g.VPIDs < 1 || int(g.VPIDBase)+g.VPIDs > 256 || g.VPIDBase == fabric.EthVPID {
 		return nil, fmt.Errorf("shm: attach: grant names vpids %d+%d: %w", g.VPIDBase, g.VPIDs, fabric.ErrInvalid)
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default()}
+	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -511,7 +521,7 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 		regions: make(map[uint32]*localRegion),
 		gens:    make([]uint32, maxTableRegions+1),
 		nextIdx: lo, regLo: lo, regHi: lo + leaseRegions - 1,
-		stop: make(chan struct{}),
+		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
 	}
 	a := &attachState{tok: t, slot: t.slot, base: g.VPIDBase, count: g.VPIDs, done: make(chan struct{})}
 	n.att = a
@@ -789,6 +799,9 @@ func (a *Attached) Peers() []fabric.NodeID { return a.n.Peers() }
 
 // Stats returns this process's fabric counters (not the owner's).
 func (a *Attached) Stats() fabric.Stats { return a.n.Stats() }
+
+// WakeStats returns this process's wake-up counters.
+func (a *Attached) WakeStats() WakeStats { return a.n.WakeStats() }
 
 // Done is closed when the attachment is lost: the owner died or closed
 // the node, or revoked the lease.

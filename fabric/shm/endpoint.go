@@ -4,19 +4,35 @@ package shm
 //
 //	Send: CheckSend → target lookup (peer table, cached VPID mapping,
 //	      acquired for the batch) → push (claim, mark, fill, publish) →
-//	      doorbell (only if the consumer sleeps). A full ring: spin
+//	      doorbell, only if the consumer sleeps: one raw write(2) of a
+//	      byte to the target's FIFO by the first producer since it fell
+//	      asleep (a waitFutex target: FUTEX_WAKE). A full ring: spin
 //	      sendSpin times, then sleep on the target's space futex in
 //	      sendWaitSlice slices, re-checking ctx, our Close and the target's
 //	      liveness between slices.
 //	Recv: under recvMu, consume from head; wake blocked senders once per
 //	      batch.
 //	Wait: spin up to spinCap if recent waits were short (see learn),
-//	      then announce sleep and FUTEX_WAIT on the doorbell.
+//	      then clear rung, announce sleep (sleepers), re-check, and park
+//	      the goroutine in the netpoller on the VPID's doorbell FIFO
+//	      (RawConn.Read, draining with raw non-blocking reads): no thread
+//	      sits in a blocking system call, so the runtime's sysmon is
+//	      neither woken nor made to retake a P. One Wait at a time polls
+//	      the FIFO (bellMu, bellPolling); concurrent Waits sleep on
+//	      bellCond and are woken by the poller. A VPID that has no FIFO
+//	      (counted: BellFallback) sleeps in FUTEX_WAIT on the doorbell
+//	      word in waitSlice slices instead.
 //	Post: see rma.go.
 //
+// Wake-ups of our own Wait (ctx done, Close) write to our own FIFO (or
+// FUTEX_WAKE the doorbell). waitSlice is a backstop in both modes (the
+// FIFO's read deadline): it bounds a wake-up a producer failed to deliver
+// (RingFailed) and the ctx of a second concurrent Wait.
+//
 // Close takes ops for writing, so it waits for every running call (each
-// holds ops for reading) before it unmaps anything; a call blocked in a
-// wait slice sees closed within one slice.
+// holds ops for reading) before it unmaps anything or closes the FIFO; a
+// call blocked in Wait is woken by Close's ring, one blocked in a send
+// slice sees closed within one slice.
 
 import (
 	"context"
@@ -28,6 +44,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
@@ -68,9 +85,15 @@ const (
 	spinScoreMax   = 8
 	spinMiss       = 1
 	spinOn         = 2
-	// waitSlice bounds one futex sleep in Wait; Close and ctx wake it
-	// directly, so this is only a backstop.
+	// waitSlice bounds one sleep in Wait (a futex slice, or the FIFO's
+	// read deadline); Close, ctx and producers wake it directly, so this
+	// is only a backstop: for a ring a producer could not deliver
+	// (counted), and for a second concurrent Wait whose ctx is not the
+	// one registered.
 	waitSlice = 100 * time.Millisecond
+	// bellBufSize is how many doorbell bytes one read drains: one per
+	// producer that rang since the last drain, rarely more than a few.
+	bellBufSize = 64
 	// spinCheckEvery is how many polls pass between clock reads in a spin.
 	spinCheckEvery = 64
 )
@@ -107,6 +130,24 @@ type endpoint struct {
 	wakeDone <-chan struct{}
 	wakeStop func() bool
 	ringFn   func() // e.ring, bound once
+
+	// The doorbell FIFO (nil: waitFutex). bell is registered with the
+	// netpoller; bellFD is its descriptor for raw reads and writes, valid
+	// until Close closes bell (after ops is taken for writing).
+	bell     *os.File
+	bellFD   int
+	bellRC   syscall.RawConn
+	bellPath string
+	bellRead func(uintptr) bool // e.drainBell, bound once
+	// bellMu guards bellPolling and bellGen: one Wait at a time polls
+	// the FIFO, the others wait on bellCond for the poller's next wake.
+	bellMu      sync.Mutex
+	bellCond    sync.Cond
+	bellPolling bool
+	bellGen     uint64
+	// Owned by the polling Wait.
+	bellArmed bool // the backstop read deadline is set and not yet passed
+	bellBuf   [bellBufSize]byte
 }
 
 // Open claims VPID v on this node: it creates the VPID file (header,
@@ -139,19 +180,71 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 		f.Close()
 		return nil, err
 	}
-	h := vpidHeader{Addr: addr, Slots: n.opts.slots, Depth: n.opts.depth}
+	ep := &endpoint{nic: n, addr: addr, path: path, f: f, bellFD: -1, bellPath: path + ".bell"}
+	tmpBell := path + ".tmp.bell"
+	if err := ep.openBell(tmpBell); err != nil {
+		n.wc.bellFallback.Add(1)
+		n.logFault("shm: no doorbell fifo, the vpid's consumer sleeps on a futex", "vpid", v, "err", err)
+	} else {
+		defer os.Remove(tmpBell) // after a failure; renamed away on success
+	}
+	h := vpidHeader{Addr: addr, Slots: n.opts.slots, Depth: n.opts.depth, Bell: ep.bell != nil}
 	encodeVPIDHeader(b, h)
 	vf := newVFile(newMapping(b), h)
+	vf.wc = &n.wc
 	vf.initRings()
-	if err := os.Link(tmp, path); err != nil {
-		sys.Unmap(b)
+	fail := func(err error) (fabric.Endpoint, error) {
+		vf.m.release()
 		f.Close()
-		return nil, n.ctr.CountErr(fmt.Errorf("shm: open %v: %v: %w", addr, err, fabric.ErrInUse))
+		if ep.bell != nil {
+			ep.bell.Close()
+		}
+		return nil, err
 	}
-	ep := &endpoint{nic: n, addr: addr, path: path, f: f, v: vf}
+	if err := os.Link(tmp, path); err != nil {
+		return fail(n.ctr.CountErr(fmt.Errorf("shm: open %v: %v: %w", addr, err, fabric.ErrInUse)))
+	}
+	if ep.bell != nil {
+		// After the link, which makes the VPID ours: a bell already at the
+		// name is a dead holder's (same incarnation, a lease VPID).
+		// Producers open the FIFO when they first ring, which is after a
+		// Wait announced sleep, so after this Open returned.
+		if err := os.Rename(tmpBell, ep.bellPath); err != nil {
+			vf.state.Store(vpidClosed)
+			os.Remove(path)
+			return fail(fmt.Errorf("shm: open %v: doorbell: %w", addr, err))
+		}
+	}
+	ep.v = vf
 	ep.ringFn = ep.ring
+	ep.bellRead = ep.drainBell
+	ep.bellCond.L = &ep.bellMu
 	n.eps[v] = ep
 	return ep, nil
+}
+
+// openBell makes the VPID's doorbell FIFO at tmp and opens it for the
+// netpoller. On failure the endpoint stays in waitFutex mode.
+func (e *endpoint) openBell(tmp string) error {
+	if e.nic.opts.noBell {
+		return errors.New("disabled")
+	}
+	if err := sys.Mkfifo(tmp, 0o600); err != nil {
+		return err
+	}
+	f, fd, err := sys.OpenBell(tmp)
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	e.bell, e.bellFD, e.bellRC = f, fd, rc
+	return nil
 }
 
 func (e *endpoint) Addr() fabric.Addr { return e.addr }
@@ -250,6 +343,16 @@ func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, pa
 			return nil
 		}
 	}
+	// Asleep on the target from here on: have the monitor probe at
+	// livenessPeriod, so a target that dies is seen promptly.
+	n := e.nic
+	if n.blocked.Add(1) == 1 {
+		select {
+		case n.hurry <- struct{}{}:
+		default:
+		}
+	}
+	defer n.blocked.Add(-1)
 	for {
 		switch {
 		case e.closed.Load():
@@ -475,6 +578,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	if done := ctx.Done(); done != nil {
 		e.watch(ctx, done)
 	}
+	wc := &e.nic.wc
 	for {
 		if e.closed.Load() {
 			return net.ErrClosed
@@ -482,20 +586,85 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		v.sleepers.Add(1)
-		s := v.doorbell.Load()
-		if e.ready() {
-			v.sleepers.Add(^uint32(0))
-			e.learn(time.Since(start))
-			return nil
+		if e.bell != nil {
+			// Clear rung before announcing sleep: a producer that then
+			// sees sleepers also sees rung clear and writes a byte (see
+			// ring.go).
+			v.rung.Store(0)
+			v.sleepers.Add(1)
+			if e.ready() {
+				v.sleepers.Add(^uint32(0))
+				e.learn(time.Since(start))
+				return nil
+			}
+			wc.bellSleeps.Add(1)
+			e.sleepBell()
+		} else {
+			v.sleepers.Add(1)
+			s := v.doorbell.Load()
+			if e.ready() {
+				v.sleepers.Add(^uint32(0))
+				e.learn(time.Since(start))
+				return nil
+			}
+			wc.futexSleeps.Add(1)
+			sys.FutexWait(v.doorbell, s, e.nic.opts.backstop) //nolint:errcheck // loop re-checks
 		}
-		sys.FutexWait(v.doorbell, s, waitSlice) //nolint:errcheck // loop re-checks
 		v.sleepers.Add(^uint32(0))
 		if e.ready() {
 			e.learn(time.Since(start))
 			return nil
 		}
 	}
+}
+
+// sleepBell parks the calling Wait until the doorbell FIFO is rung, the
+// waitSlice backstop passes or, for a Wait that is not the poller, the
+// poller wakes. The poller's goroutine parks in the netpoller (no thread
+// blocks); the others wait on bellCond, so one ring wakes them all. It
+// does not allocate.
+func (e *endpoint) sleepBell() {
+	e.bellMu.Lock()
+	if e.bellPolling {
+		gen := e.bellGen
+		for e.bellPolling && e.bellGen == gen {
+			e.bellCond.Wait()
+		}
+		e.bellMu.Unlock()
+		return
+	}
+	e.bellPolling = true
+	e.bellMu.Unlock()
+	if !e.bellArmed {
+		// The deadline stays set across sleeps and is re-armed only once
+		// it has passed: no timer update per sleep.
+		e.bell.SetReadDeadline(time.Now().Add(e.nic.opts.backstop)) //nolint:errcheck // pollable: checked at open
+		e.bellArmed = true
+	}
+	if err := e.bellRC.Read(e.bellRead); err != nil {
+		// The deadline passed (the backstop) or, impossible while we
+		// hold ops, the file was closed.
+		e.bellArmed = false
+		e.nic.wc.backstops.Add(1)
+	}
+	e.bellMu.Lock()
+	e.bellPolling = false
+	e.bellGen++
+	e.bellCond.Broadcast()
+	e.bellMu.Unlock()
+}
+
+// drainBell is the RawConn.Read callback of sleepBell: it consumes every
+// byte in the FIFO (raw non-blocking reads) and reports whether there was
+// any; false parks the goroutine until the FIFO is readable.
+func (e *endpoint) drainBell(fd uintptr) bool {
+	n, err := sys.DrainBell(int(fd), e.bellBuf[:])
+	if err != nil {
+		// Nothing to read from a FIFO we hold open cannot fail; if it
+		// does, sleep until the backstop rather than spin on it.
+		e.nic.logFault("shm: doorbell read", "vpid", e.addr.VPID, "err", err)
+	}
+	return n > 0
 }
 
 // learn scores how long a Wait that ended with work took (w). Spinning
@@ -543,13 +712,26 @@ func (e *endpoint) ring() {
 		return
 	}
 	defer e.leave()
+	e.wakeSelf()
+}
+
+// wakeSelf wakes this endpoint's sleeping Waits: a byte in our own FIFO
+// (its poller wakes the rest), or a FUTEX_WAKE in waitFutex mode. The
+// caller keeps the FIFO open (holds ops, or is Close before it takes ops).
+func (e *endpoint) wakeSelf() {
+	if e.bell != nil {
+		sys.RingBell(e.bellFD) //nolint:errcheck // our own FIFO, opened read-write
+		return
+	}
 	e.v.doorbell.Add(1)
 	sys.FutexWake(e.v.doorbell, math.MaxInt32) //nolint:errcheck
 }
 
 // Close implements fabric.Endpoint: it marks the VPID file closed (so
 // cached senders stop), wakes waiters, waits for running calls, releases
-// the VPID's regions and unlinks its file.
+// the VPID's regions and unlinks its file and its doorbell FIFO (producers
+// that still hold the FIFO open keep ringing an unlinked pipe, harmlessly,
+// until they drop their mapping).
 func (e *endpoint) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return nil
@@ -557,8 +739,7 @@ func (e *endpoint) Close() error {
 	n := e.nic
 	v := e.v
 	v.state.Store(vpidClosed)
-	v.doorbell.Add(1)
-	sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck
+	e.wakeSelf()
 	v.space.Add(1)
 	sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
 	e.wakeMu.Lock()
@@ -577,6 +758,10 @@ func (e *endpoint) Close() error {
 	}
 	n.regMu.Unlock()
 	os.Remove(e.path)
+	if e.bell != nil {
+		os.Remove(e.bellPath)
+		e.bell.Close()
+	}
 	n.mu.Lock()
 	if n.eps[e.addr.VPID] == e {
 		n.eps[e.addr.VPID] = nil

@@ -22,7 +22,9 @@ const (
 	fabricMagic = 0x31464d4853584e45 // "ENXSHMF1"
 	// layoutVersion 2: the lease table in the node header and the region
 	// table extended by the leases' region blocks (see attach.go).
-	layoutVersion = 2
+	// 3: the VPID header's wait mode and rung words (a consumer may sleep
+	// on a doorbell FIFO that version-2 producers would never ring).
+	layoutVersion = 3
 
 	// maxFabricName bounds the fabric name so every file name stays well
 	// under NAME_MAX (255) with the node, incarnation and region suffixes.
@@ -97,6 +99,8 @@ const (
 	vOffTail     = 128 // u64: mailbox tail, producers CAS
 	vOffDoorbell = 192 // u32 futex: consumer sleeps on it
 	vOffSleepers = 196 // u32: consumers asleep on the doorbell
+	vOffWaitMode = 200 // u32: waitFutex / waitBell, fixed before the file is linked
+	vOffRung     = 204 // u32, atomic: 1 once a producer rang the bell since the consumer last slept
 	vOffSpace    = 256 // u32 futex: blocked senders sleep on it
 	vOffSpaceW   = 260 // u32: senders asleep on space
 	vOffNTail    = 320 // u64: notification tail, producers CAS
@@ -116,6 +120,13 @@ const (
 const (
 	vpidOpen   = 1
 	vpidClosed = 2
+)
+
+// Wait modes (vOffWaitMode): how the VPID's consumer sleeps, so how a
+// producer wakes it (see ring.go and endpoint.go).
+const (
+	waitFutex = 0 // FUTEX_WAIT on the doorbell word: FUTEX_WAKE it
+	waitBell  = 1 // parked on the doorbell FIFO <vpid file>.bell: write a byte
 )
 
 func vpidFileSize(slots, depth int) int {
@@ -174,6 +185,7 @@ type vpidHeader struct {
 	Addr  fabric.Addr
 	Slots int
 	Depth int
+	Bell  bool // wait mode waitBell
 }
 
 // decodeVPIDHeader validates a VPID file header; size is the file's size
@@ -187,6 +199,7 @@ func decodeVPIDHeader(b []byte, want fabric.Addr, size int64) (vpidHeader, error
 		Addr:  fabric.Addr{Node: fabric.NodeID(le.Uint32(b[vOffNode:])), VPID: fabric.VPID(le.Uint32(b[vOffVPID:]))},
 		Slots: int(le.Uint32(b[vOffSlots:])),
 		Depth: int(le.Uint32(b[vOffDepth:])),
+		Bell:  le.Uint32(b[vOffWaitMode:]) == waitBell,
 	}
 	switch {
 	case le.Uint64(b[vOffMagic:]) != vpidMagic:
@@ -200,6 +213,8 @@ func decodeVPIDHeader(b []byte, want fabric.Addr, size int64) (vpidHeader, error
 		return vpidHeader{}, fmt.Errorf("vpid header: %d slots: %w", h.Slots, fabric.ErrInvalid)
 	case !validDepth(h.Depth):
 		return vpidHeader{}, fmt.Errorf("vpid header: notify depth %d: %w", h.Depth, fabric.ErrInvalid)
+	case le.Uint32(b[vOffWaitMode:]) > waitBell:
+		return vpidHeader{}, fmt.Errorf("vpid header: wait mode %d: %w", le.Uint32(b[vOffWaitMode:]), fabric.ErrInvalid)
 	case int64(vpidFileSize(h.Slots, h.Depth)) > size:
 		return vpidHeader{}, fmt.Errorf("vpid header: geometry needs %d bytes, file has %d: %w",
 			vpidFileSize(h.Slots, h.Depth), size, fabric.ErrInvalid)
@@ -215,6 +230,11 @@ func encodeVPIDHeader(b []byte, h vpidHeader) {
 	le.PutUint32(b[vOffVPID:], uint32(h.Addr.VPID))
 	le.PutUint32(b[vOffSlots:], uint32(h.Slots))
 	le.PutUint32(b[vOffDepth:], uint32(h.Depth))
+	mode := uint32(waitFutex)
+	if h.Bell {
+		mode = waitBell
+	}
+	le.PutUint32(b[vOffWaitMode:], mode)
 	le.PutUint32(b[vOffState:], vpidOpen)
 }
 

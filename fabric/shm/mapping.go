@@ -14,6 +14,10 @@ import (
 type mapping struct {
 	b    []byte
 	refs atomic.Int64
+	// bell is 1 + the descriptor a producer opened on the mapped VPID's
+	// doorbell FIFO (0: none), cached with the mapping and closed with it.
+	// Rings hold a reference, so it is never closed under a write.
+	bell atomic.Int32
 }
 
 func newMapping(b []byte) *mapping {
@@ -39,5 +43,8 @@ func (m *mapping) acquire() bool {
 func (m *mapping) release() {
 	if m.refs.Add(-1) == 0 {
 		sys.Unmap(m.b) //nolint:errcheck // munmap of our own mapping cannot fail
+		if fd := m.bell.Swap(0); fd > 0 {
+			sys.CloseFD(int(fd - 1)) //nolint:errcheck // nothing to do about it
+		}
 	}
 }

@@ -14,7 +14,10 @@ package shm
 //     so two racing Opens of one node ID cannot both win. Bump the epoch.
 //
 // Liveness: a monitor goroutine (owned by the NIC, stopped and awaited in
-// Close) runs every livenessPeriod. It rescans the directory when the
+// Close) runs every idleLivenessPeriod, or every livenessPeriod while a
+// sender of this process is blocked on a full mailbox (the sender counts
+// itself in nic.blocked and kicks the monitor when it is the first). It
+// rescans the directory when the
 // fabric epoch moved (or every discoveryPeriod), and probes each known
 // peer's node-file lock. A lock it can take belongs to a dead node: the
 // monitor marks the peer down (senders blocked on it see ErrPeerDown on
@@ -49,10 +52,19 @@ import (
 )
 
 const (
-	// livenessPeriod is how often the monitor probes peers' locks. It
-	// bounds how long a SIGKILLed peer takes to become ErrPeerDown; each
-	// probe is one flock(2) per peer.
+	// livenessPeriod is how often the monitor probes peers' locks while
+	// a sender of this process is blocked on a full mailbox: it bounds
+	// how long such a sender waits on a SIGKILLed peer before it gets
+	// ErrPeerDown. Each probe is one flock(2) per peer (a raw syscall).
 	livenessPeriod = 10 * time.Millisecond
+	// idleLivenessPeriod is the monitor's period otherwise. It bounds how
+	// stale Peers and the down marks are when nothing waits on a peer
+	// (Alive probes at once; a sender that blocks switches the monitor to
+	// livenessPeriod at once). Ten times livenessPeriod: every period is a
+	// timer wake-up of an otherwise idle process, and at 10 ms those were
+	// the largest part of an idle exnd's CPU after the futex sleeps went
+	// (docs/fabric-shm.md).
+	idleLivenessPeriod = 100 * time.Millisecond
 	// discoveryPeriod bounds how stale the peer list is when an epoch bump
 	// was missed (it never should be; this is a backstop).
 	discoveryPeriod = 500 * time.Millisecond
@@ -113,9 +125,37 @@ type nicT struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+	// blocked counts senders asleep on a full mailbox; the first one
+	// kicks hurry (capacity 1), so the monitor probes at livenessPeriod.
+	blocked atomic.Int32
+	hurry   chan struct{}
 
 	lastLog    atomic.Int64
 	suppressed atomic.Int64
+
+	wc wakeCounters
+}
+
+// WakeStats counts how this process's consumers slept and how its
+// producers woke consumers (see the top of endpoint.go).
+type WakeStats struct {
+	BellSleeps   uint64 `json:"bell_sleeps"`   // Wait sleeps parked on a doorbell FIFO
+	FutexSleeps  uint64 `json:"futex_sleeps"`  // Wait sleeps in FUTEX_WAIT (VPIDs without a FIFO)
+	Backstops    uint64 `json:"backstops"`     // FIFO sleeps ended by the waitSlice deadline
+	BellRings    uint64 `json:"bell_rings"`    // bytes written to other consumers' FIFOs
+	RingFailed   uint64 `json:"ring_failed"`   // rings that could not open or write the FIFO
+	BellFallback uint64 `json:"bell_fallback"` // VPIDs opened without a FIFO (futex fallback)
+}
+
+type wakeCounters struct {
+	bellSleeps, futexSleeps, backstops, rings, ringFailed, bellFallback atomic.Uint64
+}
+
+// WakeStats returns the wake-up counters of the NIC from Open.
+func (n *nicT) WakeStats() WakeStats {
+	c := &n.wc
+	return WakeStats{BellSleeps: c.bellSleeps.Load(), FutexSleeps: c.futexSleeps.Load(), Backstops: c.backstops.Load(),
+		BellRings: c.rings.Load(), RingFailed: c.ringFailed.Load(), BellFallback: c.bellFallback.Load()}
 }
 
 // Open joins fabric fabricName as node and returns its NIC. The node ID
@@ -125,7 +165,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 	if err := validFabricName(fabricName); err != nil {
 		return nil, err
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default()}
+	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -139,7 +179,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 		regions: make(map[uint32]*localRegion),
 		gens:    make([]uint32, maxTableRegions+1),
 		nextIdx: 1, regLo: 1, regHi: maxNodeRegions,
-		stop: make(chan struct{}),
+		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
 	}
 	n.hook = n.sweepLeases
 	var rb [8]byte

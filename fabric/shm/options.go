@@ -3,6 +3,7 @@ package shm
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/exn-project/exn/fabric"
 )
@@ -15,6 +16,12 @@ type options struct {
 	depth int
 	dir   string
 	log   *slog.Logger
+	// noBell makes every VPID of the NIC wait on its futex, as if its
+	// doorbell FIFO could not be made (tests of the fallback).
+	noBell bool
+	// backstop is the longest one Wait sleep lasts (waitSlice; tests
+	// lengthen it to prove a wake-up came from a producer).
+	backstop time.Duration
 }
 
 // WithSlots sets the number of 128-byte slots in each VELO mailbox this

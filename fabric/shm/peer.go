@@ -205,30 +205,48 @@ func (n *nicT) probe(p *peer) bool {
 // monitor is the NIC's liveness loop; see the top of nic.go.
 func (n *nicT) monitor() {
 	defer n.wg.Done()
-	t := time.NewTicker(livenessPeriod)
+	t := time.NewTimer(idleLivenessPeriod)
 	defer t.Stop()
 	var ps []*peer
+	var last time.Time
 	for {
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
-		}
-		n.scan(false)
-		ps = ps[:0]
-		n.peerMu.RLock()
-		for _, p := range n.peers {
-			ps = append(ps, p)
-		}
-		n.peerMu.RUnlock()
-		for _, p := range ps {
-			if !p.down.Load() {
-				n.probe(p)
+		case <-n.hurry:
+			if since := time.Since(last); since < livenessPeriod {
+				t.Reset(livenessPeriod - since)
+				continue
 			}
 		}
-		if n.hook != nil {
-			n.hook()
+		last = time.Now()
+		n.runMonitor(&ps)
+		if n.blocked.Load() > 0 {
+			t.Reset(livenessPeriod)
+		} else {
+			t.Reset(idleLivenessPeriod)
 		}
+	}
+}
+
+// runMonitor is one monitor period: rescan if needed, probe every peer,
+// run the hook. ps is scratch space kept across periods.
+func (n *nicT) runMonitor(ps *[]*peer) {
+	n.scan(false)
+	*ps = (*ps)[:0]
+	n.peerMu.RLock()
+	for _, p := range n.peers {
+		*ps = append(*ps, p)
+	}
+	n.peerMu.RUnlock()
+	for _, p := range *ps {
+		if !p.down.Load() {
+			n.probe(p)
+		}
+	}
+	if n.hook != nil {
+		n.hook()
 	}
 }
 
@@ -342,6 +360,10 @@ func (n *nicT) vpid(p *peer, v fabric.VPID) (*vfile, error) {
 		return nil, err
 	}
 	vf := newVFile(newMapping(b), h)
+	vf.wc = &n.wc
+	if h.Bell {
+		vf.bellPath = path + ".bell"
+	}
 	vf.m.acquire()
 	p.vpids[v] = vf
 	return vf, nil

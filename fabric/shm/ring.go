@@ -35,11 +35,19 @@ package shm
 // is sequentially consistent in Go and so orders the plain payload stores
 // before the publishing store and the payload loads after the consuming
 // load. The doorbell is a Dekker pair: the consumer stores sleepers then
-// re-checks the ring before FUTEX_WAIT; a producer stores the status word
-// then loads sleepers and only then pays for FUTEX_WAKE. Either the
-// consumer sees the message or the producer sees the sleeper. Blocked
-// senders use the same pattern on the space word, woken by the consumer
-// after it frees slots.
+// re-checks the ring before it sleeps; a producer stores the status word
+// then loads sleepers and only then pays for a wake-up. Either the
+// consumer sees the message or the producer sees the sleeper. How it
+// wakes the consumer depends on the VPID's wait mode (header, fixed
+// before the file is linked): waitBell, the consumer parks in the Go
+// netpoller on the FIFO <vpid file>.bell and the producer writes one byte
+// to it, but only if it is the first to swap rung from 0 to 1 since the
+// consumer cleared rung (before it stored sleepers), so a burst of sends
+// to a sleeping consumer costs one write; the byte stays in the FIFO
+// until the consumer reads it, so a ring that lands before the consumer
+// parks is not lost. waitFutex (the consumer could not make its FIFO):
+// bump the doorbell word and FUTEX_WAKE. Blocked senders use the futex
+// pattern on the space word, woken by the consumer after it frees slots.
 //
 // Faults. Anything in the file may be corrupt. A published slot whose
 // descriptor does not decode is dropped and counted (Corrupt). A status
@@ -150,8 +158,13 @@ type vfile struct {
 	ntail    *atomic.Uint64
 	doorbell *atomic.Uint32
 	sleepers *atomic.Uint32
+	rung     *atomic.Uint32
 	space    *atomic.Uint32
 	spaceW   *atomic.Uint32
+	// bellPath names the VPID's doorbell FIFO (a producer's view of a
+	// waitBell VPID; empty otherwise) and wc counts rings; see ringDoorbell.
+	bellPath string
+	wc       *wakeCounters
 	stats    [numVStats]*atomic.Uint64
 	mbox     []byte
 	nq       []byte
@@ -165,6 +178,7 @@ func newVFile(m *mapping, h vpidHeader) *vfile {
 	v.ntail = u64(b, vOffNTail)
 	v.doorbell = u32(b, vOffDoorbell)
 	v.sleepers = u32(b, vOffSleepers)
+	v.rung = u32(b, vOffRung)
 	v.space = u32(b, vOffSpace)
 	v.spaceW = u32(b, vOffSpaceW)
 	for i := range v.stats {
@@ -247,12 +261,49 @@ func (v *vfile) push(desc uint64, src fabric.NodeID, payload []byte) bool {
 	return false
 }
 
-// ringDoorbell wakes the consumer if it announced it is asleep.
+// ringDoorbell wakes the consumer if it announced it is asleep. The
+// caller holds a reference on v.m. It does not allocate; after the first
+// ring of a mapping (which opens the FIFO) it is one raw write(2), made
+// by the first producer since the consumer went to sleep.
 func (v *vfile) ringDoorbell() {
-	if v.sleepers.Load() != 0 {
+	if v.sleepers.Load() == 0 {
+		return
+	}
+	if !v.hdr.Bell {
 		v.doorbell.Add(1)
 		sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck // a failed wake is a slept-out timeout
+		return
 	}
+	if v.rung.Load() != 0 || v.rung.Swap(1) != 0 {
+		return // rung since the consumer last cleared it: the byte is on its way
+	}
+	if fd := v.bellFD(); fd >= 0 && sys.RingBell(fd) == nil {
+		v.wc.rings.Add(1)
+		return
+	}
+	// The consumer's backstop wakes it; let another producer try.
+	v.wc.ringFailed.Add(1)
+	v.rung.Store(0)
+}
+
+// bellFD returns the producer's descriptor on v's doorbell FIFO, opening
+// it on first use and caching it with the mapping; -1 if it cannot.
+func (v *vfile) bellFD() int {
+	if fd := v.m.bell.Load(); fd > 0 {
+		return int(fd - 1)
+	}
+	if v.bellPath == "" {
+		return -1
+	}
+	fd, err := sys.OpenBellWriter(v.bellPath)
+	if err != nil {
+		return -1
+	}
+	if !v.m.bell.CompareAndSwap(0, int32(fd+1)) {
+		sys.CloseFD(fd) //nolint:errcheck // lost the race to another producer
+		return int(v.m.bell.Load() - 1)
+	}
+	return fd
 }
 
 // wakeSenders wakes producers sleeping on a full mailbox.
