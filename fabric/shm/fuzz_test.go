@@ -43,6 +43,12 @@ func FuzzDecodeVPIDHeader(f *testing.F) {
 	encodeVPIDHeader(good, vpidHeader{Addr: fabric.Addr{Node: 3, VPID: 1}, Slots: 8, Depth: minNotifyDepth})
 	f.Add(good, int64(vpidFileSize(8, minNotifyDepth)))
 	f.Add(good[:64], int64(100))
+	bell := make([]byte, vOffMailbox)
+	encodeVPIDHeader(bell, vpidHeader{Addr: fabric.Addr{Node: 3, VPID: 1}, Slots: 8, Depth: minNotifyDepth, Bell: true})
+	f.Add(bell, int64(vpidFileSize(8, minNotifyDepth)))
+	badMode := append([]byte(nil), bell...)
+	binary.LittleEndian.PutUint32(badMode[vOffWaitMode:], 7)
+	f.Add(badMode, int64(vpidFileSize(8, minNotifyDepth)))
 	f.Fuzz(func(t *testing.T, b []byte, size int64) {
 		h, err := decodeVPIDHeader(b, fabric.Addr{Node: 3, VPID: 1}, size)
 		if err != nil {
@@ -50,6 +56,9 @@ func FuzzDecodeVPIDHeader(f *testing.F) {
 		}
 		if !validSlots(h.Slots) || !validDepth(h.Depth) || int64(vpidFileSize(h.Slots, h.Depth)) > size {
 			t.Fatalf("accepted bad geometry %+v for size %d", h, size)
+		}
+		if mode := binary.LittleEndian.Uint32(b[vOffWaitMode:]); mode > waitBell || h.Bell != (mode == waitBell) {
+			t.Fatalf("wait mode %d decoded as bell=%v", mode, h.Bell)
 		}
 	})
 }
