@@ -47,10 +47,20 @@ const Version = 1
 
 // Tunables, with why.
 const (
-	// BufSize is each splice direction's buffer: one extds ring (256 KiB)
-	// per read, so a large application write becomes one RMA PUT chain
-	// rather than many small writes. Pooled: no allocation per message.
-	BufSize = 256 << 10
+	// BufSize is each splice direction's buffer, pooled (no allocation
+	// per message). app → fabric: one read takes everything the
+	// application has queued in the socketpair (up to SockBuf), so a bulk
+	// stream becomes few large RMA PUTs (exnd's rings are 4 MiB) rather
+	// than one per application write. fabric → app: one TryRead takes a
+	// whole PUT chunk.
+	BufSize = 1 << 20
+	// SockBuf is SO_SNDBUF and SO_RCVBUF of both socketpair ends. An
+	// AF_UNIX stream writer blocks once its SO_SNDBUF worth of data is
+	// unread (the default, 208 KiB, is less than two iperf3 writes); a
+	// larger buffer lets either side run ahead and the other take more per
+	// wake-up. The kernel caps it at net.core.wmem_max / rmem_max (4 MiB
+	// here); a lower cap only makes the buffer smaller.
+	SockBuf = 4 << 20
 	// DefaultPeekTimeout bounds shim-accept's wait for the client's first
 	// bytes. Trade-off: a plain client that waits for a server banner
 	// (SMTP-style) costs this delay once per connection before the server
@@ -467,6 +477,12 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 		abort(c)
 		return nil, nil, err
 	}
+	if err := sizeBuffers(app); err != nil {
+		app.Close()
+		mine.Close()
+		abort(c)
+		return nil, nil, err
+	}
 	mc, err := net.FileConn(mine)
 	mine.Close()
 	if err != nil {
@@ -480,6 +496,12 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 		app.Close()
 		abort(c)
 		return nil, nil, fmt.Errorf("socketpair end is a %T", mc)
+	}
+	if err := setBuffers(uc); err != nil {
+		uc.Close()
+		app.Close()
+		abort(c)
+		return nil, nil, err
 	}
 	urc, err := uc.SyscallConn()
 	if err != nil {
@@ -506,6 +528,34 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", pid,
 		"local", e.local, "remote", e.remote, "peer", e.peer)
 	return switchResult{Mode: "extds", ID: e.id}, app, nil
+}
+
+// setBuffers sets uc's socket buffers to SockBuf.
+func setBuffers(uc *net.UnixConn) error {
+	if err := uc.SetWriteBuffer(SockBuf); err != nil {
+		return fmt.Errorf("socket buffer: %w", err)
+	}
+	if err := uc.SetReadBuffer(SockBuf); err != nil {
+		return fmt.Errorf("socket buffer: %w", err)
+	}
+	return nil
+}
+
+// sizeBuffers sets the socket buffers of the application's end f
+// through a dup (closed again). The dup makes f's open file
+// non-blocking; the shim sets O_NONBLOCK as the application's
+// descriptor had it when it installs the socket.
+func sizeBuffers(f *os.File) error {
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("socketpair end is a %T", nc)
+	}
+	return setBuffers(uc)
 }
 
 func abort(c *extds.Conn) {
