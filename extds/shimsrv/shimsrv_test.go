@@ -742,3 +742,55 @@ func TestCloseWithActiveConnections(t *testing.T) {
 		t.Fatalf("listen after Close: %v", err)
 	}
 }
+
+// TestSocketBuffers: both ends of a switched connection's socketpair get
+// SockBuf (as far as net.core.wmem_max/rmem_max allow), so a bulk
+// stream is not limited to the kernel's 208 KiB default in flight.
+func TestSocketBuffers(t *testing.T) {
+	a, b := newNodes(t)
+	ln := listenTCP(t)
+	b.listen(t, ln)
+	client, server := pairUp(t, a, b, ln)
+	defer client.Close()
+	defer server.Close()
+	limit := func(name string) int {
+		raw, err := os.ReadFile("/proc/sys/net/core/" + name)
+		if err != nil {
+			t.Skipf("cannot read the socket buffer limit: %v", err)
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// The kernel doubles what is set (bookkeeping overhead) and reports
+	// the doubled value.
+	want := map[int]int{syscall.SO_SNDBUF: 2 * min(SockBuf, limit("wmem_max")), syscall.SO_RCVBUF: 2 * min(SockBuf, limit("rmem_max"))}
+	check := func(who string, c net.Conn) {
+		t.Helper()
+		rc, err := c.(*net.UnixConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for opt, w := range want {
+			var got int
+			var gerr error
+			if err := rc.Control(func(fd uintptr) { got, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, opt) }); err != nil {
+				t.Fatal(err)
+			}
+			if gerr != nil || got < w {
+				t.Errorf("%s: socket option %d = %d, %v; want at least %d", who, opt, got, gerr, w)
+			}
+		}
+	}
+	check("client app end", client.Conn)
+	check("server app end", server.Conn)
+	for _, n := range []*node{a, b} {
+		n.srv.mu.Lock()
+		for _, e := range n.srv.conns {
+			check("exnd end", e.uc)
+		}
+		n.srv.mu.Unlock()
+	}
+}
