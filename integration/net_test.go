@@ -399,17 +399,37 @@ func TestNetPerf(t *testing.T) {
 	pingAll(t, c.Nodes, 56)
 	ways := []struct{ name, ip string }{{"TCP over exn0 (net fabric)", b.IP.String()}, {"TCP over the underlay (veth+bridge)", ul}}
 	var res [2][]float64
+	// exnd CPU time (both nodes, user+system) per GB over exn0: how much
+	// the data path costs, which the load other processes put on the
+	// machine moves far less than it moves throughput.
+	var cpuPerGB []float64
+	exndTicks := func() uint64 {
+		var sum uint64
+		for _, n := range []*nstest.Node{a, b} {
+			tk, err := nstest.CPUTicks(n.Proc.Pid())
+			if err != nil {
+				t.Fatalf("node %d cpu: %v", n.ID, err)
+			}
+			sum += tk
+		}
+		return sum
+	}
 	// Interleaved, so a load change on the machine hits both alike.
 	for run := range 3 {
 		for wi, w := range ways {
 			if run == 2 && wi == 0 {
 				profile(t, secs, a, b)
 			}
+			t0 := exndTicks()
 			r, err := nstest.Iperf3(t, b.NS, a.NS, w.ip, secs)
 			if err != nil {
 				t.Fatalf("%s: %v", w.name, err)
 			}
 			res[wi] = append(res[wi], r.BitsPerSecond/1e9)
+			if wi == 0 {
+				// USER_HZ is 100 on Linux: a tick is 10 ms.
+				cpuPerGB = append(cpuPerGB, float64(exndTicks()-t0)*10/(float64(r.Bytes)/1e9))
+			}
 		}
 	}
 	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
@@ -420,6 +440,7 @@ func TestNetPerf(t *testing.T) {
 		fmt.Fprintf(&sb, "| %s | %.2f | %.2f |\n", w.name, res[wi], med(res[wi]))
 	}
 	fmt.Fprintf(&sb, "| exn0 / underlay | | %.2fx |\n", m0/m1)
+	fmt.Fprintf(&sb, "| exnd CPU per GB over exn0 (ms, both nodes) | %.0f | %.0f |\n", cpuPerGB, med(cpuPerGB))
 	t.Logf("%d CPUs\n%s", runtime.NumCPU(), sb.String())
 	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {

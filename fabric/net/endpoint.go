@@ -108,9 +108,16 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("fabnet: send: %w", err)
 	}
+	// Messages to one node are queued by sendRemote and the writer is
+	// kicked when the batch moves to another node or ends: one wake-up
+	// per node and batch, and the batch leaves in one write.
+	var queued *session
 	for i := range msgs {
 		m := &msgs[i]
 		if err := fabric.CheckSend(m); err != nil {
+			if queued != nil {
+				queued.kick()
+			}
 			return i, ctr.CountErr(err)
 		}
 		var err error
@@ -127,14 +134,24 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 		default:
 			var s *session
 			if s, err = e.nic.lookup(m.Peer.Node); err == nil {
+				if s != queued && queued != nil {
+					queued.kick()
+				}
+				queued = s
 				err = e.sendRemote(ctx, s, m)
 			}
 		}
 		if err != nil {
+			if queued != nil {
+				queued.kick()
+			}
 			return i, ctr.CountErr(err)
 		}
 		ctr.VELOSent.Add(1)
 		ctr.VELOSentBytes.Add(uint64(m.Len))
+	}
+	if queued != nil {
+		queued.kick()
 	}
 	return len(msgs), nil
 }
@@ -154,6 +171,7 @@ func (e *endpoint) sendMulticast(ctx context.Context, m *fabric.Message) error {
 			continue
 		}
 		err := e.sendRemote(ctx, s, m)
+		s.kick()
 		if err == errVPIDGone || err == errNoVPID || err == errSessDown {
 			continue
 		}
@@ -165,6 +183,10 @@ func (e *endpoint) sendMulticast(ctx context.Context, m *fabric.Message) error {
 	return nil
 }
 
+// sendRemote spends a credit of (s, m's VPID) and queues m on s; the
+// caller kicks the writer (Send does it once per run of messages to one
+// node). Without a credit it kicks the writer for what is queued (the
+// credit request among it), then waits.
 func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message) error {
 	v := m.Peer.VPID
 	counted := false
@@ -195,6 +217,9 @@ func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message
 		}
 		ch := s.cwait
 		s.cmu.Unlock()
+		// Whatever the batch queued before, and the credit request, must
+		// leave before we sleep.
+		s.kick()
 		if blocked && !counted {
 			e.nic.ctr.SendBlocked.Add(1)
 			counted = true
@@ -333,6 +358,7 @@ func (e *endpoint) grantLocked(s *session, rc *rxCredit, free int) {
 	var b [4]byte
 	b[0], b[1], b[2], b[3] = byte(g), byte(g>>8), byte(g>>16), byte(g>>24)
 	s.queueCtl(tGrant, 0, 0, e.addr.VPID, b[:])
+	s.kick()
 }
 
 // serveLocked hands free slots to local senders and waiting peers.
@@ -550,7 +576,9 @@ func (e *endpoint) post(r *fabric.RMA) error {
 			if p := s.lookup(id, r.Op); p != nil {
 				s.complete(p, fabric.NErrPeerDown)
 			}
+			return nil
 		}
+		s.kick()
 		return nil
 	}
 	var body [24]byte
@@ -558,6 +586,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	putU64(body[8:], uint64(r.Remote))
 	putU32(body[16:], r.Len)
 	s.queueCtl(tGetReq, uint8(r.Notify)<<flagShift, e.addr.VPID, r.Peer.VPID, body[:])
+	s.kick()
 	return nil
 }
 
@@ -615,6 +644,7 @@ func (e *endpoint) Close() error {
 		if !s.isDead() {
 			s.sentClosed[v].Add(1)
 			s.queueCtl(tClosed, 0, 0, v, nil)
+			s.kick()
 		}
 	}
 	clear(e.mb.rx)

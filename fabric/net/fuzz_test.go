@@ -3,6 +3,7 @@ package fabnet
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"net"
 	"testing"
 
@@ -69,8 +70,14 @@ func FuzzReadLoop(f *testing.F) {
 	f.Add(bytes.Join(seeds[:6], nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c1, c2 := net.Pipe()
-		defer c2.Close()
+		// The peer reads everything (replies written directly or by the
+		// writer goroutine), and the writer runs as in session.run.
+		drained := make(chan struct{})
+		go func() { io.Copy(io.Discard, c2); close(drained) }()
+		defer func() { c2.Close(); <-drained }()
 		s := newSession(n, c1, hello{node: 1, version: protoVersion})
+		wdone := make(chan struct{})
+		go func() { s.writeLoop(); close(wdone) }()
 		e5 := n.eps[5].Load()
 		if !e5.creditRequest(s) {
 			t.Fatal("credit request refused")
@@ -83,6 +90,7 @@ func FuzzReadLoop(f *testing.F) {
 			t.Fatal("readLoop returned nil at end of input")
 		}
 		s.kill(nil)
+		<-wdone
 		s.cleanup()
 		for i, b := range r6.Buf {
 			if b != 0xEE {

@@ -395,6 +395,7 @@ func (n *NIC) tick() {
 			continue
 		}
 		s.queueCtl(tHeartbeat, 0, 0, 0, nil)
+		s.kick()
 	}
 }
 

@@ -2,20 +2,27 @@ package fabnet
 
 // Session pipeline (one per connected peer, one TCP connection):
 //
-//	senders (Send, Post, reader replies, monitor heartbeats)
+//	senders (Send, Post, the reader's replies, monitor heartbeats)
 //	   │ queueCtl / queueVELO: encode into s.ctl (wmu)      queueBulk: s.bulk (wmu)
+//	   │ then kick the writer: Send once per batch and node; the reader
+//	   │ only when it is about to block on the socket (replyLater), so
+//	   │ the replies to a burst of frames leave together
 //	   ▼
-//	writeLoop: swap s.ctl out, take ONE bulk chunk (64 KiB) from the head
-//	   item (re-queued at the tail if unfinished, so transfers share the
-//	   link round-robin), then one writev of [ctl frames | chunk header |
-//	   chunk data read straight from the registered region]. The region is
-//	   acquired only for that writev.
-//	readLoop: bufio reader → decodePrefix (size checked before any read)
-//	   → fixed header → dispatch. VELO lands in the target mailbox (credit
-//	   checked), RMA data is read straight into the target region (acquired
-//	   for that one read), replies are queued to this session's writer. The
-//	   reader never blocks on an application: credits guarantee mailbox
-//	   room, notification queues drop on overflow, regions never block.
+//	writeLoop: swap s.ctl out, take up to writeChunks chunks (64 KiB
+//	   each) round-robin from the head transfers (an unfinished one goes
+//	   back to the tail), then one writev of [ctl frames | chunk header |
+//	   chunk data read straight from the registered region | ...]. Each
+//	   region is acquired only for that writev; a GET response's responder
+//	   notification is written after the writev of its last chunk (or, if
+//	   needGetDone, when the requester's get-done arrives).
+//	readLoop: bufio reader (4 KiB) → decodePrefix (size checked before
+//	   any read) → fixed header → dispatch. VELO lands in the target
+//	   mailbox (credit checked), RMA data is read straight into the target
+//	   region (acquired for that one read; only what the last 4 KiB read
+//	   pulled in goes through the buffer), replies are queued to this
+//	   session's writer. The reader never blocks on an application:
+//	   credits guarantee mailbox room, notification queues drop on
+//	   overflow, regions never block.
 //	run: starts the writer, runs the reader, and on its exit kills the
 //	   session, joins the writer, fails every outstanding RMA with
 //	   NErrPeerDown and releases the credits the peer held.
@@ -25,10 +32,11 @@ package fabnet
 // message and asks for more (credit-req) at half its last grant. A sender
 // without credits blocks; nothing is ever dropped for lack of room.
 //
-// Locks: wmu guards ctl and bulk; cmu guards tx and cwait (sender-side
+// Locks: wmu guards ctl, bulk and awaitDone; cmu guards tx and cwait (sender-side
 // credit state); pmu guards the pending-RMA slab's free list, its growth
 // and pdead. The reader alone touches putFail, rxMsg and the ackedClosed
-// epochs. Lock order: endpoint mailbox mu → cmu → wmu; pmu is a leaf.
+// epochs. Lock order: endpoint mailbox mu → cmu → wmu → region mu
+// (chunkLocked acquires regions; acquires never block); pmu is a leaf.
 
 import (
 	"bufio"
@@ -45,13 +53,27 @@ import (
 )
 
 const (
-	// readBufSize is the reader's buffer: large enough that a burst of
-	// VELO frames is parsed from one read(2), small next to a chunk so
-	// RMA data mostly bypasses it (bufio reads large spans directly).
-	readBufSize = 64 << 10
-	// ctlFlushHint is the control-buffer size after which a sender kicks
-	// the writer even if it was already kicked, keeping batches bounded.
+	// readBufSize is the reader's buffer. A read(2) into it fills it, so
+	// whatever of an RMA chunk's payload follows the frame header in the
+	// same read is copied twice (socket → buffer → region); only the rest
+	// is read straight into the region (bufio reads spans of at least its
+	// size directly). At 64 KiB nearly every chunk went through the buffer
+	// (runtime.memmove 8 % of the receiving exnd in iperf3 over exn0); at
+	// 4 KiB at most 4 KiB of a 64 KiB chunk does, and a burst of up to 30
+	// VELO frames (136 B each) or 128 control frames still costs one read.
+	readBufSize = 4 << 10
+	// ctlInitial is the initial capacity of the control buffer and its
+	// spare: a writer swaps the two, so queueing frames allocates only
+	// when a batch outgrows every batch before it.
 	ctlInitial = 16 << 10
+	// writeChunks is the most RMA chunks one writev carries (with the
+	// control frames queued meanwhile). A burst of GET requests (the
+	// EXT-Eth engine keeps up to 64 frames in flight) is answered with
+	// one writev per 256 KiB instead of per 64 KiB: each write on the
+	// underlay costs a pass through its whole TCP stack. A VELO message
+	// queued behind waits for at most four chunks.
+	writeChunks = 4
+
 	// maxBulkQueue bounds queued RMA transfers per session: the peer can
 	// make us queue one per GET request it sends, so an endless stream of
 	// requests is a protocol violation rather than unbounded memory.
@@ -123,13 +145,18 @@ type session struct {
 	ctl  []byte  // encoded frames waiting for the writer
 	bulk []*bulk // FIFO of data transfers
 	// awaitDone holds GET responses whose last chunk was sent and whose
-	// responder notification waits for the requester's get-done, so the
-	// notification means the data has landed on both sides.
+	// responder notification waits for the requester's get-done
+	// (needGetDone), so the notification means the data has landed.
 	awaitDone map[uint64]*bulk
 	wake      chan struct{}
 
-	iov  [3][]byte   // writer only: backing array of bufs
-	bufs net.Buffers // writer only: reused so writev does not allocate
+	// Writer goroutine only: the batch in flight, the spare control
+	// buffer, writev's backing array (reused so writev does not
+	// allocate) and the chunk headers.
+	out   out
+	spare []byte
+	iov   [1 + 2*writeChunks][]byte
+	hdr   [writeChunks][prefixSize + maxFixed]byte
 
 	cmu   sync.Mutex
 	tx    [256]txState
@@ -143,9 +170,10 @@ type session struct {
 	free  []uint32
 	pdead bool
 
-	putFail map[uint64]fabric.NotifyErr // reader only
-	rxMsg   fabric.Message              // reader only
-	bodyBuf [maxFixed]byte              // reader only
+	replyDue bool                        // reader only: queued frames wait for readFull
+	putFail  map[uint64]fabric.NotifyErr // reader only
+	rxMsg    fabric.Message              // reader only
+	bodyBuf  [maxFixed]byte              // reader only
 }
 
 func newSession(n *NIC, c net.Conn, h hello) *session {
@@ -154,6 +182,7 @@ func newSession(n *NIC, c net.Conn, h hello) *session {
 		dead:      make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		ctl:       make([]byte, 0, ctlInitial),
+		spare:     make([]byte, 0, ctlInitial),
 		lastHeard: n.cfg.Now(),
 	}
 }
@@ -229,14 +258,29 @@ func (s *session) cleanup() {
 
 // ---- writer side ----
 
-func (s *session) kick() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+// out is one batch being written: [ctl frames | chunk header | chunk
+// data aliasing its region | ...] with up to writeChunks chunks. Writer
+// goroutine only.
+type out struct {
+	bufs  net.Buffers
+	nb    int64
+	ctl   []byte // the control buffer taken, recycled as the next spare
+	n     int    // chunks in items
+	items [writeChunks]outChunk
 }
 
-// queueCtl queues a frame with a fixed body and no payload.
+// outChunk is one RMA chunk of a batch.
+type outChunk struct {
+	b    *bulk
+	reg  *region // acquired for the write; nil if the transfer aborted
+	done bool    // b's last frame: b is ours to finish and free
+	// respond: a GET response whose responder notification is written
+	// once this (its last) chunk has left.
+	respond bool
+}
+
+// queueCtl queues a frame with a fixed body and no payload. The caller
+// then kicks the writer, or (the reader) calls replyLater.
 func (s *session) queueCtl(typ, flags uint8, a, b fabric.VPID, body []byte) {
 	s.wmu.Lock()
 	off := len(s.ctl)
@@ -244,10 +288,10 @@ func (s *session) queueCtl(typ, flags uint8, a, b fabric.VPID, body []byte) {
 	putPrefix(s.ctl[off:], len(body), typ, flags, a, b)
 	s.ctl = append(s.ctl, body...)
 	s.wmu.Unlock()
-	s.kick()
 }
 
-// queueVELO queues one VELO frame from local VPID a to the peer's VPID b.
+// queueVELO queues one VELO frame from local VPID a to the peer's VPID b;
+// as queueCtl.
 func (s *session) queueVELO(a fabric.VPID, m *fabric.Message) {
 	d := fabric.Descriptor{VPID: m.Peer.VPID, Tag: m.Tag, Len: m.Len, MC: m.MC}
 	if m.MC {
@@ -260,9 +304,10 @@ func (s *session) queueVELO(a fabric.VPID, m *fabric.Message) {
 	binary.LittleEndian.PutUint64(s.ctl[off+prefixSize:], d.Encode())
 	s.ctl = append(s.ctl, m.Data[:m.Len]...)
 	s.wmu.Unlock()
-	s.kick()
 }
 
+// queueBulk queues an RMA data transfer; as queueCtl. False if the
+// session already holds maxBulkQueue transfers.
 func (s *session) queueBulk(b *bulk) bool {
 	s.wmu.Lock()
 	if len(s.bulk) >= maxBulkQueue {
@@ -271,15 +316,113 @@ func (s *session) queueBulk(b *bulk) bool {
 	}
 	s.bulk = append(s.bulk, b)
 	s.wmu.Unlock()
-	s.kick()
 	return true
 }
 
+// kick wakes the writer goroutine; it never blocks.
+func (s *session) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// replyLater is how the reader sends: the frames it queued wait until it
+// is about to block on the socket (readFull), then one kick sends the
+// replies to a whole burst of frames in one write.
+func (s *session) replyLater() { s.replyDue = true }
+
+// takeLocked moves the next batch (all queued control frames plus at
+// most writeChunks chunks) into s.out. False if nothing is queued.
+// Writer goroutine only, wmu held.
+func (s *session) takeLocked() bool {
+	if len(s.ctl) == 0 && len(s.bulk) == 0 {
+		return false
+	}
+	o := &s.out
+	o.ctl = s.ctl
+	s.ctl = s.spare[:0]
+	s.spare = nil
+	bufs := s.iov[:0]
+	if len(o.ctl) > 0 {
+		bufs = append(bufs, o.ctl)
+	}
+	// One chunk of the head transfer at a time; an unfinished transfer
+	// goes back to the tail at once, so transfers share the link
+	// round-robin by chunk (a lone transfer gets every chunk).
+	for o.n = 0; o.n < writeChunks && len(s.bulk) > 0; o.n++ {
+		b := s.bulk[0]
+		copy(s.bulk, s.bulk[1:])
+		s.bulk[len(s.bulk)-1] = nil
+		s.bulk = s.bulk[:len(s.bulk)-1]
+		it := &o.items[o.n]
+		h, data := s.chunkLocked(b, s.hdr[o.n][:], it)
+		if !it.done {
+			s.bulk = append(s.bulk, b)
+		}
+		bufs = append(bufs, h)
+		if len(data) > 0 {
+			bufs = append(bufs, data)
+		}
+	}
+	o.nb = 0
+	for _, x := range bufs {
+		o.nb += int64(len(x))
+	}
+	o.bufs = bufs
+	return true
+}
+
+// finishOut releases a written batch: the regions, the finished
+// transfers (after the responder notification of a GET response that
+// is due now) and the control buffer (kept as the spare: the steady
+// state allocates nothing).
+func (s *session) finishOut() {
+	o := &s.out
+	clear(s.iov[:])
+	o.bufs = nil
+	for i := range o.items[:o.n] {
+		it := &o.items[i]
+		if it.reg != nil {
+			it.reg.release()
+		}
+		if b := it.b; b != nil {
+			if it.respond {
+				b.ep.notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
+			}
+			*b = bulk{}
+			bulkPool.Put(b)
+		}
+		*it = outChunk{}
+	}
+	o.n = 0
+	if cap(o.ctl) > cap(s.spare) {
+		s.spare = o.ctl[:0]
+	}
+	o.ctl = nil
+}
+
+// dropOut abandons s.out after a failed write (the session is dying):
+// regions are released, finished transfers forgotten (cleanup fails
+// their requests).
+func (s *session) dropOut() {
+	o := &s.out
+	clear(s.iov[:])
+	o.bufs = nil
+	for i := range o.items[:o.n] {
+		if r := o.items[i].reg; r != nil {
+			r.release()
+		}
+		o.items[i] = outChunk{}
+	}
+	o.n = 0
+	o.ctl = nil
+}
+
+// writeLoop is the writer goroutine: woken by kick, it writes batches
+// until the queue is empty. Each write has a deadline of DeadAfter, so a
+// peer that stops reading cannot wedge it.
 func (s *session) writeLoop() {
-	var (
-		spare = make([]byte, 0, ctlInitial)
-		hdr   [prefixSize + maxFixed]byte
-	)
 	for {
 		select {
 		case <-s.wake:
@@ -288,85 +431,44 @@ func (s *session) writeLoop() {
 		}
 		for {
 			s.wmu.Lock()
-			ctl := s.ctl
-			s.ctl = spare[:0]
-			var b *bulk
-			if len(s.bulk) > 0 {
-				b = s.bulk[0]
-				copy(s.bulk, s.bulk[1:])
-				s.bulk[len(s.bulk)-1] = nil
-				s.bulk = s.bulk[:len(s.bulk)-1]
-			}
+			ok := s.takeLocked()
 			s.wmu.Unlock()
-			if len(ctl) == 0 && b == nil {
-				spare = ctl
+			if !ok {
 				break
 			}
-			bufs := s.iov[:0]
-			if len(ctl) > 0 {
-				bufs = append(bufs, ctl)
-			}
-			var (
-				reg          *region
-				done, parked bool
-			)
-			if b != nil {
-				var h, data []byte
-				h, data, reg, done, parked = s.chunk(b, hdr[:])
-				bufs = append(bufs, h)
-				if len(data) > 0 {
-					bufs = append(bufs, data)
-				}
-			}
 			s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.DeadAfter))
-			nb := int64(0)
-			for _, x := range bufs {
-				nb += int64(len(x))
-			}
 			s.race.beforeWrite()
-			s.bufs = bufs
-			_, err := s.bufs.WriteTo(s.conn)
-			clear(s.iov[:])
-			if reg != nil {
-				reg.release()
-			}
-			if err != nil {
+			if _, err := s.out.bufs.WriteTo(s.conn); err != nil {
+				s.dropOut()
 				s.kill(fmt.Errorf("write: %w", err))
 				return
 			}
 			s.n.nctr.writes.Add(1)
-			s.n.nctr.bytesOut.Add(uint64(nb))
-			if b != nil && !parked {
-				if done {
-					*b = bulk{}
-					bulkPool.Put(b)
-				} else {
-					s.wmu.Lock()
-					s.bulk = append(s.bulk, b)
-					s.wmu.Unlock()
-				}
-			}
-			// Keep the larger buffer as the spare: steady state allocates
-			// nothing.
-			spare = ctl[:0]
+			s.n.nctr.bytesOut.Add(uint64(s.out.nb))
+			s.finishOut()
 		}
 	}
 }
 
-// chunk builds the next frame of b into hdr. It returns the frame header,
-// the data (aliasing the region, which stays acquired until the caller
-// releases reg) and whether this is b's last frame.
+// chunkLocked builds the next frame of b into hdr and fills it: the
+// region (acquired until the write is done; wmu is held, and region
+// acquires never block), whether this is b's last frame and whether a
+// responder notification follows the write. It returns the frame header
+// and the data, which aliases the region.
 //
-// parked means b went into awaitDone: from the moment the frame is
-// written the reader may finish and recycle it, so the caller must not
-// touch b again.
-func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last, parked bool) {
+// A GET response whose responder notification must wait for the
+// requester's get-done (needGetDone) goes into awaitDone here, before the
+// frame leaves, so the get-done cannot overtake it; from then on the
+// reader may finish and recycle b, so it.b stays nil and the caller must
+// not touch b again.
+func (s *session) chunkLocked(b *bulk, hdr []byte, it *outChunk) (h, data []byte) {
+	*it = outChunk{}
 	k := min(b.total-b.off, chunkSize)
 	ok := b.reg.acquire()
 	if ok {
-		reg = b.reg
+		it.reg = b.reg
 		start := b.src.Offset() + uint64(b.off)
-		data = reg.buf[start : start+uint64(k)]
+		data = b.reg.buf[start : start+uint64(k)]
 	}
 	body := hdr[prefixSize:]
 	if b.put {
@@ -392,17 +494,6 @@ func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last,
 			b.aborted = true
 		} else if b.off+k == b.total {
 			flags = fLast
-			if b.notify&fabric.NotifyResponder != 0 {
-				// Registered before the frame leaves, so the get-done
-				// cannot overtake it.
-				s.wmu.Lock()
-				if s.awaitDone == nil {
-					s.awaitDone = make(map[uint64]*bulk)
-				}
-				s.awaitDone[b.reqID] = b
-				s.wmu.Unlock()
-				parked = true
-			}
 		}
 		binary.LittleEndian.PutUint64(body[0:], b.reqID)
 		binary.LittleEndian.PutUint32(body[8:], b.off)
@@ -410,7 +501,35 @@ func (s *session) chunk(b *bulk, hdr []byte) (h, data []byte, reg *region, last,
 		h = hdr[:prefixSize+12]
 	}
 	b.off += k
-	return h, data, reg, b.aborted || b.off == b.total, parked
+	it.done = b.aborted || b.off == b.total
+	if !it.done {
+		return h, data
+	}
+	it.b = b
+	if !b.put && !b.aborted && b.notify&fabric.NotifyResponder != 0 {
+		if needGetDone(b.notify) {
+			if s.awaitDone == nil {
+				s.awaitDone = make(map[uint64]*bulk)
+			}
+			s.awaitDone[b.reqID] = b
+			it.b = nil
+		} else {
+			it.respond = true
+		}
+	}
+	return h, data
+}
+
+// needGetDone says whether a GET with these notification flags needs the
+// get-done frame: only when the responder is notified and the requester
+// is not. The responder notification means the responder's memory was
+// read (Table 3.1), so it is written once the last chunk has left; but
+// with no requester-side notification, it is the only event that says
+// the GET is over, so then it also waits until the data has landed.
+// Requester and responder decide this from the same flags (carried in
+// the get-req), so they agree without a wire field.
+func needGetDone(n fabric.Notify) bool {
+	return n&fabric.NotifyResponder != 0 && n&(fabric.NotifyRequester|fabric.NotifyCompleter) == 0
 }
 
 // rxGetDone writes the responder notification of a GET whose data the
@@ -482,19 +601,33 @@ func (s *session) complete(p *pending, nerr fabric.NotifyErr) {
 
 // ---- reader ----
 
+// readFull reads len(b) bytes. If that may block (not all of them are
+// buffered), the replies the reader queued go out first: the reader never
+// sleeps on the socket with frames of its own unsent.
+func (s *session) readFull(br *bufio.Reader, b []byte) error {
+	if s.replyDue && br.Buffered() < len(b) {
+		s.replyDue = false
+		s.kick()
+	}
+	if _, err := io.ReadFull(br, b); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	return nil
+}
+
 func (s *session) readLoop(br *bufio.Reader) error {
 	var pb [prefixSize]byte
 	for {
-		if _, err := io.ReadFull(br, pb[:]); err != nil {
-			return fmt.Errorf("read: %w", err)
+		if err := s.readFull(br, pb[:]); err != nil {
+			return err
 		}
 		p, err := decodePrefix(pb[:])
 		if err != nil {
 			return err
 		}
 		body := s.bodyBuf[:fixedSize[p.typ]]
-		if _, err := io.ReadFull(br, body); err != nil {
-			return fmt.Errorf("read: %w", err)
+		if err := s.readFull(br, body); err != nil {
+			return err
 		}
 		s.race.afterRead()
 		s.framesIn.Add(1)
@@ -538,8 +671,8 @@ func (s *session) rxVELO(br *bufio.Reader, p prefix, body []byte) error {
 		return fmt.Errorf("velo descriptor %+v disagrees with frame: %w", d, errProto)
 	}
 	m := &s.rxMsg
-	if _, err := io.ReadFull(br, m.Data[:d.Len]); err != nil {
-		return fmt.Errorf("read: %w", err)
+	if err := s.readFull(br, m.Data[:d.Len]); err != nil {
+		return err
 	}
 	m.Peer = fabric.Addr{Node: s.peer, VPID: p.a}
 	m.MC, m.Tag, m.Len = d.MC, d.Tag, d.Len
@@ -564,6 +697,7 @@ func (s *session) rxCreditReq(p prefix) error {
 	ep := s.n.eps[v].Load()
 	if ep == nil || !ep.creditRequest(s) {
 		s.queueCtl(tNoVPID, 0, 0, v, nil)
+		s.replyLater()
 	}
 	return nil
 }
@@ -605,6 +739,10 @@ func (s *session) rxCredit(p prefix, body []byte) error {
 }
 
 func (s *session) discard(br *bufio.Reader, n int) error {
+	if s.replyDue && br.Buffered() < n {
+		s.replyDue = false
+		s.kick()
+	}
 	if _, err := br.Discard(n); err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
@@ -636,10 +774,10 @@ func (s *session) rxPutData(br *bufio.Reader, p prefix, body []byte) error {
 		}
 	} else if nerr == fabric.NErrNone && reg.acquire() {
 		start := dst.Offset() + uint64(off)
-		_, err := io.ReadFull(br, reg.buf[start:start+uint64(k)])
+		err := s.readFull(br, reg.buf[start:start+uint64(k)])
 		reg.release()
 		if err != nil {
-			return fmt.Errorf("read: %w", err)
+			return err
 		}
 	} else {
 		if nerr == fabric.NErrNone {
@@ -673,6 +811,7 @@ func (s *session) rxPutData(br *bufio.Reader, p prefix, body []byte) error {
 	var ack [8]byte
 	binary.LittleEndian.PutUint64(ack[:], id)
 	s.queueCtl(tPutAck, uint8(nerr)<<flagShift, p.b, p.a, ack[:])
+	s.replyLater()
 	return nil
 }
 
@@ -700,6 +839,7 @@ func (s *session) rxGetReq(p prefix, body []byte) error {
 		var b [12]byte
 		binary.LittleEndian.PutUint64(b[:], id)
 		s.queueCtl(tGetData, fLast|uint8(nerr)<<flagShift, p.b, p.a, b[:])
+		s.replyLater()
 		return nil
 	}
 	b := bulkPool.Get().(*bulk)
@@ -708,6 +848,7 @@ func (s *session) rxGetReq(p prefix, body []byte) error {
 		bulkPool.Put(b)
 		return fmt.Errorf("more than %d rma transfers queued: %w", maxBulkQueue, errProto)
 	}
+	s.replyLater()
 	return nil
 }
 
@@ -729,10 +870,10 @@ func (s *session) rxGetData(br *bufio.Reader, p prefix, body []byte) error {
 	if k > 0 {
 		if pe.lerr == fabric.NErrNone && pe.local.acquire() {
 			start := pe.req.Local.Offset() + uint64(off)
-			_, err := io.ReadFull(br, pe.local.buf[start:start+uint64(k)])
+			err := s.readFull(br, pe.local.buf[start:start+uint64(k)])
 			pe.local.release()
 			if err != nil {
-				return fmt.Errorf("read: %w", err)
+				return err
 			}
 		} else {
 			pe.lerr = fabric.NErrAccess // our region went away mid-transfer
@@ -743,8 +884,9 @@ func (s *session) rxGetData(br *bufio.Reader, p prefix, body []byte) error {
 		pe.got += k
 	}
 	if last {
-		if nerr == fabric.NErrNone && pe.req.Notify&fabric.NotifyResponder != 0 {
+		if nerr == fabric.NErrNone && needGetDone(pe.req.Notify) {
 			s.queueCtl(tGetDone, 0, p.b, p.a, body[:8])
+			s.replyLater()
 		}
 		if nerr == fabric.NErrNone {
 			nerr = pe.lerr

@@ -30,9 +30,12 @@ import (
 )
 
 const (
-	helloMagic   = "EXNF"
-	helloSize    = 24
-	protoVersion = 1
+	helloMagic = "EXNF"
+	helloSize  = 24
+	// protoVersion 2: the get-done frame is sent only for GETs that
+	// notify the responder and nobody on the requester side (version 1
+	// sent it for every GET with a responder notification).
+	protoVersion = 2
 
 	prefixSize = 8
 
@@ -63,7 +66,7 @@ const (
 	tPutAck    = 8  // reqID u64; flags high nibble = NotifyErr
 	tGetReq    = 9  // reqID u64, remote NLA u64, len u32, pad u32
 	tGetData   = 10 // reqID u64, off u32 + data; flags high nibble = NotifyErr
-	tGetDone   = 11 // reqID u64: the data landed (sent only if a responder notification is due)
+	tGetDone   = 11 // reqID u64: the data landed (sent only if needGetDone)
 	numTypes   = 12
 )
 
