@@ -4,10 +4,16 @@ package extds
 //
 // Send (Write, under wmu; one writer at a time):
 //
-//	write ≤ threshold, or ring short  → VELO fragments (eager credit)
+//	write ≤ threshold                 → VELO fragments (eager credit)
 //	write > threshold, ring has room  → copy into the tx mirror ring at the
 //	                                    peer's write offset, RMA PUT into
 //	                                    the peer's ring, then RMA_INFO
+//	ring short, ≤ ringFullVELOMax of  → VELO fragments (eager credit)
+//	  the write left
+//	ring short, more left             → wait for RMA_AVAIL (spin, then
+//	                                    park: spinWaitLocked), then PUT
+//	ReadFrom                          → source Read straight into the tx
+//	                                    mirror, then as above (copy.go)
 //	WriteBuffer ≥ zcopy threshold     → ZC_SRC (peer GETs) or ZC_WANT /
 //	                                    ZC_SINK / PUT / ZC_PUT; blocks
 //	                                    until ZC_DONE
@@ -21,16 +27,24 @@ package extds
 //	ZC_SRC/WANT   → a ZCopy segment the reader drives (GET or sink advert)
 //	Read          → consumes segments in order; freed ring and eager bytes
 //	                go back as RMA_AVAIL once ≥ 1/creditFraction is free
+//	WriteTo       → the same, writing ring and eager slices to its
+//	                destination instead of copying them out (copy.go)
 //
 // Order across the paths is the order of the segment queue, which is the
 // order of VELO messages on the one (source vpid, target vpid) pair the
 // connection uses: a VELO fragment never overtakes an RMA chunk still in
 // flight, because the reader stops at an RMA segment that is not ready.
 //
-// Locks: wmu serialises writers (and guards wbatch); rmu serialises
-// readers (and guards rbatch). mu guards every protocol field below it
-// and is never held across a fabric Send or Post; the rx loop takes only
-// mu. Order: wmu or rmu, then mu, then Device.mu.
+// Locks: wsem is the writer slot (Write, ReadFrom, WriteBuffer hold it for
+// the whole call); wmu orders the messages of writers, CloseWrite and
+// Close (and guards wbatch); a writer holds it except while ReadFrom is
+// in its source's Read. rmu serialises readers (and guards rbatch). mu
+// guards every protocol field below it and is never held across a fabric
+// Send or Post; the rx loop takes only mu. Order: wsem, then wmu or rmu,
+// then mu, then Device.mu. A ring used without mu (the writer's copy into
+// the tx mirror, ReadFrom's source Read into it, WriteTo's Write from the
+// rx ring) is pinned (txPin, rxPin): a release meanwhile leaves it
+// registered, and the unpin deregisters it. See copy.go.
 
 import (
 	"context"
@@ -85,6 +99,15 @@ const (
 	// costs more than the VELO fragments it replaces, so a short
 	// contiguous space is used only to finish a write or to wrap the ring.
 	minPutChunk = 4 << 10
+	// ringFullVELOMax: when the peer's ring is full, a large write waits
+	// for RMA_AVAIL unless at most this much of it is left, which goes as
+	// VELO fragments (one Send of sendBatch fragments). VELO moves 116 B
+	// per mailbox slot with a copy in and out of the slot, the eager
+	// buffer and a decode per fragment, at the receiver that is already
+	// behind; waiting for the credits it is about to return and PUTting
+	// is faster: streams of 1 MiB writes between processes on shm went
+	// from 1.5 to 2.9 GB/s (docs/extds.md, "Numbers").
+	ringFullVELOMax = sendBatch * fragData
 	// maxSegs bounds the receive segment queue. A well-behaved sender
 	// creates at most about 2 × ring / minPutChunk RMA segments plus as
 	// many VELO ones between them; more is a protocol violation.
@@ -185,6 +208,7 @@ type Conn struct {
 	wrWake       chan struct{}
 	rdDL, wrDL   deadline
 
+	wsem   sync.Mutex // the writer slot: Write, ReadFrom, WriteBuffer (see ReadFrom)
 	wmu    sync.Mutex
 	wbatch [sendBatch]fabric.Message
 	wrma   [1]fabric.RMA
@@ -208,6 +232,11 @@ type Conn struct {
 	rxNote     func() // SetReadNotify: on the rx loop, no lock held
 	rxKick     func() // SetReadNotify: on failure and Close, mu may be held
 	notePend   bool   // rxNote is due once the rx loop releases mu
+	// Pins: a writer (wsem) or reader (rmu) is using txRing.Buf or
+	// rxRing.Buf without mu; releaseLocked leaves a pinned ring registered
+	// (on shm: mapped) and the unpin deregisters it.
+	txPin, rxPin             bool
+	txDeregLate, rxDeregLate bool
 	// transmit side
 	txFree  uint32
 	txWpos  uint32
@@ -417,6 +446,17 @@ func (c *Conn) sendErr(err error) error {
 
 // ---- write path ----
 
+var errWriteShut = fmt.Errorf("write after CloseWrite: %w", syscall.EPIPE)
+
+// ringWaitLocked says whether a large write that finds too little room in
+// the peer's ring should wait for RMA_AVAIL instead of going on as VELO
+// fragments: when at least half the ring is outstanding, its credits are
+// due (the reader returns them at 1/creditFraction = 1/4), so waiting
+// cannot deadlock.
+func (c *Conn) ringWaitLocked() bool {
+	return 2*(c.peerRingSize-c.txFree) >= c.peerRingSize
+}
+
 // wrCheckLocked returns why a write cannot proceed, if it cannot.
 func (c *Conn) wrCheckLocked() error {
 	switch {
@@ -425,7 +465,7 @@ func (c *Conn) wrCheckLocked() error {
 	case c.err != nil:
 		return c.err
 	case c.wrShut:
-		return fmt.Errorf("write after CloseWrite: %w", syscall.EPIPE)
+		return errWriteShut
 	case isClosedChan(c.wrDL.wait()):
 		return os.ErrDeadlineExceeded
 	}
@@ -440,6 +480,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if c.mode == ModeTCP {
 		return c.tcp.Write(p)
 	}
+	c.wsem.Lock()
+	defer c.wsem.Unlock()
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	n, err := c.writeLocked(p)
@@ -466,10 +508,14 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 				off = c.txWpos
 				c.txWpos = (c.txWpos + chunk) % c.peerRingSize
 				c.txFree -= chunk
+				c.txPin = true
 			}
 		}
 		if !put {
-			if c.txEager == 0 {
+			// A large write waits for ring credits rather than go on as
+			// VELO fragments, except for its last ringFullVELOMax bytes
+			// (see ringWaitLocked).
+			if c.txEager == 0 || large && len(p) > ringFullVELOMax && c.ringWaitLocked() {
 				c.dev.ctr.creditWaits.Add(1)
 				free, eager := c.txFree, c.txEager
 				if err := c.spinWaitLocked(&c.wrSpin, c.wrWake, &c.wrDL, func() bool {
@@ -491,6 +537,9 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 		var err error
 		if put {
 			err = c.putChunk(p[:chunk], off)
+			c.mu.Lock()
+			c.unpinTxLocked()
+			c.mu.Unlock()
 		} else {
 			err = c.sendFrags(p[:chunk], int(chunk) == len(p))
 		}
@@ -522,25 +571,51 @@ func (c *Conn) sendFrags(p []byte, last bool) error {
 	return nil
 }
 
-// putChunk copies p into the tx mirror at off, PUTs it to the same offset
-// of the peer's ring and announces it with RMA_INFO.
+// putChunk copies p into the tx mirror at off (reserved and pinned by the
+// caller), PUTs it to the same offset of the peer's ring and announces it
+// with RMA_INFO.
 func (c *Conn) putChunk(p []byte, off uint32) error {
 	copy(c.txRing.Buf[off:], p)
+	return c.putMirror(off, uint32(len(p)))
+}
+
+// putMirror PUTs n bytes at off of the tx mirror to the same offset of the
+// peer's ring and announces them with RMA_INFO. wmu is held.
+func (c *Conn) putMirror(off, n uint32) error {
 	c.wrma[0] = fabric.RMA{
 		Op: fabric.OpPut, Peer: c.peerAddr,
 		Local: c.txRing.NLA + fabric.NLA(off), Remote: c.peerRing + fabric.NLA(off),
-		Len: uint32(len(p)), Notify: fabric.NotifyCompleter,
+		Len: n, Notify: fabric.NotifyCompleter,
 	}
 	if _, err := c.vd.ep.Post(c.wrma[:]); err != nil {
 		return c.sendErr(err)
 	}
-	encTwo(&c.wbatch[0], c.peerAddr, TagRMAInfo, c.peerID, off, uint32(len(p)))
+	encTwo(&c.wbatch[0], c.peerAddr, TagRMAInfo, c.peerID, off, n)
 	if err := c.send(c.wbatch[:1]); err != nil {
 		return err
 	}
 	c.dev.ctr.rmaPuts.Add(1)
-	c.dev.ctr.txRMA.Add(uint64(len(p)))
+	c.dev.ctr.txRMA.Add(uint64(n))
 	return nil
+}
+
+// unpinTxLocked ends a writer's use of txRing.Buf outside mu; if the
+// connection was released meanwhile, the ring is deregistered now.
+func (c *Conn) unpinTxLocked() {
+	c.txPin = false
+	if c.txDeregLate {
+		c.txDeregLate = false
+		_ = c.vd.ep.Deregister(c.txRing.NLA) // fails only if the endpoint is gone, which frees it too
+	}
+}
+
+// unpinRxLocked is unpinTxLocked for a reader's use of rxRing.Buf.
+func (c *Conn) unpinRxLocked() {
+	c.rxPin = false
+	if c.rxDeregLate {
+		c.rxDeregLate = false
+		_ = c.vd.ep.Deregister(c.rxRing.NLA)
+	}
 }
 
 // CloseWrite flushes nothing (writes are already in the peer's buffers)
@@ -1257,12 +1332,18 @@ func (c *Conn) releaseLocked() {
 	}
 	d.mu.Unlock()
 	for _, r := range append([]fabric.Region{c.rxRing, c.txRing, c.zcSink}, c.bufs...) {
-		if r.NLA != 0 {
+		switch {
+		case r.NLA == 0:
+		case r.NLA == c.txRing.NLA && c.txPin:
+			c.txDeregLate = true // the writer's unpin deregisters it
+		case r.NLA == c.rxRing.NLA && c.rxPin:
+			c.rxDeregLate = true
+		default:
 			_ = c.vd.ep.Deregister(r.NLA) // fails only if the endpoint is gone, which frees it too
 		}
 	}
-	// The region fields stay: writers read txRing without mu. The memory
-	// stays valid Go memory; RMA on it now fails with an error.
+	// The region fields stay: a pinned ring is still in use (see txPin);
+	// RMA on a deregistered one fails with an error.
 	c.bufs = nil
 	if c.shadow != nil {
 		c.shadow.Close()

@@ -66,11 +66,15 @@ const (
 	// DefaultBaseVPID is the first VPID of the EXT-DS block: above EXT-Eth's
 	// VPID 0, leaving 1..15 for other node services.
 	DefaultBaseVPID fabric.VPID = 16
-	// DefaultRingSize is each connection's RMA receive ring. 256 KiB holds
-	// four 64 KiB writes in flight; the sender mirrors it, so a connection
-	// registers 512 KiB. With RMA_AVAIL at 1/4 that is 64 KiB per credit
-	// message.
-	DefaultRingSize = 256 << 10
+	// DefaultRingSize is each connection's RMA receive ring. The sender
+	// mirrors it, so a connection registers 2 MiB (plus the 64 KiB eager
+	// buffer); on shm the pages are touched only as data flows. With
+	// RMA_AVAIL at 1/4 that is 256 KiB per credit message. Between two
+	// processes on shm, 1 MiB streamed 16 KiB..1 MiB writes 1.05–1.6×
+	// faster than 512 KiB and about 2× faster than 256 KiB; 2 MiB was
+	// slower again (0.4–0.6× of 1 MiB: the rings and mirrors no longer
+	// fit the caches). docs/extds.md, "Numbers".
+	DefaultRingSize = 1 << 20
 	// DefaultEagerWindow is the receive buffer for VELO data per
 	// connection: 64 KiB = 565 fragments, about half a default mem mailbox,
 	// so eager data alone never fills the vdev's mailbox for long.
@@ -812,8 +816,37 @@ func (d *Device) setNegative(addr string) {
 	d.negMu.Unlock()
 }
 
+// closePinWait bounds how long Close waits for a ReadFrom in its source's
+// Read, or a WriteTo in its destination's Write, to leave the connection's
+// ring before the endpoints (and, on shm, the rings' mappings) go: long
+// enough for a caller that closes its socket along with the Device, short
+// enough that a source that never returns does not hang Close.
+const closePinWait = time.Second
+
+// closePinPoll is the poll period of that wait.
+const closePinPoll = time.Millisecond
+
+// waitUnpinned waits, up to closePinWait, until no connection of conns
+// has a ring pinned (see Conn.txPin).
+func (d *Device) waitUnpinned(conns []*Conn) {
+	deadline := time.Now().Add(closePinWait)
+	for _, c := range conns {
+		for {
+			c.mu.Lock()
+			pinned := c.txPin || c.rxPin
+			c.mu.Unlock()
+			if !pinned || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(closePinPoll)
+		}
+	}
+}
+
 // Close aborts every connection (peers get RESET, best effort), closes the
-// endpoints and joins all goroutines. It is idempotent.
+// endpoints and joins all goroutines. It is idempotent. A ReadFrom or
+// WriteTo still inside its source's Read or destination's Write delays
+// it by up to closePinWait.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -822,9 +855,11 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	d.mu.Unlock()
-	for _, c := range d.snapshot(nil) {
+	conns := d.snapshot(nil)
+	for _, c := range conns {
 		c.abort(net.ErrClosed, true)
 	}
+	d.waitUnpinned(conns)
 	d.stop()
 	d.mu.Lock()
 	vds := d.vdevs

@@ -7,10 +7,13 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// TestRingFullFallsBackToVELO: with a small ring and a reader that starts
-// late, a large write fills the ring, continues over VELO, then blocks on
-// credits; content survives, and credits come back in batches.
-func TestRingFullFallsBackToVELO(t *testing.T) {
+// TestRingFull: with a small ring and a reader that starts late, a large
+// write fills the ring and waits for ring credits instead of going on as
+// VELO fragments (at most its last ringFullVELOMax bytes may); content
+// survives, and credits come back in batches. Writes of at most
+// ringFullVELOMax bytes above the threshold still go over VELO while the
+// ring is full, until the eager credit runs out.
+func TestRingFull(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	const ring = 16 << 10
 	p := newPair(t, WithRingSize(ring), WithEagerWindow(8<<10))
@@ -43,8 +46,8 @@ func TestRingFullFallsBackToVELO(t *testing.T) {
 		t.Fatal("content mismatch")
 	}
 	a, b := p.devA.Stats(), p.devB.Stats()
-	if a.RingFullFallbacks == 0 || a.TxVELOBytes == 0 || a.TxRMABytes == 0 {
-		t.Fatalf("want ring and velo paths and ring-full fallbacks: %+v", a)
+	if a.RingFullFallbacks > 1 || a.TxVELOBytes > ringFullVELOMax || a.TxRMABytes+a.TxVELOBytes != uint64(total) {
+		t.Fatalf("a large write went over VELO beyond its tail: %+v", a)
 	}
 	// Batching: one RMA_AVAIL per quarter of ring or window, far fewer
 	// than reads.
@@ -54,6 +57,48 @@ func TestRingFullFallsBackToVELO(t *testing.T) {
 	}
 	if b.CreditBytes > uint64(total) {
 		t.Fatalf("returned %d credit bytes for %d", b.CreditBytes, total)
+	}
+
+	// Ring full, short writes above the threshold: VELO while eager
+	// credit lasts (8 KiB: four 2000-byte writes), then the writer waits.
+	// A fresh connection, so the ring is all free to begin with.
+	c, s = p.conns(t)
+	defer c.Close()
+	defer s.Close()
+	small := randBytes(ring+6*2000, 10)
+	go func() {
+		if _, err := c.Write(small[:ring]); err != nil {
+			errc <- err
+			return
+		}
+		for off := ring; off < len(small); off += 2000 {
+			if _, err := c.Write(small[off : off+2000]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	waitFor(t, 2*time.Second, "ring-full VELO writes", func() bool {
+		st := p.devA.Stats()
+		return st.RingFullFallbacks >= 4 && st.CreditWaits > a.CreditWaits
+	})
+	got = got[:0]
+	for len(got) < len(small) {
+		n, err := s.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(small) {
+		t.Fatal("content mismatch after ring-full VELO writes")
+	}
+	if st := p.devA.Stats(); st.TxVELOBytes < a.TxVELOBytes+4*2000 {
+		t.Fatalf("ring-full short writes: velo bytes %d, want >= %d", st.TxVELOBytes, a.TxVELOBytes+4*2000)
 	}
 }
 

@@ -172,6 +172,8 @@ func (c *Conn) WriteBuffer(b *Buffer, off, n int) (int, error) {
 	if c.mode == ModeTCP || c.cfg.zcMode == ZCopyOff || n < c.cfg.zcThreshold || b.reg.NLA == 0 {
 		return c.Write(b.b[off : off+n])
 	}
+	c.wsem.Lock()
+	defer c.wsem.Unlock()
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	err := c.zcWrite(b, uint32(off), uint32(n))
