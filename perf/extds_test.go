@@ -45,12 +45,18 @@ import (
 
 // Environment of the re-executed helper processes.
 const (
-	dsRoleEnv  = "EXN_PERF_DS_ROLE"    // "server" or "client"
-	dsCtlEnv   = "EXN_PERF_DS_CONTROL" // exnd's control socket; empty: no attach, TCP only
-	dsAddrEnv  = "EXN_PERF_DS_ADDR"    // client: host:port to dial
-	dsPathEnv  = "EXN_PERF_DS_PATH"    // client: "extds" or "tcp"
-	dsCopyEnv  = "EXN_PERF_DS_COPY"    // "1": both ends move stream data with io.Copy
-	dsHashEnv  = "EXN_PERF_DS_HASH"    // "1": the server sha256-hashes stream data (a receiver that works per byte)
+	dsRoleEnv = "EXN_PERF_DS_ROLE"    // "server" or "client"
+	dsCtlEnv  = "EXN_PERF_DS_CONTROL" // exnd's control socket; empty: no attach, TCP only
+	dsAddrEnv = "EXN_PERF_DS_ADDR"    // client: host:port to dial
+	dsPathEnv = "EXN_PERF_DS_PATH"    // client: "extds" or "tcp"
+	dsCopyEnv = "EXN_PERF_DS_COPY"    // "1": both ends move stream data with io.Copy
+	dsHashEnv = "EXN_PERF_DS_HASH"    // "1": the server sha256-hashes stream data (a receiver that works per byte)
+	dsRingEnv = "EXN_PERF_DS_RING"    // extds.WithRingSize for the attached Device (bytes; default: the library's)
+	// dsAltEnv: space-separated NAME=VALUE environment for a fourth
+	// variant, "EXT-DS alt": its own attached server and client with that
+	// environment (e.g. EXN_PERF_DS_RING=1048576), compared with EXT-DS in
+	// the same run.
+	dsAltEnv   = "EXN_PERF_DS_ALT"
 	dsResultPf = "RESULT "
 	dsListenPf = "LISTEN "
 )
@@ -122,8 +128,12 @@ func dsHelper(role string) int {
 	defer stop()
 	var dev *extds.Device
 	if ctl := os.Getenv(dsCtlEnv); ctl != "" {
+		var opts []extds.Option
+		if n, err := strconv.Atoi(os.Getenv(dsRingEnv)); err == nil && n > 0 {
+			opts = append(opts, extds.WithRingSize(n))
+		}
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		d, err := extds.AttachDevice(actx, ctl)
+		d, err := extds.AttachDevice(actx, ctl, opts...)
 		cancel()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "attach: %v\n", err)
@@ -435,8 +445,8 @@ func BenchmarkExtDS(b *testing.B) {
 
 	copyEnv := dsCopyEnv + "=" + os.Getenv(dsCopyEnv)
 	hashEnv := dsHashEnv + "=" + os.Getenv(dsHashEnv)
-	startServer := func(ns *nstest.Netns, ctl string) (dsPort, tcpPort string) {
-		p := ns.StartEnv(b, []string{dsRoleEnv + "=server", dsCtlEnv + "=" + ctl, copyEnv, hashEnv}, self)
+	startServer := func(ns *nstest.Netns, ctl string, extra ...string) (dsPort, tcpPort string) {
+		p := ns.StartEnv(b, append([]string{dsRoleEnv + "=server", dsCtlEnv + "=" + ctl, copyEnv, hashEnv}, extra...), self)
 		b.Cleanup(func() { // graceful first: the Device detaches
 			_ = p.Signal(syscall.SIGTERM)
 			_ = p.Wait(5 * time.Second)
@@ -473,6 +483,11 @@ func BenchmarkExtDS(b *testing.B) {
 		{"TCP exn0", n1.NS, []string{dsPathEnv + "=tcp", dsAddrEnv + "=" + net.JoinHostPort(n2.IP.String(), exnPort)}},
 		{"TCP veth", va, []string{dsPathEnv + "=tcp", dsAddrEnv + "=" + net.JoinHostPort(vethB, vethPort)}},
 	}
+	if alt := strings.Fields(os.Getenv(dsAltEnv)); len(alt) > 0 {
+		altPort, _ := startServer(n2.NS, n2.Control, alt...)
+		variants = append(variants, variant{"EXT-DS alt", n1.NS, append([]string{dsPathEnv + "=extds", dsCtlEnv + "=" + n1.Control,
+			dsAddrEnv + "=" + net.JoinHostPort(n2.IP.String(), altPort)}, alt...)})
+	}
 	// results[variant][rep]
 	results := make([][]dsResult, len(variants))
 	for rep := 0; rep < reps; rep++ {
@@ -495,9 +510,9 @@ func BenchmarkExtDS(b *testing.B) {
 			if !found || r.Err != "" {
 				b.Fatalf("%s client: %s\n%s", v.name, r.Err, out)
 			}
-			if vi == 0 && r.Stats != nil {
-				b.Logf("rep %d EXT-DS client stats: rma puts %d, ring-full fallbacks %d, credit waits %d, credit msgs %d",
-					rep+1, r.Stats.RMAPuts, r.Stats.RingFullFallbacks, r.Stats.CreditWaits, r.Stats.CreditMsgs)
+			if r.Stats != nil {
+				b.Logf("rep %d %s client stats: rma puts %d, ring-full fallbacks %d, credit waits %d, credit msgs %d",
+					rep+1, v.name, r.Stats.RMAPuts, r.Stats.RingFullFallbacks, r.Stats.CreditWaits, r.Stats.CreditMsgs)
 			}
 			results[vi] = append(results[vi], r)
 		}
@@ -520,7 +535,13 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d runs each, medians; %d CPUs; load %s; io.Copy %q, server hashes %q\n\n",
 		reps, numCPU(), loadAvg(), os.Getenv(dsCopyEnv), os.Getenv(dsHashEnv))
-	fmt.Fprintf(&sb, "| measurement | EXT-DS | TCP exn0 | TCP veth | EXT-DS / exn0 | bar | EXT-DS per run | exn0 per run |\n|---|---|---|---|---|---|---|---|\n")
+	alt := len(results) > 3
+	altHead := ""
+	if alt {
+		altHead = fmt.Sprintf(" EXT-DS alt (%s) | alt / EXT-DS | alt per run |", os.Getenv(dsAltEnv))
+	}
+	fmt.Fprintf(&sb, "| measurement | EXT-DS | TCP exn0 | TCP veth | EXT-DS / exn0 | bar | EXT-DS per run | exn0 per run |%s\n|---|---|---|---|---|---|---|---|%s\n",
+		altHead, strings.Repeat("---|", strings.Count(altHead, "|")))
 	rows := results[0][0].Rows
 	for ri, row := range rows {
 		var ms []metric
@@ -553,13 +574,20 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 					verdict = m.bar + ": met"
 				}
 			}
-			fmt.Fprintf(&sb, "| %s | %.1f %s | %.1f %s | %.1f %s | %.2fx | %s | %s | %s |\n", m.name,
+			fmt.Fprintf(&sb, "| %s | %.1f %s | %.1f %s | %.1f %s | %.2fx | %s | %s | %s |", m.name,
 				med[0], m.unit, med[1], m.unit, med[2], m.unit, ratio, verdict, dsJoin(per[0]), dsJoin(per[1]))
+			if alt {
+				fmt.Fprintf(&sb, " %.1f %s | %.2fx | %s |", med[3], m.unit, med[3]/med[0], dsJoin(per[3]))
+			}
+			sb.WriteString("\n")
 			key := strings.NewReplacer(" ", "-", ",", "").Replace(m.name)
 			b.ReportMetric(med[0], key+"-extds-"+m.unit)
 			b.ReportMetric(med[1], key+"-exn0-"+m.unit)
 			b.ReportMetric(med[2], key+"-veth-"+m.unit)
 			b.ReportMetric(ratio, key+"-extds/exn0")
+			if alt {
+				b.ReportMetric(med[3]/med[0], key+"-alt/extds")
+			}
 		}
 	}
 	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
