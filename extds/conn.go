@@ -108,6 +108,16 @@ const (
 	// is faster: streams of 1 MiB writes between processes on shm went
 	// from 1.5 to 2.9 GB/s (docs/extds.md, "Numbers").
 	ringFullVELOMax = sendBatch * fragData
+	// maxPutsInFlight: a PUT is made only while the ring holds fewer than
+	// about this many chunks of its size (outstanding bytes < this ×
+	// chunk); otherwise the write treats the ring as short. Every PUT is
+	// one RMA_INFO in the peer's mailbox and one segment to decode, and
+	// with the 1 MiB ring, 1 KiB writes could have 1024 of them
+	// outstanding — the whole shm mailbox (1024 slots), so senders slept
+	// on its space: 1 KiB streams fell to 0.4–0.5× of the 256 KiB ring.
+	// 256 (a quarter of the mailbox) gave them back (1.65× in the same
+	// run) and does not limit writes of 4 KiB and more.
+	maxPutsInFlight = 256
 	// maxSegs bounds the receive segment queue. A well-behaved sender
 	// creates at most about 2 × ring / minPutChunk RMA segments plus as
 	// many VELO ones between them; more is a protocol violation.
@@ -503,7 +513,8 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 			want := uint32(min(len(p), fabric.MaxRMALen))
 			contig := min(c.txFree, c.peerRingSize-c.txWpos)
 			chunk = min(want, contig)
-			if chunk > 0 && (chunk == want || chunk >= minPutChunk || chunk == c.peerRingSize-c.txWpos) {
+			if chunk > 0 && (chunk == want || chunk >= minPutChunk || chunk == c.peerRingSize-c.txWpos) &&
+				uint64(c.peerRingSize-c.txFree) < maxPutsInFlight*uint64(chunk) {
 				put = true
 				off = c.txWpos
 				c.txWpos = (c.txWpos + chunk) % c.peerRingSize

@@ -151,3 +151,48 @@ func TestZCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestPutsInFlightBound: with a ring far larger than maxPutsInFlight
+// small chunks, small writes stop PUTting once that many are outstanding
+// and go on over VELO (then wait for eager credit), so the peer's mailbox
+// never holds more than about maxPutsInFlight RMA_INFOs of one
+// connection; content survives.
+func TestPutsInFlightBound(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	const size = 1000 // above the threshold: one PUT each
+	p := newPair(t, WithRingSize(1<<20), WithEagerWindow(16<<10))
+	c, s := p.conns(t)
+	defer c.Close()
+	defer s.Close()
+	n := maxPutsInFlight + 40
+	data := randBytes(n*size, 11)
+	errc := make(chan error, 1)
+	go func() {
+		for off := 0; off < len(data); off += size {
+			if _, err := c.Write(data[off : off+size]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	waitFor(t, 2*time.Second, "writes past the PUT bound", func() bool { return p.devA.Stats().RingFullFallbacks > 0 })
+	if st := p.devA.Stats(); st.RMAPuts > maxPutsInFlight {
+		t.Fatalf("%d PUTs outstanding, bound %d", st.RMAPuts, maxPutsInFlight)
+	}
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 64<<10)
+	for len(got) < len(data) {
+		k, err := s.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:k]...)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(data) {
+		t.Fatal("content mismatch")
+	}
+}
