@@ -384,7 +384,8 @@ func dsStream(dial func() (net.Conn, error), size int) (dsRow, error) {
 	return dsRow{Kind: "stream", Size: size, MBps: float64(sent) / el.Seconds() / 1e6, N: sent}, nil
 }
 
-// dsSource yields buf over and over, left bytes in all, and stops at end.
+// dsSource yields buf over and over (at most len(buf) bytes per Read),
+// left bytes in all, and stops at end.
 type dsSource struct {
 	buf  []byte
 	left int
@@ -399,10 +400,8 @@ func (s *dsSource) Read(p []byte) (int, error) {
 	if s.n++; s.n%dsClockEvery == 0 && time.Now().After(s.end) {
 		return 0, io.EOF
 	}
+	// One write's worth per Read, like the Write loop's writes.
 	k := copy(p[:min(len(p), s.left)], s.buf)
-	for k < min(len(p), s.left) {
-		k += copy(p[k:min(len(p), s.left)], s.buf)
-	}
 	s.left -= k
 	return k, nil
 }
