@@ -9,6 +9,7 @@
 //	                        node's region table
 //	exn-F-n<N>.<I>-v<V>     one per open VPID: header, VELO mailbox ring,
 //	                        notification queue
+//	exn-F-n<N>.<I>-v<V>.bell  the VPID's doorbell FIFO (mkfifo, 0600)
 //	exn-F-n<N>.<I>-r<X>.<G> one per registered region X, generation G
 //
 // where I is the node's incarnation, a random 64-bit number chosen at Open,
@@ -18,13 +19,18 @@
 // target's VPID file: senders in any process write into it directly, the
 // owner reads. RMA is a single copy done by the requester, which maps the
 // peer's region file (lazily, cached, checked against the region's
-// generation on every request). Waiting spins, then sleeps on a shared
-// futex; senders wake a consumer only when it has said it is asleep.
+// generation on every request). Waiting spins (while waits are short),
+// sleeps on a shared futex for a short slice (while the exchange is hot),
+// then parks its goroutine in the Go netpoller on the VPID's doorbell
+// FIFO, so an idle consumer holds no thread in a blocking system call;
+// senders wake a consumer only when it has said it is asleep, and the way
+// it said it sleeps (endpoint.go, ring.go).
 //
 // Liveness rests on flock: a node holds an exclusive lock on its node file
 // (and on each VPID file) for its lifetime, and the kernel drops the lock
 // when the process dies, however it dies. Every NIC probes its peers' locks
-// every livenessPeriod; a lock it can take belongs to a dead node, whose
-// files it then unlinks. See ring.go for the ring protocol and nic.go for
+// every idleLivenessPeriod, or livenessPeriod while one of its senders is
+// blocked on a full mailbox; a lock it can take belongs to a dead node,
+// whose files it then unlinks. See ring.go for the ring protocol and nic.go for
 // discovery and reclamation; docs/fabric-shm.md has the measurements.
 package shm

@@ -4,28 +4,32 @@ package shm
 //
 //	Send: CheckSend → target lookup (peer table, cached VPID mapping,
 //	      acquired for the batch) → push (claim, mark, fill, publish) →
-//	      doorbell, only if the consumer sleeps: one raw write(2) of a
-//	      byte to the target's FIFO by the first producer since it fell
-//	      asleep (a waitFutex target: FUTEX_WAKE). A full ring: spin
+//	      doorbell, only if the consumer sleeps: a raw FUTEX_WAKE for a
+//	      futex sleeper, one raw write(2) of a byte to the target's FIFO
+//	      (by the first producer since it fell asleep) for a netpoller
+//	      sleeper. A full ring: spin
 //	      sendSpin times, then sleep on the target's space futex in
 //	      sendWaitSlice slices, re-checking ctx, our Close and the target's
 //	      liveness between slices.
 //	Recv: under recvMu, consume from head; wake blocked senders once per
 //	      batch.
-//	Wait: spin up to spinCap if recent waits were short (see learn),
-//	      then clear rung, announce sleep (sleepers), re-check, and park
-//	      the goroutine in the netpoller on the VPID's doorbell FIFO
+//	Wait: spin up to spinCap if recent waits were short (see learn).
+//	      Then, while the exchange is hot (the last Wait with work took
+//	      < hotWait), announce sleep (sleepers), re-check, and FUTEX_WAIT
+//	      on the doorbell word for up to hotSlice. Otherwise, or once that
+//	      slice ran out, clear rung, announce sleep (bellW), re-check, and
+//	      park the goroutine in the netpoller on the VPID's doorbell FIFO
 //	      (RawConn.Read, draining with raw non-blocking reads): no thread
 //	      sits in a blocking system call, so the runtime's sysmon is
 //	      neither woken nor made to retake a P. One Wait at a time polls
 //	      the FIFO (bellMu, bellPolling); concurrent Waits sleep on
 //	      bellCond and are woken by the poller. A VPID that has no FIFO
-//	      (counted: BellFallback) sleeps in FUTEX_WAIT on the doorbell
-//	      word in waitSlice slices instead.
+//	      (counted: BellFallback) sleeps in FUTEX_WAIT in waitSlice
+//	      slices instead.
 //	Post: see rma.go.
 //
-// Wake-ups of our own Wait (ctx done, Close) write to our own FIFO (or
-// FUTEX_WAKE the doorbell). waitSlice is a backstop in both modes (the
+// Wake-ups of our own Wait (ctx done, Close) write to our own FIFO and
+// FUTEX_WAKE the doorbell. waitSlice is a backstop in both modes (the
 // FIFO's read deadline): it bounds a wake-up a producer failed to deliver
 // (RingFailed) and the ctx of a second concurrent Wait.
 //
@@ -91,6 +95,20 @@ const (
 	// (counted), and for a second concurrent Wait whose ctx is not the
 	// one registered.
 	waitSlice = 100 * time.Millisecond
+	// hotWait and hotSlice: a VPID with a FIFO whose last Wait that
+	// ended with work took less than hotWait (an exchange in progress)
+	// first sleeps up to hotSlice in FUTEX_WAIT, and only then parks in
+	// the netpoller. A futex wake-up across processes is about 2 µs
+	// faster than a netpoller one (BenchmarkWakeAcrossProcesses), and
+	// sockperf through exnd, whose messages come every 0.5-1 ms per
+	// receive loop on this host, lost 4-12 µs of p50 with a 1 ms bound
+	// (docs/fabric-shm.md). Both stay under sysmon's 10 ms threshold for
+	// retaking a P from a blocking syscall, so a hot slice never costs a
+	// P hand-off; an idle consumer's waits are long, so it goes to the
+	// netpoller directly, and one whose hot slice ran out goes there
+	// from then on, until a wait is short again.
+	hotWait  = 5 * time.Millisecond
+	hotSlice = 5 * time.Millisecond
 	// bellBufSize is how many doorbell bytes one read drains: one per
 	// producer that rang since the last drain, rarely more than a few.
 	bellBufSize = 64
@@ -111,6 +129,7 @@ type endpoint struct {
 	// score says whether Wait spins (see learn). It starts at zero: a
 	// consumer spins only once its waits have proved short.
 	score  atomic.Int32
+	hot    atomic.Bool   // the last Wait with work took < hotWait (see hotSlice)
 	probes atomic.Uint32 // Waits that did not spin by score (see spinProbeEvery)
 
 	recvMu sync.Mutex
@@ -547,7 +566,11 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	defer e.leave()
 	v := e.v
 	start := time.Now()
-	if e.score.Load() >= spinOn || e.probes.Add(1)%spinProbeEvery == 0 {
+	if e.nic.opts.noSpin {
+		if e.ready() {
+			return nil
+		}
+	} else if e.score.Load() >= spinOn || e.probes.Add(1)%spinProbeEvery == 0 {
 		for i := 0; ; i++ {
 			if e.ready() {
 				e.learn(time.Since(start))
@@ -579,6 +602,16 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		e.watch(ctx, done)
 	}
 	wc := &e.nic.wc
+	// A VPID without a FIFO sleeps on its futex for the whole wait. One
+	// with a FIFO does so only for a first hotSlice while its exchange is
+	// hot (see hot), and otherwise parks in the netpoller.
+	futexFor := e.nic.opts.backstop
+	if e.bell != nil {
+		futexFor = 0
+		if e.hot.Load() && !e.nic.opts.noHot {
+			futexFor = hotSlice
+		}
+	}
 	for {
 		if e.closed.Load() {
 			return net.ErrClosed
@@ -586,20 +619,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if e.bell != nil {
-			// Clear rung before announcing sleep: a producer that then
-			// sees sleepers also sees rung clear and writes a byte (see
-			// ring.go).
-			v.rung.Store(0)
-			v.sleepers.Add(1)
-			if e.ready() {
-				v.sleepers.Add(^uint32(0))
-				e.learn(time.Since(start))
-				return nil
-			}
-			wc.bellSleeps.Add(1)
-			e.sleepBell()
-		} else {
+		if futexFor > 0 {
 			v.sleepers.Add(1)
 			s := v.doorbell.Load()
 			if e.ready() {
@@ -608,9 +628,29 @@ func (e *endpoint) Wait(ctx context.Context) error {
 				return nil
 			}
 			wc.futexSleeps.Add(1)
-			sys.FutexWait(v.doorbell, s, e.nic.opts.backstop) //nolint:errcheck // loop re-checks
+			sys.FutexWait(v.doorbell, s, futexFor) //nolint:errcheck // loop re-checks
+			v.sleepers.Add(^uint32(0))
+			if e.bell != nil && !e.ready() && time.Since(start) >= hotSlice {
+				// The exchange went quiet: sleep in the netpoller from
+				// now on, and start there next time too.
+				futexFor = 0
+				e.hot.Store(false)
+			}
+		} else {
+			// Clear rung before announcing sleep: a producer that then
+			// sees bellW also sees rung clear and writes a byte (see
+			// ring.go).
+			v.rung.Store(0)
+			v.bellW.Add(1)
+			if e.ready() {
+				v.bellW.Add(^uint32(0))
+				e.learn(time.Since(start))
+				return nil
+			}
+			wc.bellSleeps.Add(1)
+			e.sleepBell()
+			v.bellW.Add(^uint32(0))
 		}
-		v.sleepers.Add(^uint32(0))
 		if e.ready() {
 			e.learn(time.Since(start))
 			return nil
@@ -680,6 +720,9 @@ func (e *endpoint) drainBell(fd uintptr) bool {
 // once, and a sleeping consumer that finds its waits short again (by a
 // probe spin, see spinProbeEvery) spins again.
 func (e *endpoint) learn(w time.Duration) {
+	if h := w < hotWait; h != e.hot.Load() {
+		e.hot.Store(h)
+	}
 	old := e.score.Load()
 	s := old
 	if w <= spinCap {
@@ -721,9 +764,8 @@ func (e *endpoint) ring() {
 func (e *endpoint) wakeSelf() {
 	if e.bell != nil {
 		sys.RingBell(e.bellFD) //nolint:errcheck // our own FIFO, opened read-write
-		return
 	}
-	e.v.doorbell.Add(1)
+	e.v.doorbell.Add(1)                        // a Wait may be in its hot futex slice
 	sys.FutexWake(e.v.doorbell, math.MaxInt32) //nolint:errcheck
 }
 

@@ -22,8 +22,9 @@ const (
 	fabricMagic = 0x31464d4853584e45 // "ENXSHMF1"
 	// layoutVersion 2: the lease table in the node header and the region
 	// table extended by the leases' region blocks (see attach.go).
-	// 3: the VPID header's wait mode and rung words (a consumer may sleep
-	// on a doorbell FIFO that version-2 producers would never ring).
+	// 3: the VPID header's wait mode, rung and bell-sleeper words (a
+	// consumer may sleep on a doorbell FIFO that version-2 producers would
+	// never ring).
 	layoutVersion = 3
 
 	// maxFabricName bounds the fabric name so every file name stays well
@@ -101,6 +102,7 @@ const (
 	vOffSleepers = 196 // u32: consumers asleep on the doorbell
 	vOffWaitMode = 200 // u32: waitFutex / waitBell, fixed before the file is linked
 	vOffRung     = 204 // u32, atomic: 1 once a producer rang the bell since the consumer last slept
+	vOffBellW    = 208 // u32: consumers asleep on the doorbell FIFO
 	vOffSpace    = 256 // u32 futex: blocked senders sleep on it
 	vOffSpaceW   = 260 // u32: senders asleep on space
 	vOffNTail    = 320 // u64: notification tail, producers CAS

@@ -19,6 +19,9 @@ type options struct {
 	// noBell makes every VPID of the NIC wait on its futex, as if its
 	// doorbell FIFO could not be made (tests of the fallback).
 	noBell bool
+	// noSpin and noHot switch off Wait's spin and its hot futex slice
+	// (benchmarks of one sleep mechanism at a time).
+	noSpin, noHot bool
 	// backstop is the longest one Wait sleep lasts (waitSlice; tests
 	// lengthen it to prove a wake-up came from a producer).
 	backstop time.Duration

@@ -34,20 +34,25 @@ package shm
 // Memory ordering: every shared word is accessed with sync/atomic, which
 // is sequentially consistent in Go and so orders the plain payload stores
 // before the publishing store and the payload loads after the consuming
-// load. The doorbell is a Dekker pair: the consumer stores sleepers then
-// re-checks the ring before it sleeps; a producer stores the status word
-// then loads sleepers and only then pays for a wake-up. Either the
-// consumer sees the message or the producer sees the sleeper. How it
-// wakes the consumer depends on the VPID's wait mode (header, fixed
-// before the file is linked): waitBell, the consumer parks in the Go
-// netpoller on the FIFO <vpid file>.bell and the producer writes one byte
-// to it, but only if it is the first to swap rung from 0 to 1 since the
-// consumer cleared rung (before it stored sleepers), so a burst of sends
-// to a sleeping consumer costs one write; the byte stays in the FIFO
-// until the consumer reads it, so a ring that lands before the consumer
-// parks is not lost. waitFutex (the consumer could not make its FIFO):
-// bump the doorbell word and FUTEX_WAKE. Blocked senders use the futex
-// pattern on the space word, woken by the consumer after it frees slots.
+// load. The doorbell is a Dekker pair: the consumer stores a sleeper
+// count then re-checks the ring before it sleeps; a producer stores the
+// status word then loads the sleeper counts and only then pays for a
+// wake-up. Either the consumer sees the message or the producer sees the
+// sleeper. A consumer sleeps one of two ways (endpoint.go says when):
+//
+//   - on the doorbell futex word, counted in sleepers: the producer bumps
+//     the word and FUTEX_WAKEs it;
+//   - parked in the Go netpoller on the FIFO <vpid file>.bell (only if
+//     the VPID's wait mode, fixed in the header before the file is
+//     linked, is waitBell), counted in bellW: the producer writes one
+//     byte to the FIFO, but only if it is the first to swap rung from 0
+//     to 1 since the consumer cleared rung (before it stored bellW), so
+//     a burst of sends to a sleeping consumer costs one write. The byte
+//     stays in the FIFO until the consumer reads it, so a ring that
+//     lands before the consumer parks is not lost.
+//
+// Blocked senders use the futex pattern on the space word, woken by the
+// consumer after it frees slots.
 //
 // Faults. Anything in the file may be corrupt. A published slot whose
 // descriptor does not decode is dropped and counted (Corrupt). A status
@@ -158,6 +163,7 @@ type vfile struct {
 	ntail    *atomic.Uint64
 	doorbell *atomic.Uint32
 	sleepers *atomic.Uint32
+	bellW    *atomic.Uint32
 	rung     *atomic.Uint32
 	space    *atomic.Uint32
 	spaceW   *atomic.Uint32
@@ -179,6 +185,7 @@ func newVFile(m *mapping, h vpidHeader) *vfile {
 	v.doorbell = u32(b, vOffDoorbell)
 	v.sleepers = u32(b, vOffSleepers)
 	v.rung = u32(b, vOffRung)
+	v.bellW = u32(b, vOffBellW)
 	v.space = u32(b, vOffSpace)
 	v.spaceW = u32(b, vOffSpaceW)
 	for i := range v.stats {
@@ -262,16 +269,16 @@ func (v *vfile) push(desc uint64, src fabric.NodeID, payload []byte) bool {
 }
 
 // ringDoorbell wakes the consumer if it announced it is asleep. The
-// caller holds a reference on v.m. It does not allocate; after the first
-// ring of a mapping (which opens the FIFO) it is one raw write(2), made
-// by the first producer since the consumer went to sleep.
+// caller holds a reference on v.m. It does not allocate; a futex sleeper
+// costs a raw FUTEX_WAKE, a FIFO sleeper one raw write(2) by the first
+// producer since it fell asleep (the first ring of a mapping also opens
+// the FIFO).
 func (v *vfile) ringDoorbell() {
-	if v.sleepers.Load() == 0 {
-		return
-	}
-	if !v.hdr.Bell {
+	if v.sleepers.Load() != 0 {
 		v.doorbell.Add(1)
 		sys.FutexWake(v.doorbell, math.MaxInt32) //nolint:errcheck // a failed wake is a slept-out timeout
+	}
+	if !v.hdr.Bell || v.bellW.Load() == 0 {
 		return
 	}
 	if v.rung.Load() != 0 || v.rung.Swap(1) != 0 {
