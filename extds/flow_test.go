@@ -164,7 +164,10 @@ func TestPutsInFlightBound(t *testing.T) {
 	c, s := p.conns(t)
 	defer c.Close()
 	defer s.Close()
-	n := maxPutsInFlight + 40
+	const n = 300 // > maxPutsInFlight; 300 KB, far below the ring
+	if maxPutsInFlight >= n {
+		t.Fatalf("test needs more than maxPutsInFlight (%d) writes", maxPutsInFlight)
+	}
 	data := randBytes(n*size, 11)
 	errc := make(chan error, 1)
 	go func() {
