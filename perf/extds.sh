@@ -4,7 +4,8 @@
 #
 #   perf/extds.sh [results.md]     (EXN_PERF_REPS=N repetitions, default 3;
 #                                   EXN_PERF_DS_COPY=1: streams through io.Copy;
-#                                   EXN_PERF_DS_HASH=1: the server sha256-hashes streams)
+#                                   EXN_PERF_DS_HASH=1: the server sha256-hashes streams;
+#                                   EXN_PERF_DS_CPUPROFILE=DIR: CPU profiles of the app processes)
 #
 # It runs BenchmarkExtDS (perf/extds_test.go): two namespaces with one exnd
 # each on a shm fabric, an application process attached to each exnd

@@ -31,6 +31,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +58,10 @@ const (
 	// variant, "EXT-DS alt": its own attached server and client with that
 	// environment (e.g. EXN_PERF_DS_RING=1048576), compared with EXT-DS in
 	// the same run.
-	dsAltEnv   = "EXN_PERF_DS_ALT"
+	dsAltEnv = "EXN_PERF_DS_ALT"
+	// dsProfEnv: a directory; every helper process writes its CPU profile
+	// there (ROLE-PID.prof) for `go tool pprof`.
+	dsProfEnv  = "EXN_PERF_DS_CPUPROFILE"
 	dsResultPf = "RESULT "
 	dsListenPf = "LISTEN "
 )
@@ -126,6 +131,19 @@ func init() {
 func dsHelper(role string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if dir := os.Getenv(dsProfEnv); dir != "" {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.prof", role, os.Getpid())))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "cpu profile: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "cpu profile: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var dev *extds.Device
 	if ctl := os.Getenv(dsCtlEnv); ctl != "" {
 		var opts []extds.Option
