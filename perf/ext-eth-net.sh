@@ -6,7 +6,10 @@
 #
 # It runs TestNetPerf (integration/net_test.go): two namespaces on an
 # underlay bridge, exnd --fabric net in each, iperf3 with 1 stream over
-# exn0 and over the underlay, 3 runs each interleaved, medians, bar 0.5x.
+# exn0 and over the underlay, 3 runs each interleaved, medians, bar 0.5x,
+# and the CPU time both exnd used per GB over exn0 (user+system, from
+# /proc): the efficiency of the data path, which the load of other
+# processes on a shared machine moves far less than the throughput.
 # With a profile-dir, `perf record -g` of both exnd and of the whole
 # system during the third exn0 run go there (perf report -i DIR/exnd-1.data).
 set -euo pipefail
