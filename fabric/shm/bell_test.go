@@ -24,7 +24,7 @@ import (
 // (waitSlice by default). The tests lengthen it so that a Wait that
 // returns promptly can only have been woken by a producer.
 func withBackstop(d time.Duration) Option {
-	return func(o *options) error { o.backstop = d; return nil }
+	return func(o *options) error { o.backstop, o.bellBackstop = d, d; return nil }
 }
 
 // withoutBell makes the NIC's VPIDs wait on their futex (the fallback).
@@ -583,6 +583,45 @@ func open1(t testing.TB, nic fabric.NIC, v fabric.VPID) fabric.Endpoint {
 	}
 	t.Cleanup(func() { ep.Close() })
 	return ep
+}
+
+// TestConcurrentWaitsDistinctContexts: two Waits on one endpoint, asleep
+// in the netpoller with different contexts (the poller and a cond
+// waiter): each one's context ending wakes it at once, with a 20 s
+// backstop.
+func TestConcurrentWaitsDistinctContexts(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	nics := factory(withBackstop(longBackstop))(t, 1)
+	ep := open1(t, nics[0], 1)
+	ctxA, cancelA := context.WithCancel(context.Background())
+	ctxB, cancelB := context.WithCancel(context.Background())
+	defer cancelB()
+	wait := func(ctx context.Context) <-chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- ep.Wait(ctx) }()
+		return ch
+	}
+	a := wait(ctxA)
+	waitFor(t, "the first Wait to sleep", func() bool { return ep.(*endpoint).v.bellW.Load() == 1 })
+	b := wait(ctxB)
+	waitFor(t, "the second Wait to sleep", func() bool { return ep.(*endpoint).v.bellW.Load() == 2 })
+	for _, step := range []struct {
+		name   string
+		cancel context.CancelFunc
+		done   <-chan error
+	}{{"first", cancelA, a}, {"second", cancelB, b}} {
+		start := time.Now()
+		step.cancel()
+		select {
+		case err := <-step.done:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s Wait: %v, want context.Canceled", step.name, err)
+			}
+			t.Logf("%s Wait returned %v after its cancel", step.name, time.Since(start))
+		case <-time.After(promptWake):
+			t.Fatalf("%s Wait still asleep %v after its context was cancelled", step.name, promptWake)
+		}
+	}
 }
 
 // TestConformanceFutex runs the suite with every VPID in the futex

@@ -29,9 +29,10 @@ package shm
 //	Post: see rma.go.
 //
 // Wake-ups of our own Wait (ctx done, Close) write to our own FIFO and
-// FUTEX_WAKE the doorbell. waitSlice is a backstop in both modes (the
-// FIFO's read deadline): it bounds a wake-up a producer failed to deliver
-// (RingFailed) and the ctx of a second concurrent Wait.
+// FUTEX_WAKE the doorbell. The backstops (waitSlice for a futex-only
+// VPID, bellBackstop as the FIFO's read deadline) bound a wake-up a
+// producer failed to deliver (RingFailed) and the ctx of a Wait beyond
+// maxWatched concurrent ones.
 //
 // Close takes ops for writing, so it waits for every running call (each
 // holds ops for reading) before it unmaps anything or closes the FIFO; a
@@ -89,12 +90,21 @@ const (
 	spinScoreMax   = 8
 	spinMiss       = 1
 	spinOn         = 2
-	// waitSlice bounds one sleep in Wait (a futex slice, or the FIFO's
-	// read deadline); Close, ctx and producers wake it directly, so this
-	// is only a backstop: for a ring a producer could not deliver
-	// (counted), and for a second concurrent Wait whose ctx is not the
-	// one registered.
+	// waitSlice bounds one futex sleep in Wait (VPIDs without a FIFO);
+	// Close, ctx and producers wake it directly, so this is only a
+	// backstop.
 	waitSlice = 100 * time.Millisecond
+	// bellBackstop is the FIFO's read deadline, the backstop of a Wait
+	// parked in the netpoller: for a ring a producer could not deliver
+	// (counted: RingFailed) and for the ctx of a Wait beyond maxWatched
+	// concurrent ones. Every expiry is a timer wake-up of an otherwise
+	// idle process, per sleeping VPID: at waitSlice the backstops of
+	// exnd's two VPIDs were 20 of its ~50 wake-ups a second.
+	bellBackstop = time.Second
+	// maxWatched is how many concurrent Waits with distinct contexts
+	// have their context's end ring the doorbell at once (one is the
+	// normal case: a single consumer loop).
+	maxWatched = 4
 	// hotWait and hotSlice: a VPID with a FIFO whose last Wait that
 	// ended with work took less than hotWait (an exchange in progress)
 	// first sleeps up to hotSlice in FUTEX_WAIT, and only then parks in
@@ -137,17 +147,20 @@ type endpoint struct {
 	pollMu sync.Mutex
 	nc     consumer
 
-	// wake is the registration that rings the doorbell when the context
-	// of a sleeping Wait is done. It is kept across Waits with the same
-	// context (keyed by its Done channel) instead of being made and
+	// wakeRegs are the registrations that ring the doorbell when the
+	// context of a sleeping Wait is done, one per context (keyed by its
+	// Done channel), for up to maxWatched concurrent Waits with distinct
+	// contexts. They are kept across Waits instead of being made and
 	// stopped on every sleep: for a context that is not a standard
 	// cancelCtx, context.AfterFunc starts a goroutine, and stopping it
 	// on every wake-up added a goroutine hand-off (and a futex wake of
 	// another thread) to every message that found the consumer asleep.
-	// A stale registration only costs one spurious wake-up.
+	// A new context replaces one that is already done, else the oldest;
+	// a stale registration only costs one spurious wake-up. wakeMu
+	// guards them.
 	wakeMu   sync.Mutex
-	wakeDone <-chan struct{}
-	wakeStop func() bool
+	wakeRegs [maxWatched]wakeReg
+	wakeNext int    // the slot to replace when none is done
 	ringFn   func() // e.ring, bound once
 
 	// The doorbell FIFO (nil: waitFutex). bell is registered with the
@@ -659,7 +672,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 }
 
 // sleepBell parks the calling Wait until the doorbell FIFO is rung, the
-// waitSlice backstop passes or, for a Wait that is not the poller, the
+// bellBackstop deadline passes or, for a Wait that is not the poller, the
 // poller wakes. The poller's goroutine parks in the netpoller (no thread
 // blocks); the others wait on bellCond, so one ring wakes them all. It
 // does not allocate.
@@ -678,7 +691,7 @@ func (e *endpoint) sleepBell() {
 	if !e.bellArmed {
 		// The deadline stays set across sleeps and is re-armed only once
 		// it has passed: no timer update per sleep.
-		e.bell.SetReadDeadline(time.Now().Add(e.nic.opts.backstop)) //nolint:errcheck // pollable: checked at open
+		e.bell.SetReadDeadline(time.Now().Add(e.nic.opts.bellBackstop)) //nolint:errcheck // pollable: checked at open
 		e.bellArmed = true
 	}
 	if err := e.bellRC.Read(e.bellRead); err != nil {
@@ -735,17 +748,47 @@ func (e *endpoint) learn(w time.Duration) {
 	}
 }
 
+// wakeReg is one context registration of watch.
+type wakeReg struct {
+	done <-chan struct{}
+	stop func() bool
+}
+
 // watch makes ctx's end ring the doorbell, unless it already does.
 func (e *endpoint) watch(ctx context.Context, done <-chan struct{}) {
 	e.wakeMu.Lock()
 	defer e.wakeMu.Unlock()
-	if e.wakeDone == done || e.closed.Load() {
+	if e.closed.Load() {
 		return
 	}
-	if e.wakeStop != nil {
-		e.wakeStop()
+	slot := -1
+	for i := range e.wakeRegs {
+		r := &e.wakeRegs[i]
+		if r.done == done {
+			return
+		}
+		if slot < 0 && (r.done == nil || isDone(r.done)) {
+			slot = i
+		}
 	}
-	e.wakeDone, e.wakeStop = done, context.AfterFunc(ctx, e.ringFn)
+	if slot < 0 {
+		slot = e.wakeNext
+		e.wakeNext = (e.wakeNext + 1) % maxWatched
+	}
+	r := &e.wakeRegs[slot]
+	if r.stop != nil {
+		r.stop()
+	}
+	r.done, r.stop = done, context.AfterFunc(ctx, e.ringFn)
+}
+
+func isDone(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // ring wakes every sleeping Wait; a registration that fires after Close
@@ -785,9 +828,11 @@ func (e *endpoint) Close() error {
 	v.space.Add(1)
 	sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
 	e.wakeMu.Lock()
-	if e.wakeStop != nil {
-		e.wakeStop()
-		e.wakeDone, e.wakeStop = nil, nil
+	for i := range e.wakeRegs {
+		if r := &e.wakeRegs[i]; r.stop != nil {
+			r.stop()
+			*r = wakeReg{}
+		}
 	}
 	e.wakeMu.Unlock()
 	e.ops.Lock()

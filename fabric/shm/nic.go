@@ -165,7 +165,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 	if err := validFabricName(fabricName); err != nil {
 		return nil, err
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
+	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice, bellBackstop: bellBackstop}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err

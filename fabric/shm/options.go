@@ -22,9 +22,10 @@ type options struct {
 	// noSpin and noHot switch off Wait's spin and its hot futex slice
 	// (benchmarks of one sleep mechanism at a time).
 	noSpin, noHot bool
-	// backstop is the longest one Wait sleep lasts (waitSlice; tests
-	// lengthen it to prove a wake-up came from a producer).
-	backstop time.Duration
+	// backstop and bellBackstop are the longest one futex sleep and one
+	// netpoller sleep of Wait last (waitSlice, bellBackstop; tests set
+	// them to prove a wake-up came from a producer, or from a backstop).
+	backstop, bellBackstop time.Duration
 }
 
 // WithSlots sets the number of 128-byte slots in each VELO mailbox this
