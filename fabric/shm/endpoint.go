@@ -216,7 +216,9 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	tmpBell := path + ".tmp.bell"
 	if err := ep.openBell(tmpBell); err != nil {
 		n.wc.bellFallback.Add(1)
-		n.logFault("shm: no doorbell fifo, the vpid's consumer sleeps on a futex", "vpid", v, "err", err)
+		if !n.opts.noBell {
+			n.logFault("shm: no doorbell fifo, the vpid's consumer sleeps on a futex", "vpid", v, "err", err)
+		}
 	} else {
 		defer os.Remove(tmpBell) // after a failure; renamed away on success
 	}
