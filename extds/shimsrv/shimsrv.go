@@ -58,8 +58,9 @@ const (
 	// AF_UNIX stream writer blocks once its SO_SNDBUF worth of data is
 	// unread (the default, 208 KiB, is less than two iperf3 writes); a
 	// larger buffer lets either side run ahead and the other take more per
-	// wake-up. The kernel caps it at net.core.wmem_max / rmem_max (4 MiB
-	// here); a lower cap only makes the buffer smaller.
+	// wake-up. exnd (CAP_NET_ADMIN) sets it past net.core.wmem_max /
+	// rmem_max (SO_SNDBUFFORCE); without the capability the kernel caps
+	// it at those limits, which only makes the buffer smaller.
 	SockBuf = 4 << 20
 	// DefaultPeekTimeout bounds shim-accept's wait for the client's first
 	// bytes. Trade-off: a plain client that waits for a server banner
@@ -530,15 +531,16 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 	return switchResult{Mode: "extds", ID: e.id}, app, nil
 }
 
-// setBuffers sets uc's socket buffers to SockBuf.
+// setBuffers sets uc's socket buffers to SockBuf: past
+// net.core.wmem_max/rmem_max when exnd has CAP_NET_ADMIN (a stock
+// kernel's 208 KiB limit would otherwise undo the point), capped by them
+// otherwise.
 func setBuffers(uc *net.UnixConn) error {
-	if err := uc.SetWriteBuffer(SockBuf); err != nil {
+	rc, err := uc.SyscallConn()
+	if err != nil {
 		return fmt.Errorf("socket buffer: %w", err)
 	}
-	if err := uc.SetReadBuffer(SockBuf); err != nil {
-		return fmt.Errorf("socket buffer: %w", err)
-	}
-	return nil
+	return sys.SetSockBuf(rc, SockBuf)
 }
 
 // sizeBuffers sets the socket buffers of the application's end f
