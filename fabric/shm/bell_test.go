@@ -624,6 +624,64 @@ func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 	}
 }
 
+// TestBellOwnNotification: an RMA's requester notification lands in the
+// poster's own queue, and must ring the poster's own FIFO: a Wait on that
+// endpoint in another goroutine (EXT-DS's receive loop, while its writer
+// posts) wakes at once, not at the backstop.
+func TestBellOwnNotification(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	nics := factory(withBackstop(longBackstop))(t, 2)
+	a, b := open1(t, nics[0], 1), open1(t, nics[1], 1)
+	la, err := a.Register(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := b.Register(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := 0; i < 5; i++ {
+		got := make(chan error, 1)
+		go func() {
+			var ns [1]fabric.Notification
+			for {
+				n, err := a.PollNotifications(ns[:])
+				if err != nil || n == 1 {
+					got <- err
+					return
+				}
+				if err := a.Wait(ctx); err != nil {
+					got <- err
+					return
+				}
+			}
+		}()
+		waitFor(t, "the consumer to sleep", func() bool {
+			v := a.(*endpoint).v
+			return v.sleepers.Load()+v.bellW.Load() != 0
+		})
+		start := time.Now()
+		if _, err := a.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA,
+			Len: 64, Notify: fabric.NotifyRequester}}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(promptWake):
+			t.Fatalf("round %d: a Wait on the poster was not woken by its own notification in %v", i, promptWake)
+		}
+		t.Logf("round %d: woken %v after the Post", i, time.Since(start))
+	}
+	if w := wakeStats(t, nics[0]); w.RingFailed != 0 {
+		t.Errorf("rings failed: %+v", w)
+	}
+}
+
 // TestConformanceFutex runs the suite with every VPID in the futex
 // fallback.
 func TestConformanceFutex(t *testing.T) { fabrictest.Run(t, factory(withoutBell())) }

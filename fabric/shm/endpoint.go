@@ -226,6 +226,7 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	encodeVPIDHeader(b, h)
 	vf := newVFile(newMapping(b), h)
 	vf.wc = &n.wc
+	vf.ownFD = ep.bellFD // -1 without a FIFO
 	vf.initRings()
 	fail := func(err error) (fabric.Endpoint, error) {
 		vf.m.release()

@@ -168,8 +168,12 @@ type vfile struct {
 	space    *atomic.Uint32
 	spaceW   *atomic.Uint32
 	// bellPath names the VPID's doorbell FIFO (a producer's view of a
-	// waitBell VPID; empty otherwise) and wc counts rings; see ringDoorbell.
+	// waitBell VPID; empty otherwise), ownFD is the owner's own
+	// descriptor on it (the owner's view; -1 otherwise: RMA completions
+	// ring the requester's own VPID), and wc counts rings; see
+	// ringDoorbell.
 	bellPath string
+	ownFD    int
 	wc       *wakeCounters
 	stats    [numVStats]*atomic.Uint64
 	mbox     []byte
@@ -178,7 +182,7 @@ type vfile struct {
 
 func newVFile(m *mapping, h vpidHeader) *vfile {
 	b := m.b
-	v := &vfile{m: m, hdr: h, mask: uint64(h.Slots - 1), nmask: uint64(h.Depth - 1)}
+	v := &vfile{m: m, hdr: h, mask: uint64(h.Slots - 1), nmask: uint64(h.Depth - 1), ownFD: -1}
 	v.state = u32(b, vOffState)
 	v.tail = u64(b, vOffTail)
 	v.ntail = u64(b, vOffNTail)
@@ -296,6 +300,9 @@ func (v *vfile) ringDoorbell() {
 // bellFD returns the producer's descriptor on v's doorbell FIFO, opening
 // it on first use and caching it with the mapping; -1 if it cannot.
 func (v *vfile) bellFD() int {
+	if v.ownFD >= 0 {
+		return v.ownFD // the owner's view: open until Close takes ops
+	}
 	if fd := v.m.bell.Load(); fd > 0 {
 		return int(fd - 1)
 	}
