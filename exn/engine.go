@@ -20,7 +20,8 @@ package exn
 //
 // Close order: mark closed and close done (new Transmits fail, slot waiters
 // wake); take memMu for writing once (no Transmit is still copying into
-// registered memory); stop the ticker, which fires the last tick and wakes
+// registered memory); wait until no slot is lent (lend.go: no borrower is
+// still filling registered memory); stop the ticker, which fires the last tick and wakes
 // rxLoop; join both; then close the endpoint, which makes Transmits blocked
 // in ep.Send return net.ErrClosed and releases the registered regions.
 
@@ -75,12 +76,16 @@ type Engine struct {
 	lastLog  [NumDropReasons]atomic.Int64
 
 	// Transmit side (tx.go).
-	txMu    sync.Mutex               // serialises ep.Send; guards txSeq
-	txSeq   map[fabric.NodeID]uint16 // next advert sequence per receiver
-	tx      txPool                   // slot states are atomic; free is a channel
-	memMu   sync.RWMutex             // R: copying into tx slots; W: Close barrier
-	scratch sync.Pool                // *txScratch
-	msgCap  int                      // scratch capacity in messages
+	txMu  sync.Mutex               // serialises ep.Send; guards txSeq
+	txSeq map[fabric.NodeID]uint16 // next advert sequence per receiver
+	tx    txPool                   // slot states are atomic; free is a channel
+	memMu sync.RWMutex             // R: copying into tx slots; W: Close barrier
+	// Lent slots (lend.go): Close waits on lendCond for lent == 0.
+	lendMu   sync.Mutex
+	lendCond sync.Cond    // L is &lendMu
+	lent     atomic.Int64 // slots lent and not yet returned or transmitted; changed under lendMu
+	scratch  sync.Pool    // *txScratch
+	msgCap   int          // scratch capacity in messages
 
 	// Receive side (rx.go); touched only by rxLoop.
 	rx rxState
@@ -123,6 +128,7 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 		done:     make(chan struct{}),
 		refusals: make(chan refusal, refusalQueue),
 	}
+	e.lendCond.L = &e.lendMu
 	e.refuseCtx, e.refuseCancel = context.WithCancel(context.Background())
 	copy(e.mac[:], cfg.MACPrefix.MAC(e.self))
 	e.msgCap = max(sendBatchMsgs, numFragments(e.maxFrame))
@@ -153,14 +159,19 @@ func (e *Engine) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), e
 // Stats returns a snapshot of the counters. It takes no locks.
 func (e *Engine) Stats() Stats {
 	s := e.ctr.snapshot()
-	s.TxSlotsInUse = e.cfg.TxSlots - len(e.tx.free)
+	// Lent slots are empty buffers a borrower holds, not frames in
+	// flight; the two loads are not one snapshot, so clamp.
+	s.TxSlotsLent = int(e.lent.Load())
+	s.TxSlotsInUse = max(0, e.cfg.TxSlots-len(e.tx.free)-s.TxSlotsLent)
 	return s
 }
 
 // Close stops the receive loop, closes the endpoint (releasing the
-// registered pools) and makes blocked Transmit calls return
-// net.ErrClosed. It is idempotent and returns after every goroutine the
-// engine started has exited.
+// registered pools) and makes blocked Transmit and Lend calls return
+// net.ErrClosed. Before it releases the pools it waits until every buffer
+// lent by Lend has come back (Return or TransmitLent): a borrower must be
+// stopped before or during Close (see Lend). It is idempotent and returns
+// after every goroutine the engine started has exited.
 func (e *Engine) Close() error {
 	if e.closed.Swap(true) {
 		return nil
@@ -169,6 +180,11 @@ func (e *Engine) Close() error {
 	e.refuseCancel()
 	e.memMu.Lock()
 	e.memMu.Unlock() //nolint:staticcheck // a barrier: no copy into tx slots is in flight
+	e.lendMu.Lock()
+	for e.lent.Load() > 0 {
+		e.lendCond.Wait() // lent slots may still be being filled
+	}
+	e.lendMu.Unlock()
 	e.wg.Wait()
 	if err := e.ep.Close(); err != nil {
 		return fmt.Errorf("exn: close: %w", err)

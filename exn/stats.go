@@ -112,6 +112,10 @@ type Stats struct {
 	// TxSlotsInUse is the transmit pool in use: frames copied and
 	// advertised but not yet pulled.
 	TxSlotsInUse int
+	// TxSlotsLent is transmit slots lent by Engine.Lend and not yet
+	// transmitted or returned (empty buffers a TAP reader holds); they are
+	// not counted in TxSlotsInUse.
+	TxSlotsLent int
 	// RxSlotsInUse is receive buffers holding a GET in flight or a frame
 	// waiting for delivery.
 	RxSlotsInUse int
@@ -129,7 +133,7 @@ type Stats struct {
 	LateResponders  uint64 // responder notifications matching no outstanding slot
 	UnmatchedNotify uint64 // notifications matching no buffer at all
 	AdvertSeqGaps   uint64 // advert sequence discontinuities (peer restart)
-	TxSlotWaits     uint64 // Transmit calls that waited for a free slot
+	TxSlotWaits     uint64 // Transmit and Lend calls that waited for a free slot
 	LinkErrors      uint64 // DeliverFrames errors
 }
 

@@ -6,6 +6,9 @@ package exn
 //	   │ eager / multicast: fragments into the caller's scratch batch
 //	   │ rendezvous: take a tx slot (wait if none: back-pressure), copy
 //	   │             the frame into it, mark it outstanding, add an advert
+//	TransmitLent(frames in lent slots; zero-copy, lend.go)
+//	   │ eager / multicast / dropped: fragments copied out, slot freed
+//	   │ rendezvous: the frame's own slot becomes the advert's slot
 //	   └─ flush: txMu held across ep.Send of the whole batch, so the
 //	      messages of one frame stay contiguous per target even with
 //	      concurrent callers; adverts get their per-receiver sequence
@@ -15,6 +18,9 @@ package exn
 // Tx slot life cycle (state word, atomic):
 //
 //	free (in tx.free) → filling (owned by one Transmit, state 0)
+//	free → lent (Lend, state slotLent; the borrower may write the slot
+//	  memory) → filling (TransmitLent, CAS lent → 0) or → free (Return,
+//	  or TransmitLent of a frame that does not go by rendezvous)
 //	  → busy (advert built, state = busy|gen|node|len)
 //	  → armed (advert delivered, deadline set; CAS busy→busy|armed)
 //	  → free, by exactly one of: the responder notification (rxLoop,
@@ -23,7 +29,9 @@ package exn
 //
 // Locks: txMu guards txSeq and the ordering of ep.Send calls; memMu
 // (read) is held only while copying into slot memory; slot state needs no
-// lock. The scratch batch belongs to one Transmit call.
+// lock. Lent slots are counted in lent: Close waits for it to reach zero
+// before it deregisters the pool (lend.go). The scratch batch belongs to
+// one Transmit call.
 
 import (
 	"context"
@@ -43,6 +51,7 @@ const (
 
 	slotBusy    = 1 << 63
 	slotArmed   = 1 << 62
+	slotLent    = 1 << 61 // lent to a caller (lend.go); never busy
 	slotGenMask = 0xFFF
 )
 
@@ -151,23 +160,16 @@ func (e *Engine) Transmit(ctx context.Context, frames [][]byte) (int, error) {
 		if e.cfg.Observer != nil {
 			e.cfg.Observer.Observe(f)
 		}
-		need := 1
 		if proto != ProtoRendezvous {
-			need = numFragments(len(f))
+			if err := e.addEager(ctx, sc, i, f, peer, proto); err != nil {
+				return i, err
+			}
+			continue
 		}
-		if len(sc.msgs) > 0 && len(sc.msgs)+need > sendBatchMsgs {
+		if len(sc.msgs)+1 > sendBatchMsgs {
 			if err := e.flush(ctx, sc); err != nil {
 				return i, err
 			}
-		}
-		if proto != ProtoRendezvous {
-			k := len(sc.msgs)
-			sc.msgs = sc.msgs[:k+need]
-			putFragments(sc.msgs[k:], f, peer, proto == ProtoMulticast)
-			for j := range need {
-				sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: -1, size: int32(len(f)), proto: proto, end: j == need-1})
-			}
-			continue
 		}
 		slot, err := e.acquire(ctx, sc)
 		if err != nil {
@@ -178,23 +180,48 @@ func (e *Engine) Transmit(ctx context.Context, frames [][]byte) (int, error) {
 			e.abort(sc, 0)
 			return i, err
 		}
-		s := &e.tx.slots[slot]
-		s.gen++
-		w := slotWord(s.gen, peer.Node, len(f))
-		s.state.Store(w)
-		e.ctr.outstandingAdverts.Add(1)
-		k := len(sc.msgs)
-		sc.msgs = sc.msgs[:k+1]
-		m := &sc.msgs[k]
-		m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvert, advertLen
-		a := advert{nla: e.tx.nla(slot), len: uint32(len(f))}
-		a.encode(m.Data[:advertLen])
-		sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: slot, word: w, size: int32(len(f)), proto: proto, end: true})
+		e.addAdvert(sc, i, slot, peer, len(f))
 	}
 	if err := e.flush(ctx, sc); err != nil {
 		return len(frames), err
 	}
 	return len(frames), nil
+}
+
+// addEager adds frame i (f) to the batch as eager fragments, flushing
+// first if they do not fit.
+func (e *Engine) addEager(ctx context.Context, sc *txScratch, i int, f []byte, peer fabric.Addr, proto Proto) error {
+	need := numFragments(len(f))
+	if len(sc.msgs) > 0 && len(sc.msgs)+need > sendBatchMsgs {
+		if err := e.flush(ctx, sc); err != nil {
+			return err
+		}
+	}
+	k := len(sc.msgs)
+	sc.msgs = sc.msgs[:k+need]
+	putFragments(sc.msgs[k:], f, peer, proto == ProtoMulticast)
+	for j := range need {
+		sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: -1, size: int32(len(f)), proto: proto, end: j == need-1})
+	}
+	return nil
+}
+
+// addAdvert marks slot, which holds frame i (n bytes) and is owned by the
+// caller in state filling, outstanding and adds its advert to the batch.
+// The batch must have room for one message.
+func (e *Engine) addAdvert(sc *txScratch, i int, slot int32, peer fabric.Addr, n int) {
+	s := &e.tx.slots[slot]
+	s.gen++
+	w := slotWord(s.gen, peer.Node, n)
+	s.state.Store(w)
+	e.ctr.outstandingAdverts.Add(1)
+	k := len(sc.msgs)
+	sc.msgs = sc.msgs[:k+1]
+	m := &sc.msgs[k]
+	m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvert, advertLen
+	a := advert{nla: e.tx.nla(slot), len: uint32(n)}
+	a.encode(m.Data[:advertLen])
+	sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: slot, word: w, size: int32(n), proto: ProtoRendezvous, end: true})
 }
 
 // classify picks the target and protocol of a frame, or a drop reason.

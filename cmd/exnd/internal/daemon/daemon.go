@@ -230,22 +230,33 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 const maxReadErrors = 100
 
 // readLoop moves frames from the TAP to the engine, ReadBatch at a time,
-// reusing its buffers (the engine copies on Transmit).
+// reading straight into transmit slots the engine lends (exn.Engine.Lend),
+// so a rendezvous frame is never copied again before the receiver pulls
+// it. It keeps the buffers it did not fill for the next read and tops up
+// the rest without waiting; only with none left does it wait for a slot
+// (the transmit back-pressure). On exit it gives every lent buffer back,
+// which Engine.Close waits for: teardown closes the TAP first, which ends
+// a read in progress.
 func (d *Daemon) readLoop(ctx context.Context) {
 	defer d.wg.Done()
-	size := d.cfg.MTU + tap.HeaderLen
 	bufs := make([][]byte, ReadBatch)
-	for i := range bufs {
-		bufs[i] = make([]byte, size)
-	}
 	sizes := make([]int, ReadBatch)
 	frames := make([][]byte, ReadBatch)
+	have := 0 // bufs[:have] are lent and empty
+	defer func() { d.engine.Return(bufs[:have]) }()
 	errRun := 0
 	for {
-		n, err := d.dev.Read(bufs, sizes)
+		k, err := d.engine.Lend(ctx, bufs[have:], have == 0)
+		if err != nil {
+			return // closing: ctx done or engine closed
+		}
+		have += k
+		n, err := d.dev.Read(bufs[:have], sizes)
 		for i := 0; i < n; i++ {
 			frames[i] = bufs[i][:sizes[i]]
 		}
+		// bufs[:n] now belong to frames; keep the empty ones in front.
+		have = copy(bufs, bufs[n:have])
 		if !d.transmit(ctx, frames[:n]) {
 			return
 		}
@@ -264,22 +275,25 @@ func (d *Daemon) readLoop(ctx context.Context) {
 	}
 }
 
-// transmit hands frames to the engine. Frames to dead or unknown nodes
-// are the engine's to drop and count; an error it returns for one frame
-// skips that frame, never the rest of the batch. It reports false once
-// the engine or the daemon is closing.
+// transmit hands frames read into lent buffers to the engine. Frames to
+// dead or unknown nodes are the engine's to drop and count; an error it
+// returns for one frame skips (and gives back) that frame, never the rest
+// of the batch. It reports false once the engine or the daemon is
+// closing, after giving back the frames not sent.
 func (d *Daemon) transmit(ctx context.Context, frames [][]byte) bool {
 	for len(frames) > 0 {
-		n, err := d.engine.Transmit(ctx, frames)
+		n, err := d.engine.TransmitLent(ctx, frames)
 		frames = frames[n:]
 		if err == nil {
 			continue
 		}
 		if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			d.engine.Return(frames)
 			return false
 		}
 		d.log.Debug("transmit", "err", err)
 		if len(frames) > 0 {
+			d.engine.Return(frames[:1])
 			frames = frames[1:]
 		}
 	}
@@ -338,17 +352,19 @@ func (d *Daemon) teardown() error {
 		}
 	}
 	if d.cancel != nil {
-		d.cancel() // unblocks a Transmit waiting on back-pressure
+		d.cancel() // unblocks a Lend or Transmit waiting on back-pressure
+	}
+	if d.dev != nil {
+		// Closing the TAP unblocks the reader's Read, which may be filling
+		// buffers lent by the engine: the reader then gives them back,
+		// which Engine.Close waits for. So the TAP closes first.
+		if err := d.dev.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close tap: %w", err))
+		}
 	}
 	if d.engine != nil {
 		if err := d.engine.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close engine: %w", err))
-		}
-	}
-	if d.dev != nil {
-		// Closing the TAP unblocks the reader's Read.
-		if err := d.dev.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close tap: %w", err))
 		}
 	}
 	d.wg.Wait()
