@@ -50,7 +50,7 @@ const (
 	// bellDelay is how long each side waits before it sends, so the
 	// other's Wait is long: asleep in the netpoller, not spinning and
 	// not in the hot futex slice.
-	bellDelay = 2*hotWait + 2*time.Millisecond
+	bellDelay = 2*hotSlice + 2*time.Millisecond
 	tagReport = 11 // child → parent: its WakeStats, then it exits
 )
 

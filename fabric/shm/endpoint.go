@@ -14,9 +14,10 @@ package shm
 //	Recv: under recvMu, consume from head; wake blocked senders once per
 //	      batch.
 //	Wait: spin up to spinCap if recent waits were short (see learn).
-//	      Then, while the exchange is hot (the last Wait with work took
-//	      < hotWait), announce sleep (sleepers), re-check, and FUTEX_WAIT
-//	      on the doorbell word for up to hotSlice. Otherwise, or once that
+//	      Then, while the exchange is hot (the last Wait ended with work,
+//	      or a ring just woke this one), announce sleep (sleepers),
+//	      re-check, and FUTEX_WAIT on the doorbell word for up to
+//	      hotSlice. Otherwise, or once that
 //	      slice ran out, clear rung, announce sleep (bellW), re-check, and
 //	      park the goroutine in the netpoller on the VPID's doorbell FIFO
 //	      (RawConn.Read, draining with raw non-blocking reads): no thread
@@ -105,20 +106,24 @@ const (
 	// have their context's end ring the doorbell at once (one is the
 	// normal case: a single consumer loop).
 	maxWatched = 4
-	// hotWait and hotSlice: a VPID with a FIFO whose last Wait that
-	// ended with work took less than hotWait (an exchange in progress)
-	// first sleeps up to hotSlice in FUTEX_WAIT, and only then parks in
-	// the netpoller. A futex wake-up across processes is about 2 µs
-	// faster than a netpoller one (BenchmarkWakeAcrossProcesses), and
-	// sockperf through exnd, whose messages come every 0.5-1 ms per
-	// receive loop on this host, lost 4-12 µs of p50 with a 1 ms bound
-	// (docs/fabric-shm.md). Both stay under sysmon's 10 ms threshold for
-	// retaking a P from a blocking syscall, so a hot slice never costs a
-	// P hand-off; an idle consumer's waits are long, so it goes to the
-	// netpoller directly, and one whose hot slice ran out goes there
-	// from then on, until a wait is short again.
-	hotWait  = 5 * time.Millisecond
-	hotSlice = 5 * time.Millisecond
+	// hotSlice: a VPID with a FIFO whose last Wait ended with work (an
+	// exchange in progress) first sleeps up to hotSlice in FUTEX_WAIT,
+	// and only then parks in the netpoller; one whose hot slice ran out
+	// parks there directly until a Wait ends with work again (a Wait
+	// ended by its context, as exn's housekeeping tick ends it, changes
+	// nothing). Two reasons. A futex wake-up across processes is about
+	// 2 µs faster than a netpoller one (BenchmarkWakeAcrossProcesses).
+	// And a goroutine readied by the netpoller runs only once the
+	// scheduler polls the network — when a P runs out of work, or sysmon
+	// every 10 ms — so while the process's Ps are busy (EXT-DS's readers
+	// spin on their vdevs) a netpoller wake-up can wait milliseconds:
+	// TestShim's sockperf ping-pong fell to ~150 exchanges a second when
+	// its waits went to the FIFO, and still stalled in one run of three
+	// with a 5 ms slice (none in six with 50 ms; the cause is not
+	// established). A slice longer than sysmon's 10 ms lets it retake the
+	// P once per quiet period; an idle consumer pays one slice after its
+	// last message, then sleeps in the netpoller.
+	hotSlice = 50 * time.Millisecond
 	// bellBufSize is how many doorbell bytes one read drains: one per
 	// producer that rang since the last drain, rarely more than a few.
 	bellBufSize = 64
@@ -139,7 +144,7 @@ type endpoint struct {
 	// score says whether Wait spins (see learn). It starts at zero: a
 	// consumer spins only once its waits have proved short.
 	score  atomic.Int32
-	hot    atomic.Bool   // the last Wait with work took < hotWait (see hotSlice)
+	hot    atomic.Bool   // the last Wait ended with work, and no hot slice ran out since (see hotSlice)
 	probes atomic.Uint32 // Waits that did not spin by score (see spinProbeEvery)
 
 	recvMu sync.Mutex
@@ -619,14 +624,15 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	}
 	wc := &e.nic.wc
 	// A VPID without a FIFO sleeps on its futex for the whole wait. One
-	// with a FIFO does so only for a first hotSlice while its exchange is
-	// hot (see hot), and otherwise parks in the netpoller.
-	futexFor := e.nic.opts.backstop
-	if e.bell != nil {
-		futexFor = 0
-		if e.hot.Load() && !e.nic.opts.noHot {
-			futexFor = hotSlice
-		}
+	// with a FIFO does so only for a hotSlice while its exchange is hot
+	// (see hotSlice): from the start of a Wait after one that ended with
+	// work, and again after every ring that woke it (another consumer of
+	// the endpoint, such as EXT-DS's spinning Read, may have taken what
+	// the ring announced); otherwise it parks in the netpoller.
+	var futexUntil time.Time
+	hot := e.bell != nil && e.hot.Load() && !e.nic.opts.noHot
+	if hot {
+		futexUntil = start.Add(hotSlice)
 	}
 	for {
 		if e.closed.Load() {
@@ -634,6 +640,13 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		futexFor := e.nic.opts.backstop
+		if e.bell != nil {
+			futexFor = 0
+			if hot {
+				futexFor = time.Until(futexUntil)
+			}
 		}
 		if futexFor > 0 {
 			v.sleepers.Add(1)
@@ -646,10 +659,10 @@ func (e *endpoint) Wait(ctx context.Context) error {
 			wc.futexSleeps.Add(1)
 			sys.FutexWait(v.doorbell, s, futexFor) //nolint:errcheck // loop re-checks
 			v.sleepers.Add(^uint32(0))
-			if e.bell != nil && !e.ready() && time.Since(start) >= hotSlice {
+			if hot && !e.ready() && !time.Now().Before(futexUntil) {
 				// The exchange went quiet: sleep in the netpoller from
 				// now on, and start there next time too.
-				futexFor = 0
+				hot = false
 				e.hot.Store(false)
 			}
 		} else {
@@ -664,8 +677,11 @@ func (e *endpoint) Wait(ctx context.Context) error {
 				return nil
 			}
 			wc.bellSleeps.Add(1)
-			e.sleepBell()
+			rung := e.sleepBell()
 			v.bellW.Add(^uint32(0))
+			if rung && !e.nic.opts.noHot {
+				hot, futexUntil = true, time.Now().Add(hotSlice)
+			}
 		}
 		if e.ready() {
 			e.learn(time.Since(start))
@@ -679,7 +695,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 // poller wakes. The poller's goroutine parks in the netpoller (no thread
 // blocks); the others wait on bellCond, so one ring wakes them all. It
 // does not allocate.
-func (e *endpoint) sleepBell() {
+func (e *endpoint) sleepBell() (rung bool) {
 	e.bellMu.Lock()
 	if e.bellPolling {
 		gen := e.bellGen
@@ -687,7 +703,7 @@ func (e *endpoint) sleepBell() {
 			e.bellCond.Wait()
 		}
 		e.bellMu.Unlock()
-		return
+		return true // the poller woke: most likely a ring
 	}
 	e.bellPolling = true
 	e.bellMu.Unlock()
@@ -697,17 +713,20 @@ func (e *endpoint) sleepBell() {
 		e.bell.SetReadDeadline(time.Now().Add(e.nic.opts.bellBackstop)) //nolint:errcheck // pollable: checked at open
 		e.bellArmed = true
 	}
+	rung = true
 	if err := e.bellRC.Read(e.bellRead); err != nil {
 		// The deadline passed (the backstop) or, impossible while we
 		// hold ops, the file was closed.
 		e.bellArmed = false
 		e.nic.wc.backstops.Add(1)
+		rung = false
 	}
 	e.bellMu.Lock()
 	e.bellPolling = false
 	e.bellGen++
 	e.bellCond.Broadcast()
 	e.bellMu.Unlock()
+	return rung
 }
 
 // drainBell is the RawConn.Read callback of sleepBell: it consumes every
@@ -736,8 +755,8 @@ func (e *endpoint) drainBell(fd uintptr) bool {
 // once, and a sleeping consumer that finds its waits short again (by a
 // probe spin, see spinProbeEvery) spins again.
 func (e *endpoint) learn(w time.Duration) {
-	if h := w < hotWait; h != e.hot.Load() {
-		e.hot.Store(h)
+	if !e.hot.Load() {
+		e.hot.Store(true)
 	}
 	old := e.score.Load()
 	s := old
