@@ -149,8 +149,10 @@ type RMA struct {
 }
 
 // Region is registered memory. Buf is owned by the fabric: it stays valid
-// until Deregister or Close of its endpoint, and may be read and written by
-// the owner at any time (RMA does not synchronise with local access).
+// until the owner's Deregister or Close of its endpoint — a fault under it
+// (a dead peer, a lost shm attachment) makes calls fail but never unmaps
+// it — and may be read and written by the owner at any time (RMA does not
+// synchronise with local access).
 type Region struct {
 	NLA NLA
 	Buf []byte

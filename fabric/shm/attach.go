@@ -43,6 +43,8 @@ package shm
 //     or revoked the lease) the attachment is lost: every endpoint is
 //     closed (calls return net.ErrClosed, Open returns ErrPeerDown), the
 //     lease is released, and Done is closed. Nothing waits on the owner.
+//     The regions are unpublished and unlinked, but stay mapped until
+//     Close: the application may be copying into a Region.Buf right then.
 //   - Close releases the attachment's endpoints, regions and attach file
 //     (the owner's sweep then frees the slot) and leaves the owner alone.
 //
@@ -696,7 +698,7 @@ func (n *nicT) checkOwner() {
 }
 
 // lose ends a lost attachment: endpoints closed, lease released, Done
-// closed.
+// closed. The regions' mappings stay until Close (see nicT.keepMaps).
 func (n *nicT) lose(why error) {
 	a := n.att
 	a.mu.Lock()
@@ -709,6 +711,9 @@ func (n *nicT) lose(why error) {
 	}
 	n.ctr.PeerDown.Add(1)
 	n.log.Warn("shm: attachment lost", "err", why)
+	n.regMu.Lock()
+	n.keepMaps = true // the application may still hold Region.Bufs
+	n.regMu.Unlock()
 	n.releaseLease()
 	close(a.done)
 }
@@ -825,6 +830,12 @@ func (a *Attached) Close() error {
 		return nil
 	}
 	n.releaseLease()
+	n.regMu.Lock()
+	for _, m := range n.orphans {
+		m.release()
+	}
+	n.orphans, n.keepMaps = nil, false
+	n.regMu.Unlock()
 	close(n.stop)
 	n.wg.Wait()
 	n.peerMu.Lock()

@@ -344,6 +344,12 @@ func TestAttachGrants(t *testing.T) {
 		t.Fatal("Wait still blocked 5 s after the lease was revoked")
 	}
 	<-a2.Done()
+	// The lost attachment's region stays mapped until a2.Close: an
+	// application still copying into it must not fault (an unmap here
+	// would kill the test binary with SIGSEGV).
+	for i := range r2.Buf {
+		r2.Buf[i] ^= 0x5a
+	}
 	if err := a2.Err(); !errors.Is(err, fabric.ErrPeerDown) {
 		t.Fatalf("Err after revoke: %v", err)
 	}

@@ -107,9 +107,18 @@ type nicT struct {
 
 	regMu   sync.RWMutex
 	regions map[uint32]*localRegion
-	gens    []uint32 // by region index
-	freeIdx []uint32
-	nextIdx uint32
+	// keepMaps and orphans: once an attachment is lost (attach.go, lose)
+	// its regions are unpublished and unlinked at once, but their
+	// mappings stay until the application closes the attachment: it may
+	// still be copying from or into a Region.Buf it was handed (the
+	// fabric.Region contract: Buf is valid until the owner's Deregister
+	// or Close), and an unmap under it would be a SIGSEGV in the
+	// application, not an error. Guarded by regMu.
+	keepMaps bool
+	orphans  []*mapping
+	gens     []uint32 // by region index
+	freeIdx  []uint32
+	nextIdx  uint32
 	// regLo..regHi: the region indices this process allocates from, the
 	// owner's 1..maxNodeRegions or an attached process's lease block.
 	regLo, regHi uint32

@@ -116,7 +116,11 @@ func (n *nicT) dropRegionLocked(idx uint32, r *localRegion) {
 	w0.Store(encodeRegionEntry(regionEntry{Gen: r.gen}))
 	delete(n.regions, idx)
 	os.Remove(r.path)
-	r.m.release()
+	if n.keepMaps {
+		n.orphans = append(n.orphans, r.m) // released by Attached.Close
+	} else {
+		r.m.release()
+	}
 	n.freeIdx = append(n.freeIdx, idx)
 }
 
