@@ -170,11 +170,21 @@ func eventually(tb testing.TB, what string, cond func() bool) {
 // whole.
 func quiet(tb testing.TB, e *Engine) {
 	tb.Helper()
-	eventually(tb, "engine quiet", func() bool {
-		s := e.Stats()
-		return s.TxSlotsInUse == 0 && s.RxSlotsInUse == 0 && s.PendingGets == 0 &&
-			s.OutstandingAdverts == 0 && s.WaitingAdverts == 0
-	})
+	var s Stats
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s = e.Stats()
+		if s.TxSlotsInUse == 0 && s.RxSlotsInUse == 0 && s.PendingGets == 0 &&
+			s.OutstandingAdverts == 0 && s.WaitingAdverts == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("engine not quiet after 5 s: tx slots %d, rx slots %d, pending GETs %d, outstanding adverts %d, waiting adverts %d, refusals sent %d lost %d, advert timeouts %d, drops:%s",
+				s.TxSlotsInUse, s.RxSlotsInUse, s.PendingGets, s.OutstandingAdverts, s.WaitingAdverts,
+				s.RefusalsSent, s.RefusalsLost, s.AdvertTimeouts, dropsString(s))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func dropsString(s Stats) string {
