@@ -434,11 +434,18 @@ func (e *Engine) responderDone(n *fabric.Notification) {
 		return
 	}
 	s := &e.tx.slots[slot]
-	w := s.state.Load()
-	if w&slotBusy == 0 || wordNode(w) != n.Peer.Node || wordLen(w) != n.Len ||
-		fabric.LastFrame(start, n.Len) != n.Local || !s.state.CompareAndSwap(w, 0) {
-		e.ctr.lateResponders.Add(1)
-		return
+	for {
+		w := s.state.Load()
+		if w&slotBusy == 0 || wordNode(w) != n.Peer.Node || wordLen(w) != n.Len ||
+			fabric.LastFrame(start, n.Len) != n.Local {
+			e.ctr.lateResponders.Add(1)
+			return
+		}
+		if s.state.CompareAndSwap(w, 0) {
+			break
+		}
+		// The sender armed the slot between the load and the CAS (the
+		// only change a busy slot sees off this goroutine): check again.
 	}
 	e.ctr.outstandingAdverts.Add(-1)
 	e.tx.free <- slot
@@ -459,10 +466,16 @@ func (e *Engine) refused(node fabric.NodeID, p []byte) {
 		return
 	}
 	s := &e.tx.slots[slot]
-	w := s.state.Load()
-	if w&slotBusy == 0 || wordNode(w) != node || wordLen(w) != a.len || !s.state.CompareAndSwap(w, 0) {
-		e.drop(DropAdvertMalformed, node)
-		return
+	for {
+		w := s.state.Load()
+		if w&slotBusy == 0 || wordNode(w) != node || wordLen(w) != a.len {
+			e.drop(DropAdvertMalformed, node)
+			return
+		}
+		if s.state.CompareAndSwap(w, 0) {
+			break
+		}
+		// Armed concurrently by the sender, as in responderDone.
 	}
 	e.ctr.advertsRefused.Add(1)
 	e.ctr.outstandingAdverts.Add(-1)

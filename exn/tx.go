@@ -25,7 +25,10 @@ package exn
 //	  → armed (advert delivered, deadline set; CAS busy→busy|armed)
 //	  → free, by exactly one of: the responder notification (rxLoop,
 //	    CAS → 0), the advert timeout (rxLoop, armed only, CAS → 0), or a
-//	    failed send of the advert (Transmit, CAS busy → 0).
+//	    failed send of the advert (Transmit, CAS busy → 0). A responder
+//	    notification or refusal can race the arming CAS (the GET may
+//	    finish before Transmit returns from ep.Send): rxLoop then retries
+//	    its CAS on the armed word instead of leaking the slot.
 //
 // Locks: txMu guards txSeq and the ordering of ep.Send calls; memMu
 // (read) is held only while copying into slot memory; slot state needs no
