@@ -47,9 +47,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/sys"
 )
 
 const (
@@ -133,6 +135,15 @@ type session struct {
 	boot uint64
 	conn net.Conn
 	race raceSync
+	// rc is conn's raw descriptor access when it has one (a TCP
+	// connection; not net.Pipe in tests): the writer then writes each
+	// batch with sys.Writev (raw writev, waiting for writability in the
+	// netpoller on EAGAIN) instead of conn's writev. Writer only after
+	// newSession.
+	rc      syscall.RawConn
+	wv      sys.Writev
+	writeFn func(fd uintptr) bool // s.writeRaw, bound once (no allocation per batch)
+	werr    error                 // writeRaw's error
 
 	dead     chan struct{}
 	deadFlag atomic.Bool
@@ -179,7 +190,7 @@ type session struct {
 }
 
 func newSession(n *NIC, c net.Conn, h hello) *session {
-	return &session{
+	s := &session{
 		n: n, peer: h.node, boot: h.boot, conn: c, race: newRaceSync(c),
 		dead:      make(chan struct{}),
 		wake:      make(chan struct{}, 1),
@@ -187,6 +198,12 @@ func newSession(n *NIC, c net.Conn, h hello) *session {
 		spare:     make([]byte, 0, ctlInitial),
 		lastHeard: n.cfg.Now(),
 	}
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			s.rc, s.writeFn = rc, s.writeRaw
+		}
+	}
+	return s
 }
 
 func (s *session) isDead() bool { return s.deadFlag.Load() }
@@ -440,7 +457,7 @@ func (s *session) writeLoop() {
 			}
 			s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.DeadAfter))
 			s.race.beforeWrite()
-			if _, err := s.out.bufs.WriteTo(s.conn); err != nil {
+			if err := s.writeOut(); err != nil {
 				s.dropOut()
 				s.kill(fmt.Errorf("write: %w", err))
 				return
@@ -449,6 +466,53 @@ func (s *session) writeLoop() {
 			s.n.nctr.bytesOut.Add(uint64(s.out.nb))
 			s.finishOut()
 		}
+	}
+}
+
+// writeOut writes the batch in s.out.bufs, consuming it: with raw
+// writevs on a socket (see session.rc), with conn's writev otherwise.
+// The write deadline applies either way.
+func (s *session) writeOut() error {
+	if s.rc == nil {
+		_, err := s.out.bufs.WriteTo(s.conn)
+		return err
+	}
+	s.werr = nil
+	err := s.rc.Write(s.writeFn)
+	if err == nil {
+		err = s.werr
+	}
+	return err
+}
+
+// writeRaw is writeOut's RawConn.Write callback: it writes until the
+// batch is gone (true), the socket is full (false: the poller waits for
+// writability and calls again) or an error (true, in s.werr).
+func (s *session) writeRaw(fd uintptr) bool {
+	for len(s.out.bufs) > 0 {
+		n, err := s.wv.Write(int(fd), s.out.bufs)
+		if err == sys.EAGAIN {
+			return false
+		}
+		if err != nil {
+			s.werr = fmt.Errorf("writev: %w", err)
+			return true
+		}
+		consume(&s.out.bufs, n)
+	}
+	return true
+}
+
+// consume drops n written bytes from the front of *v.
+func consume(v *net.Buffers, n int) {
+	for len(*v) > 0 {
+		l := len((*v)[0])
+		if n < l {
+			(*v)[0] = (*v)[0][n:]
+			return
+		}
+		n -= l
+		*v = (*v)[1:]
 	}
 }
 
