@@ -1,3 +1,17 @@
 // Package perf holds the benchmark drivers and scripts whose results go to
-// docs/.
+// docs/. Each compares against a baseline measured in the same run and
+// reports ratios; the ones that need root skip with a reason without it.
+//
+//   - ext-eth.sh (BenchmarkExtEth, exteth_test.go): iperf3 and sockperf
+//     over exn0 on shm against veth, and exnd's idle CPU (issue #3).
+//   - extds.sh (BenchmarkExtDS, extds_test.go): EXT-DS between attached
+//     processes against TCP over exn0 and veth (issue #5).
+//   - ext-eth-net.sh (integration TestNetPerf): exn0 on the net fabric
+//     against its underlay (issue #8).
+//   - fabric-compare.sh: the fabric backends side by side.
+//   - bench.sh: the shared runner of ext-eth.sh and extds.sh (build,
+//     run once, clean up namespaces and shm files even when killed).
+//
+// The shim's numbers come from integration TestShimPerf, and
+// `exnperf report` (perf/report) runs them all into docs/benchmarks.md.
 package perf
