@@ -226,7 +226,11 @@ func (s *session) run() {
 		defer close(wdone)
 		s.writeLoop()
 	}()
-	err := s.readLoop(bufio.NewReaderSize(s.conn, readBufSize))
+	var src io.Reader = s.conn
+	if s.rc != nil {
+		src = newRawReader(s.rc)
+	}
+	err := s.readLoop(bufio.NewReaderSize(src, readBufSize))
 	if errors.Is(err, errProto) {
 		s.n.nctr.badFrames.Add(1)
 		if errors.Is(err, errOversized) {
@@ -501,6 +505,53 @@ func (s *session) writeRaw(fd uintptr) bool {
 		consume(&s.out.bufs, n)
 	}
 	return true
+}
+
+// rawReader reads a socket with raw read(2)s (sys.Read) through
+// RawConn.Read, which waits for readability in the netpoller and honours
+// the read deadline: the reader's copies, straight into regions for RMA
+// chunks, then do not make sysmon retake its P (see sys.Writev). The
+// reader goroutine only; it does not allocate per call.
+type rawReader struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr) bool // r.read, bound once
+	p   []byte
+	n   int
+	err error
+}
+
+func newRawReader(rc syscall.RawConn) *rawReader {
+	r := &rawReader{rc: rc}
+	r.fn = r.read
+	return r
+}
+
+func (r *rawReader) read(fd uintptr) bool {
+	n, err := sys.Read(int(fd), r.p)
+	if err == sys.EAGAIN {
+		return false
+	}
+	r.n, r.err = n, err
+	return true
+}
+
+// Read implements io.Reader: io.EOF at the end of the stream.
+func (r *rawReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	r.p = p
+	err := r.rc.Read(r.fn)
+	r.p = nil
+	switch {
+	case err != nil:
+		return 0, err
+	case r.err != nil:
+		return 0, fmt.Errorf("read: %w", r.err)
+	case r.n == 0:
+		return 0, io.EOF
+	}
+	return r.n, nil
 }
 
 // consume drops n written bytes from the front of *v.

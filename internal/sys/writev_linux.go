@@ -56,3 +56,23 @@ func (w *Writev) Write(fd int, bufs [][]byte) (int, error) {
 		return int(r), nil
 	}
 }
+
+// Read is a raw read(2) from the non-blocking fd into b, for the same
+// reason as Writev (fabric/net's session reader): 0, nil is end of
+// stream, EAGAIN nothing queued.
+func Read(fd int, b []byte) (int, error) {
+	var p unsafe.Pointer
+	if len(b) > 0 {
+		p = unsafe.Pointer(&b[0])
+	}
+	for {
+		r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(p), uintptr(len(b)))
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return 0, errnoErr(e)
+		}
+		return int(r), nil
+	}
+}

@@ -51,3 +51,27 @@ func TestWritev(t *testing.T) {
 		t.Fatalf("%d slices: %v, want EINVAL", len(many), err)
 	}
 }
+
+// TestRead: EAGAIN when nothing is queued, the bytes when they are, and
+// 0, nil at the end of the stream.
+func TestRead(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]) })
+	b := make([]byte, 8)
+	if n, err := Read(fds[0], b); n != 0 || !errors.Is(err, EAGAIN) {
+		t.Fatalf("empty: %d, %v; want EAGAIN", n, err)
+	}
+	if _, err := unix.Write(fds[1], []byte("hey")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Read(fds[0], b); err != nil || string(b[:n]) != "hey" {
+		t.Fatalf("read %q, %v", b[:n], err)
+	}
+	unix.Close(fds[1])
+	if n, err := Read(fds[0], b); n != 0 || err != nil {
+		t.Fatalf("after the peer closed: %d, %v; want 0, nil", n, err)
+	}
+}
