@@ -15,6 +15,10 @@ package fabnet
 //	   region is acquired only for that writev; a GET response's responder
 //	   notification is written after the writev of its last chunk (or, if
 //	   needGetDone, when the requester's get-done arrives).
+//	   On a TCP connection the writev is raw (sys.Writev through
+//	   RawConn.Write; see writeOut), and so are the reader's reads
+//	   (rawReader): no entersyscall, so sysmon never retakes the P of a
+//	   long copy into or out of the socket.
 //	readLoop: bufio reader (4 KiB) → decodePrefix (size checked before
 //	   any read) → fixed header → dispatch. VELO lands in the target
 //	   mailbox (credit checked), RMA data is read straight into the target
