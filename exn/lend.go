@@ -185,11 +185,9 @@ func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error)
 		default:
 			need = numFragments(len(f))
 		}
-		if need > 0 && len(sc.msgs) > 0 && len(sc.msgs)+need > sendBatchMsgs {
-			if err := e.flush(ctx, sc); err != nil {
-				e.unlend(i)
-				return i, err
-			}
+		if err := e.makeRoom(ctx, sc, need); err != nil {
+			e.unlend(i)
+			return i, err
 		}
 		s := &e.tx.slots[slot]
 		if !s.state.CompareAndSwap(slotLent, 0) {
@@ -206,12 +204,7 @@ func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error)
 			e.cfg.Observer.Observe(f)
 		}
 		if proto != ProtoRendezvous {
-			k := len(sc.msgs)
-			sc.msgs = sc.msgs[:k+need]
-			putFragments(sc.msgs[k:], f, peer, proto == ProtoMulticast)
-			for j := range need {
-				sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: -1, size: int32(len(f)), proto: proto, end: j == need-1})
-			}
+			e.appendFragments(sc, i, f, peer, proto, need)
 			e.tx.free <- slot
 			continue
 		}

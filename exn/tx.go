@@ -169,10 +169,8 @@ func (e *Engine) Transmit(ctx context.Context, frames [][]byte) (int, error) {
 			}
 			continue
 		}
-		if len(sc.msgs)+1 > sendBatchMsgs {
-			if err := e.flush(ctx, sc); err != nil {
-				return i, err
-			}
+		if err := e.makeRoom(ctx, sc, 1); err != nil {
+			return i, err
 		}
 		slot, err := e.acquire(ctx, sc)
 		if err != nil {
@@ -191,22 +189,35 @@ func (e *Engine) Transmit(ctx context.Context, frames [][]byte) (int, error) {
 	return len(frames), nil
 }
 
+// makeRoom flushes the batch if need (> 0) more messages would not fit
+// (a frame that needs more than a whole batch goes alone).
+func (e *Engine) makeRoom(ctx context.Context, sc *txScratch, need int) error {
+	if need > 0 && len(sc.msgs) > 0 && len(sc.msgs)+need > sendBatchMsgs {
+		return e.flush(ctx, sc)
+	}
+	return nil
+}
+
 // addEager adds frame i (f) to the batch as eager fragments, flushing
 // first if they do not fit.
 func (e *Engine) addEager(ctx context.Context, sc *txScratch, i int, f []byte, peer fabric.Addr, proto Proto) error {
 	need := numFragments(len(f))
-	if len(sc.msgs) > 0 && len(sc.msgs)+need > sendBatchMsgs {
-		if err := e.flush(ctx, sc); err != nil {
-			return err
-		}
+	if err := e.makeRoom(ctx, sc, need); err != nil {
+		return err
 	}
+	e.appendFragments(sc, i, f, peer, proto, need)
+	return nil
+}
+
+// appendFragments adds frame i (f) to the batch as its need eager
+// fragments; the batch has room for them.
+func (e *Engine) appendFragments(sc *txScratch, i int, f []byte, peer fabric.Addr, proto Proto, need int) {
 	k := len(sc.msgs)
 	sc.msgs = sc.msgs[:k+need]
 	putFragments(sc.msgs[k:], f, peer, proto == ProtoMulticast)
 	for j := range need {
 		sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: -1, size: int32(len(f)), proto: proto, end: j == need-1})
 	}
-	return nil
 }
 
 // addAdvert marks slot, which holds frame i (n bytes) and is owned by the
