@@ -227,17 +227,27 @@ func (s *attachSvc) parsePort(arg string) (uint16, error) {
 	return uint16(p), nil
 }
 
-func (s *attachSvc) handleListen(_ context.Context, args []string) (any, error) {
+// leasePort parses "PID BASE PORT" (the arguments of extds-listen and
+// extds-unlisten, op) into the lease and the port. s.mu is held.
+func (s *attachSvc) leasePort(op string, args []string) (*appLease, uint16, error) {
 	if len(args) != 3 {
-		return nil, s.refuse("usage: extds-listen PID BASE PORT")
+		return nil, 0, s.refuse("usage: %s PID BASE PORT", op)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	l, err := s.lease(args[0], args[1])
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	port, err := s.parsePort(args[2])
+	if err != nil {
+		return nil, 0, err
+	}
+	return l, port, nil
+}
+
+func (s *attachSvc) handleListen(_ context.Context, args []string) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, port, err := s.leasePort("extds-listen", args)
 	if err != nil {
 		return nil, err
 	}
@@ -258,16 +268,9 @@ func (s *attachSvc) handleListen(_ context.Context, args []string) (any, error) 
 }
 
 func (s *attachSvc) handleUnlisten(_ context.Context, args []string) (any, error) {
-	if len(args) != 3 {
-		return nil, s.refuse("usage: extds-unlisten PID BASE PORT")
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, err := s.lease(args[0], args[1])
-	if err != nil {
-		return nil, err
-	}
-	port, err := s.parsePort(args[2])
+	l, port, err := s.leasePort("extds-unlisten", args)
 	if err != nil {
 		return nil, err
 	}
