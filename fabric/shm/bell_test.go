@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -158,16 +157,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ep.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBellHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), bellChildEnv+"="+fab)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
+	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	recv1 := func() fabric.Message {
@@ -262,16 +252,7 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ep.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+fab)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
+	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	recvOne(t, ctx, ep) // the child's region announcement: its VPID is open
@@ -730,16 +711,7 @@ func benchWake(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	defer ep.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBellHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), bellChildEnv+"="+fab, wakeModeEnv+"="+mode)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
+	cmd := startChild(b, "TestBellHelper", bellChildEnv+"="+fab, wakeModeEnv+"="+mode)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var in [1]fabric.Message

@@ -93,6 +93,24 @@ func child(fab string) error {
 	}
 }
 
+// startChild re-executes the test binary to run only the helper test
+// helper, with env added to its environment; the child is killed and
+// reaped when the test ends.
+func startChild(tb testing.TB, helper string, env ...string) *exec.Cmd {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd
+}
+
 // TestTwoProcesses runs node 2 in a second OS process: VELO ping-pong, an
 // RMA GET of the child's region checked by content, then SIGKILL of the
 // child while this process is blocked sending to its full mailbox. The
