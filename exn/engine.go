@@ -11,10 +11,15 @@ package exn
 //	         from rxLoop so the receive loop never blocks on a peer's
 //	         full mailbox (two receive loops refusing to each other could
 //	         otherwise deadlock).
-//	ticker   every housekeepingInterval swaps in a fresh tick context and
-//	         fires the old one, which wakes rxLoop from ep.Wait so it runs
-//	         housekeeping (advert timeouts, dead sources) even when idle,
-//	         without a per-Wait timer allocation.
+//	ticker   while housekeeping has work (an advert armed or waiting, a
+//	         partial frame, a non-empty source queue: needTicks), every
+//	         housekeepingInterval swaps in a fresh tick context and fires
+//	         the old one, which wakes rxLoop from ep.Wait so it runs
+//	         housekeeping (advert timeouts, dead sources) without a
+//	         per-Wait timer allocation. With nothing to keep it stops, so
+//	         an idle engine has no timer (docs/wakeup.md); rxLoop (before
+//	         it waits) and an advert being armed start it again
+//	         (wantTicks), rxLoop stops it after a tick that left nothing.
 //
 // Callers' goroutines run Transmit.
 //
@@ -39,9 +44,9 @@ import (
 
 const (
 	// housekeepingInterval is how often (wall clock) the receive loop
-	// checks advert deadlines and dead sources. It bounds how late an
-	// expired advert is reclaimed beyond AdvertTimeout, and is the idle
-	// wake-up rate (10/s: negligible CPU).
+	// checks advert deadlines and dead sources while there is anything to
+	// check. It bounds how late an expired advert is reclaimed beyond
+	// AdvertTimeout and how long a dead source's partial frames are held.
 	housekeepingInterval = 100 * time.Millisecond
 
 	// refusalQueue bounds refusals waiting to be sent. A refusal that
@@ -98,7 +103,11 @@ type Engine struct {
 	refuseCtx    context.Context
 	refuseCancel context.CancelFunc
 	tick         atomic.Pointer[tickCtx]
-	wg           sync.WaitGroup
+	// tickWanted says the ticker should run; tickKick (capacity 1) starts
+	// a stopped ticker. See wantTicks.
+	tickWanted atomic.Bool
+	tickKick   chan struct{}
+	wg         sync.WaitGroup
 }
 
 // New starts an engine on ep, which must be VPID fabric.EthVPID opened on
@@ -127,6 +136,7 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 		txSeq:    make(map[fabric.NodeID]uint16),
 		done:     make(chan struct{}),
 		refusals: make(chan refusal, refusalQueue),
+		tickKick: make(chan struct{}, 1),
 	}
 	e.lendCond.L = &e.lendMu
 	e.refuseCtx, e.refuseCancel = context.WithCancel(context.Background())
@@ -226,20 +236,47 @@ func (t *tickCtx) Err() error {
 	}
 }
 
+// ticker fires tick contexts every housekeepingInterval while tickWanted
+// holds, and sleeps on tickKick otherwise.
 func (e *Engine) ticker() {
 	defer e.wg.Done()
-	t := time.NewTicker(housekeepingInterval)
-	defer t.Stop()
 	for {
 		select {
 		case <-e.done:
 			close(e.tick.Load().done) // the last tick stays fired
 			return
-		case <-t.C:
-			old := e.tick.Load()
-			e.tick.Store(newTick(old.gen + 1))
-			close(old.done)
+		case <-e.tickKick:
 		}
+		t := time.NewTicker(housekeepingInterval)
+		for running := true; running; {
+			select {
+			case <-e.done:
+				t.Stop()
+				close(e.tick.Load().done)
+				return
+			case <-t.C:
+				old := e.tick.Load()
+				e.tick.Store(newTick(old.gen + 1))
+				close(old.done)
+				// rxLoop clears tickWanted after a tick that left
+				// nothing to keep; a wantTicks since then set it again
+				// (and its kick restarts us if we stop anyway).
+				running = e.tickWanted.Load()
+			}
+		}
+		t.Stop()
+	}
+}
+
+// wantTicks makes sure the ticker runs. It is cheap when it already does
+// (one atomic load), so the transmit path calls it for every armed advert.
+func (e *Engine) wantTicks() {
+	if e.tickWanted.Load() || !e.tickWanted.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case e.tickKick <- struct{}{}:
+	default: // a kick is pending already
 	}
 }
 

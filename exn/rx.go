@@ -16,7 +16,8 @@ package exn
 //	flush the batch: Observer, Link.DeliverFrames, release buffers, post
 //	   GETs for adverts waiting for a buffer (FIFO across sources)
 //	nothing done → ep.Wait(tick) (spins, then sleeps until a message, a
-//	   notification or the next housekeeping tick)
+//	   notification or the next housekeeping tick, if the ticker runs:
+//	   see needTicks)
 //
 // A unicast eager frame of a source with an empty queue skips the queue.
 // Multicast frames skip it always: they are not ordered against unicast
@@ -179,14 +180,37 @@ func (e *Engine) rxLoop() {
 			rx.lastTick = t.gen
 			e.housekeep()
 			e.finishRound()
+			if !e.needTicks() {
+				e.tickWanted.Store(false)
+			}
 		}
 		if n == 0 && m == 0 {
+			if !e.tickWanted.Load() && e.needTicks() {
+				e.wantTicks()
+			}
 			if err := e.ep.Wait(t); errors.Is(err, net.ErrClosed) {
 				e.rxFailed(err)
 				return
 			}
 		}
 	}
+}
+
+// needTicks says whether housekeeping has anything to watch: an advert
+// of ours armed or one of a peer's waiting for a buffer (their timeouts),
+// or a source with a partial frame or queued entries (dropped if it
+// dies). Only rxLoop calls it; it walks the sources (one per peer node
+// that ever sent), and only before a Wait or after a tick.
+func (e *Engine) needTicks() bool {
+	if e.ctr.outstandingAdverts.Load() > 0 || e.ctr.waitingAdverts.Load() > 0 {
+		return true
+	}
+	for _, src := range e.rx.sources {
+		if src.qlen > 0 || src.uc.buf != nil || src.mc.buf != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // rxFailed ends the receive loop because the endpoint failed under it

@@ -367,6 +367,7 @@ func (e *Engine) sent(sc *txScratch, n int) {
 			s := &e.tx.slots[md.slot]
 			s.deadline.Store(deadline)
 			s.state.CompareAndSwap(md.word, md.word|slotArmed)
+			e.wantTicks() // its timeout must be watched
 		}
 	}
 	if n == 0 {

@@ -53,14 +53,12 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
-	"github.com/exn-project/exn/internal/sys"
 )
 
 // Mode says how a connection carries data.
@@ -224,8 +222,6 @@ type Conn struct {
 	wrma   [1]fabric.RMA
 	rmu    sync.Mutex
 	rbatch [1]fabric.Message
-	rdSpin spinPolicy // Read's waits (see spinWaitLocked), guarded by rmu
-	wrSpin spinPolicy // Write's credit waits, guarded by wmu
 
 	mu sync.Mutex
 	// receive side
@@ -529,7 +525,7 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 			if c.txEager == 0 || large && len(p) > ringFullVELOMax && c.ringWaitLocked() {
 				c.dev.ctr.creditWaits.Add(1)
 				free, eager := c.txFree, c.txEager
-				if err := c.spinWaitLocked(&c.wrSpin, c.wrWake, &c.wrDL, func() bool {
+				if err := c.spinWaitLocked(c.wrWake, &c.wrDL, func() bool {
 					return c.txFree != free || c.txEager != eager || c.closed || c.err != nil || c.wrShut || isClosedChan(c.wrDL.wait())
 				}); err != nil {
 					c.mu.Unlock()
@@ -712,7 +708,7 @@ func (c *Conn) readLocked(p []byte) (int, error) {
 		}
 		s := c.segs.peek()
 		if s == nil {
-			if err := c.spinWaitLocked(&c.rdSpin, c.rdWake, &c.rdDL, c.readableLocked); err != nil {
+			if err := c.spinWaitLocked(c.rdWake, &c.rdDL, c.readableLocked); err != nil {
 				c.mu.Unlock()
 				return 0, err
 			}
@@ -725,7 +721,7 @@ func (c *Conn) readLocked(p []byte) (int, error) {
 			n = c.copyEagerLocked(p, s)
 		case segRMA:
 			if !s.ready {
-				if err := c.spinWaitLocked(&c.rdSpin, c.rdWake, &c.rdDL, c.readableLocked); err != nil {
+				if err := c.spinWaitLocked(c.rdWake, &c.rdDL, c.readableLocked); err != nil {
 					c.mu.Unlock()
 					return 0, err
 				}
@@ -778,82 +774,43 @@ func (c *Conn) readLocked(p []byte) (int, error) {
 	}
 }
 
-// Adaptive spin of Read and of a Write waiting for credits. Across
-// processes on shm every hop of a request/answer exchange used to be a
-// thread wake-up: the peer's Send rings the futex of this process's
-// sleeping rx loop, and the rx loop then hands the data (or the credits)
-// to the goroutine parked in Read or Write (a second thread wake-up when
-// that goroutine runs on another P). A waiter whose recent waits were
-// short instead polls the vdev's endpoint itself (vdev.poll under rxMu,
-// so messages are still dispatched in order) and takes what it waits for
-// on its own thread. The policy mirrors fabric/shm's Wait (the same
-// saturating score), per connection and direction:
+// Spin of Read and of a Write waiting for credits. Across processes on
+// shm every hop of a request/answer exchange would otherwise be a wake-up:
+// the peer's Send rings the doorbell of this process's parked rx loop,
+// and the rx loop then hands the data (or the credits) to the goroutine
+// parked in Read or Write. A waiter first polls the vdev's endpoint itself
+// (vdev.poll under rxMu, so messages are still dispatched in order) for
+// connSpinBudget and takes what it waits for on its own thread; then it
+// parks (docs/wakeup.md). The spin never yields: a yielding spin keeps the
+// goroutine on the scheduler's run queue, where it is found before the
+// network is ever polled.
 const (
-	// connSpinCap is the longest a waiter polls before it parks, and the
-	// longest wait that counts as short. It must cover a round trip of a
-	// spinning request/answer between two processes on this 2-core host
-	// (25–40 µs, 1 B..4 KiB), but stay below the futex wake-up chain it
-	// replaces (60–100 µs there).
-	connSpinCap = 40 * time.Microsecond
-	// connSpinYieldAfter: after this long the spin also yields the thread
-	// (sched_yield) at every poll, so on a host with few cores the peer,
-	// whose answer this spin waits for, can have the CPU.
-	connSpinYieldAfter = 5 * time.Microsecond
-	// connSpinOn, connSpinScoreMax: +1 per short wait, -1 per long one
-	// (saturating at connSpinScoreMax); a waiter spins from connSpinOn,
-	// so a connection keeps spinning only while about half its waits are
-	// short (an idle connection stops after a few waits).
-	connSpinOn       = 2
-	connSpinScoreMax = 8
-	// connSpinProbeEvery: while the score says park, every
-	// connSpinProbeEvery-th wait spins anyway, to find out whether the
-	// answer now comes within a spin (a parked waiter only ever measures
-	// the wake-up chain, which is never short).
-	connSpinProbeEvery = 8
+	// connSpinBudget is the longest a waiter polls before it parks. It is
+	// about what parking costs here: the wake-up chain it replaces (the
+	// peer's doorbell ring, the rx loop's netpoller wake-up, the hand-off
+	// to this goroutine) measured 20–40 µs between two processes on this
+	// 2-core host, so a spin of that length at most doubles the cost of
+	// a wait that parks anyway, and a request/answer exchange between
+	// two spinning processes (a few µs a round trip) never parks.
+	connSpinBudget = 20 * time.Microsecond
 )
 
-// spinPolicy is one direction's spin state (see connSpinCap).
-type spinPolicy struct {
-	score  int
-	probes uint32
-}
-
-func (sp *spinPolicy) learn(w time.Duration) {
-	if w <= connSpinCap {
-		sp.score = min(sp.score+1, connSpinScoreMax)
-	} else {
-		sp.score = max(sp.score-1, 0)
-	}
-}
-
-// spinWaitLocked waits until ready() may have become true: it spins (if
-// sp says so) and else parks on wakeCh like waitLocked. mu is held on
-// entry and exit, and when ready is called; the caller's rmu or wmu
-// guards sp.
-func (c *Conn) spinWaitLocked(sp *spinPolicy, wakeCh chan struct{}, dl *deadline, ready func() bool) error {
-	start := time.Now()
-	spin := sp.score >= connSpinOn
-	if !spin {
-		sp.probes++
-		spin = sp.probes%connSpinProbeEvery == 0
-	}
-	if spin && c.spinLocked(start, ready) {
+// spinWaitLocked waits until ready() may have become true: it spins for
+// connSpinBudget, then parks on wakeCh like waitLocked. mu is held on
+// entry and exit, and when ready is called.
+func (c *Conn) spinWaitLocked(wakeCh chan struct{}, dl *deadline, ready func() bool) error {
+	if c.spinLocked(time.Now(), ready) {
 		// The wake-up token for what arrived is stale now.
 		select {
 		case <-wakeCh:
 		default:
 		}
-		sp.learn(time.Since(start))
 		return nil
 	}
-	err := c.waitLocked(wakeCh, dl)
-	if err == nil {
-		sp.learn(time.Since(start))
-	}
-	return err
+	return c.waitLocked(wakeCh, dl)
 }
 
-// spinLocked polls c's vdev until ready() or connSpinCap has passed
+// spinLocked polls c's vdev until ready() or connSpinBudget has passed
 // since start. mu is held on entry and exit (released while polling).
 func (c *Conn) spinLocked(start time.Time, ready func() bool) bool {
 	v := c.vd
@@ -867,16 +824,11 @@ func (c *Conn) spinLocked(start time.Time, ready func() bool) bool {
 				return false // the rx loop reports it
 			}
 		}
-		spun := time.Since(start)
-		if spun > connSpinYieldAfter {
-			runtime.Gosched()
-			sys.Yield()
-		}
 		c.mu.Lock()
 		if ready() {
 			return true
 		}
-		if spun > connSpinCap {
+		if time.Since(start) > connSpinBudget {
 			return false
 		}
 	}

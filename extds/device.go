@@ -7,8 +7,8 @@ package extds
 //  1. rx loop (vdev.run, one goroutine per opened vdev): Recv up to
 //     rxBudget VELO messages, then PollNotifications up to rxBudget; when
 //     both are empty, Wait (the endpoint spins briefly, then sleeps).
-//     A Read or a Write waiting for credits whose recent waits were short
-//     polls the vdev itself instead of parking (Conn.spinWaitLocked):
+//     A Read or a Write waiting for credits first polls the vdev itself
+//     for connSpinBudget before it parks (Conn.spinWaitLocked):
 //     vdev.poll, the same Recv + dispatch, under vdev.rxMu, which the rx
 //     loop holds for its polls too, so messages keep their order.
 //  2. demux (Device.dispatch): decode the payload (no allocation), find the
@@ -23,7 +23,9 @@ package extds
 //     with a bounded timeout.
 //  5. housekeeping (Device.tickLoop, one goroutine): every tick it checks
 //     each peer node's liveness, and releases closed connections whose
-//     drain (linger in the background) has run out.
+//     drain (linger in the background) has run out. With no connection
+//     it stops its ticker and sleeps until register adds one (connAdded),
+//     so an idle Device has no timer.
 //
 // Locks: vdev.rxMu is taken with no Conn lock held (a spinning waiter
 // holds only its rmu or wmu, which no handler takes) and is held while
@@ -244,6 +246,10 @@ type Device struct {
 	wg    sync.WaitGroup
 	ctrlq chan ctrlReq
 
+	// connAdded (capacity 1) wakes a tickLoop that stopped its ticker
+	// because there was no connection.
+	connAdded chan struct{}
+
 	mu      sync.RWMutex
 	vdevs   [NumVDevs]*vdev
 	conns   map[uint32]*Conn
@@ -334,7 +340,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 	}
 	d := &Device{
 		att: att, cfg: cfg, ctrlq: make(chan ctrlReq, ctrlQueue),
-		conns: make(map[uint32]*Conn), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time),
+		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time),
 		byPeer: make(map[peerKey]*Conn), ports: make(map[uint16]int), probes: make(map[uint32]*probeWait),
 	}
 	d.rlog.log = cfg.log
@@ -717,6 +723,17 @@ func (d *Device) tickLoop() {
 			return
 		case now := <-t.C:
 			snap = d.snapshot(snap[:0])
+			if len(snap) == 0 {
+				// Idle: no timer until a connection is registered.
+				t.Stop()
+				select {
+				case <-d.ctx.Done():
+					return
+				case <-d.connAdded:
+				}
+				t.Reset(d.cfg.tick)
+				continue
+			}
 			clear(down)
 			for _, c := range snap {
 				node, ok := c.peerNode()
@@ -773,6 +790,12 @@ func (d *Device) register(c *Conn) error {
 	}
 	c.id = d.nextID
 	d.conns[c.id] = c
+	if len(d.conns) == 1 {
+		select {
+		case d.connAdded <- struct{}{}:
+		default:
+		}
+	}
 	return nil
 }
 

@@ -7,7 +7,7 @@ package mem
 //	          │ when someone waits, closed by Recv when it frees slots)
 //	Post ──► inline copy under region.mu read locks ──► localq.NotifyQueue
 //	                                                  ──► PollNotifications
-//	Wait: localq.Waiter: spin ~waitSpin on the two atomic lengths, then set
+//	Wait: localq.Waiter: check the two atomic lengths, then set
 //	      sleeping and park on wake; producers signal wake only when
 //	      sleeping is set, so the common case costs no channel operation.
 //
@@ -22,16 +22,14 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
-// waitSpin is how long Wait polls before it sleeps. 20 µs covers a VELO
-// round trip between two running goroutines, so a busy ping-pong never
-// parks, while an idle endpoint costs only one spin per Wait.
-const waitSpin = 20 * time.Microsecond
+// waitSpin is how long Wait polls before it parks: localq.DefaultSpin,
+// none (see its comment).
+const waitSpin = localq.DefaultSpin
 
 type mailbox struct {
 	mu     sync.Mutex

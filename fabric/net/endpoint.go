@@ -33,7 +33,8 @@ import (
 )
 
 const (
-	// waitSpin is how long Wait polls before it sleeps: not at all. In
+	// waitSpin is how long Wait polls before it parks: not at all, as in
+	// every in-process backend (localq.DefaultSpin). In
 	// net everything Wait waits for arrives through a socket, and the
 	// poll loop (runtime.Gosched between checks) keeps its P busy, so the
 	// scheduler finds the spinner runnable instead of polling the network

@@ -508,7 +508,7 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 	if g.VPIDs < 1 || int(g.VPIDBase)+g.VPIDs > 256 || g.VPIDBase == fabric.EthVPID {
 		return nil, fmt.Errorf("shm: attach: grant names vpids %d+%d: %w", g.VPIDBase, g.VPIDs, fabric.ErrInvalid)
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice, bellBackstop: bellBackstop}
+	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err

@@ -47,9 +47,8 @@ const (
 	promptWake   = 3 * time.Second
 	bellChildEnv = "EXN_SHM_BELL_CHILD"
 	// bellDelay is how long each side waits before it sends, so the
-	// other's Wait is long: asleep in the netpoller, not spinning and
-	// not in the hot futex slice.
-	bellDelay = 2*hotSlice + 2*time.Millisecond
+	// other's Wait is long: asleep in the netpoller, not spinning.
+	bellDelay = 1000 * spinBudget
 	tagReport = 11 // child → parent: its WakeStats, then it exits
 )
 
@@ -73,18 +72,18 @@ func TestBellHelper(t *testing.T) {
 // delay (BenchmarkWakeAcrossProcesses).
 const wakeModeEnv = "EXN_SHM_WAKE_MODE"
 
-// wakeModeOpts: "futex" sleeps only on the futex, "bell" only in the
-// netpoller, "hybrid" as Wait does by default; none of them spins.
+// wakeModeOpts: "futex" sleeps only on the futex (the fallback), "bell"
+// only in the netpoller, "spin" as Wait does by default (spinBudget,
+// then the netpoller).
 func wakeModeOpts(mode string) []Option {
 	noSpin := func(o *options) error { o.noSpin = true; return nil }
-	noHot := func(o *options) error { o.noHot = true; return nil }
 	switch mode {
 	case "futex":
 		return []Option{withBackstop(longBackstop), withoutBell(), noSpin}
 	case "bell":
-		return []Option{withBackstop(longBackstop), noSpin, noHot}
+		return []Option{withBackstop(longBackstop), noSpin}
 	}
-	return []Option{withBackstop(longBackstop), noSpin}
+	return []Option{withBackstop(longBackstop)}
 }
 
 func bellChild(fab string) error {
@@ -342,7 +341,7 @@ func TestBellNoFDLeak(t *testing.T) {
 						}
 					}
 				}()
-				// Asleep in the netpoller (after any hot futex slice).
+				// Asleep in the netpoller.
 				waitFor(t, "the consumer to sleep", func() bool { return to.(*endpoint).v.bellW.Load() != 0 })
 				sendOne(t, ctx, from, to.Addr(), 1, "x")
 				if err := <-got; err != nil {
@@ -498,64 +497,6 @@ func TestBellFallback(t *testing.T) {
 	}
 }
 
-// TestHotExchangeSleepsOnFutex: while waits are short, a sleeping Wait
-// takes the futex (the faster wake-up); once the exchange stops, its hot
-// slice runs out and it parks in the netpoller, and the next wait starts
-// there.
-func TestHotExchangeSleepsOnFutex(t *testing.T) {
-	testenv.VerifyNoLeaks(t)
-	noSpin := func(o *options) error { o.noSpin = true; return nil }
-	nics := factory(withBackstop(longBackstop), noSpin)(t, 2)
-	a, b := open1(t, nics[0], 1), open1(t, nics[1], 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	echo := make(chan error, 1)
-	go func() {
-		var m [1]fabric.Message
-		for {
-			n, err := b.Recv(m[:])
-			if err != nil {
-				echo <- err
-				return
-			}
-			if n == 1 {
-				if m[0].Tag == tagStop {
-					echo <- nil
-					return
-				}
-				m[0].Peer = a.Addr()
-				if _, err := b.Send(ctx, m[:]); err != nil {
-					echo <- err
-					return
-				}
-				continue
-			}
-			if err := b.Wait(ctx); err != nil {
-				echo <- err
-				return
-			}
-		}
-	}()
-	for i := 0; i < 500; i++ {
-		sendOne(t, ctx, a, b.Addr(), tagPing, "x")
-		recvOne(t, ctx, a)
-	}
-	w := wakeStats(t, nics[0])
-	if w.FutexSleeps == 0 {
-		t.Fatalf("a ping-pong never slept on the futex: %+v", w)
-	}
-	// Quiet now: b's hot slice runs out and it parks in the netpoller.
-	bell := wakeStats(t, nics[1]).BellSleeps
-	waitFor(t, "the idle consumer to park in the netpoller", func() bool { return b.(*endpoint).v.bellW.Load() != 0 })
-	if wakeStats(t, nics[1]).BellSleeps == bell {
-		t.Fatal("the idle consumer did not move to the netpoller")
-	}
-	sendOne(t, ctx, a, b.Addr(), tagStop, "")
-	if err := <-echo; err != nil {
-		t.Fatal(err)
-	}
-}
-
 func open1(t testing.TB, nic fabric.NIC, v fabric.VPID) fabric.Endpoint {
 	t.Helper()
 	ep, err := nic.Open(v)
@@ -689,12 +630,13 @@ func TestDecodeWaitMode(t *testing.T) {
 }
 
 // BenchmarkWakeAcrossProcesses: ping-pong between this process and a
-// child, both consumers sleeping in every Wait (no spin): one op is a
-// round trip with two cross-process wake-ups, by FUTEX_WAKE ("futex"), by
-// a FIFO byte to a goroutine parked in the netpoller ("bell"), or as Wait
-// does by default ("hybrid": a hot exchange sleeps in the futex slice).
+// child: one op is a round trip with two cross-process wake-ups, by
+// FUTEX_WAKE of a consumer in FUTEX_WAIT ("futex", the fallback), by a
+// FIFO byte to a goroutine parked in the netpoller ("bell"), both without
+// a spin, or as Wait does by default ("spin": spinBudget, then the
+// netpoller). bell's p50 is what spinBudget is set from.
 func BenchmarkWakeAcrossProcesses(b *testing.B) {
-	for _, mode := range []string{"futex", "bell", "hybrid"} {
+	for _, mode := range []string{"futex", "bell", "spin"} {
 		b.Run(mode, func(b *testing.B) { benchWake(b, mode) })
 	}
 }

@@ -7,33 +7,28 @@ package shm
 //	      doorbell, only if the consumer sleeps: a raw FUTEX_WAKE for a
 //	      futex sleeper, one raw write(2) of a byte to the target's FIFO
 //	      (by the first producer since it fell asleep) for a netpoller
-//	      sleeper. A full ring: spin
-//	      sendSpin times, then sleep on the target's space futex in
+//	      sleeper. A full ring: spin for
+//	      spinBudget, then sleep on the target's space futex in
 //	      sendWaitSlice slices, re-checking ctx, our Close and the target's
 //	      liveness between slices.
 //	Recv: under recvMu, consume from head; wake blocked senders once per
 //	      batch.
-//	Wait: spin up to spinCap if recent waits were short (see learn).
-//	      Then, while the exchange is hot (the last Wait ended with work,
-//	      or a ring just woke this one), announce sleep (sleepers),
-//	      re-check, and FUTEX_WAIT on the doorbell word for up to
-//	      hotSlice. Otherwise, or once that
-//	      slice ran out, clear rung, announce sleep (bellW), re-check, and
-//	      park the goroutine in the netpoller on the VPID's doorbell FIFO
+//	Wait: spin for spinBudget, polling the rings without yielding. Then
+//	      clear rung, announce sleep (bellW), re-check, and park the
+//	      goroutine in the netpoller on the VPID's doorbell FIFO
 //	      (RawConn.Read, draining with raw non-blocking reads): no thread
-//	      sits in a blocking system call, so the runtime's sysmon is
-//	      neither woken nor made to retake a P. One Wait at a time polls
-//	      the FIFO (bellMu, bellPolling); concurrent Waits sleep on
-//	      bellCond and are woken by the poller. A VPID that has no FIFO
-//	      (counted: BellFallback) sleeps in FUTEX_WAIT in waitSlice
-//	      slices instead.
+//	      sits in a blocking system call, so the runtime's netpoller and
+//	      sysmon are never held up by it (docs/wakeup.md). One Wait at a
+//	      time polls the FIFO (bellMu, bellPolling); concurrent Waits
+//	      sleep on bellCond and are woken by the poller. A VPID that has
+//	      no FIFO (counted: BellFallback) sleeps in FUTEX_WAIT in
+//	      waitSlice slices instead.
 //	Post: see rma.go.
 //
 // Wake-ups of our own Wait (ctx done, Close) write to our own FIFO and
-// FUTEX_WAKE the doorbell. The backstops (waitSlice for a futex-only
-// VPID, bellBackstop as the FIFO's read deadline) bound a wake-up a
-// producer failed to deliver (RingFailed) and the ctx of a Wait beyond
-// maxWatched concurrent ones.
+// FUTEX_WAKE the doorbell. There is no backstop timer: a ring that lands
+// before the consumer parks stays in the FIFO, and every context of a
+// sleeping Wait is registered to ring it (watch).
 //
 // Close takes ops for writing, so it waits for every running call (each
 // holds ops for reading) before it unmaps anything or closes the FIFO; a
@@ -47,7 +42,7 @@ import (
 	"math"
 	"net"
 	"os"
-	"runtime"
+
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -58,72 +53,32 @@ import (
 )
 
 const (
-	// sendSpin is how many times a sender retries a full ring (yielding the
-	// processor) before it sleeps: a consumer that is polling frees a slot
-	// within a few microseconds.
-	sendSpin = 64
 	// sendWaitSlice bounds one futex sleep of a blocked sender, and so how
 	// late it notices ctx, Close or a dead target.
 	sendWaitSlice = 2 * time.Millisecond
-	// spinCap is the longest Wait polls before it sleeps, and the longest
-	// wait that counts as short (see learn). It covers a ping-pong round
-	// trip between two polling consumers (a few µs) with room for jitter,
-	// and stays below a TCP round trip through two TAPs and two daemons
-	// (30 µs and more on a 2-core host), which a spin cannot catch.
-	spinCap = 20 * time.Microsecond
-	// spinYieldAfter is how long a spin runs before it also yields the
-	// thread (sched_yield) at every clock check: a sub-µs ping-pong never
-	// pays for the syscall and a context switch, a longer spin leaves the
-	// CPU to whatever else is runnable on it.
-	spinYieldAfter = 5 * time.Microsecond
-	// spinScoreMax, spinMiss and spinOn set how fast learn turns spinning
-	// on and off: +1 per short wait, -spinMiss per long one, spin from
-	// spinOn. A consumer keeps spinning while at least about half its
-	// waits are short — a ping-pong between polling consumers on a
-	// loaded host, whose round trips are sub-µs but often preempted —
-	// and one whose waits are nearly all long (exnd, whose next frame is
-	// a TCP round trip away) stops after two.
-	// spinProbeEvery: while the score says sleep, every spinProbeEvery-th
-	// Wait spins anyway, to find out whether work now comes back within
-	// a spin; without it a consumer that sleeps would measure the futex
-	// wake-up in every wait and might never find out that spinning pays.
-	spinProbeEvery = 8
-	spinScoreMax   = 8
-	spinMiss       = 1
-	spinOn         = 2
+	// spinBudget is how long Wait polls the rings before it parks. It is
+	// the cost of what it avoids: parking in the netpoller and being
+	// woken through the doorbell FIFO costs a consumer about 5 µs
+	// (BenchmarkWakeAcrossProcesses: a cross-process round trip with
+	// both sides parked is ~10 µs; docs/wakeup.md has the measurement),
+	// so spinning at most that long before parking never costs more
+	// than twice the best choice in hindsight (the classic
+	// spin-then-block bound), while a ping-pong between two polling
+	// consumers (sub-µs round trips) never parks. Longer spins only
+	// take the CPU that, on a host with few cores, the peer, the
+	// applications and the kernel's network stack need.
+	spinBudget = 5 * time.Microsecond
 	// waitSlice bounds one futex sleep in Wait (VPIDs without a FIFO);
 	// Close, ctx and producers wake it directly, so this is only a
 	// backstop.
 	waitSlice = 100 * time.Millisecond
-	// bellBackstop is the FIFO's read deadline, the backstop of a Wait
-	// parked in the netpoller: for a ring a producer could not deliver
-	// (counted: RingFailed) and for the ctx of a Wait beyond maxWatched
-	// concurrent ones. Every expiry is a timer wake-up of an otherwise
-	// idle process, per sleeping VPID: at waitSlice the backstops of
-	// exnd's two VPIDs were 20 of its ~50 wake-ups a second.
-	bellBackstop = time.Second
 	// maxWatched is how many concurrent Waits with distinct contexts
-	// have their context's end ring the doorbell at once (one is the
-	// normal case: a single consumer loop).
-	maxWatched = 4
-	// hotSlice: a VPID with a FIFO whose last Wait ended with work (an
-	// exchange in progress) first sleeps up to hotSlice in FUTEX_WAIT,
-	// and only then parks in the netpoller; one whose hot slice ran out
-	// parks there directly until a Wait ends with work again (a Wait
-	// ended by its context, as exn's housekeeping tick ends it, changes
-	// nothing). Two reasons. A futex wake-up across processes is about
-	// 2 µs faster than a netpoller one (BenchmarkWakeAcrossProcesses).
-	// And a goroutine readied by the netpoller runs only once the
-	// scheduler polls the network — when a P runs out of work, or sysmon
-	// every 10 ms — so while the process's Ps are busy (EXT-DS's readers
-	// spin on their vdevs) a netpoller wake-up can wait milliseconds:
-	// TestShim's sockperf ping-pong fell to ~150 exchanges a second when
-	// its waits went to the FIFO, and still stalled in one run of three
-	// with a 5 ms slice (none in six with 50 ms; the cause is not
-	// established). A slice longer than sysmon's 10 ms lets it retake the
-	// P once per quiet period; an idle consumer pays one slice after its
-	// last message, then sleeps in the netpoller.
-	hotSlice = 50 * time.Millisecond
+	// have their context's end ring the doorbell at once. One is the
+	// normal case (a single consumer loop); beyond maxWatched the
+	// oldest registration is replaced, and a Wait still sleeping on it
+	// notices its context only at the next ring. Registrations of done
+	// contexts are reused first, so only concurrent sleepers count.
+	maxWatched = 64
 	// bellBufSize is how many doorbell bytes one read drains: one per
 	// producer that rang since the last drain, rarely more than a few.
 	bellBufSize = 64
@@ -140,12 +95,6 @@ type endpoint struct {
 
 	ops    sync.RWMutex
 	closed atomic.Bool
-
-	// score says whether Wait spins (see learn). It starts at zero: a
-	// consumer spins only once its waits have proved short.
-	score  atomic.Int32
-	hot    atomic.Bool   // the last Wait ended with work, and no hot slice ran out since (see hotSlice)
-	probes atomic.Uint32 // Waits that did not spin by score (see spinProbeEvery)
 
 	recvMu sync.Mutex
 	rc     consumer
@@ -183,7 +132,7 @@ type endpoint struct {
 	bellPolling bool
 	bellGen     uint64
 	// Owned by the polling Wait.
-	bellArmed bool // the backstop read deadline is set and not yet passed
+	bellArmed bool // a test's backstop read deadline is set and not yet passed
 	bellBuf   [bellBufSize]byte
 }
 
@@ -377,8 +326,7 @@ func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, pa
 	}
 	e.nic.ctr.SendBlocked.Add(1)
 	vf.ringDoorbell() // the consumer may be asleep with a full ring
-	for spin := 0; spin < sendSpin; spin++ {
-		runtime.Gosched()
+	for start := time.Now(); time.Since(start) < spinBudget; {
 		if vf.push(desc, e.nic.node, payload) {
 			return nil
 		}
@@ -578,62 +526,25 @@ func (e *endpoint) ready() bool {
 	return e.v.mboxReady(e.rc.head.Load()) || e.v.notifyReady(e.nc.head.Load())
 }
 
-// Wait implements fabric.Endpoint: spin (if recent waits were short, see
-// learn), then sleep on the doorbell. Close and ctx wake it at once.
+// Wait implements fabric.Endpoint: spin for spinBudget, then park on the
+// doorbell (docs/wakeup.md). Close and ctx wake it at once.
 func (e *endpoint) Wait(ctx context.Context) error {
 	if err := e.enter(); err != nil {
 		return err
 	}
 	defer e.leave()
-	v := e.v
-	start := time.Now()
-	if e.nic.opts.noSpin {
-		if e.ready() {
-			return nil
-		}
-	} else if e.score.Load() >= spinOn || e.probes.Add(1)%spinProbeEvery == 0 {
-		for i := 0; ; i++ {
-			if e.ready() {
-				e.learn(time.Since(start))
-				return nil
-			}
-			if i%spinCheckEvery == spinCheckEvery-1 {
-				if e.closed.Load() {
-					return net.ErrClosed
-				}
-				spun := time.Since(start)
-				if spun > spinCap {
-					break
-				}
-				runtime.Gosched()
-				if spun > spinYieldAfter {
-					// Yield the thread, not just the goroutine: on a
-					// host with few cores what this spin waits for
-					// (the peer, the kernel's network stack, the
-					// applications) may need this CPU.
-					sys.Yield()
-				}
-			}
-		}
-	} else if e.ready() {
-		e.learn(0)
+	if e.ready() {
 		return nil
+	}
+	if !e.nic.opts.noSpin {
+		if ok, err := e.spin(); ok || err != nil {
+			return err
+		}
 	}
 	if done := ctx.Done(); done != nil {
 		e.watch(ctx, done)
 	}
-	wc := &e.nic.wc
-	// A VPID without a FIFO sleeps on its futex for the whole wait. One
-	// with a FIFO does so only for a hotSlice while its exchange is hot
-	// (see hotSlice): from the start of a Wait after one that ended with
-	// work, and again after every ring that woke it (another consumer of
-	// the endpoint, such as EXT-DS's spinning Read, may have taken what
-	// the ring announced); otherwise it parks in the netpoller.
-	var futexUntil time.Time
-	hot := e.bell != nil && e.hot.Load() && !e.nic.opts.noHot
-	if hot {
-		futexUntil = start.Add(hotSlice)
-	}
+	v, wc := e.v, &e.nic.wc
 	for {
 		if e.closed.Load() {
 			return net.ErrClosed
@@ -641,30 +552,21 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		futexFor := e.nic.opts.backstop
-		if e.bell != nil {
-			futexFor = 0
-			if hot {
-				futexFor = time.Until(futexUntil)
-			}
-		}
-		if futexFor > 0 {
+		if e.bell == nil {
+			// Fallback (no FIFO, counted in BellFallback): a blocking
+			// FUTEX_WAIT in waitSlice slices. It holds its thread and P in
+			// a system call, which can delay the netpoller by up to
+			// sysmon's 10 ms (docs/wakeup.md); only a broken /dev/shm
+			// gets here.
 			v.sleepers.Add(1)
 			s := v.doorbell.Load()
 			if e.ready() {
 				v.sleepers.Add(^uint32(0))
-				e.learn(time.Since(start))
 				return nil
 			}
 			wc.futexSleeps.Add(1)
-			sys.FutexWait(v.doorbell, s, futexFor) //nolint:errcheck // loop re-checks
+			sys.FutexWait(v.doorbell, s, e.nic.opts.backstop) //nolint:errcheck // loop re-checks
 			v.sleepers.Add(^uint32(0))
-			if hot && !e.ready() && !time.Now().Before(futexUntil) {
-				// The exchange went quiet: sleep in the netpoller from
-				// now on, and start there next time too.
-				hot = false
-				e.hot.Store(false)
-			}
 		} else {
 			// Clear rung before announcing sleep: a producer that then
 			// sees bellW also sees rung clear and writes a byte (see
@@ -673,25 +575,42 @@ func (e *endpoint) Wait(ctx context.Context) error {
 			v.bellW.Add(1)
 			if e.ready() {
 				v.bellW.Add(^uint32(0))
-				e.learn(time.Since(start))
 				return nil
 			}
 			wc.bellSleeps.Add(1)
-			rung := e.sleepBell()
+			e.sleepBell()
 			v.bellW.Add(^uint32(0))
-			if rung && !e.nic.opts.noHot {
-				hot, futexUntil = true, time.Now().Add(hotSlice)
-			}
 		}
 		if e.ready() {
-			e.learn(time.Since(start))
 			return nil
 		}
 	}
 }
 
-// sleepBell parks the calling Wait until the doorbell FIFO is rung, the
-// bellBackstop deadline passes or, for a Wait that is not the poller, the
+// spin polls the rings for up to spinBudget without yielding: it reports
+// whether work arrived, or net.ErrClosed. No Gosched and no sched_yield:
+// the spin is short enough that the scheduler never needs to interrupt
+// it, and a yield would put the goroutine on the global run queue, where
+// the scheduler finds it before it ever polls the network.
+func (e *endpoint) spin() (bool, error) {
+	start := time.Now()
+	for i := 1; ; i++ {
+		if e.ready() {
+			return true, nil
+		}
+		if i%spinCheckEvery == 0 {
+			if e.closed.Load() {
+				return false, net.ErrClosed
+			}
+			if time.Since(start) > spinBudget {
+				return false, nil
+			}
+		}
+	}
+}
+
+// sleepBell parks the calling Wait until the doorbell FIFO is rung (or,
+// in tests that set one, a bellBackstop deadline passes) or, for a Wait that is not the poller, the
 // poller wakes. The poller's goroutine parks in the netpoller (no thread
 // blocks); the others wait on bellCond, so one ring wakes them all. It
 // does not allocate.
@@ -707,16 +626,16 @@ func (e *endpoint) sleepBell() (rung bool) {
 	}
 	e.bellPolling = true
 	e.bellMu.Unlock()
-	if !e.bellArmed {
-		// The deadline stays set across sleeps and is re-armed only once
-		// it has passed: no timer update per sleep.
+	if !e.bellArmed && e.nic.opts.bellBackstop > 0 {
+		// Tests only (no timer in production): the deadline stays set
+		// across sleeps and is re-armed only once it has passed.
 		e.bell.SetReadDeadline(time.Now().Add(e.nic.opts.bellBackstop)) //nolint:errcheck // pollable: checked at open
 		e.bellArmed = true
 	}
 	rung = true
 	if err := e.bellRC.Read(e.bellRead); err != nil {
-		// The deadline passed (the backstop) or, impossible while we
-		// hold ops, the file was closed.
+		// A test's deadline passed or, impossible while we hold ops,
+		// the file was closed.
 		e.bellArmed = false
 		e.nic.wc.backstops.Add(1)
 		rung = false
@@ -736,38 +655,10 @@ func (e *endpoint) drainBell(fd uintptr) bool {
 	n, err := sys.DrainBell(int(fd), e.bellBuf[:])
 	if err != nil {
 		// Nothing to read from a FIFO we hold open cannot fail; if it
-		// does, sleep until the backstop rather than spin on it.
+		// does, sleep until the next ring rather than spin on it.
 		e.nic.logFault("shm: doorbell read", "vpid", e.addr.VPID, "err", err)
 	}
 	return n > 0
-}
-
-// learn scores how long a Wait that ended with work took (w). Spinning
-// pays only when work comes back within a spin, as in a tight ping-pong
-// between polling consumers or a stream of small messages; when the peer
-// answers after tens of µs (a TCP round trip through a TAP, on a host
-// whose few cores also run the applications and the kernel's network
-// stack) a spin only takes the CPU they need and delays the answer. A
-// short wait (w ≤ spinCap, the futex wake-up included when it slept)
-// adds one to a saturating score, a long one takes spinMiss off, and
-// Wait spins only while the score is at least spinOn: mostly-short waits
-// keep spinning through the odd preemption, mostly-long ones sleep at
-// once, and a sleeping consumer that finds its waits short again (by a
-// probe spin, see spinProbeEvery) spins again.
-func (e *endpoint) learn(w time.Duration) {
-	if !e.hot.Load() {
-		e.hot.Store(true)
-	}
-	old := e.score.Load()
-	s := old
-	if w <= spinCap {
-		s = min(s+1, spinScoreMax)
-	} else {
-		s = max(s-spinMiss, 0)
-	}
-	if s != old {
-		e.score.Store(s)
-	}
 }
 
 // wakeReg is one context registration of watch.
@@ -830,7 +721,7 @@ func (e *endpoint) wakeSelf() {
 	if e.bell != nil {
 		sys.RingBell(e.bellFD) //nolint:errcheck // our own FIFO, opened read-write
 	}
-	e.v.doorbell.Add(1)                        // a Wait may be in its hot futex slice
+	e.v.doorbell.Add(1)                        // a futex-mode Wait (no FIFO) may be asleep
 	sys.FutexWake(e.v.doorbell, math.MaxInt32) //nolint:errcheck
 }
 

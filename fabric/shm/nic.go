@@ -57,17 +57,21 @@ const (
 	// how long such a sender waits on a SIGKILLed peer before it gets
 	// ErrPeerDown. Each probe is one flock(2) per peer (a raw syscall).
 	livenessPeriod = 10 * time.Millisecond
-	// idleLivenessPeriod is the monitor's period otherwise. It bounds how
+	// idleLivenessPeriod is the monitor's period otherwise: the liveness
+	// protocol's period, and the only timer of an idle NIC. It bounds how
 	// stale Peers and the down marks are when nothing waits on a peer
 	// (Alive probes at once; a sender that blocks switches the monitor to
-	// livenessPeriod at once). Ten times livenessPeriod: every period is a
-	// timer wake-up of an otherwise idle process, and at 10 ms those were
-	// the largest part of an idle exnd's CPU after the futex sleeps went
-	// (docs/fabric-shm.md).
-	idleLivenessPeriod = 100 * time.Millisecond
+	// livenessPeriod at once), and how late the owner reclaims a dead
+	// attached process's lease. One period costs one flock(2) per peer
+	// (a raw syscall, about 1 µs) plus one timer wake-up, so an idle
+	// node's liveness cost grows linearly with its peers from a base
+	// that does not: at 100 ms the wake-ups alone were most of an idle
+	// exnd's CPU (docs/wakeup.md).
+	idleLivenessPeriod = time.Second
 	// discoveryPeriod bounds how stale the peer list is when an epoch bump
-	// was missed (it never should be; this is a backstop).
-	discoveryPeriod = 500 * time.Millisecond
+	// was missed (it never should be; this is a backstop, checked at the
+	// monitor's period).
+	discoveryPeriod = 5 * time.Second
 	// openRetry and openRetries: how long Open waits for a peer that is
 	// reclaiming a dead incarnation of the same node ID to finish.
 	openRetry   = time.Millisecond
@@ -174,7 +178,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 	if err := validFabricName(fabricName); err != nil {
 		return nil, err
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice, bellBackstop: bellBackstop}
+	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err

@@ -19,12 +19,13 @@ type options struct {
 	// noBell makes every VPID of the NIC wait on its futex, as if its
 	// doorbell FIFO could not be made (tests of the fallback).
 	noBell bool
-	// noSpin and noHot switch off Wait's spin and its hot futex slice
-	// (benchmarks of one sleep mechanism at a time).
-	noSpin, noHot bool
-	// backstop and bellBackstop are the longest one futex sleep and one
-	// netpoller sleep of Wait last (waitSlice, bellBackstop; tests set
-	// them to prove a wake-up came from a producer, or from a backstop).
+	// noSpin switches off Wait's spin (benchmarks and tests of the
+	// sleep itself).
+	noSpin bool
+	// backstop is the longest one futex sleep of a VPID without a FIFO
+	// (waitSlice). bellBackstop, zero outside tests, is a read deadline
+	// on the FIFO sleep: tests set one to prove a wake-up came from a
+	// producer, or from the deadline.
 	backstop, bellBackstop time.Duration
 }
 

@@ -53,8 +53,11 @@ const (
 	// attachGrace: a lease not attached this long after it was granted
 	// is revoked (the caller died or lied about its PID).
 	attachGrace = 10 * time.Second
-	// attachSweep is how often leases are checked against their holders.
-	attachSweep = 100 * time.Millisecond
+	// attachSweep is how often leases are checked against their holders:
+	// the fabric's liveness period (fabric/shm's monitor reclaims a dead
+	// holder's lease at that period, so sweeping faster finds nothing
+	// new), and the only timer of an idle attach service.
+	attachSweep = time.Second
 	// maxPortsPerLease bounds the listening ports one lease may announce.
 	maxPortsPerLease = 1024
 )

@@ -33,9 +33,11 @@ import (
 )
 
 // LivenessInterval is how often the liveness part polls the fabric's
-// peer set. The net backend declares a silent peer dead after 600 ms by
-// default, so a peer's death shows here within about 0.7 s.
-var LivenessInterval = 100 * time.Millisecond
+// peer set: the fabric's own liveness period (fabric/shm's idle monitor
+// period; fabric/net declares a silent peer dead after 600 ms), so a
+// peer's death shows here within about two seconds, and an idle exnd has
+// one such timer wake-up a second (docs/wakeup.md).
+var LivenessInterval = time.Second
 
 func init() {
 	parts = append(parts, part{name: "liveness", start: startLiveness})

@@ -1,0 +1,141 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// lostWakeWait bounds one Wait of TestNoLostWakeup's consumer. Producers
+// never pause for more than a few hundred µs, so a Wait that runs this
+// long while its mailbox holds a message slept through a ring: a lost
+// wake-up. It is a hang detector, not a latency bound.
+const lostWakeWait = 10 * time.Second
+
+// TestNoLostWakeup is the stress test of the doorbell protocol
+// (docs/wakeup.md): three producers on two other nodes send to one
+// consumer with random pauses, so that rings race the consumer's
+// announce-recheck-park sequence in every order. The consumer parks in
+// every Wait (no spin, in one case) and has no backstop timer; a Wait
+// that ends by its deadline with a message waiting is a lost wake-up.
+// A 4-slot mailbox keeps senders blocking on space too (the other
+// direction of the protocol).
+func TestNoLostWakeup(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	per := 20000
+	if testenv.Small() {
+		per = 2000
+	}
+	noSpin := func(o *options) error { o.noSpin = true; return nil }
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"park-every-wait", []Option{WithSlots(4), noSpin}},
+		{"spin-then-park", []Option{WithSlots(4)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nics := factory(tc.opts...)(t, 3)
+			cons := open1(t, nics[0], 1)
+			prods := []fabric.Endpoint{open1(t, nics[1], 1), open1(t, nics[1], 2), open1(t, nics[2], 1)}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make(chan error, len(prods))
+			for i, p := range prods {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs <- produce(ctx, p, cons.Addr(), uint32(i), per)
+				}()
+			}
+			defer func() { cancel(); wg.Wait() }() // producers blocked on a full ring stop
+			next := make([]uint64, len(prods))
+			got, waits, sleeps := 0, 0, 0
+			var batch [16]fabric.Message
+			ep := cons.(*endpoint)
+			for got < per*len(prods) {
+				n, err := cons.Recv(batch[:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range batch[:n] {
+					src, seq := binary.LittleEndian.Uint32(m.Data[:4]), binary.LittleEndian.Uint64(m.Data[4:12])
+					if int(src) >= len(next) || seq != next[src] {
+						t.Fatalf("message %d from producer %d, want %d", seq, src, next[min(int(src), len(next)-1)])
+					}
+					next[src]++
+				}
+				got += n
+				if n > 0 {
+					continue
+				}
+				waits++
+				before := wakeStats(t, nics[0]).BellSleeps
+				wctx, wcancel := context.WithTimeout(ctx, lostWakeWait)
+				err = cons.Wait(wctx)
+				expired := wctx.Err() != nil // only its deadline ends it
+				wcancel()
+				if wakeStats(t, nics[0]).BellSleeps != before {
+					sleeps++
+				}
+				if expired {
+					// Woken (if at all) by the deadline's own ring, not
+					// by the producer whose message is waiting.
+					if ep.ready() {
+						t.Fatalf("lost wake-up: Wait slept %v with a message waiting (got %d of %d)", lostWakeWait, got, per*len(prods))
+					}
+					t.Fatalf("no message for %v (got %d of %d)", lostWakeWait, got, per*len(prods))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range prods {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			w := wakeStats(t, nics[0])
+			t.Logf("%d messages, %d waits, %d parked, wake stats %+v", got, waits, sleeps, w)
+			if sleeps == 0 {
+				t.Fatal("the consumer never parked: the test did not exercise the doorbell")
+			}
+			if w.RingFailed != 0 || w.Backstops != 0 {
+				t.Fatalf("rings failed or backstops fired: %+v", w)
+			}
+		})
+	}
+}
+
+// produce sends n messages from p to dst, each carrying (id, sequence),
+// pausing at random so its sends land at every point of the consumer's
+// park sequence.
+func produce(ctx context.Context, p fabric.Endpoint, dst fabric.Addr, id uint32, n int) error {
+	r := rand.New(rand.NewPCG(uint64(id), 7))
+	m := []fabric.Message{{Peer: dst, Tag: tagPing, Len: 12}}
+	binary.LittleEndian.PutUint32(m[0].Data[:4], id)
+	for i := range n {
+		binary.LittleEndian.PutUint64(m[0].Data[4:12], uint64(i))
+		if _, err := p.Send(ctx, m); err != nil {
+			return err
+		}
+		switch r.IntN(8) {
+		case 0:
+			time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+		case 1, 2:
+			runtime.Gosched()
+		case 3:
+			for start := time.Now(); time.Since(start) < time.Duration(r.IntN(20))*time.Microsecond; {
+			}
+		}
+	}
+	return nil
+}
