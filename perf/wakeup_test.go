@@ -1,0 +1,275 @@
+package perf
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/integration/nstest"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// BenchmarkWakeup measures the wake-up design (docs/wakeup.md) on two
+// exnd nodes on one shm fabric, each in its own namespace, against a veth
+// pair between two other namespaces, in the same run: ping over exn0 at 1,
+// 5 and 50 pings a second (p50 and worst), `exnctl ping` on the fabric
+// after a second of quiet (cold) and back to back (warm), sockperf TCP
+// ping-pong with 64-byte messages, and each exnd's CPU over 10 s of idle
+// as a share of the wall time. perf/wakeup.sh runs it.
+//
+//	go test -run '^$' -bench Wakeup -benchtime 1x -timeout 15m ./perf/
+func BenchmarkWakeup(b *testing.B) {
+	testenv.RequirePrivileged(b, "ip", "ping", "sockperf")
+	va, vb := nstest.NewNetns(b, "va"), nstest.NewNetns(b, "vb")
+	_, vethB := nstest.Veth(b, va, vb, 11)
+	exnd := nstest.Build(b)
+	fab := nstest.ShmFabric(b)
+	n1 := nstest.StartNode(b, exnd, fab, 11, 1)
+	n2 := nstest.StartNode(b, exnd, fab, 11, 2)
+	for _, f := range []func() error{
+		func() error { _, err := nstest.Ping(va, vethB, 2, 56, ""); return err },
+		func() error { _, err := nstest.Ping(n1.NS, n2.IP.String(), 2, 56, ""); return err },
+	} {
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "load before: %s\n\n", loadavg())
+	fmt.Fprintf(&sb, "| measurement | veth | exn0 (shm) | exn0 / veth | bar |\n|---|---|---|---|---|\n")
+	row := func(name string, veth, exn float64, unit, bar string) {
+		fmt.Fprintf(&sb, "| %s | %.3f %s | %.3f %s | %.2fx | %s |\n", name, veth, unit, exn, unit, exn/veth, bar)
+		key := strings.NewReplacer(" ", "-", "/", "per", ",", "").Replace(name)
+		b.ReportMetric(exn, key+"-exn-"+unit)
+		b.ReportMetric(exn/veth, key+"-ratio")
+	}
+	for _, r := range []struct {
+		rate, count int
+	}{{1, 10}, {5, 20}, {50, 100}} {
+		pv, err := pingRTTs(va, vethB, r.rate, r.count)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pe, err := pingRTTs(n1.NS, n2.IP.String(), r.rate, r.count)
+		if err != nil {
+			b.Fatal(err)
+		}
+		row(fmt.Sprintf("ping %d/s p50", r.rate), pct(pv, 50), pct(pe, 50), "ms", "<= 0.5 ms; goal <= 2x veth")
+		bar := ""
+		if r.rate == 5 {
+			bar = "<= 3 ms"
+		}
+		row(fmt.Sprintf("ping %d/s worst of %d", r.rate, r.count), pct(pv, 100), pct(pe, 100), "ms", bar)
+	}
+
+	cold, warm, err := fabricPings(n1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Fprintf(&sb, "| exnctl ping, cold (after 1 s quiet), p50 of %d | | %.1f us | | <= 100 us |\n", len(cold), pct(cold, 50))
+	fmt.Fprintf(&sb, "| exnctl ping, warm (back to back), p50 of %d | | %.1f us | | |\n", len(warm), pct(warm, 50))
+	b.ReportMetric(pct(cold, 50), "fping-cold-p50-us")
+	b.ReportMetric(pct(warm, 50), "fping-warm-p50-us")
+
+	sv, err := sockperf64(b, vb, va, vethB, secs())
+	if err != nil {
+		b.Fatal(err)
+	}
+	se, err := sockperf64(b, n2.NS, n1.NS, n2.IP.String(), secs())
+	if err != nil {
+		b.Fatal(err)
+	}
+	row("sockperf TCP ping-pong 64 B p50", sv, se, "us", "<= 2x veth; goal 1.2x")
+
+	time.Sleep(time.Second)
+	for _, n := range []*nstest.Node{n1, n2} {
+		share, err := idleShare(n.Proc.Pid(), 10*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fmt.Fprintf(&sb, "| exnd node %d idle, 10 s: CPU time / wall time | | %.3f %% | | < 0.5 %%; goal < 0.1 %% |\n", n.ID, share)
+		b.ReportMetric(share, fmt.Sprintf("idle-n%d-%%", n.ID))
+	}
+	fmt.Fprintf(&sb, "\nload after: %s\n", loadavg())
+	report(b, sb.String())
+}
+
+// BenchmarkWakeupIdleScale measures an idle exnd's CPU share with 2 and
+// with 32 nodes on one shm fabric (every node in its own namespace), in
+// the same run: the liveness cost per peer (docs/wakeup.md).
+//
+//	go test -run '^$' -bench WakeupIdleScale -benchtime 1x -timeout 15m ./perf/
+func BenchmarkWakeupIdleScale(b *testing.B) {
+	testenv.RequirePrivileged(b, "ip")
+	exnd := nstest.Build(b)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "load before: %s\n\n| nodes on the fabric | idle CPU per exnd, mean | max | bar |\n|---|---|---|---|\n", loadavg())
+	for _, size := range []int{2, 32} {
+		fab := nstest.ShmFabric(b)
+		nodes := make([]*nstest.Node, size)
+		for i := range nodes {
+			nodes[i] = nstest.StartNode(b, exnd, fab, 12, i+1)
+		}
+		time.Sleep(2 * time.Second) // joins settle
+		t0 := make([]uint64, size)
+		for i, n := range nodes {
+			var err error
+			if t0[i], err = cpuNanos(n.Proc.Pid()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		w0 := time.Now()
+		time.Sleep(10 * time.Second)
+		wall := time.Since(w0)
+		var sum, worst float64
+		for i, n := range nodes {
+			t1, err := cpuNanos(n.Proc.Pid())
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := float64(t1-t0[i]) / float64(wall.Nanoseconds()) * 100
+			sum += s
+			worst = max(worst, s)
+		}
+		mean := sum / float64(size)
+		fmt.Fprintf(&sb, "| %d | %.3f %% | %.3f %% | < 0.5 %%, and 32 nodes no worse than 2 |\n", size, mean, worst)
+		b.ReportMetric(mean, fmt.Sprintf("idle-mean-%dnodes-%%", size))
+		for _, n := range nodes {
+			if err := n.Stop(10 * time.Second); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	fmt.Fprintf(&sb, "\nload after: %s\n", loadavg())
+	report(b, sb.String())
+}
+
+func report(b *testing.B, s string) {
+	b.Logf("%d CPUs\n%s", numCPU(), s)
+	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(s), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)
+
+// pingRTTs pings ip from ns count times at rate a second and returns the
+// round trips in ms; every reply must come back.
+func pingRTTs(ns *nstest.Netns, ip string, rate, count int) ([]float64, error) {
+	out, err := ns.Run(time.Duration(count/rate+15)*time.Second, "ping", "-n", "-c", strconv.Itoa(count),
+		"-i", strconv.FormatFloat(1/float64(rate), 'f', 3, 64), "-W", "2", ip)
+	if err != nil {
+		return nil, fmt.Errorf("ping %s at %d/s: %w: %s", ip, rate, err, out)
+	}
+	var rtt []float64
+	for _, m := range pingTime.FindAllStringSubmatch(out, -1) {
+		v, _ := strconv.ParseFloat(m[1], 64)
+		rtt = append(rtt, v)
+	}
+	if len(rtt) != count {
+		return nil, fmt.Errorf("ping %s at %d/s: %d of %d replies: %s", ip, rate, len(rtt), count, out)
+	}
+	return rtt, nil
+}
+
+// fabricPings runs the control operation "ping" (what `exnctl ping`
+// does) from n to node 2: ten single pings each after a second of quiet
+// (cold), then 50 back to back (warm). RTTs in µs.
+func fabricPings(n *nstest.Node) (cold, warm []float64, err error) {
+	var r struct {
+		RTT []float64 `json:"rtt_us"`
+	}
+	for range 10 {
+		time.Sleep(time.Second)
+		if err := n.Call(&r, "ping", "2", "1"); err != nil {
+			return nil, nil, err
+		}
+		cold = append(cold, r.RTT...)
+	}
+	if err := n.Call(&r, "ping", "2", "50"); err != nil {
+		return nil, nil, err
+	}
+	return cold, r.RTT, nil
+}
+
+var spP50 = regexp.MustCompile(`percentile 50\.000 =\s+([0-9.]+)`)
+
+// sockperf64 runs sockperf TCP ping-pong with 64-byte messages for secs
+// seconds (server in srv, client in cli) and returns the p50 in µs.
+func sockperf64(b *testing.B, srv, cli *nstest.Netns, ip string, secs int) (float64, error) {
+	port := strconv.Itoa(nstest.Port())
+	s := srv.Start(b, "sockperf", "server", "--tcp", "-i", ip, "-p", port)
+	defer func() { _ = s.Wait(0) }()
+	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
+		return 0, err
+	}
+	out, err := cli.Run(time.Duration(secs+20)*time.Second, "sockperf", "ping-pong", "--tcp", "-m", "64",
+		"-i", ip, "-p", port, "-t", strconv.Itoa(secs))
+	m := spP50.FindStringSubmatch(out)
+	if err != nil || m == nil {
+		return 0, fmt.Errorf("sockperf %s: %v: %s", ip, err, out)
+	}
+	return strconv.ParseFloat(m[1], 64)
+}
+
+// idleShare is pid's CPU time over d as a percentage of d.
+func idleShare(pid int, d time.Duration) (float64, error) {
+	t0, err := cpuNanos(pid)
+	if err != nil {
+		return 0, err
+	}
+	w0 := time.Now()
+	time.Sleep(d)
+	t1, err := cpuNanos(pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(t1-t0) / float64(time.Since(w0).Nanoseconds()) * 100, nil
+}
+
+// cpuNanos is the CPU time of every thread of pid, in ns
+// (/proc/PID/task/*/schedstat: more precise than /proc/PID/stat's ticks).
+func cpuNanos(pid int) (uint64, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread exited
+		}
+		f := strings.Fields(string(b))
+		if len(f) > 0 {
+			v, _ := strconv.ParseUint(f[0], 10, 64)
+			sum += v
+		}
+	}
+	return sum, nil
+}
+
+// pct is the p-th percentile of v (p = 100: the largest).
+func pct(v []float64, p int) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := (len(s) - 1) * p / 100
+	return s[i]
+}
