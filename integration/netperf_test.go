@@ -1,11 +1,15 @@
 package integration
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"sort"
+	"strings"
 	"testing"
+	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/integration/nstest"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -22,16 +26,29 @@ import (
 
 const netperfSecs = 2
 
-// netperfRuns runs every test from cli against netserver on srv (at ip),
-// both with their env, fails t on an insane result, and calls each (if
-// not nil) around every run: before(test) then after(test, result).
+// netperfRuns runs every test from cli against netserver (-D) on srv
+// (at ip), both with their env, fails t on an insane result, and calls
+// each (if not nil) around every run: before(test) then after(test,
+// result).
 func netperfRuns(t *testing.T, srv, cli *nstest.Netns, ip string, srvEnv, cliEnv []string,
 	before func(t *testing.T), after func(t *testing.T, r nstest.NetperfResult)) {
 	t.Helper()
-	netperf, netserver := nstest.Netperf(t)
+	_, netserver := nstest.Netperf(t)
 	port := nstest.Port()
 	s := nstest.StartNetserver(t, srv, netserver, srvEnv, port)
-	for _, test := range nstest.NetperfTests {
+	netperfTests(t, cli, ip, port, cliEnv, nstest.NetperfTests, before, after, s.Output)
+	if s.Exited() {
+		t.Errorf("netserver exited during the tests: %v\n%s", s.Wait(0), tailStr(s.Output()))
+	}
+}
+
+// netperfTests runs tests as subtests against a netserver listening on
+// ip:port; srvOut (if not nil) gives the server's output for failures.
+func netperfTests(t *testing.T, cli *nstest.Netns, ip string, port int, cliEnv, tests []string,
+	before func(t *testing.T), after func(t *testing.T, r nstest.NetperfResult), srvOut func() string) {
+	t.Helper()
+	netperf, _ := nstest.Netperf(t)
+	for _, test := range tests {
 		t.Run(test, func(t *testing.T) {
 			if before != nil {
 				before(t)
@@ -41,7 +58,10 @@ func netperfRuns(t *testing.T, srv, cli *nstest.Netns, ip string, srvEnv, cliEnv
 				err = r.Sane()
 			}
 			if err != nil {
-				t.Fatalf("%v\nnetserver: %s", err, tailStr(s.Output()))
+				if srvOut != nil {
+					t.Fatalf("%v\nnetserver: %s", err, tailStr(srvOut()))
+				}
+				t.Fatal(err)
 			}
 			if r.RR() {
 				t.Logf("%s: %.0f %s, latency p50 %.0f p90 %.0f p99 %.0f mean %.1f us", test, r.Throughput, r.Unit, r.P50, r.P90, r.P99, r.Mean)
@@ -52,9 +72,6 @@ func netperfRuns(t *testing.T, srv, cli *nstest.Netns, ip string, srvEnv, cliEnv
 				after(t, r)
 			}
 		})
-	}
-	if s.Exited() {
-		t.Errorf("netserver exited during the tests: %v\n%s", s.Wait(0), tailStr(s.Output()))
 	}
 }
 
@@ -89,29 +106,44 @@ const netperfMetrics = "127.0.0.1:9464"
 // extdsCounts are one node's EXT-DS counters from its Prometheus metrics.
 type extdsCounts struct {
 	conns, fallbacks, rxBytes, handshakeErrs float64
+	byReason                                 map[string]float64 // exn_extds_fallbacks_total by reason
+}
+
+// fallbackDelta formats the fallbacks by reason that grew from b to a.
+func fallbackDelta(b, a extdsCounts) string {
+	var parts []string
+	for r, v := range a.byReason {
+		if d := v - b.byReason[r]; d != 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", r, d))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
 
 func scrapeEXTDS(t *testing.T, n *nstest.Node) extdsCounts {
 	t.Helper()
 	fams := scrape(t, n, netperfMetrics)
-	var fb float64
+	// A fallback counts in connections_total{mode="tcp"} and, with its
+	// reason, in fallbacks_total; the first is the count, the second says
+	// why.
+	reasons := map[string]float64{}
 	if f := fams["exn_extds_fallbacks_total"]; f != nil {
-		fb = sumSeries(f)
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" {
+					reasons[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
 	}
 	return extdsCounts{
+		byReason:      reasons,
 		conns:         sample(t, fams, "exn_extds_connections_total", "mode=extds"),
-		fallbacks:     fb + sample(t, fams, "exn_extds_connections_total", "mode=tcp"),
+		fallbacks:     sample(t, fams, "exn_extds_connections_total", "mode=tcp"),
 		rxBytes:       sample(t, fams, "exn_extds_rx_bytes_total"),
 		handshakeErrs: sample(t, fams, "exn_extds_handshake_errors_total"),
 	}
-}
-
-func sumSeries(f *dto.MetricFamily) float64 {
-	var s float64
-	for _, m := range f.GetMetric() {
-		s += m.GetCounter().GetValue()
-	}
-	return s
 }
 
 // TestNetperfShim: netperf and netserver both under libextds.so
@@ -134,14 +166,20 @@ func TestNetperfShim(t *testing.T) {
 	}
 	c := newShimCluster(t, exnd, nodes)
 	var b0, b1 extdsCounts
-	before := func(t *testing.T) { b0, b1 = scrapeEXTDS(t, nodes[0]), scrapeEXTDS(t, nodes[1]) }
+	var pt0 float64
+	before := func(t *testing.T) {
+		b0, b1 = scrapeEXTDS(t, nodes[0]), scrapeEXTDS(t, nodes[1])
+		pt0 = probeTimeouts(t, nodes[0])
+	}
 	after := func(t *testing.T, r nstest.NetperfResult) {
 		a0, a1 := scrapeEXTDS(t, nodes[0]), scrapeEXTDS(t, nodes[1])
+		t.Logf("%s: node 1 listener probes unanswered within the probe timeout: %.0f", r.Test, probeTimeouts(t, nodes[0])-pt0)
 		conns := [2]float64{a0.conns - b0.conns, a1.conns - b1.conns}
 		fb := a0.fallbacks + a1.fallbacks - b0.fallbacks - b1.fallbacks
 		herr := a0.handshakeErrs + a1.handshakeErrs - b0.handshakeErrs - b1.handshakeErrs
 		rx := a0.rxBytes + a1.rxBytes - b0.rxBytes - b1.rxBytes
-		t.Logf("%s: EXT-DS connections node 1 %.0f, node 2 %.0f; fallbacks %.0f; EXT-DS rx %.0f bytes", r.Test, conns[0], conns[1], fb, rx)
+		t.Logf("%s: EXT-DS connections node 1 %.0f, node 2 %.0f; fallbacks to TCP %.0f (node 1: %s; node 2: %s); EXT-DS rx %.0f bytes",
+			r.Test, conns[0], conns[1], fb, fallbackDelta(b0, a0), fallbackDelta(b1, a1), rx)
 		// The control connection, plus the data connection of the TCP
 		// tests (UDP_RR's data is UDP: plain over exn0), or one per
 		// transaction for TCP_CRR (netperf's rate times its elapsed
@@ -158,8 +196,18 @@ func TestNetperfShim(t *testing.T) {
 				t.Errorf("%s: node %d counted %.0f EXT-DS connections, want at least %.0f", r.Test, i+1, n, want)
 			}
 		}
-		if fb != 0 || herr != 0 {
-			t.Errorf("%s: %.0f fallbacks to TCP and %.0f handshake errors, want none", r.Test, fb, herr)
+		// TCP_CRR's last connection is in flight when netperf's timer
+		// (SIGALRM) ends the test: connect() returns EINTR before the shim
+		// hands the socket over, netperf closes it, and the server's exnd
+		// sees a client that never said hello (plain_client), as it
+		// should. So one fallback per node is allowed there; none
+		// elsewhere, and never a handshake error.
+		allowed := 0.0
+		if r.Test == "TCP_CRR" {
+			allowed = 2
+		}
+		if fb > allowed || herr != 0 {
+			t.Errorf("%s: %.0f fallbacks to TCP (at most %.0f) and %.0f handshake errors (want none)", r.Test, fb, allowed, herr)
 		}
 		if r.Test == "TCP_STREAM" || r.Test == "TCP_MAERTS" {
 			if payload := r.Throughput * 1e6 / 8 * r.Elapsed; rx < 0.9*payload {
@@ -168,4 +216,44 @@ func TestNetperfShim(t *testing.T) {
 		}
 	}
 	netperfRuns(t, nodes[1].NS, nodes[0].NS, nodes[1].IP.String(), c.env(1), c.env(0), before, after)
+
+	// netserver as users start it: it listens (and registers the port
+	// with exnd) in the parent, which forks and exits; the daemon
+	// (setsid) accepts on the inherited listener and forks per test.
+	//
+	// Known fault (issue #15, reported): exnd keys the registration on
+	// the PID that called listen() and its sweeper drops it once that
+	// process is gone (shimsrv.DefaultSweep), although the daemon still
+	// listens; from then on every control connection to the daemon falls
+	// back to TCP (client: no_listener, server: plain_client). The test
+	// waits past a sweep so that it sees the fault every time, and runs
+	// only with EXN_NETPERF_DAEMON=1 until the fix lands.
+	t.Run("daemon", func(t *testing.T) {
+		if os.Getenv("EXN_NETPERF_DAEMON") != "1" {
+			t.Skip("known fault: a daemonized netserver's listener registration dies with the parent (issue #15); EXN_NETPERF_DAEMON=1 runs it")
+		}
+		_, netserver := nstest.Netperf(t)
+		port := nstest.Port()
+		pid := nstest.StartNetserverDaemon(t, nodes[1].NS, netserver, c.env(1), port)
+		t.Logf("netserver daemon pid %d", pid)
+		time.Sleep(2*shimsrv.DefaultSweep + 500*time.Millisecond)
+		netperfTests(t, nodes[0].NS, nodes[1].IP.String(), port, c.env(0), []string{"TCP_RR", "TCP_CRR"}, before, after, nil)
+	})
+}
+
+// probeTimeouts is node n's count of EXT-DS listener probes that got no
+// answer in time (exnctl stats: extds.probe_timeouts).
+func probeTimeouts(t *testing.T, n *nstest.Node) float64 {
+	t.Helper()
+	var s struct {
+		EXTDS map[string]any `json:"extds"`
+	}
+	if err := n.Call(&s, "stats"); err != nil {
+		t.Fatal(err)
+	}
+	v, ok := s.EXTDS["probe_timeouts"].(float64)
+	if !ok {
+		t.Fatalf("node %d: no extds.probe_timeouts in stats", n.ID)
+	}
+	return v
 }

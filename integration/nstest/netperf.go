@@ -8,6 +8,7 @@ package nstest
 // timeout, its result read from the omni output selectors (-o).
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -202,4 +204,81 @@ func BuildShimLib(t testing.TB) string {
 		t.Fatal(shimErr)
 	}
 	return shimLib
+}
+
+// StartNetserverDaemon starts netserver as users do, without -D: it
+// listens, forks, and the parent exits while the child calls setsid()
+// and serves, itself forking a child per test. It returns the daemon's
+// PID, found among the namespace's processes once the parent has exited
+// and the port is listening. Cleanup SIGKILLs the daemon's process group
+// (its session: the daemon and its per-test children) by that PID, even
+// when the test fails; the namespace's deletion is the second line.
+func StartNetserverDaemon(t testing.TB, ns *Netns, netserver string, env []string, port int) int {
+	t.Helper()
+	before := map[int]bool{}
+	for _, p := range ns.pidsNamed("netserver") {
+		before[p] = true
+	}
+	// Not Run: it kills the process group when the command returns,
+	// which could catch the daemon between fork and setsid. Output goes
+	// to a file, not a pipe the daemon would hold open.
+	logf, err := os.CreateTemp(t.TempDir(), "netserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := ns.command(ctx, env, netserver, "-4", "-p", strconv.Itoa(port))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	err = cmd.Run()
+	b, _ := os.ReadFile(logf.Name())
+	out := string(b)
+	var pid int
+	t.Cleanup(func() {
+		if pid > 0 {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	if err != nil {
+		t.Fatalf("netserver (daemonizing): %v: %s", err, out)
+	}
+	if err := Eventually(10*time.Second, func() error {
+		for _, p := range ns.pidsNamed("netserver") {
+			if !before[p] {
+				pid = p
+			}
+		}
+		if pid == 0 {
+			return fmt.Errorf("no new netserver process in %s", ns.Name)
+		}
+		o, err := ns.Run(5*time.Second, "ss", "-Hltn", "sport = :"+strconv.Itoa(port))
+		if err != nil || !strings.Contains(o, ":"+strconv.Itoa(port)) {
+			return fmt.Errorf("netserver pid %d: nothing listens on %d yet: %v", pid, port, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("netserver (daemonizing): %v: %s", err, out)
+	}
+	return pid
+}
+
+// pidsNamed lists the processes of the namespace whose comm is name.
+func (n *Netns) pidsNamed(name string) []int {
+	out, err := exec.Command("ip", "netns", "pids", n.Name).Output()
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		if comm, err := os.ReadFile("/proc/" + f + "/comm"); err == nil && strings.TrimSpace(string(comm)) == name {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
