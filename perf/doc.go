@@ -8,8 +8,11 @@
 //     processes against TCP over exn0 and veth (issue #5).
 //   - ext-eth-net.sh (integration TestNetPerf): exn0 on the net fabric
 //     against its underlay (issue #8).
+//   - netperf.sh (BenchmarkNetperf, netperf_test.go): netperf TCP_RR,
+//     TCP_CRR and TCP_STREAM through the shim, over exn0 and over veth
+//     (issue #15); needs `make netperf`.
 //   - fabric-compare.sh: the fabric backends side by side.
-//   - bench.sh: the shared runner of ext-eth.sh and extds.sh (build,
+//   - bench.sh: the shared runner of ext-eth.sh, extds.sh and netperf.sh (build,
 //     run once, clean up namespaces and shm files even when killed).
 //
 // The shim's numbers come from integration TestShimPerf, and

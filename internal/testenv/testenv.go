@@ -37,6 +37,14 @@ func RequirePrivileged(t testing.TB, programs ...string) {
 	if reason == "" {
 		return
 	}
+	Unavailable(t, reason)
+}
+
+// Unavailable skips t with reason (something a privileged test needs is
+// missing, such as a tool that failed to build), or fails it when
+// EXN_REQUIRE_PRIVILEGED=1, as RequirePrivileged does.
+func Unavailable(t testing.TB, reason string) {
+	t.Helper()
 	if os.Getenv("EXN_REQUIRE_PRIVILEGED") == "1" {
 		t.Fatalf("privileged test cannot run (%s) and EXN_REQUIRE_PRIVILEGED=1", reason)
 	}

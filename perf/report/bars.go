@@ -18,7 +18,7 @@ type Target struct {
 }
 
 // Targets is DESIGN.md's "Performance targets" table (plus the netstack
-// bar of docs/netstack.md), in its order.
+// bar of docs/netstack.md and the netperf bars of issue #15), in its order.
 var Targets = []Target{
 	{ID: "shm-velo-p50", What: "shm VELO 120 B ping-pong p50", Bar: "≤ 2 µs", Stretch: "≤ 1 µs", On: "value", Op: "<=", Limit: 2000, StretchLimit: 1000},
 	{ID: "shm-rma-get", What: "shm RMA GET 64 KiB–8 MiB bandwidth", Bar: "≥ 0.5× memcpy of the same size", Stretch: "≥ 0.8×", On: "ratio", Op: ">=", Limit: 0.5, StretchLimit: 0.8},
@@ -28,6 +28,13 @@ var Targets = []Target{
 	{ID: "extds-p50-veth", What: "EXT-DS (library) p50 latency (stretch)", Bar: "≤ veth", On: "ratio", Op: "<=", Limit: 1, StretchOnly: true},
 	{ID: "iperf3-shim", What: "iperf3 through libextds.so", Bar: "≥ 1.0× TCP over exn0", Stretch: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1},
 	{ID: "iperf3-shim-veth", What: "iperf3 through libextds.so (stretch)", Bar: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1, StretchOnly: true},
+	// Issue #15 (netperf, 2 netns nodes on shm): bar against TCP over
+	// exn0, goal against veth (RR, STREAM) or TCP over exn0 (CRR).
+	{ID: "netperf-rr-shim", What: "netperf TCP_RR through libextds.so (issue #15)", Bar: "≥ 3× TCP over exn0", Stretch: "≥ 1.5× veth", On: "ratio", Op: ">=", Limit: 3},
+	{ID: "netperf-rr-shim-veth", What: "netperf TCP_RR through libextds.so (goal)", Bar: "≥ 1.5× veth", On: "ratio", Op: ">=", Limit: 1.5, StretchOnly: true},
+	{ID: "netperf-crr-shim", What: "netperf TCP_CRR through libextds.so (issue #15)", Bar: "≥ 0.7× TCP over exn0", Stretch: "≥ 1.0× TCP over exn0", On: "ratio", Op: ">=", Limit: 0.7, StretchLimit: 1.0},
+	{ID: "netperf-stream-shim", What: "netperf TCP_STREAM through libextds.so (issue #15)", Bar: "≥ 1.0× TCP over exn0", Stretch: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1},
+	{ID: "netperf-stream-shim-veth", What: "netperf TCP_STREAM through libextds.so (goal)", Bar: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1, StretchOnly: true},
 	{ID: "idle-cpu", What: "exnd idle CPU", Bar: "< 2% of a core", Stretch: "< 0.5%", On: "value", Op: "<", Limit: 2, StretchLimit: 0.5},
 	{ID: "netstack-tcp", What: "node TCP over the engine vs a direct gVisor link (docs/netstack.md)", Bar: "≥ 0.7× direct", On: "ratio", Op: ">=", Limit: 0.7},
 }

@@ -123,6 +123,7 @@ var Sections = []Section{
 		},
 		Extract: extractShim,
 	},
+	netperfSection, // netperf.go
 }
 
 // SectionByID returns the section with this ID.

@@ -439,6 +439,10 @@ func Charts(files []*SectionFile) ([]ChartFile, map[string][]byte) {
 		list = append(list, ChartFile{Name: "exteth-engine.svg", Title: ec.Title, Sections: []string{"exteth-engine"}})
 		out["exteth-engine.svg"] = ec.SVG()
 	}
+	if nc, ok := netperfChart(all); ok { // netperf.go
+		list = append(list, ChartFile{Name: "netperf.svg", Title: nc.Title, Sections: []string{"netperf"}})
+		out["netperf.svg"] = nc.SVG()
+	}
 	return list, out
 }
 
