@@ -50,6 +50,7 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"))
 	d.conns = func() any { return srv.Conns() }
 	d.extdsStats = dev.Stats
+	d.shimStats = srv.Stats
 	for op, h := range srv.Handlers() {
 		d.extraHandlers[op] = h
 	}
@@ -80,13 +81,3 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	}, nil
 }
 
-// registerFDHandlers adds the parts' descriptor-passing operations to the
-// control server.
-func (d *Daemon) registerFDHandlers() {
-	if d.ctl == nil {
-		return
-	}
-	for op, h := range d.extraFDHandlers {
-		d.ctl.HandleFD(op, h)
-	}
-}
