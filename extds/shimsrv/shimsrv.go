@@ -651,12 +651,12 @@ func abort(c *extds.Conn) {
 
 // Refusal reasons (Stats.Refused, exn_shim_refused_total).
 const (
-	ReasonBadRequest   = "bad_request"    // wrong arguments or descriptors
-	ReasonVersion      = "version"        // shim-hello with another version
-	ReasonNoPeer       = "no_peer_cred"   // the kernel did not say who called
-	ReasonNotListening = "not_listening"  // shim-listen with a socket that is not a listening TCP socket
-	ReasonNotOwner     = "not_owner"      // another uid's registration
-	ReasonLimit        = "too_many"       // MaxListensPerUser
+	ReasonBadRequest   = "bad_request"   // wrong arguments or descriptors
+	ReasonVersion      = "version"       // shim-hello with another version
+	ReasonNoPeer       = "no_peer_cred"  // the kernel did not say who called
+	ReasonNotListening = "not_listening" // shim-listen with a socket that is not a listening TCP socket
+	ReasonNotOwner     = "not_owner"     // another uid's registration
+	ReasonLimit        = "too_many"      // MaxListensPerUser
 )
 
 // MaxListensPerUser bounds one uid's listener registrations (each costs

@@ -59,7 +59,7 @@ type Config struct {
 	Control        string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
 	ControlAccess control.Policy
-	LogLevel       slog.Level
+	LogLevel      slog.Level
 
 	// File is the --config file the settings came from, "" for none.
 	File string

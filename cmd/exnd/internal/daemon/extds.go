@@ -47,7 +47,13 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	}
 	// The shim hands over sockets the application connected itself, so
 	// the Dialer never dials a shadow connection here (Upgrade only).
-	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"))
+	// Listener registrations outlive exnd in a file beside the control
+	// socket, so running servers stay on EXT-DS across a restart.
+	var sopts []shimsrv.Option
+	if d.cfg.Control != "" {
+		sopts = append(sopts, shimsrv.WithStateFile(d.cfg.Control+".listeners"))
+	}
+	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"), sopts...)
 	d.conns = func() any { return srv.Conns() }
 	d.extdsStats = dev.Stats
 	d.shimStats = srv.Stats
@@ -80,4 +86,3 @@ func startEXTDS(d *Daemon) (func() error, error) {
 		return nil
 	}, nil
 }
-
