@@ -695,8 +695,10 @@ func (s *Server) fallback(reason string) {
 // the first bytes without consuming them: an EXT-DS hello runs the
 // server handshake, anything else leaves the socket plain TCP with its
 // stream untouched. A client whose IP is not on the fabric cannot send a
-// hello: no wait. Otherwise the wait is the peek timeout, extended to the
-// handshake timeout once the client was told to go ahead.
+// hello: no wait. Otherwise the wait is the peek timeout plus the claim
+// timeout, extended to the handshake timeout once the client was told to
+// go ahead. Trade-off: a plain client on the fabric of a
+// server-speaks-first protocol waits that long once per connection.
 func (s *Server) accept(ctx context.Context, shadow *net.TCPConn) (*extds.Conn, error) {
 	la, lok := tcpAddrPort(shadow.LocalAddr())
 	ra, rok := tcpAddrPort(shadow.RemoteAddr())
@@ -705,7 +707,10 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn) (*extds.Conn, 
 	}
 	cl := s.dev.Claim(extds.TupleKey{Local: la, Remote: ra})
 	defer cl.Close()
-	peeked, err := s.peek(shadow, s.peekTO)
+	// The client's CLAIM may still be on its way (its exnd sends it after
+	// the TCP handshake and a control round trip): wait as long as the
+	// client would wait for the answer, on top of the peek timeout.
+	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout)
 	if hello, plain := extds.ClassifyPeek(peeked); err == nil && !hello && !plain && cl.Close() {
 		// Agreed: the hello is on its way (or the client gave up at the
 		// same moment and writes its own bytes): wait for them.
