@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/exn-project/exn/internal/sys"
 )
 
 // MaxLine bounds a request line, so a client cannot make the server buffer
@@ -25,6 +27,21 @@ const DefaultPath = "/run/exn/exnd.sock"
 
 // MaxFDs is the most file descriptors one request may carry.
 const MaxFDs = 4
+
+// Server limits, with why.
+const (
+	// DefaultMaxConns bounds open control connections: each costs a
+	// goroutine and 4 KiB of line buffer, so a flood of clients that
+	// connect and wait cannot exhaust exnd. Well above what a host's
+	// shimmed programs hold at once (one connection per intercepted call,
+	// closed before the call returns, plus one per attached process).
+	DefaultMaxConns = 4096
+	// DefaultLineTimeout bounds how long a started line (or a new
+	// connection's first line) may take: a client that connects and never
+	// speaks, or stops mid-line, is dropped. Idle time between complete
+	// requests is not bounded (attached processes keep their connection).
+	DefaultLineTimeout = 5 * time.Second
+)
 
 // Request is one request with the file descriptors that came with it
 // (SCM_RIGHTS on the request line). The server closes every file left in
@@ -55,10 +72,19 @@ type Response struct {
 // accept goroutine and one goroutine per connection, all stopped and
 // joined by Close.
 //
+// Every connection is identified by the kernel (SO_PEERCRED) when it is
+// accepted, checked against the Policy, and its handlers see the caller
+// through PeerFrom(ctx).
+//
 // Locking: mu guards handlers and conns.
 type Server struct {
 	log *slog.Logger
 	ln  net.Listener
+
+	policy      Policy
+	maxConns    int64
+	lineTimeout time.Duration
+	ctr         counters
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -77,8 +103,27 @@ func NewServer(log *slog.Logger) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{log: log, ctx: ctx, cancel: cancel, handlers: make(map[string]HandlerFunc), fdHandlers: make(map[string]FDHandlerFunc), conns: make(map[net.Conn]struct{})}
+	return &Server{log: log, ctx: ctx, cancel: cancel, handlers: make(map[string]HandlerFunc), fdHandlers: make(map[string]FDHandlerFunc),
+		conns: make(map[net.Conn]struct{}), maxConns: DefaultMaxConns, lineTimeout: DefaultLineTimeout}
 }
+
+// SetPolicy sets who may connect (default AccessAll); call it before
+// Listen, which sets the socket file's mode and group from it.
+func (s *Server) SetPolicy(p Policy) { s.policy = p }
+
+// SetLimits sets the most open connections and the line timeout (zero
+// values keep the defaults); call it before Listen.
+func (s *Server) SetLimits(maxConns int, lineTimeout time.Duration) {
+	if maxConns > 0 {
+		s.maxConns = int64(maxConns)
+	}
+	if lineTimeout > 0 {
+		s.lineTimeout = lineTimeout
+	}
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() ServerStats { return s.ctr.snapshot() }
 
 // Handle registers h for op (case-insensitive).
 func (s *Server) Handle(op string, h HandlerFunc) {
@@ -94,8 +139,9 @@ func (s *Server) HandleFD(op string, h FDHandlerFunc) {
 	s.mu.Unlock()
 }
 
-// Listen creates the socket at path (mode 0660, parent directory created
-// with 0755) and starts serving. A stale socket file left by a dead exnd
+// Listen creates the socket at path (mode from the Policy: 0666, 0660 with
+// the policy's group, or 0600; parent directory created with 0755) and
+// starts serving. A stale socket file left by a dead exnd
 // is replaced; a live one is an error.
 func (s *Server) Listen(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -110,7 +156,13 @@ func (s *Server) Listen(path string) error {
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	if s.policy.Access == AccessGroup {
+		if err := os.Chown(path, -1, s.policy.GID); err != nil {
+			ln.Close()
+			return fmt.Errorf("control socket %s: group %d: %w", path, s.policy.GID, err)
+		}
+	}
+	if err := os.Chmod(path, s.policy.mode()); err != nil {
 		ln.Close()
 		return fmt.Errorf("control socket %s: %w", path, err)
 	}
@@ -147,6 +199,17 @@ func (s *Server) accept() {
 			}
 			return
 		}
+		s.ctr.accepted.Add(1)
+		if s.ctr.active.Add(1) > s.maxConns {
+			s.ctr.active.Add(-1)
+			s.ctr.refuse(ReasonTooMany)
+			// Say why without waiting on the client: a non-blocking-ish
+			// short write bounded by a deadline.
+			_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			_, _ = c.Write([]byte(`{"ok":false,"error":"control: too many connections"}` + "\n"))
+			c.Close()
+			continue
+		}
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
@@ -155,35 +218,89 @@ func (s *Server) accept() {
 	}
 }
 
-func (s *Server) serve(c net.Conn) {
+// ServeConn serves one connection the caller accepted (tests, fuzzing)
+// and returns when it ends; ctx carries the caller (WithPeer) when c is
+// not a unix socket.
+func (s *Server) ServeConn(ctx context.Context, c net.Conn) {
+	s.ctr.accepted.Add(1)
+	s.ctr.active.Add(1)
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	s.wg.Add(1)
+	s.serveCtx(ctx, c)
+}
+
+func (s *Server) serve(c net.Conn) { s.serveCtx(s.ctx, c) }
+
+// identify returns ctx carrying the caller of c as the kernel says, or
+// the reason the caller is refused.
+func (s *Server) identify(ctx context.Context, uc *net.UnixConn) (context.Context, string) {
+	if uc == nil {
+		return ctx, "" // not a unix socket (ServeConn over a pipe): ctx says
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return ctx, ReasonNoCred
+	}
+	var cred sys.Cred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cred, cerr = sys.PeerCred(int(fd)) }); err != nil || cerr != nil {
+		return ctx, ReasonNoCred
+	}
+	if !s.policy.allows(cred) {
+		s.log.Warn("control: caller refused by policy", "pid", cred.PID, "uid", cred.UID, "gid", cred.GID, "access", s.policy.String())
+		return ctx, ReasonUnauthorized
+	}
+	return WithPeer(ctx, cred), ""
+}
+
+func (s *Server) serveCtx(ctx context.Context, c net.Conn) {
 	defer s.wg.Done()
 	defer func() {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
 		c.Close()
+		s.ctr.active.Add(-1)
 	}()
 	uc, _ := c.(*net.UnixConn)
+	ctx, why := s.identify(ctx, uc)
+	if why != "" {
+		s.ctr.refuse(why)
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		s.reply(uc, c, Response{Error: "control: " + strings.ReplaceAll(why, "_", " ") + ": this user may not use exnd (see exnd --control-access)"}, nil)
+		return
+	}
 	var (
 		buf     = make([]byte, MaxLine)
 		oob     = make([]byte, syscall.CmsgSpace(MaxFDs*4))
 		pending []byte
 		files   []*os.File
+		first   = true // no complete line yet
 	)
 	defer func() { closeFiles(files) }()
 	for {
-		var n, oobn int
+		var n, oobn, flags int
 		var err error
+		// A new connection's first line, and any line once started, must
+		// complete within lineTimeout; between lines a client may idle.
+		if first || len(pending) > 0 {
+			_ = c.SetReadDeadline(time.Now().Add(s.lineTimeout))
+		} else {
+			_ = c.SetReadDeadline(time.Time{})
+		}
 		if uc != nil {
-			n, oobn, _, _, err = uc.ReadMsgUnix(buf, oob)
+			n, oobn, flags, _, err = uc.ReadMsgUnix(buf, oob)
 		} else {
 			n, err = c.Read(buf)
 		}
 		n, oobn = max(n, 0), max(oobn, 0) // a failed read may report -1
-		if oobn > 0 {
+		if oobn > 0 || flags&syscall.MSG_CTRUNC != 0 {
 			got, perr := parseRights(oob[:oobn])
 			files = append(files, got...)
-			if perr != nil || len(files) > MaxFDs {
+			if perr != nil || len(files) > MaxFDs || flags&syscall.MSG_CTRUNC != 0 {
+				s.ctr.refuse(ReasonTooManyFDs)
 				s.reply(uc, c, Response{Error: fmt.Sprintf("request: at most %d file descriptors", MaxFDs)}, nil)
 				return
 			}
@@ -198,7 +315,9 @@ func (s *Server) serve(c net.Conn) {
 			pending = pending[i+1:]
 			req := &Request{Files: files}
 			files = nil
-			resp, out := s.dispatch(line, req)
+			s.ctr.requests.Add(1)
+			first = false
+			resp, out := s.dispatch(ctx, line, req)
 			closeFiles(req.Files)
 			werr := s.reply(uc, c, resp, out)
 			if out != nil {
@@ -211,10 +330,19 @@ func (s *Server) serve(c net.Conn) {
 		if len(pending) >= MaxLine {
 			// An over-long line: say so, then drop the connection, since
 			// the stream can no longer be framed.
+			s.ctr.refuse(ReasonOversized)
 			s.reply(uc, c, Response{Error: fmt.Sprintf("request: line longer than %d bytes", MaxLine)}, nil)
 			return
 		}
 		if err != nil {
+			switch {
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				s.ctr.refuse(ReasonIdle)
+				_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+				s.reply(uc, c, Response{Error: fmt.Sprintf("request: no complete line within %v", s.lineTimeout)}, nil)
+			case len(pending) > 0 || len(files) > 0:
+				s.ctr.refuse(ReasonTruncated) // EOF or an error mid-line
+			}
 			return
 		}
 	}
@@ -262,9 +390,10 @@ func closeFiles(fs []*os.File) {
 	}
 }
 
-func (s *Server) dispatch(line string, req *Request) (Response, *os.File) {
+func (s *Server) dispatch(ctx context.Context, line string, req *Request) (Response, *os.File) {
 	fields := strings.Fields(line)
 	if len(fields) == 0 {
+		s.ctr.refuse(ReasonBadRequest)
 		return Response{Error: "request: empty line"}, nil
 	}
 	req.Op, req.Args = strings.ToLower(fields[0]), fields[1:]
@@ -278,13 +407,15 @@ func (s *Server) dispatch(line string, req *Request) (Response, *os.File) {
 	)
 	switch {
 	case fh != nil:
-		v, out, err = fh(s.ctx, req)
+		v, out, err = fh(ctx, req)
 	case h != nil:
-		v, err = h(s.ctx, req.Args)
+		v, err = h(ctx, req.Args)
 	default:
+		s.ctr.refuse(ReasonBadRequest)
 		return Response{Error: fmt.Sprintf("request: unknown operation %q", fields[0])}, nil
 	}
 	if err != nil {
+		s.ctr.refuse(ReasonFailed)
 		if out != nil {
 			out.Close()
 		}

@@ -164,6 +164,7 @@ type config struct {
 	peekTO         time.Duration
 	negativeTTL    time.Duration
 	probeTO        time.Duration
+	claimTO        time.Duration
 	lazyOpen       bool
 	creditFraction int
 	// probeBase is the first VPID of the block that answers listener
@@ -265,6 +266,8 @@ type Device struct {
 
 	negMu sync.Mutex
 	neg   map[string]time.Time // address → until: no EXT-DS there
+
+	claims claimTable // out-of-band agreement (claim.go)
 }
 
 type vdev struct {
@@ -287,8 +290,9 @@ type ctrlReq struct {
 	peer   fabric.Addr
 	conn   uint32
 	tag    fabric.Tag
-	port   uint16 // PROBE_REPLY
-	status uint8  // PROBE_REPLY
+	port   uint16 // PROBE_REPLY, CLAIM_REPLY
+	status uint8  // PROBE_REPLY, CLAIM_REPLY
+	reason uint8  // CLAIM_REPLY
 }
 
 // peerKey names a connection from its peer's side: the peer's endpoint
@@ -313,8 +317,8 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 		base: DefaultBaseVPID, ringSize: DefaultRingSize, eagerWin: DefaultEagerWindow,
 		threshold: DefaultThreshold, zcThreshold: DefaultZCopyThreshold, zcMode: ZCopyRead,
 		tick: DefaultTick, drainTimeout: DefaultDrainTimeout, shadowGrace: DefaultShadowGrace,
-		keepShadow: true, handshakeTO: time.Second, peekTO: 200 * time.Millisecond,
-		negativeTTL: time.Minute, lazyOpen: true, creditFraction: 4, probeTO: DefaultProbeTimeout,
+		keepShadow: true, handshakeTO: DefaultHandshakeTimeout, peekTO: 200 * time.Millisecond,
+		negativeTTL: time.Minute, lazyOpen: true, creditFraction: 4, probeTO: DefaultProbeTimeout, claimTO: DefaultClaimTimeout,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -334,6 +338,8 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 		return nil, errors.New("extds: bad threshold or tick")
 	case cfg.probeTO <= 0:
 		return nil, errors.New("extds: probe timeout must be positive")
+	case cfg.claimTO <= 0:
+		return nil, errors.New("extds: claim timeout must be positive")
 	}
 	if cfg.log == nil {
 		cfg.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -343,6 +349,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time),
 		byPeer: make(map[peerKey]*Conn), ports: make(map[uint16]int), probes: make(map[uint32]*probeWait),
 	}
+	d.claims.init()
 	d.rlog.log = cfg.log
 	d.ctx, d.stop = context.WithCancel(context.Background())
 	if !cfg.lazyOpen {
@@ -456,6 +463,12 @@ func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
 		return
 	case TagProbeRep:
 		d.onProbeReply(v, fm.Peer, m)
+		return
+	case TagClaim:
+		d.onClaim(v, fm.Peer, m)
+		return
+	case TagClaimRep:
+		d.onClaimReply(v, fm.Peer, m)
 		return
 	case TagNoConn:
 		d.onNoConn(v, fm.Peer, m)
@@ -605,8 +618,9 @@ func (d *Device) RegisterPort(port uint16) (unregister func(), err error) {
 // Listening reports whether port is registered (RegisterPort).
 func (d *Device) Listening(port uint16) bool {
 	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.ports[port] > 0
+	auto := d.ports[port] > 0
+	d.mu.RUnlock()
+	return auto || d.claimListening(port)
 }
 
 // Probe asks node's Device whether an EXT-DS listener is registered for
@@ -692,9 +706,12 @@ func (d *Device) ctrlLoop() {
 		case <-d.ctx.Done():
 			return
 		case r := <-d.ctrlq:
-			if r.tag == TagProbeRep {
+			switch r.tag {
+			case TagProbeRep:
 				encProbe(&fm[0], r.peer, r.tag, r.conn, r.port, r.status)
-			} else {
+			case TagClaimRep:
+				encClaimRep(&fm[0], r.peer, r.conn, r.port, r.status, r.reason)
+			default:
 				encCtl(&fm[0], r.peer, r.tag, r.conn)
 			}
 			ctx, cancel := context.WithTimeout(d.ctx, ctrlSendTimeout)
@@ -722,6 +739,7 @@ func (d *Device) tickLoop() {
 		case <-d.ctx.Done():
 			return
 		case now := <-t.C:
+			d.sweepClaims(now)
 			snap = d.snapshot(snap[:0])
 			if len(snap) == 0 {
 				// Idle: no timer until a connection is registered.

@@ -42,6 +42,16 @@ func portOf(a net.Addr) (uint16, bool) {
 	return ap.Port(), true
 }
 
+// addrPortOf is a TCP address as a netip.AddrPort.
+func addrPortOf(a net.Addr) (netip.AddrPort, bool) {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ap := t.AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), ap.IsValid()
+}
+
 func ipOf(a net.Addr) (netip.Addr, bool) {
 	if t, ok := a.(*net.TCPAddr); ok {
 		ip, ok := netip.AddrFromSlice(t.IP)
@@ -297,17 +307,26 @@ func (d *Dialer) upgrade(ctx context.Context, raw net.Conn, address string) (*Co
 		return dev.fallback(raw, nil, FallbackCached), nil
 	}
 	lport, _ := portOf(raw.LocalAddr())
-	rport, _ := portOf(raw.RemoteAddr())
-	listening, err := dev.Probe(ctx, node, lport, rport)
+	// Out-of-band agreement keyed by the 4-tuple (claim.go): nothing is
+	// written into raw unless the server's acceptor claimed it.
+	la, lok := addrPortOf(raw.LocalAddr())
+	ra, rok := addrPortOf(raw.RemoteAddr())
+	if !lok || !rok {
+		return dev.fallback(raw, nil, FallbackNoRoute), nil
+	}
+	why, agreed, err := dev.offer(ctx, node, la, ra)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		dev.rlog.warn("extds: cannot probe, using tcp", "err", err)
+		dev.rlog.warn("extds: cannot claim, using tcp", "err", err)
 		return dev.fallback(raw, nil, FallbackNoRoute), nil
 	}
-	if !listening {
-		return dev.fallback(raw, nil, FallbackNoListener), nil
+	if !agreed {
+		if why == FallbackNoClaim {
+			dev.setNegative(address) // a listener whose acceptor does not claim: TCP for a while
+		}
+		return dev.fallback(raw, nil, why), nil
 	}
 	c, err := dev.newConn(lport, raw)
 	if err != nil {

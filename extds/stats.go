@@ -40,10 +40,12 @@ const (
 	FallbackPlainPeer                        // server side: the client sent no EXT-DS hello
 	FallbackCached                           // address known not to speak EXT-DS
 	FallbackNoListener                       // the peer node's Device has no EXT-DS listener on the port (probe)
+	FallbackNoClaim                          // a listener is registered but no EXT-DS acceptor claimed the connection in time
+	FallbackDeclined                         // the server declined the claim (acceptor went TCP, table full, address mismatch)
 	numFallbackReasons
 )
 
-var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener"}
+var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined"}
 
 func (r FallbackReason) String() string {
 	if r < numFallbackReasons {

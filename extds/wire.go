@@ -22,6 +22,8 @@ package extds
 //	NOCONN        -  (conn = the unknown ID it answers)   4
 //	PROBE         port u16, 0 u8, 0 u8 (conn = token)   8
 //	PROBE_REPLY   port u16, status u8, 0 u8             8
+//	CLAIM         see claim.go                          44
+//	CLAIM_REPLY   see claim.go                          8
 //
 // NOCONN answers a data message addressed to a connection ID the receiver
 // does not know (released, stale): its ID field is that unknown ID, i.e.
@@ -65,7 +67,8 @@ const (
 	TagNoConn   fabric.Tag = 0x4B
 	TagProbe    fabric.Tag = 0x4C
 	TagProbeRep fabric.Tag = 0x4D
-	tagLast                = TagProbeRep
+	// TagClaim and TagClaimRep (0x4E, 0x4F) are in claim.go.
+	tagLast = TagClaimRep
 )
 
 const (
@@ -103,6 +106,8 @@ var wantLen = [...]int{
 	TagNoConn - TagVELO:   4,
 	TagProbe - TagVELO:    8,
 	TagProbeRep - TagVELO: 8,
+	TagClaim - TagVELO:    claimLen,
+	TagClaimRep - TagVELO: claimRepLen,
 }
 
 // decodeMsg parses one fabric message's payload. It rejects unknown tags,
@@ -143,6 +148,8 @@ func decodeMsg(tag fabric.Tag, p []byte, m *msg) error {
 		if m.b == 0 || m.nla == 0 {
 			return errZeroLen
 		}
+	case TagClaim, TagClaimRep:
+		m.data = p[hdrLen:] // claim.go decodes and checks the rest
 	case TagZCWant, TagZCPut:
 		m.b = binary.LittleEndian.Uint32(p[4:])
 		if m.b == 0 {

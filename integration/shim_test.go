@@ -104,7 +104,7 @@ func shimHello(sock string) error {
 		return err
 	}
 	defer cl.Close()
-	return cl.Call(ctx, nil, "shim-hello", "1")
+	return cl.Call(ctx, nil, "shim-hello", "2")
 }
 
 // env is the environment of a program shimmed on node i.

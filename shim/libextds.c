@@ -84,7 +84,12 @@ static int g_mode = MODE_AUTO;
 static int g_debug;
 static char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)] = "/run/exn/exnd.sock";
 static volatile int g_ready;   /* init done */
-static volatile int g_hello;   /* 0 unknown, 1 exnd speaks shim v1, -1 it does not */
+static volatile int g_hello;   /* 0 unknown, 1 exnd speaks shim v2, -1 it does not */
+
+/* Shim protocol version (docs/extds.md "Shim server"): 2 names no PID
+ * (exnd asks the kernel, SO_PEERCRED), shim-listen carries the listening
+ * socket, and accepts are claimed out of band before a client writes. */
+#define SHIM_VERSION "2"
 
 /* ---- fd table ---- */
 
@@ -507,6 +512,36 @@ fail:
 enum { CTL_NOCONN = -2, CTL_BROKEN = -1, CTL_OK = 0, CTL_REFUSED = 1 };
 
 /*
+ * Response decoding. exnd writes {"ok":true,"data":{...}} or
+ * {"ok":false,"error":"..."} with "ok" first (Go's encoding of
+ * control.Response), so success is exactly that prefix: an error text
+ * that happens to contain "ok":true is not success. Values are looked up
+ * after "data": only. Fuzzed by shim/check (TestFuzzDecoder).
+ */
+static int resp_ok(const char *s) { return strncmp(s, "{\"ok\":true", 10) == 0 && (s[10] == ',' || s[10] == '}'); }
+
+static const char *resp_data(const char *s)
+{
+	const char *d = strstr(s, "\"data\":");
+	return d ? d : "";
+}
+
+static uint64_t json_u64(const char *s, const char *key)
+{
+	const char *p = strstr(resp_data(s), key);
+	if (!p)
+		return 0;
+	p += strlen(key);
+	while (*p == ' ' || *p == ':' || *p == '"')
+		p++;
+	if (*p < '0' || *p > '9')
+		return 0;
+	return strtoull(p, NULL, 10);
+}
+
+static int resp_extds(const char *s) { return strstr(resp_data(s), "\"mode\":\"extds\"") != NULL; }
+
+/*
  * One request: a fresh connection (no descriptor of ours lives on in the
  * application's fd space, threads and forked children need no care),
  * the one-time hello, then the request. Returns CTL_OK (ok:true, buf
@@ -526,14 +561,14 @@ static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
 	}
 	if (g_hello == 0) {
 		int hfd;
-		if (ctl_send(s, "shim-hello 1\n", -1) < 0 || ctl_recv(s, buf, size, &hfd) < 0) {
+		if (ctl_send(s, "shim-hello " SHIM_VERSION "\n", -1) < 0 || ctl_recv(s, buf, size, &hfd) < 0) {
 			real_close(s);
 			return CTL_NOCONN;
 		}
 		if (hfd >= 0)
 			real_close(hfd);
-		if (!strstr(buf, "\"ok\":true") || !strstr(buf, "\"version\":1")) {
-			dbg("exnd does not speak shim v1: %s", buf);
+		if (!resp_ok(buf) || json_u64(buf, "\"version\"") != 2) {
+			dbg("exnd does not speak shim v" SHIM_VERSION ": %s", buf);
 			g_hello = -1;
 			real_close(s);
 			return CTL_NOCONN;
@@ -542,7 +577,7 @@ static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
 	}
 	int r = CTL_BROKEN;
 	if (ctl_send(s, line, fd) == 0 && ctl_recv(s, buf, size, rfd) == 0)
-		r = strstr(buf, "\"ok\":true") ? CTL_OK : CTL_REFUSED;
+		r = resp_ok(buf) ? CTL_OK : CTL_REFUSED;
 	int saved = errno;
 	real_close(s);
 	errno = saved;
@@ -553,16 +588,6 @@ static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
 	return r;
 }
 
-static uint64_t json_u64(const char *s, const char *key)
-{
-	const char *p = strstr(s, key);
-	if (!p)
-		return 0;
-	p += strlen(key);
-	while (*p == ' ' || *p == ':' || *p == '"')
-		p++;
-	return strtoull(p, NULL, 10);
-}
 
 /* ---- the switch ---- */
 
@@ -757,14 +782,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	/* exnd may flip O_NONBLOCK on the shared open file (Go's
 	 * net.FileConn does): take the flags now and put them back. */
 	int fdfl = real_fcntl(fd, F_GETFD), flfl = real_fcntl(fd, F_GETFL);
-	char line[64], buf[4096];
+	char buf[4096];
 	int ufd;
 	if ((fdflags(fd) & F_EPOVF)) {
 		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
 		goto tcp;
 	}
-	snprintf(line, sizeof line, "shim-connect %d\n", (int)getpid());
-	switch (ctl_call(line, fd, buf, sizeof buf, &ufd)) {
+	switch (ctl_call("shim-connect\n", fd, buf, sizeof buf, &ufd)) {
 	case CTL_NOCONN:
 		dbg("connect fd %d: no exnd, plain TCP", fd);
 		goto tcp;
@@ -781,7 +805,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		errno = ECONNREFUSED;
 		return -1;
 	}
-	if (!strstr(buf, "\"mode\":\"extds\"") || ufd < 0) {
+	if (!resp_extds(buf) || ufd < 0) {
 		if (ufd >= 0)
 			real_close(ufd);
 		dbg("connect fd %d: plain TCP: %s", fd, buf);
@@ -829,10 +853,10 @@ EXPORT int listen(int fd, int backlog)
 		return r;
 	}
 	int port = ntohs(family == AF_INET ? a.in.sin_port : a.in6.sin6_port);
-	char line[64], buf[4096];
+	char buf[4096];
 	int ufd;
-	snprintf(line, sizeof line, "shim-listen %d %d\n", port, (int)getpid());
-	int c = ctl_call(line, -1, buf, sizeof buf, &ufd);
+	/* exnd takes the port from the socket itself and checks it listens. */
+	int c = ctl_call("shim-listen\n", fd, buf, sizeof buf, &ufd);
 	if (ufd >= 0)
 		real_close(ufd);
 	if (c == CTL_OK) {
@@ -882,16 +906,15 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			errno = saved;
 			return fd;
 		}
-		char line[64], buf[4096];
+		char buf[4096];
 		int ufd;
-		snprintf(line, sizeof line, "shim-accept %d\n", (int)getpid());
-		int c = ctl_call(line, fd, buf, sizeof buf, &ufd);
+		int c = ctl_call("shim-accept\n", fd, buf, sizeof buf, &ufd);
 		if (c == CTL_NOCONN) {
 			dbg("accept fd %d: no exnd, plain TCP", fd);
 			errno = saved;
 			return fd;
 		}
-		if (c == CTL_OK && !strstr(buf, "\"mode\":\"extds\"")) {
+		if (c == CTL_OK && !resp_extds(buf)) {
 			if (ufd >= 0)
 				real_close(ufd);
 			int fl = real_fcntl(fd, F_GETFL);
@@ -950,7 +973,10 @@ EXPORT int close(int fd)
 	lock();
 	if (g_nep)
 		ep_drop_epfd_locked(fd);
-	if ((e->flags & F_LISTEN) && e->owner == getpid() && !listener_shared_locked(fd, e->lid))
+	/* exnd drops the registration only if the socket is gone (no other
+	 * process, e.g. a forked worker, still has it), so any process may
+	 * say it closed its last copy. */
+	if ((e->flags & F_LISTEN) && !listener_shared_locked(fd, e->lid))
 		port = e->port;
 	clear_locked(fd);
 	unlock();
@@ -959,7 +985,7 @@ EXPORT int close(int fd)
 		int saved = errno;
 		char line[64], buf[4096];
 		int ufd;
-		snprintf(line, sizeof line, "shim-unlisten %d %d\n", port, (int)getpid());
+		snprintf(line, sizeof line, "shim-unlisten %d\n", port);
 		ctl_call(line, -1, buf, sizeof buf, &ufd);
 		if (ufd >= 0)
 			real_close(ufd);

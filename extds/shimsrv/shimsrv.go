@@ -30,6 +30,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -42,8 +43,10 @@ import (
 	"github.com/exn-project/exn/internal/sys"
 )
 
-// Version is the shim protocol version this server speaks.
-const Version = 1
+// Version is the shim protocol version this server speaks. 2: no
+// request names a PID (the kernel says who calls), shim-listen carries
+// the listening socket, and accepts are claimed out of band.
+const Version = 2
 
 // Tunables, with why.
 const (
@@ -97,6 +100,7 @@ type ConnInfo struct {
 	Remote     string    `json:"remote"`
 	FabricPeer string    `json:"fabric_peer"` // node:vpid
 	PID        int       `json:"pid"`
+	UID        uint32    `json:"uid"`
 	BytesIn    uint64    `json:"bytes_in"`  // fabric → application
 	BytesOut   uint64    `json:"bytes_out"` // application → fabric
 	Since      time.Time `json:"since"`
@@ -107,6 +111,7 @@ type Stats struct {
 	Switched  uint64            `json:"switched"`  // connections spliced onto EXT-DS
 	Fallbacks map[string]uint64 `json:"fallbacks"` // answered "tcp", by extds.FallbackReason
 	Errors    uint64            `json:"errors"`    // shim-connect/accept that failed
+	Refused   map[string]uint64 `json:"refused"`   // requests refused, by reason (Reason*)
 	Resets    uint64            `json:"resets"`    // switched connections that ended by a reset
 	Active    int               `json:"active"`
 	Listens   int               `json:"listens"` // (port, pid) registrations
@@ -124,6 +129,8 @@ type Server struct {
 	log    *slog.Logger
 	peekTO time.Duration
 	sweep  time.Duration
+	// statePath keeps registrations across exnd restarts (state.go).
+	statePath string
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -131,7 +138,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	closed  bool
-	listens map[listenKey]func()
+	listens map[listenKey]*listenReg
 	conns   map[uint64]*conn
 	nextID  uint64
 
@@ -139,18 +146,30 @@ type Server struct {
 	bytesIn, bytesOut      atomic.Uint64
 	direct                 atomic.Uint64
 	fallbacks              sync.Map // reason string → *atomic.Uint64
+	refused                sync.Map // reason string → *atomic.Uint64
 	logWin, logN           atomic.Int64
 }
 
+// listenKey is one listening socket: its port and inode (the kernel's
+// identity of the socket, shared by every process that inherited it).
 type listenKey struct {
 	port uint16
-	pid  int
+	ino  uint64
+}
+
+// listenReg is a registration: who made it (SO_PEERCRED) and how to
+// withdraw it from the Device.
+type listenReg struct {
+	uid   uint32
+	pid   int
+	unreg func()
 }
 
 // conn is one switched connection and its splice.
 type conn struct {
 	id        uint64
-	pid       int
+	pid       int    // SO_PEERCRED of the caller that handed the socket over
+	uid       uint32 // the connection's owner: only its fd reaches it
 	side      string
 	c         *extds.Conn
 	uc        *net.UnixConn
@@ -191,7 +210,7 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 	}
 	s := &Server{
 		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
-		listens: make(map[listenKey]func()), conns: make(map[uint64]*conn),
+		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn),
 	}
 	for _, o := range opts {
 		o(s)
@@ -203,6 +222,11 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 		s.sweep = DefaultSweep
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if n, err := s.restore(); err != nil {
+		s.log.Warn("extds shim: listeners not restored", "err", err)
+	} else if n > 0 {
+		s.log.Info("extds shim: listeners restored from the state file", "count", n, "path", s.statePath)
+	}
 	s.wg.Add(1)
 	go s.sweeper()
 	return s
@@ -223,7 +247,6 @@ func (s *Server) Register(cs *control.Server) {
 func (s *Server) Handlers() map[string]control.HandlerFunc {
 	return map[string]control.HandlerFunc{
 		"shim-hello":    s.hello,
-		"shim-listen":   s.listen,
 		"shim-unlisten": s.unlisten,
 	}
 }
@@ -232,6 +255,7 @@ func (s *Server) Handlers() map[string]control.HandlerFunc {
 // shim-accept.
 func (s *Server) FDHandlers() map[string]control.FDHandlerFunc {
 	return map[string]control.FDHandlerFunc{
+		"shim-listen": s.listen,
 		"shim-connect": func(ctx context.Context, r *control.Request) (any, *os.File, error) {
 			return s.switchFD(ctx, r, sideConnect)
 		},
@@ -245,10 +269,10 @@ func (s *Server) FDHandlers() map[string]control.FDHandlerFunc {
 
 func (s *Server) hello(_ context.Context, args []string) (any, error) {
 	if len(args) != 1 {
-		return nil, fmt.Errorf("shim-hello: want VERSION, got %d arguments", len(args))
+		return nil, s.refuse(ReasonBadRequest, "shim-hello: want VERSION, got %d arguments", len(args))
 	}
 	if v, err := strconv.Atoi(args[0]); err != nil || v != Version {
-		return nil, fmt.Errorf("shim-hello: version %q not supported (this exnd speaks %d)", args[0], Version)
+		return nil, s.refuse(ReasonVersion, "shim-hello: version %q not supported (this exnd speaks %d)", args[0], Version)
 	}
 	return struct {
 		Version int `json:"version"`
@@ -263,72 +287,124 @@ func parsePort(s string) (uint16, error) {
 	return uint16(p), nil
 }
 
-func parsePID(s string) (int, error) {
-	p, err := strconv.ParseInt(s, 10, 32)
-	if err != nil || p <= 0 {
-		return 0, fmt.Errorf("bad pid %q", s)
+// caller is the kernel's word on who sent the request (SO_PEERCRED).
+func (s *Server) caller(ctx context.Context, op string) (control.Peer, error) {
+	p, ok := control.PeerFrom(ctx)
+	if !ok {
+		return p, s.refuse(ReasonNoPeer, "%s: the caller's credentials are unknown", op)
 	}
-	return int(p), nil
-}
-
-func parseListen(op string, args []string) (listenKey, error) {
-	if len(args) != 2 {
-		return listenKey{}, fmt.Errorf("%s: want PORT PID, got %d arguments", op, len(args))
-	}
-	port, err := parsePort(args[0])
-	if err != nil {
-		return listenKey{}, fmt.Errorf("%s: %w", op, err)
-	}
-	pid, err := parsePID(args[1])
-	if err != nil {
-		return listenKey{}, fmt.Errorf("%s: %w", op, err)
-	}
-	return listenKey{port, pid}, nil
+	return p, nil
 }
 
 var empty = struct{}{}
 
-func (s *Server) listen(_ context.Context, args []string) (any, error) {
-	k, err := parseListen("shim-listen", args)
+// listen registers the listening socket the caller hands over (its
+// port, from the kernel). The registration belongs to the caller's uid
+// and lives while that socket does (see sweepDead); exnd does not keep
+// the descriptor, so a listener the application closes really closes.
+func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File, error) {
+	const op = "shim-listen"
+	who, err := s.caller(ctx, op)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if !sys.ProcessAlive(k.pid) {
-		return nil, fmt.Errorf("shim-listen: pid %d is not running", k.pid)
+	if len(r.Args) != 0 || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 listening socket, got %d and %d", op, len(r.Args), len(r.Files))
 	}
+	var port uint16
+	var ino uint64
+	var ierr error
+	if err := rawFD(r.Files[0], func(fd int) {
+		if port, ierr = sys.ListeningTCPPort(fd); ierr == nil {
+			ino, ierr = sys.SocketInode(fd)
+		}
+	}); err != nil || ierr != nil {
+		return nil, nil, s.refuse(ReasonNotListening, "%s: %v", op, errors.Join(err, ierr))
+	}
+	k := listenKey{port: port, ino: ino}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errors.New("shim-listen: exnd is shutting down")
+		return nil, nil, errors.New("shim-listen: exnd is shutting down")
 	}
-	if _, ok := s.listens[k]; ok {
-		return empty, nil // idempotent
+	if l, ok := s.listens[k]; ok {
+		if l.uid != who.UID && who.UID != 0 {
+			return nil, nil, s.refuseLocked(ReasonNotOwner, "%s: port %d is registered by another user", op, port)
+		}
+		return listenResult{Port: port}, nil, nil // idempotent
 	}
-	unreg, err := s.dev.RegisterPort(k.port)
+	n := 0
+	for _, l := range s.listens {
+		if l.uid == who.UID {
+			n++
+		}
+	}
+	if n >= MaxListensPerUser {
+		return nil, nil, s.refuseLocked(ReasonLimit, "%s: uid %d has %d listeners registered", op, who.UID, n)
+	}
+	unreg, err := s.dev.RegisterClaimPort(port)
 	if err != nil {
-		return nil, fmt.Errorf("shim-listen: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
-	s.listens[k] = unreg
-	return empty, nil
+	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, unreg: unreg}
+	s.saveLocked()
+	return listenResult{Port: port}, nil, nil
 }
 
-func (s *Server) unlisten(_ context.Context, args []string) (any, error) {
-	k, err := parseListen("shim-unlisten", args)
+type listenResult struct {
+	Port uint16 `json:"port"`
+}
+
+// unlisten says the caller closed its listener on PORT: registrations of
+// the caller's uid for PORT whose socket is gone are dropped now (the
+// sweep would drop them within a second). A socket another process still
+// holds (a forked worker) stays registered.
+func (s *Server) unlisten(ctx context.Context, args []string) (any, error) {
+	const op = "shim-unlisten"
+	who, err := s.caller(ctx, op)
 	if err != nil {
 		return nil, err
 	}
+	if len(args) != 1 {
+		return nil, s.refuse(ReasonBadRequest, "%s: want PORT, got %d arguments", op, len(args))
+	}
+	port, err := parsePort(args[0])
+	if err != nil {
+		return nil, s.refuse(ReasonBadRequest, "%s: %v", op, err)
+	}
+	live, lerr := sys.ListeningTCP()
+	var drop []func()
 	s.mu.Lock()
-	unreg := s.listens[k]
-	delete(s.listens, k)
+	mine, others := 0, 0
+	for k, l := range s.listens {
+		if k.port != port {
+			continue
+		}
+		if l.uid != who.UID && who.UID != 0 {
+			others++
+			continue
+		}
+		mine++
+		if _, ok := live[k.ino]; lerr == nil && !ok {
+			delete(s.listens, k)
+			drop = append(drop, l.unreg)
+		}
+	}
+	if len(drop) > 0 {
+		s.saveLocked()
+	}
 	s.mu.Unlock()
-	if unreg != nil {
-		unreg()
+	for _, f := range drop {
+		f()
+	}
+	if mine == 0 && others > 0 {
+		return nil, s.refuse(ReasonNotOwner, "%s: port %d is registered by another user", op, port)
 	}
 	return empty, nil
 }
 
-// sweeper drops listener registrations whose process is gone (a shim
-// killed before it could say shim-unlisten).
+// sweeper drops listener registrations whose socket is gone (closed by
+// every process that had it, or its processes killed).
 func (s *Server) sweeper() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.sweep)
@@ -344,14 +420,22 @@ func (s *Server) sweeper() {
 }
 
 func (s *Server) sweepDead() {
+	live, err := sys.ListeningTCP()
+	if err != nil {
+		s.logConn(slog.LevelWarn, "extds shim: cannot list listening sockets", "err", err)
+		return
+	}
 	var dead []func()
 	s.mu.Lock()
-	for k, unreg := range s.listens {
-		if !sys.ProcessAlive(k.pid) {
+	for k, l := range s.listens {
+		if p, ok := live[k.ino]; !ok || p != k.port {
 			delete(s.listens, k)
-			dead = append(dead, unreg)
-			s.logConn(slog.LevelInfo, "extds shim: listener process gone", "port", k.port, "pid", k.pid)
+			dead = append(dead, l.unreg)
+			s.logConn(slog.LevelInfo, "extds shim: listener gone", "port", k.port, "pid", l.pid, "uid", l.uid)
 		}
+	}
+	if len(dead) > 0 {
+		s.saveLocked()
 	}
 	s.mu.Unlock()
 	for _, f := range dead {
@@ -385,21 +469,19 @@ func (s *Server) enter() bool {
 
 func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) (any, *os.File, error) {
 	op := "shim-" + side
-	if len(r.Args) != 1 {
-		return nil, nil, fmt.Errorf("%s: want PID, got %d arguments", op, len(r.Args))
-	}
-	pid, err := parsePID(r.Args[0])
+	who, err := s.caller(ctx, op)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", op, err)
+		return nil, nil, err
 	}
-	if len(r.Files) != 1 {
-		return nil, nil, fmt.Errorf("%s: want 1 socket descriptor, got %d", op, len(r.Files))
+	if len(r.Args) != 0 || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 socket descriptor, got %d and %d", op, len(r.Args), len(r.Files))
 	}
+	pid := who.PID
 	if !s.enter() {
 		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
 	}
 	defer s.wg.Done()
-	res, out, err := s.switchSocket(ctx, r.Files[0], pid, side)
+	res, out, err := s.switchSocket(ctx, r.Files[0], who, side)
 	if err != nil {
 		s.errs.Add(1)
 		s.logConn(slog.LevelWarn, "extds shim: "+op+" failed", "pid", pid, "err", err)
@@ -410,7 +492,7 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 
 // switchSocket upgrades the application's socket f. f stays owned by the
 // control server (it closes it after the response); exnd works on a dup.
-func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side string) (any, *os.File, error) {
+func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string) (any, *os.File, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, nil, err
@@ -447,6 +529,11 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 		restore()
 		return nil, nil, fmt.Errorf("descriptor is a %T, not a TCP connection", nc)
 	}
+	if shadow.RemoteAddr() == nil {
+		shadow.Close()
+		restore()
+		return nil, nil, errors.New("descriptor is not a connected TCP socket (accept it first)")
+	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	stop := context.AfterFunc(s.ctx, cancel)
@@ -456,10 +543,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 	if side == sideConnect {
 		c, err = s.dialer.Upgrade(ctx, shadow)
 	} else {
-		var peeked []byte
-		if peeked, err = s.peek(shadow); err == nil {
-			c, err = s.dev.AcceptShadow(ctx, shadow, peeked)
-		}
+		c, err = s.accept(ctx, shadow)
 	}
 	if err != nil {
 		shadow.Close()
@@ -512,7 +596,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 		return nil, nil, err
 	}
 	e := &conn{
-		pid: pid, side: side, c: c, uc: uc, since: time.Now(),
+		pid: who.PID, uid: who.UID, side: side, c: c, uc: uc, since: time.Now(),
 		local: c.LocalAddr().String(), remote: c.RemoteAddr().String(),
 		kick: make(chan struct{}, 1), urc: urc,
 	}
@@ -526,8 +610,8 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, pid int, side str
 		return nil, nil, errors.New("exnd is shutting down")
 	}
 	s.switched.Add(1)
-	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", pid,
-		"local", e.local, "remote", e.remote, "peer", e.peer)
+	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", who.PID,
+		"uid", who.UID, "local", e.local, "remote", e.remote, "peer", e.peer)
 	return switchResult{Mode: "extds", ID: e.id}, app, nil
 }
 
@@ -565,22 +649,99 @@ func abort(c *extds.Conn) {
 	_ = c.Close()
 }
 
+// Refusal reasons (Stats.Refused, exn_shim_refused_total).
+const (
+	ReasonBadRequest   = "bad_request"   // wrong arguments or descriptors
+	ReasonVersion      = "version"       // shim-hello with another version
+	ReasonNoPeer       = "no_peer_cred"  // the kernel did not say who called
+	ReasonNotListening = "not_listening" // shim-listen with a socket that is not a listening TCP socket
+	ReasonNotOwner     = "not_owner"     // another uid's registration
+	ReasonLimit        = "too_many"      // MaxListensPerUser
+)
+
+// MaxListensPerUser bounds one uid's listener registrations (each costs
+// a Device port registration and a sweep check).
+const MaxListensPerUser = 1024
+
+// refuse counts a refused request and returns its error.
+func (s *Server) refuse(reason, format string, args ...any) error {
+	v, _ := s.refused.LoadOrStore(reason, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
+	return fmt.Errorf(format, args...)
+}
+
+// refuseLocked is refuse under s.mu (it takes no lock of its own).
+func (s *Server) refuseLocked(reason, format string, args ...any) error {
+	return s.refuse(reason, format, args...)
+}
+
+// rawFD runs fn on f's descriptor.
+func rawFD(f *os.File, fn func(fd int)) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { fn(int(fd)) })
+}
+
 func (s *Server) fallback(reason string) {
 	v, _ := s.fallbacks.LoadOrStore(reason, new(atomic.Uint64))
 	v.(*atomic.Uint64).Add(1)
 }
 
-// peek waits (bounded by the peek timeout) for the first bytes of an
-// accepted socket without consuming them: until they are an EXT-DS hello,
-// certainly not one, EOF, or the timeout. It waits in Go's poller (the
-// socket is non-blocking), not in a blocked system call.
-func (s *Server) peek(shadow *net.TCPConn) ([]byte, error) {
+// accept decides an accepted socket's mode. It claims the connection
+// (extds.Device.Claim: the client's exnd is told to go ahead only now,
+// when a shimmed acceptor with exnd access holds the socket), then peeks
+// the first bytes without consuming them: an EXT-DS hello runs the
+// server handshake, anything else leaves the socket plain TCP with its
+// stream untouched. A client whose IP is not on the fabric cannot send a
+// hello: no wait. Otherwise the wait is the peek timeout plus the claim
+// timeout, extended to the handshake timeout once the client was told to
+// go ahead. Trade-off: a plain client on the fabric of a
+// server-speaks-first protocol waits that long once per connection.
+func (s *Server) accept(ctx context.Context, shadow *net.TCPConn) (*extds.Conn, error) {
+	la, lok := tcpAddrPort(shadow.LocalAddr())
+	ra, rok := tcpAddrPort(shadow.RemoteAddr())
+	if !lok || !rok || !s.dev.OnFabric(ra.Addr()) {
+		return s.dev.AcceptShadow(ctx, shadow, nil)
+	}
+	cl := s.dev.Claim(extds.TupleKey{Local: la, Remote: ra})
+	defer cl.Close()
+	// The client's CLAIM may still be on its way (its exnd sends it after
+	// the TCP handshake and a control round trip): wait as long as the
+	// client would wait for the answer, on top of the peek timeout.
+	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout)
+	if hello, plain := extds.ClassifyPeek(peeked); err == nil && !hello && !plain && cl.Close() {
+		// Agreed: the hello is on its way (or the client gave up at the
+		// same moment and writes its own bytes): wait for them.
+		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.dev.AcceptShadow(ctx, shadow, peeked)
+}
+
+func tcpAddrPort(a net.Addr) (netip.AddrPort, bool) {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return t.AddrPort(), true
+}
+
+// peek waits (bounded by to) for the first bytes of an accepted socket
+// without consuming them: until they are an EXT-DS hello, certainly not
+// one, EOF, or the timeout. It waits in Go's poller (the socket is
+// non-blocking), not in a blocked system call. A timeout with nothing
+// read returns no bytes (plain TCP), or with some, those.
+func (s *Server) peek(shadow *net.TCPConn, to time.Duration) ([]byte, error) {
 	rc, err := shadow.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
 	buf := make([]byte, extds.HelloPrefixLen)
-	_ = shadow.SetReadDeadline(time.Now().Add(s.peekTO))
+	_ = shadow.SetReadDeadline(time.Now().Add(to))
 	defer shadow.SetReadDeadline(time.Time{})
 	var n int
 	var perr error
@@ -914,7 +1075,7 @@ func (s *Server) Conns() []ConnInfo {
 	for _, e := range s.conns {
 		out = append(out, ConnInfo{
 			ID: e.id, Mode: extds.ModeEXTDS.String(), Side: e.side, Local: e.local, Remote: e.remote,
-			FabricPeer: e.peer, PID: e.pid, BytesIn: e.in.Load(), BytesOut: e.out.Load(), Since: e.since,
+			FabricPeer: e.peer, PID: e.pid, UID: e.uid, BytesIn: e.in.Load(), BytesOut: e.out.Load(), Since: e.since,
 		})
 	}
 	return out
@@ -925,10 +1086,14 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		Switched: s.switched.Load(), Errors: s.errs.Load(), Resets: s.resets.Load(),
 		BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(), Direct: s.direct.Load(),
-		Fallbacks: make(map[string]uint64),
+		Fallbacks: make(map[string]uint64), Refused: make(map[string]uint64),
 	}
 	s.fallbacks.Range(func(k, v any) bool {
 		st.Fallbacks[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	s.refused.Range(func(k, v any) bool {
+		st.Refused[k.(string)] = v.(*atomic.Uint64).Load()
 		return true
 	})
 	s.mu.Lock()
@@ -949,15 +1114,15 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	listens := s.listens
-	s.listens = make(map[listenKey]func())
+	s.listens = make(map[listenKey]*listenReg)
 	conns := make([]*conn, 0, len(s.conns))
 	for _, e := range s.conns {
 		conns = append(conns, e)
 	}
 	s.mu.Unlock()
 	s.cancel()
-	for _, unreg := range listens {
-		unreg()
+	for _, l := range listens {
+		l.unreg()
 	}
 	for _, e := range conns {
 		s.resetApp(e)

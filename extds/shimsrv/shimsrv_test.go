@@ -91,10 +91,22 @@ func (n *node) call(t *testing.T, files []*os.File, op string, args ...string) (
 
 func (n *node) listen(t *testing.T, ln net.Listener) {
 	t.Helper()
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	if _, _, err := n.call(t, nil, "shim-listen", port, pid); err != nil {
+	if err := n.tryListen(t, ln); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// tryListen registers ln as the shim does: shim-listen with the
+// listening socket.
+func (n *node) tryListen(t *testing.T, ln net.Listener) error {
+	t.Helper()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, _, err = n.call(t, []*os.File{f}, "shim-listen")
+	return err
 }
 
 // app is what the application holds after the shim call: the spliced
@@ -112,7 +124,7 @@ func (n *node) switchConn(t *testing.T, op string, tc *net.TCPConn) (*app, error
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, out, err := n.call(t, []*os.File{f}, op, pid)
+	res, out, err := n.call(t, []*os.File{f}, op)
 	f.Close()
 	if err != nil {
 		return nil, err
@@ -566,7 +578,6 @@ func TestBadRequests(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	a, _ := newNodes(t)
-	deadPID := strconv.Itoa(deadProcess(t))
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -592,23 +603,22 @@ func TestBadRequests(t *testing.T) {
 		wantErr string
 	}{
 		{"shim-hello", nil, nil, "want VERSION"},
-		{"shim-hello", []string{"2"}, nil, "not supported"},
+		{"shim-hello", []string{"1"}, nil, "not supported"},
 		{"shim-hello", []string{"one"}, nil, "not supported"},
-		{"shim-listen", nil, nil, "want PORT PID"},
-		{"shim-listen", []string{"0", pid}, nil, "bad port"},
-		{"shim-listen", []string{"65536", pid}, nil, "bad port"},
-		{"shim-listen", []string{"80", "-1"}, nil, "bad pid"},
-		{"shim-listen", []string{"80", "abc"}, nil, "bad pid"},
-		{"shim-listen", []string{"80", deadPID}, nil, "not running"},
-		{"shim-unlisten", []string{"80"}, nil, "want PORT PID"},
-		{"shim-connect", []string{pid}, nil, "want 1 socket descriptor"},
-		{"shim-connect", nil, []*os.File{us1}, "want PID"},
-		{"shim-connect", []string{"x"}, []*os.File{us1}, "bad pid"},
-		{"shim-connect", []string{pid}, []*os.File{pr}, "socket"},
-		{"shim-connect", []string{pid}, []*os.File{us1}, "not a TCP socket"},
-		{"shim-connect", []string{pid}, []*os.File{us1, us2}, "want 1 socket descriptor"},
-		{"shim-accept", []string{pid}, []*os.File{us1}, "not a TCP socket"},
-		{"shim-accept", []string{pid}, []*os.File{tcpListenerFile}, "accept"}, // a listening socket
+		{"shim-listen", nil, nil, "listening socket"},
+		{"shim-listen", []string{"80", pid}, []*os.File{tcpListenerFile}, "no arguments"},
+		{"shim-listen", nil, []*os.File{us1}, "not a TCP socket"},
+		{"shim-listen", nil, []*os.File{pr}, "shim-listen"},
+		{"shim-unlisten", nil, nil, "want PORT"},
+		{"shim-unlisten", []string{"0"}, nil, "bad port"},
+		{"shim-unlisten", []string{"65536"}, nil, "bad port"},
+		{"shim-connect", nil, nil, "1 socket descriptor"},
+		{"shim-connect", []string{pid}, []*os.File{us1}, "no arguments"},
+		{"shim-connect", nil, []*os.File{pr}, "socket"},
+		{"shim-connect", nil, []*os.File{us1}, "not a TCP socket"},
+		{"shim-connect", nil, []*os.File{us1, us2}, "1 socket descriptor"},
+		{"shim-accept", nil, []*os.File{us1}, "not a TCP socket"},
+		{"shim-accept", nil, []*os.File{tcpListenerFile}, "accept"}, // a listening socket
 		{"shim-nosuch", nil, nil, "unknown operation"},
 	}
 	for _, tc := range tests {
@@ -621,7 +631,7 @@ func TestBadRequests(t *testing.T) {
 		}
 	}
 	var v struct{ Version int }
-	if err := a.cl.Call(t.Context(), &v, "shim-hello", "1"); err != nil || v.Version != Version {
+	if err := a.cl.Call(t.Context(), &v, "shim-hello", strconv.Itoa(Version)); err != nil || v.Version != Version {
 		t.Fatalf("shim-hello after bad requests: %+v, %v", v, err)
 	}
 	// Garbage on a raw connection: one error line per request, no crash.
@@ -663,49 +673,41 @@ func deadProcess(t *testing.T) int {
 
 func TestListenLifecycle(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
+	testenv.VerifyNoFDLeaks(t)
 	_, b := newNodes(t, WithSweepInterval(20*time.Millisecond))
-	// A live child that the test then kills: its registration is swept.
-	child := exec.Command("sleep", "30")
-	if err := child.Start(); err != nil {
-		t.Skip("cannot start sleep:", err)
+	ln1, ln2 := listenTCP(t), listenTCP(t)
+	p1, p2 := uint16(ln1.Addr().(*net.TCPAddr).Port), uint16(ln2.Addr().(*net.TCPAddr).Port)
+	// A second descriptor of ln1's socket, as a forked worker holds it.
+	dup1, err := ln1.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
 	}
-	defer child.Process.Kill()
-	cpid := strconv.Itoa(child.Process.Pid)
-	steps := []struct {
-		op    string
-		port  uint16
-		pid   string
-		after func()
-		want  map[uint16]bool
-	}{
-		{"shim-listen", 5001, pid, nil, map[uint16]bool{5001: true}},
-		{"shim-listen", 5001, pid, nil, map[uint16]bool{5001: true}}, // idempotent
-		{"shim-listen", 5002, cpid, nil, map[uint16]bool{5001: true, 5002: true}},
-		{"shim-listen", 5001, cpid, nil, map[uint16]bool{5001: true, 5002: true}},
-		{"shim-unlisten", 5001, pid, nil, map[uint16]bool{5001: true, 5002: true}}, // cpid still has 5001
-		{"shim-unlisten", 5001, pid, nil, map[uint16]bool{5001: true, 5002: true}}, // idempotent
-		{"shim-unlisten", 5009, pid, nil, map[uint16]bool{5001: true}},             // unknown: ok
-		{"shim-hello", 0, "", func() { child.Process.Kill(); child.Wait() }, map[uint16]bool{5001: false, 5002: false}},
+	defer dup1.Close()
+	b.listen(t, ln1)
+	b.listen(t, ln1) // idempotent
+	b.listen(t, ln2)
+	if !b.dev.Listening(p1) || !b.dev.Listening(p2) || b.srv.Stats().Listens != 2 {
+		t.Fatalf("after listen: %v %v %d", b.dev.Listening(p1), b.dev.Listening(p2), b.srv.Stats().Listens)
 	}
-	for i, st := range steps {
-		args := []string{strconv.Itoa(int(st.port)), st.pid}
-		if st.op == "shim-hello" {
-			args = []string{"1"}
-		}
-		if _, _, err := b.call(t, nil, st.op, args...); err != nil {
-			t.Fatalf("step %d %s: %v", i, st.op, err)
-		}
-		if st.after != nil {
-			st.after()
-		}
-		for port, want := range st.want {
-			if st.after != nil {
-				waitFor(t, fmt.Sprintf("port %d swept", port), func() bool { return b.dev.Listening(port) == want })
-			} else if got := b.dev.Listening(port); got != want {
-				t.Fatalf("step %d %s %v: Listening(%d) = %v", i, st.op, args, port, got)
-			}
-		}
+	// The registering process closes ln1, a worker still has it: stays.
+	ln1.Close()
+	if _, _, err := b.call(t, nil, "shim-unlisten", strconv.Itoa(int(p1))); err != nil {
+		t.Fatal(err)
 	}
+	if !b.dev.Listening(p1) {
+		t.Fatal("unlisten dropped a socket another descriptor still holds")
+	}
+	// The last descriptor goes: unlisten drops it at once.
+	dup1.Close()
+	if _, _, err := b.call(t, nil, "shim-unlisten", strconv.Itoa(int(p1))); err != nil {
+		t.Fatal(err)
+	}
+	if b.dev.Listening(p1) {
+		t.Fatal("unlisten kept a closed socket")
+	}
+	// Closed without unlisten (a killed process): the sweep drops it.
+	ln2.Close()
+	waitFor(t, "closed listener swept", func() bool { return !b.dev.Listening(p2) })
 	if n := b.srv.Stats().Listens; n != 0 {
 		t.Fatalf("listens %d after sweep", n)
 	}
@@ -737,7 +739,7 @@ func TestCloseWithActiveConnections(t *testing.T) {
 		t.Fatalf("client app read after peer Close: %v", err)
 	}
 	waitFor(t, "client side released", func() bool { return len(a.srv.Conns()) == 0 })
-	_, _, err := b.call(t, nil, "shim-listen", "5000", pid)
+	err := b.tryListen(t, ln)
 	if err == nil || !strings.Contains(err.Error(), "shutting down") {
 		t.Fatalf("listen after Close: %v", err)
 	}

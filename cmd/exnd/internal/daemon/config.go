@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 
@@ -56,7 +57,9 @@ type Config struct {
 	Netstack       bool
 	Metrics        string // host:port to serve /metrics on, "" for none
 	Control        string // control socket path, "" for none
-	LogLevel       slog.Level
+	// ControlAccess is who may use the control socket (--control-access).
+	ControlAccess control.Policy
+	LogLevel      slog.Level
 
 	// File is the --config file the settings came from, "" for none.
 	File string
@@ -141,6 +144,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 		nodeID   = fs.String("node-id", "", "this node's fabric `ID` (0-65535; required)")
 		fab      = fs.String("fabric", "", "fabric backend: mem, shm:NAME, net:LISTEN_ADDR or ofi:PROVIDER (required)")
 		logLevel = fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+		access   = fs.String("control-access", "all", "who may use the control socket and EXT-DS: all (every local user, for their own sockets; mode 0666), group:GROUP (mode 0660) or root (mode 0600)")
 	)
 	fs.StringVar(&c.Peers, "peers", "", "peers `FILE`: one 'NODE_ID ADDRESS[:PORT] [IP]' a line")
 	fs.StringVar(&c.Ifname, "ifname", DefaultIfname, "TAP interface `name`")
@@ -175,9 +179,23 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	if err := c.validate(*nodeID, *fab, *logLevel); err != nil {
 		return failed, err
 	}
+	pol, err := control.ParsePolicy(*access, lookupGroup)
+	if err != nil {
+		return failed, fmt.Errorf("%w: %s %v", ErrUsage, c.field("control-access"), err)
+	}
+	c.ControlAccess = pol
 	_, inFile := c.where["control"]
 	c.controlIsDefault = !onCommandLine["control"] && !inFile
 	return c, nil
+}
+
+// lookupGroup resolves a group name for --control-access group:NAME.
+func lookupGroup(name string) (int, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(g.Gid)
 }
 
 // readFile applies the settings of a configuration file to fs, skipping

@@ -15,6 +15,7 @@ import (
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/exn"
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
 	"github.com/exn-project/exn/fabric/fping"
@@ -52,6 +53,9 @@ type Daemon struct {
 	conns func() any
 	// extdsStats is the EXT-DS device's counters, for "stats" and metrics.
 	extdsStats func() extds.Stats
+	// shimStats is the shim server's counters (switches, fallbacks and
+	// refusals by reason), for "stats" and metrics.
+	shimStats func() shimsrv.Stats
 	// extraHandlers are control operations a part adds.
 	extraHandlers map[string]control.HandlerFunc
 	// extraFDHandlers are descriptor-passing operations a part adds.
@@ -212,7 +216,6 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 	if err := d.startControl(); err != nil {
 		return nil, err
 	}
-	d.registerFDHandlers() // extds.go
 
 	addrs := make([]string, len(cfg.Addrs))
 	for i, a := range cfg.Addrs {

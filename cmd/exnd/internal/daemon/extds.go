@@ -47,9 +47,16 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	}
 	// The shim hands over sockets the application connected itself, so
 	// the Dialer never dials a shadow connection here (Upgrade only).
-	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"))
+	// Listener registrations outlive exnd in a file beside the control
+	// socket, so running servers stay on EXT-DS across a restart.
+	var sopts []shimsrv.Option
+	if d.cfg.Control != "" {
+		sopts = append(sopts, shimsrv.WithStateFile(d.cfg.Control+".listeners"))
+	}
+	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"), sopts...)
 	d.conns = func() any { return srv.Conns() }
 	d.extdsStats = dev.Stats
+	d.shimStats = srv.Stats
 	for op, h := range srv.Handlers() {
 		d.extraHandlers[op] = h
 	}
@@ -78,15 +85,4 @@ func startEXTDS(d *Daemon) (func() error, error) {
 		}
 		return nil
 	}, nil
-}
-
-// registerFDHandlers adds the parts' descriptor-passing operations to the
-// control server.
-func (d *Daemon) registerFDHandlers() {
-	if d.ctl == nil {
-		return
-	}
-	for op, h := range d.extraFDHandlers {
-		d.ctl.HandleFD(op, h)
-	}
 }

@@ -15,11 +15,14 @@ package daemon
 //	extds-unlisten PID BASE PORT
 //	extds-leases                the lease table and counters
 //
-// The control socket does not tell exnd who is calling, so PID is the
-// caller's word. It is checked where it can be: it must name a live
-// process other than exnd, the shm grant is made for that PID and
-// shm.Attach refuses it to any other process, and detach/listen must name
-// the PID the lease was made for. A lease is reclaimed when its holder
+// exnd learns the caller from the kernel (SO_PEERCRED on the control
+// connection, control.PeerFrom), never from the message: PID must be the
+// caller's own PID (it is kept in the requests for compatibility and
+// checked), the lease belongs to that PID and uid, and
+// detach/listen/unlisten are honoured only from the lease's own process
+// (or root); anything else is refused and counted. The shm grant is made
+// for that PID and shm.Attach refuses it to any other process. A lease is
+// reclaimed when its holder
 // detaches or dies (the shm layer sees the holder's attach lock go, within
 // its 10 ms liveness period), or — never attached — when PID dies or
 // attachGrace passes. A lying caller can at worst hold a block until the
@@ -37,6 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
@@ -64,7 +68,8 @@ const (
 
 // appLease is one lease exnd made.
 type appLease struct {
-	pid     int
+	pid     int    // the caller that made it (SO_PEERCRED)
+	uid     uint32 // its owner
 	grant   shm.Grant
 	granted time.Time
 	seen    bool                // the holder was seen attached
@@ -121,12 +126,18 @@ func (s *attachSvc) refuse(format string, args ...any) error {
 	return fmt.Errorf(format, args...)
 }
 
-// parsePID checks a caller-supplied PID: a live process, not exnd.
-func (s *attachSvc) parsePID(arg string) (int, error) {
+// parsePID checks a caller-supplied PID against the kernel's word: it
+// must be the caller's own process, and not exnd.
+func (s *attachSvc) parsePID(ctx context.Context, arg string) (int, error) {
+	who, ok := control.PeerFrom(ctx)
 	pid, err := strconv.Atoi(arg)
 	switch {
+	case !ok:
+		return 0, s.refuse("the caller's credentials are unknown")
 	case err != nil || pid <= 0:
 		return 0, s.refuse("pid %q: want a positive process ID", arg)
+	case pid != who.PID:
+		return 0, s.refuse("pid %d is not the caller (pid %d)", pid, who.PID)
 	case pid == os.Getpid():
 		return 0, s.refuse("pid %d is exnd itself", pid)
 	case !sys.ProcessAlive(pid):
@@ -135,17 +146,18 @@ func (s *attachSvc) parsePID(arg string) (int, error) {
 	return pid, nil
 }
 
-func (s *attachSvc) handleAttach(_ context.Context, args []string) (any, error) {
+func (s *attachSvc) handleAttach(ctx context.Context, args []string) (any, error) {
 	if len(args) != 1 {
 		return nil, s.refuse("usage: extds-attach PID")
 	}
 	if s.lend == nil {
 		return nil, s.refuse("kernel bypass needs the shm fabric (this exnd runs %s)", s.d.cfg.Fabric)
 	}
-	pid, err := s.parsePID(args[0])
+	pid, err := s.parsePID(ctx, args[0])
 	if err != nil {
 		return nil, err
 	}
+	who, _ := control.PeerFrom(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -162,7 +174,7 @@ func (s *attachSvc) handleAttach(_ context.Context, args []string) (any, error) 
 			lastErr = err // e.g. the block's previous holder is still letting go
 			continue
 		}
-		s.leases[base] = &appLease{pid: pid, grant: g, granted: time.Now(), ports: map[uint16][]func(){}}
+		s.leases[base] = &appLease{pid: pid, uid: who.UID, grant: g, granted: time.Now(), ports: map[uint16][]func(){}}
 		s.attached.Add(1)
 		s.log.Info("EXT-DS lease granted", "pid", pid, "vpids", fmt.Sprintf("%d-%d", base, int(base)+extds.NumVDevs-1))
 		return extds.AttachReply{Fabric: s.d.cfg.Fabric.String(), Node: g.Node, VPIDBase: g.VPIDBase, VPIDs: g.VPIDs, Token: g.Token}, nil
@@ -173,11 +185,18 @@ func (s *attachSvc) handleAttach(_ context.Context, args []string) (any, error) 
 	return nil, s.refuse("no VPID block free: all %d are leased", attachBlocks)
 }
 
-// lease finds the lease at BASE made for PID; s.mu is held.
-func (s *attachSvc) lease(pidArg, baseArg string) (*appLease, error) {
+// lease finds the lease at BASE made for PID, which must be the caller
+// (or the caller root); s.mu is held.
+func (s *attachSvc) lease(ctx context.Context, pidArg, baseArg string) (*appLease, error) {
+	who, ok := control.PeerFrom(ctx)
 	pid, err := strconv.Atoi(pidArg)
-	if err != nil || pid <= 0 {
+	switch {
+	case !ok:
+		return nil, s.refuse("the caller's credentials are unknown")
+	case err != nil || pid <= 0:
 		return nil, s.refuse("pid %q: want a positive process ID", pidArg)
+	case pid != who.PID && who.UID != 0:
+		return nil, s.refuse("pid %d is not the caller (pid %d)", pid, who.PID)
 	}
 	b, err := strconv.Atoi(baseArg)
 	if err != nil || b < 0 || b > 255 {
@@ -189,6 +208,8 @@ func (s *attachSvc) lease(pidArg, baseArg string) (*appLease, error) {
 		return nil, s.refuse("no lease at vpid %d", b)
 	case l.pid != pid:
 		return nil, s.refuse("the lease at vpid %d belongs to pid %d, not %d", b, l.pid, pid)
+	case l.uid != who.UID && who.UID != 0:
+		return nil, s.refuse("the lease at vpid %d belongs to another user", b)
 	}
 	return l, nil
 }
@@ -203,13 +224,13 @@ func (s *attachSvc) drop(l *appLease) {
 	}
 }
 
-func (s *attachSvc) handleDetach(_ context.Context, args []string) (any, error) {
+func (s *attachSvc) handleDetach(ctx context.Context, args []string) (any, error) {
 	if len(args) != 2 {
 		return nil, s.refuse("usage: extds-detach PID BASE")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, err := s.lease(args[0], args[1])
+	l, err := s.lease(ctx, args[0], args[1])
 	if err != nil {
 		return nil, err
 	}
@@ -232,11 +253,11 @@ func (s *attachSvc) parsePort(arg string) (uint16, error) {
 
 // leasePort parses "PID BASE PORT" (the arguments of extds-listen and
 // extds-unlisten, op) into the lease and the port. s.mu is held.
-func (s *attachSvc) leasePort(op string, args []string) (*appLease, uint16, error) {
+func (s *attachSvc) leasePort(ctx context.Context, op string, args []string) (*appLease, uint16, error) {
 	if len(args) != 3 {
 		return nil, 0, s.refuse("usage: %s PID BASE PORT", op)
 	}
-	l, err := s.lease(args[0], args[1])
+	l, err := s.lease(ctx, args[0], args[1])
 	if err != nil {
 		return nil, 0, err
 	}
@@ -247,10 +268,10 @@ func (s *attachSvc) leasePort(op string, args []string) (*appLease, uint16, erro
 	return l, port, nil
 }
 
-func (s *attachSvc) handleListen(_ context.Context, args []string) (any, error) {
+func (s *attachSvc) handleListen(ctx context.Context, args []string) (any, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, port, err := s.leasePort("extds-listen", args)
+	l, port, err := s.leasePort(ctx, "extds-listen", args)
 	if err != nil {
 		return nil, err
 	}
@@ -270,10 +291,10 @@ func (s *attachSvc) handleListen(_ context.Context, args []string) (any, error) 
 	return struct{}{}, nil
 }
 
-func (s *attachSvc) handleUnlisten(_ context.Context, args []string) (any, error) {
+func (s *attachSvc) handleUnlisten(ctx context.Context, args []string) (any, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, port, err := s.leasePort("extds-unlisten", args)
+	l, port, err := s.leasePort(ctx, "extds-unlisten", args)
 	if err != nil {
 		return nil, err
 	}

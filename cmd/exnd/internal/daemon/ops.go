@@ -47,6 +47,10 @@ func (d *Daemon) startMetrics() error {
 	if d.extdsStats != nil {
 		cs = append(cs, metrics.EXTDS(d.cfg.Node, d.extdsStats))
 	}
+	if d.shimStats != nil {
+		cs = append(cs, metrics.Shim(d.cfg.Node, d.shimStats))
+	}
+	cs = append(cs, metrics.Control(d.cfg.Node, d.controlStats))
 	reg, err := metrics.NewRegistry(cs...)
 	if err != nil {
 		return fmt.Errorf("metrics registry: %w", err)
@@ -95,8 +99,14 @@ func (d *Daemon) startControl() error {
 		return nil
 	}
 	s := control.NewServer(d.log.With("part", "control"))
+	s.SetPolicy(d.cfg.ControlAccess)
 	for op, h := range d.handlers() {
 		s.Handle(op, h)
+	}
+	// Every operation is registered before the socket is served: a shim
+	// request that arrived before its handler would fail a connection.
+	for op, h := range d.extraFDHandlers {
+		s.HandleFD(op, h)
 	}
 	if err := s.Listen(d.cfg.Control); err != nil {
 		s.Close()
@@ -228,6 +238,10 @@ func (d *Daemon) Stats() map[string]any {
 		"tap":    snake(d.tapStats()),
 		"arp":    snake(d.arp.Stats()),
 	}
+	out["control"] = d.controlStats()
+	if d.shimStats != nil {
+		out["shim"] = d.shimStats()
+	}
 	if d.extdsStats != nil {
 		out["extds"] = snake(d.extdsStats())
 	}
@@ -352,4 +366,12 @@ func (d *Daemon) Ping(ctx context.Context, node fabric.NodeID, count int) (PingR
 	}
 	r.AvgMicros = sum / float64(r.Received)
 	return r, nil
+}
+
+// controlStats is the control server's counters (zero without one).
+func (d *Daemon) controlStats() control.ServerStats {
+	if d.ctl == nil {
+		return control.ServerStats{Refused: map[string]uint64{}}
+	}
+	return d.ctl.Stats()
 }

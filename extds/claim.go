@@ -1,0 +1,433 @@
+package extds
+
+// Out-of-band agreement (CLAIM / CLAIM_REPLY): nothing is written into a
+// shadow TCP connection before both nodes agreed, over the fabric, that
+// the process that accepted that very connection speaks EXT-DS. The
+// server's agreement is keyed by the connection's TCP 4-tuple and given
+// only when the accepting side claims the accepted socket (Device.Claim,
+// which exnd's shim server calls for a shimmed accept) — or at once for a
+// port served by an in-process Listener, which always speaks EXT-DS. The
+// state machine is in docs/extds.md ("Negotiation").
+//
+// Wire (VELO, tag 0x4E / 0x4F, conn field = the client's token):
+//
+//	CLAIM        sport u16, cport u16, 0 u32, client IP [16], server IP [16]   44 bytes
+//	CLAIM_REPLY  sport u16, status u8 (1 agreed, 0 declined), reason u8        8 bytes
+//
+// IPs are 16-byte (IPv4 as IPv4-mapped). Claims are matched by token,
+// fabric source (which a sender cannot forge) and port; the server also
+// checks that the client IP resolves to the CLAIM's source node.
+//
+// Locking: claimTable.mu guards its map; it is a leaf lock (nothing is
+// sent or waited for under it). Replies go through the control sender.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// Tags of the out-of-band agreement (after PROBE_REPLY).
+const (
+	TagClaim    fabric.Tag = 0x4E
+	TagClaimRep fabric.Tag = 0x4F
+)
+
+const (
+	claimLen    = 44
+	claimRepLen = 8
+)
+
+// Limits, with why.
+const (
+	// DefaultClaimTimeout bounds the client's wait for the server's
+	// agreement: the accepting process must call accept within it. A
+	// registered listener whose acceptor never claims (no shim, no exnd
+	// access, EXTDS_MODE=off) costs a client this once, then the address
+	// is cached as TCP for a minute (negativeTTL).
+	DefaultClaimTimeout = 300 * time.Millisecond
+	// claimTombstone keeps a claim the acceptor gave up on (it went plain
+	// TCP) so that a late CLAIM is declined at once instead of waiting.
+	claimTombstone = 5 * time.Second
+	// maxClaims bounds the table (offers not yet claimed, claims not yet
+	// offered, tombstones): a peer cannot make exnd keep unbounded state.
+	// A full table declines ("busy").
+	maxClaims = 8192
+)
+
+// Decline reasons carried in CLAIM_REPLY.
+const (
+	declineNoListener uint8 = 1 // no listener registered for the port
+	declineLate       uint8 = 2 // the acceptor already went plain TCP
+	declineBusy       uint8 = 3 // claim table full
+	declineMismatch   uint8 = 4 // the client IP does not resolve to the sender
+)
+
+// TupleKey is a TCP connection as the server sees it: its local
+// (listening) address and the client's address.
+type TupleKey struct {
+	Local, Remote netip.AddrPort
+}
+
+func normAP(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+type claimState uint8
+
+const (
+	stOffered   claimState = iota + 1 // CLAIM arrived, nobody claimed yet
+	stAccepting                       // claimed, no CLAIM yet
+	stAgreed                          // both: the agreement was sent
+	stClosed                          // the acceptor went TCP: decline
+)
+
+type claimEntry struct {
+	st      claimState
+	token   uint32
+	from    fabric.Addr
+	vd      *vdev
+	expires time.Time // stOffered, stClosed
+}
+
+type claimTable struct {
+	mu     sync.Mutex
+	m      map[TupleKey]*claimEntry
+	ports  map[uint16]int // ports whose accepts must be claimed → registrations
+	waits  map[uint32]*claimWait
+	nextTk uint32
+}
+
+// claimWait is a client waiting for CLAIM_REPLY.
+type claimWait struct {
+	vd   *vdev
+	peer fabric.Addr
+	port uint16
+	ch   chan uint16 // cap 1: status<<8 | reason
+}
+
+func (t *claimTable) init() {
+	t.m = make(map[TupleKey]*claimEntry)
+	t.ports = make(map[uint16]int)
+	t.waits = make(map[uint32]*claimWait)
+}
+
+// RegisterClaimPort says a listener on TCP port is served on this node
+// by processes that claim each accepted socket (Device.Claim): a peer's
+// CLAIM for a connection to port is agreed only once its acceptor
+// claimed it, and a connection nobody claims stays plain TCP with
+// nothing written into it. It opens the port's vdev. unregister is
+// idempotent; registrations are counted.
+func (d *Device) RegisterClaimPort(port uint16) (unregister func(), err error) {
+	if _, err := d.vdev(int(port & 0xF)); err != nil {
+		return func() {}, err
+	}
+	d.mu.RLock()
+	closed := d.closed
+	d.mu.RUnlock()
+	if closed {
+		return func() {}, net.ErrClosed
+	}
+	t := &d.claims
+	t.mu.Lock()
+	t.ports[port]++
+	t.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			t.mu.Lock()
+			if t.ports[port]--; t.ports[port] <= 0 {
+				delete(t.ports, port)
+			}
+			t.mu.Unlock()
+		})
+	}, nil
+}
+
+// Claim is an acceptor's claim on one accepted connection (Device.Claim).
+type Claim struct {
+	d   *Device
+	key TupleKey
+}
+
+// Claim says the caller accepted the TCP connection key and will read an
+// EXT-DS hello on it if the client sends one: the client's CLAIM (now or
+// when it arrives) is agreed. The caller must Close the claim once it
+// decided the connection's mode.
+func (d *Device) Claim(key TupleKey) *Claim {
+	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
+	t := &d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[key]
+	switch {
+	case e != nil && e.st == stOffered:
+		e.st = stAgreed
+		d.claimReply(e, key.Local.Port(), 1, 0)
+	case e == nil && len(t.m) < maxClaims:
+		t.m[key] = &claimEntry{st: stAccepting}
+	case e == nil:
+		// Full: no entry, so a CLAIM is declined (busy) and the
+		// client stays TCP; Agreed reports false.
+	default:
+		e.st = stAccepting // a stale tombstone of a reused 4-tuple
+	}
+	return &Claim{d: d, key: key}
+}
+
+// Agreed reports whether the client was told to go ahead (it will send
+// an EXT-DS hello unless it gave up first).
+func (c *Claim) Agreed() bool {
+	t := &c.d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[c.key]
+	return e != nil && e.st == stAgreed
+}
+
+// Close ends the claim and reports whether it was agreed. A claim not
+// agreed becomes a tombstone: a CLAIM arriving later is declined. It is
+// idempotent.
+func (c *Claim) Close() (agreed bool) {
+	t := &c.d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[c.key]
+	switch {
+	case e == nil:
+		return false
+	case e.st == stAgreed:
+		delete(t.m, c.key)
+		return true
+	case e.st == stAccepting:
+		e.st, e.expires = stClosed, time.Now().Add(claimTombstone)
+	}
+	return false
+}
+
+// claimReply queues a CLAIM_REPLY; under t.mu (the control sender never
+// takes it).
+func (d *Device) claimReply(e *claimEntry, port uint16, status, reason uint8) {
+	select {
+	case d.ctrlq <- ctrlReq{vd: e.vd, peer: e.from, conn: e.token, tag: TagClaimRep, port: port, status: status, reason: reason}:
+	default:
+		d.ctr.drops[DropCtrlQueue].Add(1)
+	}
+}
+
+func decodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, ok bool) {
+	if len(p) != claimLen-hdrLen || binary.LittleEndian.Uint32(p[4:]) != 0 {
+		return 0, 0, netip.Addr{}, netip.Addr{}, false
+	}
+	sport, cport = binary.LittleEndian.Uint16(p), binary.LittleEndian.Uint16(p[2:])
+	cip = netip.AddrFrom16([16]byte(p[8:24])).Unmap()
+	sip = netip.AddrFrom16([16]byte(p[24:40])).Unmap()
+	return sport, cport, cip, sip, sport != 0 && cport != 0
+}
+
+func encClaim(fm *fabric.Message, peer fabric.Addr, token uint32, local, remote netip.AddrPort) {
+	putHdr(fm, peer, TagClaim, token, claimLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], remote.Port())
+	binary.LittleEndian.PutUint16(fm.Data[6:], local.Port())
+	binary.LittleEndian.PutUint32(fm.Data[8:], 0)
+	c, s := local.Addr().As16(), remote.Addr().As16()
+	copy(fm.Data[12:28], c[:])
+	copy(fm.Data[28:44], s[:])
+}
+
+func encClaimRep(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16, status, reason uint8) {
+	putHdr(fm, peer, TagClaimRep, token, claimRepLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	fm.Data[6], fm.Data[7] = status, reason
+}
+
+// onClaim answers, or records, a peer's CLAIM (rx loop; never blocks).
+func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
+	sport, cport, cip, sip, ok := decodeClaim(m.data)
+	if !ok || int(sport&0xF) != v.idx {
+		d.drop(DropProbe, "from", from, "why", "malformed claim or wrong vdev")
+		return
+	}
+	d.ctr.probesServed.Add(1)
+	reply := &claimEntry{token: m.conn, from: from, vd: v}
+	if res := d.cfg.resolver; res != nil {
+		if n, known := res.Resolve(cip); known && n != from.Node {
+			d.claimReplyNow(reply, sport, 0, declineMismatch)
+			return
+		}
+	}
+	key := TupleKey{netip.AddrPortFrom(sip, sport), netip.AddrPortFrom(cip, cport)}
+	t := &d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ports[sport] == 0 {
+		d.mu.RLock()
+		auto := d.ports[sport] > 0
+		d.mu.RUnlock()
+		if auto {
+			d.claimReply(reply, sport, 1, 0) // an in-process Listener: always EXT-DS
+		} else {
+			d.claimReply(reply, sport, 0, declineNoListener)
+		}
+		return
+	}
+	e := t.m[key]
+	switch {
+	case e == nil && len(t.m) >= maxClaims:
+		d.claimReply(reply, sport, 0, declineBusy)
+	case e == nil:
+		reply.st, reply.expires = stOffered, time.Now().Add(2*DefaultClaimTimeout)
+		t.m[key] = reply
+	case e.st == stAccepting:
+		e.st, e.token, e.from, e.vd = stAgreed, m.conn, from, v
+		d.claimReply(e, sport, 1, 0)
+	case e.st == stClosed:
+		d.claimReply(reply, sport, 0, declineLate)
+	default:
+		d.drop(DropProbe, "from", from, "why", "duplicate claim")
+	}
+}
+
+func (d *Device) claimReplyNow(e *claimEntry, port uint16, status, reason uint8) {
+	d.claims.mu.Lock()
+	d.claimReply(e, port, status, reason)
+	d.claims.mu.Unlock()
+}
+
+// onClaimReply hands an answer to the client waiting for it.
+func (d *Device) onClaimReply(v *vdev, from fabric.Addr, m *msg) {
+	if len(m.data) != claimRepLen-hdrLen || m.data[2] > 1 {
+		d.drop(DropProbe, "from", from, "why", "malformed claim reply")
+		return
+	}
+	port := binary.LittleEndian.Uint16(m.data)
+	t := &d.claims
+	t.mu.Lock()
+	w := t.waits[m.conn]
+	t.mu.Unlock()
+	if w == nil || w.vd != v || w.peer != from || w.port != port {
+		d.drop(DropProbe, "from", from, "token", m.conn, "why", "claim reply matches no claim")
+		return
+	}
+	select {
+	case w.ch <- uint16(m.data[2])<<8 | uint16(m.data[3]):
+	default:
+		d.drop(DropProbe, "from", from, "token", m.conn, "why", "duplicate claim reply")
+	}
+}
+
+// sweepClaims drops offers nobody claimed in time and old tombstones
+// (housekeeping tick).
+func (d *Device) sweepClaims(now time.Time) {
+	t := &d.claims
+	t.mu.Lock()
+	for k, e := range t.m {
+		if (e.st == stOffered || e.st == stClosed) && now.After(e.expires) {
+			delete(t.m, k)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// errNoClaim: no agreement in time (the caller falls back, nothing sent).
+var errNoClaim = errors.New("extds: no claim")
+
+// offer asks node whether the acceptor of the TCP connection
+// local→remote (the client's view) speaks EXT-DS, and waits at most the
+// claim timeout. It returns nil when agreed; a FallbackReason when
+// declined or unanswered (nothing was written to the connection); an
+// error only when ctx ended or the Device closed.
+func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort) (FallbackReason, bool, error) {
+	local, remote = normAP(local), normAP(remote)
+	v, err := d.vdev(int(local.Port() & 0xF))
+	if err != nil {
+		return 0, false, err
+	}
+	pbase := d.cfg.probeBase
+	if pbase == 0 {
+		pbase = d.cfg.base
+	}
+	w := &claimWait{vd: v, peer: fabric.Addr{Node: node, VPID: pbase + fabric.VPID(remote.Port()&0xF)}, port: remote.Port(), ch: make(chan uint16, 1)}
+	t := &d.claims
+	t.mu.Lock()
+	for {
+		t.nextTk++
+		if t.nextTk != 0 && t.waits[t.nextTk] == nil {
+			break
+		}
+	}
+	tok := t.nextTk
+	t.waits[tok] = w
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		delete(t.waits, tok)
+		t.mu.Unlock()
+	}()
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.claimTO)
+	defer cancel()
+	var fm [1]fabric.Message
+	encClaim(&fm[0], w.peer, tok, local, remote)
+	d.ctr.probes.Add(1)
+	if _, err := v.ep.Send(cctx, fm[:]); err != nil {
+		if ctx.Err() != nil {
+			return 0, false, ctx.Err()
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return 0, false, err
+		}
+		return FallbackNoListener, false, nil // no exnd there, peer down: nothing listens
+	}
+	select {
+	case a := <-w.ch:
+		if a>>8 == 1 {
+			return 0, true, nil
+		}
+		switch uint8(a) {
+		case declineNoListener:
+			return FallbackNoListener, false, nil
+		default:
+			return FallbackDeclined, false, nil
+		}
+	case <-cctx.Done():
+		if ctx.Err() != nil {
+			return 0, false, ctx.Err()
+		}
+		d.ctr.probeTimeouts.Add(1)
+		return FallbackNoClaim, false, nil
+	case <-d.ctx.Done():
+		return 0, false, net.ErrClosed
+	}
+}
+
+// WithClaimTimeout bounds the client's wait for the server's agreement
+// (default DefaultClaimTimeout).
+func WithClaimTimeout(dur time.Duration) Option { return func(c *config) { c.claimTO = dur } }
+
+// DefaultHandshakeTimeout is the default bound on the shadow handshake
+// (WithHandshakeTimeout); an acceptor whose claim was agreed waits this
+// long for the client's hello.
+const DefaultHandshakeTimeout = time.Second
+
+// OnFabric reports whether ip resolves to a fabric node other than this
+// one (a client there may offer a claim; any other client cannot).
+func (d *Device) OnFabric(ip netip.Addr) bool {
+	if d.cfg.resolver == nil {
+		return false
+	}
+	_, ok := d.cfg.resolver.Resolve(ip.Unmap())
+	return ok
+}
+
+// claimListening reports whether port has a claim registration.
+func (d *Device) claimListening(port uint16) bool {
+	d.claims.mu.Lock()
+	defer d.claims.mu.Unlock()
+	return d.claims.ports[port] > 0
+}

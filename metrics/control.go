@@ -1,0 +1,41 @@
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds/shimsrv"
+	"github.com/exn-project/exn/fabric"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Control returns a collector for exnd's control socket counters
+// (control.Server.Stats): connections, requests, and refusals by reason.
+func Control(node fabric.NodeID, stats func() control.ServerStats) prometheus.Collector {
+	b := &builder[control.ServerStats]{subsystem: "control", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
+	type S = control.ServerStats
+	b.counter("connections_total", "Control socket connections accepted.", func(s *S) uint64 { return s.Accepted })
+	b.gauge("active_connections", "Control socket connections open now.", func(s *S) float64 { return float64(s.Active) })
+	b.counter("requests_total", "Control request lines answered.", func(s *S) uint64 { return s.Requests })
+	b.counterMap("refused_total", "Control connections or requests refused, by reason (unauthorized, oversized, truncated, idle, too_many_conns, too_many_fds, bad_request, failed, no_peer_cred).", "reason", func(s *S) map[string]uint64 { return s.Refused })
+	return b.collector(stats)
+}
+
+// Shim returns a collector for exnd's shim server (libextds.so) counters:
+// connections switched onto EXT-DS, fallbacks to plain TCP and refusals,
+// each by reason.
+func Shim(node fabric.NodeID, stats func() shimsrv.Stats) prometheus.Collector {
+	b := &builder[shimsrv.Stats]{subsystem: "shim", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
+	type S = shimsrv.Stats
+	b.counter("switched_total", "Shimmed connections spliced onto EXT-DS.", func(s *S) uint64 { return s.Switched })
+	b.counterMap("fallbacks_total", "Shimmed connections left as plain TCP, by reason (the decline codes of docs/extds.md).", "reason", func(s *S) map[string]uint64 { return s.Fallbacks })
+	b.counterMap("refused_total", "Shim requests refused, by reason (not_owner, not_listening, bad_request, ...).", "reason", func(s *S) map[string]uint64 { return s.Refused })
+	b.counter("errors_total", "shim-connect/shim-accept operations that failed.", func(s *S) uint64 { return s.Errors })
+	b.gauge("active_connections", "Switched shim connections open now.", func(s *S) float64 { return float64(s.Active) })
+	b.gauge("listeners", "Listener registrations.", func(s *S) float64 { return float64(s.Listens) })
+	b.counterVec("bytes_total", "Bytes spliced, by direction: in (fabric to application), out.", "direction", []labelled[S]{
+		{"in", func(s *S) uint64 { return s.BytesIn }},
+		{"out", func(s *S) uint64 { return s.BytesOut }},
+	})
+	return b.collector(stats)
+}
