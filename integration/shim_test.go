@@ -293,6 +293,11 @@ func kv(line, key string) string {
 	return ""
 }
 
+// minExtdsBytes is the least EXT-DS traffic a one-second sockperf run
+// through the shim must show: a few hundred exchanges' worth, so the
+// check is about the path the bytes took, not about speed.
+const minExtdsBytes = 10000
+
 // TestShim is issue #6: unmodified iperf3 and sockperf, a forking server,
 // mixed shimmed/unshimmed ends and an exnd killed mid-transfer, all
 // through libextds.so between two exnd nodes on the shm fabric, with the
@@ -324,7 +329,9 @@ func TestShim(t *testing.T) {
 			t.Run("sockperf-"+test+"-"+mux, func(t *testing.T) {
 				d := c.measure(t, func() { c.sockperf(t, srvEnv, cliEnv, ip, test, mux, 1) })
 				t.Logf("sockperf %s -F %s: EXT-DS rx %.0f bytes, %.0f conns; exn0 %.0f bytes", test, mux, d.ExtdsRx, d.ConnsEXTDS, d.TapBytes)
-				if d.ConnsEXTDS < 2 || d.ExtdsRx < 100000 {
+				// Which way the bytes went, not how fast: any exchange
+				// at all crosses far more than minExtdsBytes.
+				if d.ConnsEXTDS < 2 || d.ExtdsRx < minExtdsBytes {
 					t.Errorf("sockperf did not go over EXT-DS: %+v", d)
 				}
 				if d.TapBytes > d.ExtdsRx/10+1<<20 {
