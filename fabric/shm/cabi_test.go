@@ -1,0 +1,434 @@
+package shm
+
+// Cross-language conformance: shim/shmfab.c (the C data plane that
+// libextds.so will link) against this package, over the ABI in
+// docs/shm-abi.md. The C endpoint is shim/test/shmfab_peer.c, compiled
+// with gcc into the test's temporary directory and run as a child
+// process (attached to node 1 with a lease, the way shm.Attach is); it
+// takes one command per line on stdin and answers one line on stdout.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// cReplyTimeout bounds every answer of the C peer; its own blocking
+// commands carry shorter timeouts, so a timeout here is a hang.
+const cReplyTimeout = 30 * time.Second
+
+// buildCPeer compiles the C peer into t's temporary directory. It skips
+// (fails under EXN_REQUIRE_PRIVILEGED=1, like testenv.RequirePrivileged)
+// without gcc.
+func buildCPeer(t testing.TB) string {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		if os.Getenv("EXN_REQUIRE_PRIVILEGED") == "1" {
+			t.Fatal("needs gcc on PATH (make deps installs it) and EXN_REQUIRE_PRIVILEGED=1")
+		}
+		t.Skip("needs gcc on PATH (make deps installs it)")
+	}
+	bin := filepath.Join(t.TempDir(), "shmfab_peer")
+	out, err := exec.Command(gcc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", bin,
+		"../../shim/test/shmfab_peer.c", "../../shim/shmfab.c").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// cPeer is one running C peer process.
+type cPeer struct {
+	t   testing.TB
+	cmd *exec.Cmd
+	in  *os.File
+	out *os.File
+	r   *bufio.Reader
+}
+
+// startCPeer runs bin; the process is killed and reaped when t ends.
+func startCPeer(t testing.TB, bin string) *cPeer {
+	t.Helper()
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	outW.Close()
+	c := &cPeer{t: t, cmd: cmd, in: inW, out: outR, r: bufio.NewReader(outR)}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		inW.Close()
+		outR.Close()
+	})
+	return c
+}
+
+func (c *cPeer) pid() int { return c.cmd.Process.Pid }
+
+// send writes one command without waiting for its answer.
+func (c *cPeer) send(format string, args ...any) {
+	c.t.Helper()
+	if _, err := fmt.Fprintf(c.in, format+"\n", args...); err != nil {
+		c.t.Fatalf("c peer: write %q: %v", format, err)
+	}
+}
+
+// reply reads one answer line, bounded by cReplyTimeout.
+func (c *cPeer) reply() string {
+	c.t.Helper()
+	c.out.SetReadDeadline(time.Now().Add(cReplyTimeout))
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		c.t.Fatalf("c peer: read answer: %v (got %q)", err, line)
+	}
+	return strings.TrimSpace(line)
+}
+
+func (c *cPeer) do(format string, args ...any) string {
+	c.t.Helper()
+	c.send(format, args...)
+	return c.reply()
+}
+
+// ok runs a command that must answer "ok".
+func (c *cPeer) ok(format string, args ...any) {
+	c.t.Helper()
+	if r := c.do(format, args...); r != "ok" {
+		c.t.Fatalf("c peer: %q: %s", fmt.Sprintf(format, args...), r)
+	}
+}
+
+// stats parses the C peer's counters.
+func (c *cPeer) stats() map[string]uint64 {
+	c.t.Helper()
+	r := c.do("stats")
+	f := strings.Fields(r)
+	if len(f) == 0 || f[0] != "stats" {
+		c.t.Fatalf("c peer: stats: %s", r)
+	}
+	m := map[string]uint64{}
+	for _, kv := range f[1:] {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k], _ = strconv.ParseUint(v, 10, 64)
+	}
+	return m
+}
+
+func (c *cPeer) recv(v fabric.VPID, timeoutMs int) (from fabric.Addr, tag fabric.Tag, payload []byte) {
+	c.t.Helper()
+	r := c.do("recv %d %d", v, timeoutMs)
+	var node, vpid, tg, mc int
+	var h string
+	if _, err := fmt.Sscanf(r, "msg %d %d %d %d %s", &node, &vpid, &tg, &mc, &h); err != nil {
+		c.t.Fatalf("c peer: recv: %s", r)
+	}
+	if h != "-" {
+		payload, _ = hex.DecodeString(h)
+	}
+	return fabric.Addr{Node: fabric.NodeID(node), VPID: fabric.VPID(vpid)}, fabric.Tag(tg), payload
+}
+
+func (c *cPeer) note(v fabric.VPID) fabric.Notification {
+	c.t.Helper()
+	r := c.do("poll %d 5000", v)
+	var k, op, e, node, vpid, l int
+	var local uint64
+	if _, err := fmt.Sscanf(r, "note %d %d %d %d %d %d %d", &k, &op, &e, &node, &vpid, &l, &local); err != nil {
+		c.t.Fatalf("c peer: poll: %s", r)
+	}
+	return fabric.Notification{Kind: fabric.NotifyKind(k), Op: fabric.Op(op), Err: fabric.NotifyErr(e),
+		Peer: fabric.Addr{Node: fabric.NodeID(node), VPID: fabric.VPID(vpid)}, Len: uint32(l), Local: fabric.NLA(local)}
+}
+
+func (c *cPeer) region(v fabric.VPID, size int) fabric.NLA {
+	c.t.Helper()
+	r := c.do("reg %d %d", v, size)
+	var nla uint64
+	if _, err := fmt.Sscanf(r, "region %d", &nla); err != nil {
+		c.t.Fatalf("c peer: reg: %s", r)
+	}
+	return fabric.NLA(nla)
+}
+
+func (c *cPeer) dump(a fabric.NLA, n int) []byte {
+	c.t.Helper()
+	r := c.do("dump %d %d", a, n)
+	h, ok := strings.CutPrefix(r, "hex ")
+	b, err := hex.DecodeString(h)
+	if !ok || err != nil {
+		c.t.Fatalf("c peer: dump: %s", r)
+	}
+	return b
+}
+
+// attachC grants VPIDs base..base+count-1 of owner to c's process and
+// attaches it.
+func attachC(t testing.TB, c *cPeer, fab string, owner fabric.NIC, base fabric.VPID, count int) Grant {
+	t.Helper()
+	g, err := lender(t, owner).Grant(base, count, c.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ok("attach /dev/shm %s %d %d %d %s", fab, owner.Node(), base, count, g.Token)
+	return g
+}
+
+func seeded(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+	return b
+}
+
+func pollWant(t testing.TB, ep fabric.Endpoint, want fabric.Notification) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if got := pollOne(t, ep, ctx); got != want {
+		t.Errorf("go notification %+v, want %+v", got, want)
+	}
+}
+
+func noteWant(t testing.TB, c *cPeer, v fabric.VPID, want fabric.Notification) {
+	t.Helper()
+	if got := c.note(v); got != want {
+		t.Errorf("c notification %+v, want %+v", got, want)
+	}
+}
+
+// cabiSetup: owner node 1 (Go, VPID 1), node 2 (Go, VPID 1, long
+// backstops so a prompt wake-up was a ring), and the C peer attached to
+// node 1 with VPIDs 10 and 11, VPID 10 open.
+type cabiSetup struct {
+	fab          string
+	owner, node2 fabric.NIC
+	ep1, ep2     fabric.Endpoint
+	c            *cPeer
+}
+
+func newCABI(t *testing.T) *cabiSetup {
+	testenv.VerifyNoLeaks(t)
+	bin := buildCPeer(t)
+	s := &cabiSetup{fab: uniqueFabric(t)}
+	var err error
+	if s.owner, err = Open(s.fab, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.owner.Close() })
+	if s.node2, err = Open(s.fab, 2, withBackstop(longBackstop)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.node2.Close() })
+	s.ep1 = open1(t, s.owner, 1)
+	s.ep2 = open1(t, s.node2, 1)
+	s.c = startCPeer(t, bin)
+	attachC(t, s.c, s.fab, s.owner, 10, 2)
+	s.c.ok("open 10 0")
+	return s
+}
+
+// TestCABIVELO: VELO both ways between the C peer (1:10) and Go
+// endpoints on another node (2:1) and on its own node (1:1), with every
+// consumer asleep before the message arrives, so each delivery was a
+// wake-up by a producer in the other language; then 200 echoes.
+func TestCABIVELO(t *testing.T) {
+	s := newCABI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := s.c
+	cAddr := fabric.Addr{Node: 1, VPID: 10}
+
+	// Go → C, C asleep in poll() on its FIFO.
+	for _, ep := range []fabric.Endpoint{s.ep2, s.ep1} {
+		before := c.stats()["bellsleeps"]
+		c.send("recv 10 20000")
+		time.Sleep(50 * time.Millisecond)
+		start := time.Now()
+		sendOne(t, ctx, ep, cAddr, 5, "hello from go")
+		from, tag, p := c.recv2()
+		if d := time.Since(start); d > promptWake {
+			t.Errorf("c woke %v after the send: not by the ring", d)
+		}
+		if from != ep.Addr() || tag != 5 || string(p) != "hello from go" {
+			t.Errorf("c got %v tag %d %q, want %v tag 5", from, tag, p, ep.Addr())
+		}
+		if st := c.stats(); st["bellsleeps"] == before {
+			t.Errorf("c did not sleep on its FIFO: %v", st)
+		}
+	}
+	if ws := wakeStats(t, s.node2); ws.BellRings == 0 {
+		t.Errorf("go producer never rang the C consumer's FIFO: %+v", ws)
+	}
+
+	// C → Go, Go asleep (netpoller or futex: both are rung by C).
+	for _, ep := range []fabric.Endpoint{s.ep2, s.ep1} {
+		done := make(chan fabric.Message, 1)
+		go func() { done <- recvCtx(ctx, ep) }()
+		time.Sleep(bellDelay)
+		start := time.Now()
+		a := ep.Addr()
+		c.ok("send 10 %d %d 6 %x 5000", a.Node, a.VPID, "hello from c")
+		m := <-done // recvCtx returns by ctx's deadline at the latest
+		if d := time.Since(start); d > promptWake {
+			t.Errorf("go woke %v after the send: not by the ring", d)
+		}
+		if m.Peer != cAddr || m.Tag != 6 || string(m.Payload()) != "hello from c" {
+			t.Errorf("go got %v tag %d %q", m.Peer, m.Tag, m.Payload())
+		}
+	}
+	st := c.stats()
+	if st["rings"]+st["futexwakes"] == 0 {
+		t.Errorf("c producer never woke a sleeping go consumer: %v", st)
+	}
+
+	// Echo: 200 messages of every length, in order.
+	c.send("echo 10 200 5000")
+	for i := 0; i < 200; i++ {
+		p := seeded(i%(fabric.MaxVELOPayload+1), byte(i))
+		var m fabric.Message
+		m.Peer, m.Tag = cAddr, fabric.Tag(i)
+		m.SetPayload(p)
+		if _, err := s.ep2.Send(ctx, []fabric.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+		got := recvOne(t, ctx, s.ep2)
+		if got.Peer != cAddr || got.Tag != fabric.Tag(i) || !bytes.Equal(got.Payload(), p) {
+			t.Fatalf("echo %d: got %v tag %d len %d", i, got.Peer, got.Tag, got.Len)
+		}
+	}
+	if r := c.reply(); r != "ok" {
+		t.Fatalf("c echo: %s", r)
+	}
+	if st := c.stats(); st["corrupt"] != 0 || st["sent"] < 202 || st["recv"] < 202 {
+		t.Errorf("c stats after clean traffic: %v", st)
+	}
+	if gs := s.node2.Stats(); gs.Corrupt != 0 {
+		t.Errorf("go corrupt = %d after clean traffic", gs.Corrupt)
+	}
+	c.ok("exit")
+}
+
+// recvCtx receives one message, or returns a zero Message once ctx is
+// done (for goroutines, which must not call t.Fatal).
+func recvCtx(ctx context.Context, ep fabric.Endpoint) fabric.Message {
+	var b [1]fabric.Message
+	for {
+		if n, err := ep.Recv(b[:]); err != nil || n == 1 {
+			return b[0]
+		}
+		if ep.Wait(ctx) != nil {
+			return fabric.Message{}
+		}
+	}
+}
+
+// recv2 reads the answer of a "recv" sent earlier.
+func (c *cPeer) recv2() (fabric.Addr, fabric.Tag, []byte) {
+	c.t.Helper()
+	r := c.reply()
+	var node, vpid, tg, mc int
+	var h string
+	if _, err := fmt.Sscanf(r, "msg %d %d %d %d %s", &node, &vpid, &tg, &mc, &h); err != nil {
+		c.t.Fatalf("c peer: recv: %s", r)
+	}
+	var p []byte
+	if h != "-" {
+		p, _ = hex.DecodeString(h)
+	}
+	return fabric.Addr{Node: fabric.NodeID(node), VPID: fabric.VPID(vpid)}, fabric.Tag(tg), p
+}
+
+// TestCABIRMA: PUT and GET with every notification of Table 3.1 in both
+// directions between C (1:10) and Go (2:1, and 1:1 on C's own node),
+// checked by content and by the notifications' fields.
+func TestCABIRMA(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	cAddr := fabric.Addr{Node: 1, VPID: 10}
+	const size = 4096
+	cn := s.c.region(10, size)
+	c.ok("fill %d %d 3", cn, size)
+	gr, err := s.ep2.Register(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(gr.Buf, seeded(size, 50))
+	all := fabric.NotifyRequester | fabric.NotifyCompleter
+
+	// C PUT → Go: requester (C) and completer (Go).
+	c.ok("post 10 1 2 1 %d %d 1000 %d", cn, gr.NLA+8, all)
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: s.ep2.Addr(), Len: 1000, Local: fabric.LastFrame(cn, 1000)})
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 1000, Local: fabric.LastFrame(gr.NLA+8, 1000)})
+	if !bytes.Equal(gr.Buf[8:1008], seeded(1000, 3)) {
+		t.Error("C PUT: Go region content differs")
+	}
+
+	// C GET ← Go: requester and completer (C), responder (Go).
+	c.ok("post 10 2 2 1 %d %d 992 %d", cn+2048, gr.NLA+1024, all|fabric.NotifyResponder)
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Peer: s.ep2.Addr(), Len: 992, Local: fabric.LastFrame(cn+2048, 992)})
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpGet, Peer: s.ep2.Addr(), Len: 992, Local: fabric.LastFrame(cn+2048, 992)})
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: cAddr, Len: 992, Local: fabric.LastFrame(gr.NLA+1024, 992)})
+	if got := c.dump(cn+2048, 992); !bytes.Equal(got, gr.Buf[1024:2016]) {
+		t.Error("C GET: C region content differs")
+	}
+
+	// Go PUT → C, Go GET ← C with the responder notification.
+	copy(gr.Buf, seeded(size, 90))
+	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: cAddr, Local: gr.NLA, Remote: cn + 100, Len: 300, Notify: all}}); err != nil {
+		t.Fatal(err)
+	}
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: cAddr, Len: 300, Local: gr.NLA})
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: s.ep2.Addr(), Len: 300, Local: cn + 100})
+	if got := c.dump(cn+100, 300); !bytes.Equal(got, gr.Buf[:300]) {
+		t.Error("Go PUT: C region content differs")
+	}
+	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: cAddr, Local: gr.NLA + 3000, Remote: cn, Len: 1000, Notify: fabric.NotifyRequester | fabric.NotifyResponder}}); err != nil {
+		t.Fatal(err)
+	}
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Peer: cAddr, Len: 1000, Local: fabric.LastFrame(gr.NLA+3000, 1000)})
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: s.ep2.Addr(), Len: 1000, Local: fabric.LastFrame(cn, 1000)})
+	if got := c.dump(cn, 1000); !bytes.Equal(got, gr.Buf[3000:4000]) {
+		t.Error("Go GET: Go region content differs")
+	}
+
+	// Same node: C PUT into the owner's VPID 1 region.
+	or, err := s.ep1.Register(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ok("post 10 1 1 1 %d %d 496 %d", cn, or.NLA, all)
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: s.ep1.Addr(), Len: 496, Local: cn})
+	pollWant(t, s.ep1, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 496, Local: or.NLA})
+	if got := c.dump(cn, 496); !bytes.Equal(got, or.Buf[:496]) {
+		t.Error("C PUT same node: content differs")
+	}
+	if st := c.stats(); st["corrupt"] != 0 || st["faults"] != 0 || st["posted"] != 3 {
+		t.Errorf("c stats: %v", st)
+	}
+	c.ok("exit")
+}
