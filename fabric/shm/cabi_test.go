@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -431,4 +432,333 @@ func TestCABIRMA(t *testing.T) {
 		t.Errorf("c stats: %v", st)
 	}
 	c.ok("exit")
+}
+
+// forgeMailbox writes a bad entry into VPID to's mailbox or notification
+// queue through n's view of it, as a buggy producer could: "len" a
+// published slot of length 127, "mcbit" one with descriptor bit 39 set,
+// "bad" a claimed position whose status word has no legal state, "note"
+// a published notification with reserved bits set.
+func forgeMailbox(t testing.TB, n *nicT, to fabric.Addr, kind string) {
+	t.Helper()
+	p, err := n.getPeer(to.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vf, err := n.vpid(p, to.VPID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vf.m.release()
+	desc := fabric.Descriptor{Node: n.node, VPID: 1, Tag: 7}.Encode()
+	if kind == "note" {
+		pos := vf.ntail.Add(1) - 1
+		vf.nclaimer(pos).Store(uint64(n.node) + 1)
+		binary.LittleEndian.PutUint64(vf.nbody(pos), 1|1<<2|0xAB<<56)
+		vf.nstatus(pos).Store(pos + 1)
+		return
+	}
+	pos := vf.tail.Add(1) - 1
+	st := vf.slot(pos)
+	switch kind {
+	case "len":
+		st.Store(seq24(pos+1)<<seqShift | desc | 127<<32)
+	case "mcbit":
+		st.Store(seq24(pos+1)<<seqShift | desc | 1<<39)
+	case "bad":
+		st.Store(seq24(pos)<<seqShift | 0x1234<<20)
+	default:
+		t.Fatalf("forge %q", kind)
+	}
+}
+
+// TestCABIBadInput: forged mailbox slots and notifications in both
+// directions, out-of-bounds and foreign-region RMA both ways, and forged
+// region-table entries (a size larger than the region file, reserved
+// bits) read by C: every one counted, nothing delivered from it, and
+// both sides keep working.
+func TestCABIBadInput(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cAddr := fabric.Addr{Node: 1, VPID: 10}
+	n2 := s.node2.(*nicT)
+
+	// Go → C: three bad slots, then a good message; a bad notification,
+	// then a good one.
+	for _, k := range []string{"len", "mcbit", "bad"} {
+		forgeMailbox(t, n2, cAddr, k)
+	}
+	sendOne(t, ctx, s.ep2, cAddr, 8, "after the forgeries")
+	if from, tag, p := c.recv(10, 5000); from != s.ep2.Addr() || tag != 8 || string(p) != "after the forgeries" {
+		t.Errorf("c got %v tag %d %q after forged slots", from, tag, p)
+	}
+	if st := c.stats(); st["corrupt"] != 3 {
+		t.Errorf("c corrupt = %d after 3 forged slots, want 3", st["corrupt"])
+	}
+	forgeMailbox(t, n2, cAddr, "note")
+	gr, err := s.ep2.Register(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cn := c.region(10, 4096)
+	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: cAddr, Local: gr.NLA, Remote: cn, Len: 64, Notify: fabric.NotifyCompleter}}); err != nil {
+		t.Fatal(err)
+	}
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: s.ep2.Addr(), Len: 64, Local: cn})
+	if st := c.stats(); st["corrupt"] != 4 {
+		t.Errorf("c corrupt = %d after a forged notification, want 4", st["corrupt"])
+	}
+
+	// C → Go: the same forgeries written by C.
+	before := s.node2.Stats().Corrupt
+	for _, k := range []string{"len", "mcbit", "bad", "note"} {
+		c.ok("forge 2 1 %s", k)
+	}
+	c.ok("send 10 2 1 9 %x 5000", "c after forgeries")
+	if m := recvOne(t, ctx, s.ep2); m.Peer != cAddr || m.Tag != 9 || string(m.Payload()) != "c after forgeries" {
+		t.Errorf("go got %v tag %d %q after forged slots", m.Peer, m.Tag, m.Payload())
+	}
+	c.ok("post 10 1 2 1 %d %d 16 %d", cn, gr.NLA, fabric.NotifyCompleter)
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 16, Local: gr.NLA})
+	if d := s.node2.Stats().Corrupt - before; d != 4 {
+		t.Errorf("go corrupt grew by %d after 4 forgeries by C, want 4", d)
+	}
+
+	// C's RMA faults: local ones refused synchronously, remote ones an
+	// error notification with Local as posted.
+	for _, bad := range []string{
+		fmt.Sprintf("post 10 1 2 1 %d %d 0 1", cn, gr.NLA),           // length 0
+		fmt.Sprintf("post 10 1 2 1 %d %d %d 1", cn, gr.NLA, 8<<20+1), // length > 8 MiB
+		fmt.Sprintf("post 10 1 2 1 %d %d 100 4", cn, gr.NLA),         // PUT with responder
+		fmt.Sprintf("post 10 3 2 1 %d %d 100 1", cn, gr.NLA),         // bad op
+		fmt.Sprintf("post 10 1 2 1 %d %d 100 1", cn+4000, gr.NLA),    // local out of bounds
+		fmt.Sprintf("post 10 1 2 1 %d %d 100 1", gr.NLA, gr.NLA),     // local not ours
+	} {
+		if r := c.do("%s", bad); r != "err -22" {
+			t.Errorf("%s: %s, want err -22", bad, r)
+		}
+	}
+	or, err := s.ep1.Register(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := []struct {
+		peer fabric.Addr
+		nla  fabric.NLA
+		want fabric.NotifyErr
+	}{
+		{s.ep2.Addr(), gr.NLA + 4000, fabric.NErrBounds},
+		{s.ep2.Addr(), fabric.MakeNLA(3000, 0), fabric.NErrAccess},   // unregistered
+		{s.ep2.Addr(), 0, fabric.NErrAccess},                         // NLA 0
+		{fabric.Addr{Node: 2, VPID: 2}, gr.NLA, fabric.NErrAccess},   // another VPID's region
+		{fabric.Addr{Node: 1, VPID: 2}, or.NLA, fabric.NErrAccess},   // the owner's, wrong VPID
+		{fabric.Addr{Node: 9, VPID: 1}, gr.NLA, fabric.NErrPeerDown}, // no such node
+	}
+	for _, r := range remote {
+		c.ok("post 10 2 %d %d %d %d 200 0", r.peer.Node, r.peer.VPID, cn, r.nla)
+		noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: r.want, Peer: r.peer, Len: 200, Local: cn})
+	}
+
+	// Forged region table entries on node 2, read by C: a size larger
+	// than the region file (a SIGBUS if C trusted it), and reserved bits.
+	idx := uint32(4000)
+	w0, w1 := n2.entryWords(n2.nodeMap.b, idx)
+	path := n2.regionPath(2, n2.inc, idx, 1)
+	if err := os.WriteFile(path, make([]byte, 100), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	defer w0.Store(0)
+	w1.Store(1 << 20)
+	w0.Store(encodeRegionEntry(regionEntry{Gen: 1, Valid: true, Owner: 1}))
+	corrupt := c.stats()["corrupt"]
+	c.ok("post 10 2 2 1 %d %d 200 1", cn, fabric.MakeNLA(idx, 8192))
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: fabric.NErrAccess, Peer: s.ep2.Addr(), Len: 200, Local: cn})
+	w0.Store(encodeRegionEntry(regionEntry{Gen: 1, Valid: true, Owner: 1}) | 1<<20)
+	c.ok("post 10 2 2 1 %d %d 50 1", cn, fabric.MakeNLA(idx, 0))
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: fabric.NErrAccess, Peer: s.ep2.Addr(), Len: 50, Local: cn})
+	if d := c.stats()["corrupt"] - corrupt; d != 2 {
+		t.Errorf("c corrupt grew by %d for 2 forged region entries, want 2", d)
+	}
+
+	// Go's RMA faults against C's regions.
+	c.ok("open 11 0")
+	cn11 := c.region(11, 4096)
+	for _, r := range []struct {
+		remote fabric.NLA
+		want   fabric.NotifyErr
+	}{{cn + 4000, fabric.NErrBounds}, {cn11, fabric.NErrAccess}, {fabric.MakeNLA(idx, 0), fabric.NErrAccess}} {
+		if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: cAddr, Local: gr.NLA, Remote: r.remote, Len: 200, Notify: fabric.NotifyRequester}}); err != nil {
+			t.Fatal(err)
+		}
+		pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: r.want, Peer: cAddr, Len: 200, Local: gr.NLA})
+	}
+
+	// Both still work.
+	c.send("echo 10 1 5000")
+	sendOne(t, ctx, s.ep2, cAddr, 1, "still alive")
+	if m := recvOne(t, ctx, s.ep2); string(m.Payload()) != "still alive" {
+		t.Errorf("echo after bad input: %q", m.Payload())
+	}
+	if r := c.reply(); r != "ok" {
+		t.Errorf("c echo: %s", r)
+	}
+	c.ok("exit")
+}
+
+// TestCABIAttachRefusals: a node file of another layout version (-EPROTO
+// = 71), a wrong secret, a grant for another PID, VPIDs outside the
+// grant: refused, and a correct attach then works.
+func TestCABIAttachRefusals(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	bin := buildCPeer(t)
+	fab := uniqueFabric(t)
+	owner, err := Open(fab, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	c := startCPeer(t, bin)
+	g, err := lender(t, owner).Grant(10, 2, c.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ver := u32(owner.(*nicT).nodeMap.b, nOffVersion)
+	ver.Store(layoutVersion - 1)
+	if r := c.do("attach /dev/shm %s 1 10 2 %s", fab, g.Token); r != "err -71" {
+		t.Errorf("attach to a version %d node: %s, want err -71 (EPROTO)", layoutVersion-1, r)
+	}
+	ver.Store(layoutVersion)
+	bad := g.Token[:len(g.Token)-1] + map[bool]string{true: "1", false: "0"}[strings.HasSuffix(g.Token, "0")]
+	if r := c.do("attach /dev/shm %s 1 10 2 %s", fab, bad); r != "err -22" {
+		t.Errorf("attach with a wrong secret: %s", r)
+	}
+	if r := c.do("attach /dev/shm %s 1 10 3 %s", fab, g.Token); r != "err -22" {
+		t.Errorf("attach with a wrong count: %s", r)
+	}
+	other, err := lender(t, owner).Grant(20, 1, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.do("attach /dev/shm %s 1 20 1 %s", fab, other.Token); r != "err -22" {
+		t.Errorf("attach with another process's grant: %s", r)
+	}
+	c.ok("attach /dev/shm %s 1 10 2 %s", fab, g.Token)
+	if r := c.do("open 12 0"); r != "err -22" {
+		t.Errorf("open outside the grant: %s", r)
+	}
+	c.ok("open 11 0")
+	c.ok("owner")
+	c.ok("exit")
+}
+
+// TestCABIPeerDies: (1) the C peer is SIGKILLed while a Go sender is
+// blocked on its full mailbox and after it claimed a slot in a Go
+// mailbox it never published: the Go sender is released (the owner's
+// sweep reclaims the dead holder's lease), the Go consumer skips the
+// orphaned slot (counted) and keeps receiving, and the C peer's files
+// are gone. (2) a Go node in another process is SIGKILLed while the C
+// peer is blocked sending to its full mailbox: C reports -EHOSTDOWN
+// (-112) promptly.
+func TestCABIPeerDies(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c.ok("open 11 2")
+	c.region(11, 4096)
+	c.ok("forge 2 1 orphan")
+	full := fabric.Addr{Node: 1, VPID: 11}
+	errc := make(chan error, 1)
+	go func() {
+		var m fabric.Message
+		m.Peer = full
+		ms := []fabric.Message{m, m, m, m}
+		_, err := s.ep2.Send(ctx, ms)
+		errc <- err
+	}()
+	waitFor(t, "go sender blocked", func() bool { return s.node2.Stats().SendBlocked > 0 })
+	c.cmd.Process.Kill()
+	start := time.Now()
+	if err := <-errc; err == nil || ctx.Err() != nil {
+		t.Errorf("blocked send to the killed C peer: %v (ctx %v)", err, ctx.Err())
+	}
+	t.Logf("go sender released %v after SIGKILL of the C peer", time.Since(start))
+	before := s.node2.Stats().Corrupt
+	sendOne(t, ctx, s.ep1, s.ep2.Addr(), 3, "behind the orphan")
+	if m := recvOne(t, ctx, s.ep2); string(m.Payload()) != "behind the orphan" {
+		t.Errorf("go got %q behind the orphaned slot", m.Payload())
+	}
+	if d := s.node2.Stats().Corrupt - before; d != 1 {
+		t.Errorf("go corrupt grew by %d for one orphaned slot, want 1", d)
+	}
+	if st := lender(t, s.owner).LeaseStats(); st.HolderDied != 1 {
+		t.Errorf("lease stats %+v, want one holder died", st)
+	}
+	waitFor(t, "the C peer's files reclaimed", func() bool {
+		for _, f := range fabricFiles(t, s.fab) {
+			if strings.Contains(f, "-v1") && !strings.HasSuffix(f, "-v1") && !strings.HasSuffix(f, "-v1.bell") ||
+				strings.Contains(f, "-r4") || strings.Contains(f, "-a") {
+				return false
+			}
+		}
+		return true
+	})
+
+	// (2) on a fabric of its own: node 2 is TestHelperProcess's child.
+	fab := uniqueFabric(t)
+	owner, err := Open(fab, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	ep := open1(t, owner, 1)
+	child := startChild(t, "TestHelperProcess", childEnv+"="+fab)
+	if m := recvOne(t, ctx, ep); m.Tag != tagRegion {
+		t.Fatalf("child said tag %d first", m.Tag)
+	}
+	c2 := startCPeer(t, buildCPeer(t))
+	attachC(t, c2, fab, owner, 10, 1)
+	c2.ok("open 10 0")
+	c2.ok("send 10 2 1 %d - 5000", tagStall)
+	c2.send("flood 10 2 1 1 100 20000")
+	waitFor(t, "c sender blocked", func() bool {
+		vf := owner.(*nicT)
+		p, err := vf.getPeer(2)
+		if err != nil {
+			return false
+		}
+		v, err := vf.vpid(p, 1)
+		if err != nil {
+			return false
+		}
+		defer v.m.release()
+		return v.spaceW.Load() > 0
+	})
+	child.Process.Kill()
+	killed := time.Now()
+	r := c2.reply()
+	var sent, cerr, ms int
+	if _, err := fmt.Sscanf(r, "flood %d %d %d", &sent, &cerr, &ms); err != nil || cerr != -112 {
+		t.Fatalf("c flood to a killed peer: %s, want err -112 (EHOSTDOWN)", r)
+	}
+	t.Logf("c sender saw the SIGKILLed Go node after %v (%d sent)", time.Since(killed), sent)
+	if st := c2.stats(); st["peerdown"] == 0 || st["blocked"] == 0 {
+		t.Errorf("c stats: %v", st)
+	}
+	c2.ok("exit")
+	// The dead child's files go with the owner's next probe.
+	waitFor(t, "the killed node reclaimed", func() bool {
+		if owner.Alive(2) == nil {
+			return false
+		}
+		for _, f := range fabricFiles(t, fab) {
+			if strings.Contains(f, "-n2") {
+				return false
+			}
+		}
+		return true
+	})
 }
