@@ -762,3 +762,82 @@ func TestCABIPeerDies(t *testing.T) {
 		return true
 	})
 }
+
+// BenchmarkCABI: 120-byte VELO ping-pong round trips, timed by the C
+// peer (p50 and p99 of single round trips, in ns): C → Go echo, and C →
+// C echo (two C peers attached to node 1). Compare with
+// BenchmarkFabric/VELO/pingpong-120B (Go ↔ Go) in the same run.
+func BenchmarkCABI(b *testing.B) {
+	bin := buildCPeer(b)
+	b.Run("pingpong-120B/C-Go", func(b *testing.B) {
+		fab := uniqueFabric(b)
+		owner, err := Open(fab, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer owner.Close()
+		n2, err := Open(fab, 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer n2.Close()
+		ep := open1(b, n2, 1)
+		c := startCPeer(b, bin)
+		attachC(b, c, fab, owner, 10, 1)
+		c.ok("open 10 0")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			out := make([]fabric.Message, 1)
+			for {
+				m := recvCtx(ctx, ep)
+				if ctx.Err() != nil {
+					return
+				}
+				out[0] = m
+				if _, err := ep.Send(ctx, out); err != nil {
+					return
+				}
+			}
+		}()
+		c.ping(b, "ping 10 2 1 %d", b.N)
+		cancel()
+		<-done
+		c.ok("exit")
+	})
+	b.Run("pingpong-120B/C-C", func(b *testing.B) {
+		fab := uniqueFabric(b)
+		owner, err := Open(fab, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer owner.Close()
+		echo, ping := startCPeer(b, bin), startCPeer(b, bin)
+		attachC(b, echo, fab, owner, 10, 1)
+		attachC(b, ping, fab, owner, 20, 1)
+		echo.ok("open 10 0")
+		ping.ok("open 20 0")
+		echo.send("echo 10 %d 10000", b.N)
+		ping.ping(b, "ping 20 1 10 %d", b.N)
+		if r := echo.reply(); r != "ok" {
+			b.Fatalf("echo: %s", r)
+		}
+		echo.ok("exit")
+		ping.ok("exit")
+	})
+}
+
+// ping runs a "ping" command and reports its latencies.
+func (c *cPeer) ping(b *testing.B, format string, args ...any) {
+	b.Helper()
+	b.ResetTimer()
+	r := c.do(format, args...)
+	b.StopTimer()
+	var p50, p99, mean int64
+	if _, err := fmt.Sscanf(r, "lat %d %d %d", &p50, &p99, &mean); err != nil {
+		b.Fatalf("c ping: %s", r)
+	}
+	b.ReportMetric(float64(p50), "p50-ns")
+	b.ReportMetric(float64(p99), "p99-ns")
+}
