@@ -1,0 +1,843 @@
+package shm
+
+// Cross-language conformance: shim/shmfab.c (the C data plane that
+// libextds.so will link) against this package, over the ABI in
+// docs/shm-abi.md. The C endpoint is shim/test/shmfab_peer.c, compiled
+// with gcc into the test's temporary directory and run as a child
+// process (attached to node 1 with a lease, the way shm.Attach is); it
+// takes one command per line on stdin and answers one line on stdout.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// cReplyTimeout bounds every answer of the C peer; its own blocking
+// commands carry shorter timeouts, so a timeout here is a hang.
+const cReplyTimeout = 30 * time.Second
+
+// buildCPeer compiles the C peer into t's temporary directory. It skips
+// (fails under EXN_REQUIRE_PRIVILEGED=1, like testenv.RequirePrivileged)
+// without gcc.
+func buildCPeer(t testing.TB) string {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		if os.Getenv("EXN_REQUIRE_PRIVILEGED") == "1" {
+			t.Fatal("needs gcc on PATH (make deps installs it) and EXN_REQUIRE_PRIVILEGED=1")
+		}
+		t.Skip("needs gcc on PATH (make deps installs it)")
+	}
+	bin := filepath.Join(t.TempDir(), "shmfab_peer")
+	out, err := exec.Command(gcc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", bin,
+		"../../shim/test/shmfab_peer.c", "../../shim/shmfab.c").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// cPeer is one running C peer process.
+type cPeer struct {
+	t   testing.TB
+	cmd *exec.Cmd
+	in  *os.File
+	out *os.File
+	r   *bufio.Reader
+}
+
+// startCPeer runs bin; the process is killed and reaped when t ends.
+func startCPeer(t testing.TB, bin string) *cPeer {
+	t.Helper()
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	outW.Close()
+	c := &cPeer{t: t, cmd: cmd, in: inW, out: outR, r: bufio.NewReader(outR)}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		inW.Close()
+		outR.Close()
+	})
+	return c
+}
+
+func (c *cPeer) pid() int { return c.cmd.Process.Pid }
+
+// send writes one command without waiting for its answer.
+func (c *cPeer) send(format string, args ...any) {
+	c.t.Helper()
+	if _, err := fmt.Fprintf(c.in, format+"\n", args...); err != nil {
+		c.t.Fatalf("c peer: write %q: %v", format, err)
+	}
+}
+
+// reply reads one answer line, bounded by cReplyTimeout.
+func (c *cPeer) reply() string {
+	c.t.Helper()
+	c.out.SetReadDeadline(time.Now().Add(cReplyTimeout))
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		c.t.Fatalf("c peer: read answer: %v (got %q)", err, line)
+	}
+	return strings.TrimSpace(line)
+}
+
+func (c *cPeer) do(format string, args ...any) string {
+	c.t.Helper()
+	c.send(format, args...)
+	return c.reply()
+}
+
+// ok runs a command that must answer "ok".
+func (c *cPeer) ok(format string, args ...any) {
+	c.t.Helper()
+	if r := c.do(format, args...); r != "ok" {
+		c.t.Fatalf("c peer: %q: %s", fmt.Sprintf(format, args...), r)
+	}
+}
+
+// stats parses the C peer's counters.
+func (c *cPeer) stats() map[string]uint64 {
+	c.t.Helper()
+	r := c.do("stats")
+	f := strings.Fields(r)
+	if len(f) == 0 || f[0] != "stats" {
+		c.t.Fatalf("c peer: stats: %s", r)
+	}
+	m := map[string]uint64{}
+	for _, kv := range f[1:] {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k], _ = strconv.ParseUint(v, 10, 64)
+	}
+	return m
+}
+
+func (c *cPeer) recv(v fabric.VPID, timeoutMs int) (from fabric.Addr, tag fabric.Tag, payload []byte) {
+	c.t.Helper()
+	r := c.do("recv %d %d", v, timeoutMs)
+	var node, vpid, tg, mc int
+	var h string
+	if _, err := fmt.Sscanf(r, "msg %d %d %d %d %s", &node, &vpid, &tg, &mc, &h); err != nil {
+		c.t.Fatalf("c peer: recv: %s", r)
+	}
+	if h != "-" {
+		payload, _ = hex.DecodeString(h)
+	}
+	return fabric.Addr{Node: fabric.NodeID(node), VPID: fabric.VPID(vpid)}, fabric.Tag(tg), payload
+}
+
+func (c *cPeer) note(v fabric.VPID) fabric.Notification {
+	c.t.Helper()
+	r := c.do("poll %d 5000", v)
+	var k, op, e, node, vpid, l int
+	var local uint64
+	if _, err := fmt.Sscanf(r, "note %d %d %d %d %d %d %d", &k, &op, &e, &node, &vpid, &l, &local); err != nil {
+		c.t.Fatalf("c peer: poll: %s", r)
+	}
+	return fabric.Notification{Kind: fabric.NotifyKind(k), Op: fabric.Op(op), Err: fabric.NotifyErr(e),
+		Peer: fabric.Addr{Node: fabric.NodeID(node), VPID: fabric.VPID(vpid)}, Len: uint32(l), Local: fabric.NLA(local)}
+}
+
+func (c *cPeer) region(v fabric.VPID, size int) fabric.NLA {
+	c.t.Helper()
+	r := c.do("reg %d %d", v, size)
+	var nla uint64
+	if _, err := fmt.Sscanf(r, "region %d", &nla); err != nil {
+		c.t.Fatalf("c peer: reg: %s", r)
+	}
+	return fabric.NLA(nla)
+}
+
+func (c *cPeer) dump(a fabric.NLA, n int) []byte {
+	c.t.Helper()
+	r := c.do("dump %d %d", a, n)
+	h, ok := strings.CutPrefix(r, "hex ")
+	b, err := hex.DecodeString(h)
+	if !ok || err != nil {
+		c.t.Fatalf("c peer: dump: %s", r)
+	}
+	return b
+}
+
+// attachC grants VPIDs base..base+count-1 of owner to c's process and
+// attaches it.
+func attachC(t testing.TB, c *cPeer, fab string, owner fabric.NIC, base fabric.VPID, count int) Grant {
+	t.Helper()
+	g, err := lender(t, owner).Grant(base, count, c.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ok("attach /dev/shm %s %d %d %d %s", fab, owner.Node(), base, count, g.Token)
+	return g
+}
+
+func seeded(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+	return b
+}
+
+func pollWant(t testing.TB, ep fabric.Endpoint, want fabric.Notification) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if got := pollOne(t, ep, ctx); got != want {
+		t.Errorf("go notification %+v, want %+v", got, want)
+	}
+}
+
+func noteWant(t testing.TB, c *cPeer, v fabric.VPID, want fabric.Notification) {
+	t.Helper()
+	if got := c.note(v); got != want {
+		t.Errorf("c notification %+v, want %+v", got, want)
+	}
+}
+
+// cabiSetup: owner node 1 (Go, VPID 1), node 2 (Go, VPID 1, long
+// backstops so a prompt wake-up was a ring), and the C peer attached to
+// node 1 with VPIDs 10 and 11, VPID 10 open.
+type cabiSetup struct {
+	fab          string
+	owner, node2 fabric.NIC
+	ep1, ep2     fabric.Endpoint
+	c            *cPeer
+}
+
+func newCABI(t *testing.T) *cabiSetup {
+	testenv.VerifyNoLeaks(t)
+	bin := buildCPeer(t)
+	s := &cabiSetup{fab: uniqueFabric(t)}
+	var err error
+	if s.owner, err = Open(s.fab, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.owner.Close() })
+	if s.node2, err = Open(s.fab, 2, withBackstop(longBackstop)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.node2.Close() })
+	s.ep1 = open1(t, s.owner, 1)
+	s.ep2 = open1(t, s.node2, 1)
+	s.c = startCPeer(t, bin)
+	attachC(t, s.c, s.fab, s.owner, 10, 2)
+	s.c.ok("open 10 0")
+	return s
+}
+
+// TestCABIVELO: VELO both ways between the C peer (1:10) and Go
+// endpoints on another node (2:1) and on its own node (1:1), with every
+// consumer asleep before the message arrives, so each delivery was a
+// wake-up by a producer in the other language; then 200 echoes.
+func TestCABIVELO(t *testing.T) {
+	s := newCABI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := s.c
+	cAddr := fabric.Addr{Node: 1, VPID: 10}
+
+	// Go → C, C asleep in poll() on its FIFO.
+	for _, ep := range []fabric.Endpoint{s.ep2, s.ep1} {
+		before := c.stats()["bellsleeps"]
+		c.send("recv 10 20000")
+		time.Sleep(50 * time.Millisecond)
+		start := time.Now()
+		sendOne(t, ctx, ep, cAddr, 5, "hello from go")
+		from, tag, p := c.recv2()
+		if d := time.Since(start); d > promptWake {
+			t.Errorf("c woke %v after the send: not by the ring", d)
+		}
+		if from != ep.Addr() || tag != 5 || string(p) != "hello from go" {
+			t.Errorf("c got %v tag %d %q, want %v tag 5", from, tag, p, ep.Addr())
+		}
+		if st := c.stats(); st["bellsleeps"] == before {
+			t.Errorf("c did not sleep on its FIFO: %v", st)
+		}
+	}
+	if ws := wakeStats(t, s.node2); ws.BellRings == 0 {
+		t.Errorf("go producer never rang the C consumer's FIFO: %+v", ws)
+	}
+
+	// C → Go, Go asleep (netpoller or futex: both are rung by C).
+	for _, ep := range []fabric.Endpoint{s.ep2, s.ep1} {
+		done := make(chan fabric.Message, 1)
+		go func() { done <- recvCtx(ctx, ep) }()
+		time.Sleep(bellDelay)
+		start := time.Now()
+		a := ep.Addr()
+		c.ok("send 10 %d %d 6 %x 5000", a.Node, a.VPID, "hello from c")
+		m := <-done // recvCtx returns by ctx's deadline at the latest
+		if d := time.Since(start); d > promptWake {
+			t.Errorf("go woke %v after the send: not by the ring", d)
+		}
+		if m.Peer != cAddr || m.Tag != 6 || string(m.Payload()) != "hello from c" {
+			t.Errorf("go got %v tag %d %q", m.Peer, m.Tag, m.Payload())
+		}
+	}
+	st := c.stats()
+	if st["rings"]+st["futexwakes"] == 0 {
+		t.Errorf("c producer never woke a sleeping go consumer: %v", st)
+	}
+
+	// Echo: 200 messages of every length, in order.
+	c.send("echo 10 200 5000")
+	for i := 0; i < 200; i++ {
+		p := seeded(i%(fabric.MaxVELOPayload+1), byte(i))
+		var m fabric.Message
+		m.Peer, m.Tag = cAddr, fabric.Tag(i)
+		m.SetPayload(p)
+		if _, err := s.ep2.Send(ctx, []fabric.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+		got := recvOne(t, ctx, s.ep2)
+		if got.Peer != cAddr || got.Tag != fabric.Tag(i) || !bytes.Equal(got.Payload(), p) {
+			t.Fatalf("echo %d: got %v tag %d len %d", i, got.Peer, got.Tag, got.Len)
+		}
+	}
+	if r := c.reply(); r != "ok" {
+		t.Fatalf("c echo: %s", r)
+	}
+	if st := c.stats(); st["corrupt"] != 0 || st["sent"] < 202 || st["recv"] < 202 {
+		t.Errorf("c stats after clean traffic: %v", st)
+	}
+	if gs := s.node2.Stats(); gs.Corrupt != 0 {
+		t.Errorf("go corrupt = %d after clean traffic", gs.Corrupt)
+	}
+	c.ok("exit")
+}
+
+// recvCtx receives one message, or returns a zero Message once ctx is
+// done (for goroutines, which must not call t.Fatal).
+func recvCtx(ctx context.Context, ep fabric.Endpoint) fabric.Message {
+	var b [1]fabric.Message
+	for {
+		if n, err := ep.Recv(b[:]); err != nil || n == 1 {
+			return b[0]
+		}
+		if ep.Wait(ctx) != nil {
+			return fabric.Message{}
+		}
+	}
+}
+
+// recv2 reads the answer of a "recv" sent earlier.
+func (c *cPeer) recv2() (fabric.Addr, fabric.Tag, []byte) {
+	c.t.Helper()
+	r := c.reply()
+	var node, vpid, tg, mc int
+	var h string
+	if _, err := fmt.Sscanf(r, "msg %d %d %d %d %s", &node, &vpid, &tg, &mc, &h); err != nil {
+		c.t.Fatalf("c peer: recv: %s", r)
+	}
+	var p []byte
+	if h != "-" {
+		p, _ = hex.DecodeString(h)
+	}
+	return fabric.Addr{Node: fabric.NodeID(node), VPID: fabric.VPID(vpid)}, fabric.Tag(tg), p
+}
+
+// TestCABIRMA: PUT and GET with every notification of Table 3.1 in both
+// directions between C (1:10) and Go (2:1, and 1:1 on C's own node),
+// checked by content and by the notifications' fields.
+func TestCABIRMA(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	cAddr := fabric.Addr{Node: 1, VPID: 10}
+	const size = 4096
+	cn := s.c.region(10, size)
+	c.ok("fill %d %d 3", cn, size)
+	gr, err := s.ep2.Register(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(gr.Buf, seeded(size, 50))
+	all := fabric.NotifyRequester | fabric.NotifyCompleter
+
+	// C PUT → Go: requester (C) and completer (Go).
+	c.ok("post 10 1 2 1 %d %d 1000 %d", cn, gr.NLA+8, all)
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: s.ep2.Addr(), Len: 1000, Local: fabric.LastFrame(cn, 1000)})
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 1000, Local: fabric.LastFrame(gr.NLA+8, 1000)})
+	if !bytes.Equal(gr.Buf[8:1008], seeded(1000, 3)) {
+		t.Error("C PUT: Go region content differs")
+	}
+
+	// C GET ← Go: requester and completer (C), responder (Go).
+	c.ok("post 10 2 2 1 %d %d 992 %d", cn+2048, gr.NLA+1024, all|fabric.NotifyResponder)
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Peer: s.ep2.Addr(), Len: 992, Local: fabric.LastFrame(cn+2048, 992)})
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpGet, Peer: s.ep2.Addr(), Len: 992, Local: fabric.LastFrame(cn+2048, 992)})
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: cAddr, Len: 992, Local: fabric.LastFrame(gr.NLA+1024, 992)})
+	if got := c.dump(cn+2048, 992); !bytes.Equal(got, gr.Buf[1024:2016]) {
+		t.Error("C GET: C region content differs")
+	}
+
+	// Go PUT → C, Go GET ← C with the responder notification.
+	copy(gr.Buf, seeded(size, 90))
+	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: cAddr, Local: gr.NLA, Remote: cn + 100, Len: 300, Notify: all}}); err != nil {
+		t.Fatal(err)
+	}
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: cAddr, Len: 300, Local: gr.NLA})
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: s.ep2.Addr(), Len: 300, Local: cn + 100})
+	if got := c.dump(cn+100, 300); !bytes.Equal(got, gr.Buf[:300]) {
+		t.Error("Go PUT: C region content differs")
+	}
+	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: cAddr, Local: gr.NLA + 3000, Remote: cn, Len: 1000, Notify: fabric.NotifyRequester | fabric.NotifyResponder}}); err != nil {
+		t.Fatal(err)
+	}
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Peer: cAddr, Len: 1000, Local: fabric.LastFrame(gr.NLA+3000, 1000)})
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: s.ep2.Addr(), Len: 1000, Local: fabric.LastFrame(cn, 1000)})
+	if got := c.dump(cn, 1000); !bytes.Equal(got, gr.Buf[3000:4000]) {
+		t.Error("Go GET: Go region content differs")
+	}
+
+	// Same node: C PUT into the owner's VPID 1 region.
+	or, err := s.ep1.Register(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ok("post 10 1 1 1 %d %d 496 %d", cn, or.NLA, all)
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: s.ep1.Addr(), Len: 496, Local: cn})
+	pollWant(t, s.ep1, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 496, Local: or.NLA})
+	if got := c.dump(cn, 496); !bytes.Equal(got, or.Buf[:496]) {
+		t.Error("C PUT same node: content differs")
+	}
+	if st := c.stats(); st["corrupt"] != 0 || st["faults"] != 0 || st["posted"] != 3 {
+		t.Errorf("c stats: %v", st)
+	}
+	c.ok("exit")
+}
+
+// forgeMailbox writes a bad entry into VPID to's mailbox or notification
+// queue through n's view of it, as a buggy producer could: "len" a
+// published slot of length 127, "mcbit" one with descriptor bit 39 set,
+// "bad" a claimed position whose status word has no legal state, "note"
+// a published notification with reserved bits set.
+func forgeMailbox(t testing.TB, n *nicT, to fabric.Addr, kind string) {
+	t.Helper()
+	p, err := n.getPeer(to.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vf, err := n.vpid(p, to.VPID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vf.m.release()
+	desc := fabric.Descriptor{Node: n.node, VPID: 1, Tag: 7}.Encode()
+	if kind == "note" {
+		pos := vf.ntail.Add(1) - 1
+		vf.nclaimer(pos).Store(uint64(n.node) + 1)
+		binary.LittleEndian.PutUint64(vf.nbody(pos), 1|1<<2|0xAB<<56)
+		vf.nstatus(pos).Store(pos + 1)
+		return
+	}
+	pos := vf.tail.Add(1) - 1
+	st := vf.slot(pos)
+	switch kind {
+	case "len":
+		st.Store(seq24(pos+1)<<seqShift | desc | 127<<32)
+	case "mcbit":
+		st.Store(seq24(pos+1)<<seqShift | desc | 1<<39)
+	case "bad":
+		st.Store(seq24(pos)<<seqShift | 0x1234<<20)
+	default:
+		t.Fatalf("forge %q", kind)
+	}
+}
+
+// TestCABIBadInput: forged mailbox slots and notifications in both
+// directions, out-of-bounds and foreign-region RMA both ways, and forged
+// region-table entries (a size larger than the region file, reserved
+// bits) read by C: every one counted, nothing delivered from it, and
+// both sides keep working.
+func TestCABIBadInput(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cAddr := fabric.Addr{Node: 1, VPID: 10}
+	n2 := s.node2.(*nicT)
+
+	// Go → C: three bad slots, then a good message; a bad notification,
+	// then a good one.
+	for _, k := range []string{"len", "mcbit", "bad"} {
+		forgeMailbox(t, n2, cAddr, k)
+	}
+	sendOne(t, ctx, s.ep2, cAddr, 8, "after the forgeries")
+	if from, tag, p := c.recv(10, 5000); from != s.ep2.Addr() || tag != 8 || string(p) != "after the forgeries" {
+		t.Errorf("c got %v tag %d %q after forged slots", from, tag, p)
+	}
+	if st := c.stats(); st["corrupt"] != 3 {
+		t.Errorf("c corrupt = %d after 3 forged slots, want 3", st["corrupt"])
+	}
+	forgeMailbox(t, n2, cAddr, "note")
+	gr, err := s.ep2.Register(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cn := c.region(10, 4096)
+	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: cAddr, Local: gr.NLA, Remote: cn, Len: 64, Notify: fabric.NotifyCompleter}}); err != nil {
+		t.Fatal(err)
+	}
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: s.ep2.Addr(), Len: 64, Local: cn})
+	if st := c.stats(); st["corrupt"] != 4 {
+		t.Errorf("c corrupt = %d after a forged notification, want 4", st["corrupt"])
+	}
+
+	// C → Go: the same forgeries written by C.
+	before := s.node2.Stats().Corrupt
+	for _, k := range []string{"len", "mcbit", "bad", "note"} {
+		c.ok("forge 2 1 %s", k)
+	}
+	c.ok("send 10 2 1 9 %x 5000", "c after forgeries")
+	if m := recvOne(t, ctx, s.ep2); m.Peer != cAddr || m.Tag != 9 || string(m.Payload()) != "c after forgeries" {
+		t.Errorf("go got %v tag %d %q after forged slots", m.Peer, m.Tag, m.Payload())
+	}
+	c.ok("post 10 1 2 1 %d %d 16 %d", cn, gr.NLA, fabric.NotifyCompleter)
+	pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 16, Local: gr.NLA})
+	if d := s.node2.Stats().Corrupt - before; d != 4 {
+		t.Errorf("go corrupt grew by %d after 4 forgeries by C, want 4", d)
+	}
+
+	// C's RMA faults: local ones refused synchronously, remote ones an
+	// error notification with Local as posted.
+	for _, bad := range []string{
+		fmt.Sprintf("post 10 1 2 1 %d %d 0 1", cn, gr.NLA),           // length 0
+		fmt.Sprintf("post 10 1 2 1 %d %d %d 1", cn, gr.NLA, 8<<20+1), // length > 8 MiB
+		fmt.Sprintf("post 10 1 2 1 %d %d 100 4", cn, gr.NLA),         // PUT with responder
+		fmt.Sprintf("post 10 3 2 1 %d %d 100 1", cn, gr.NLA),         // bad op
+		fmt.Sprintf("post 10 1 2 1 %d %d 100 1", cn+4000, gr.NLA),    // local out of bounds
+		fmt.Sprintf("post 10 1 2 1 %d %d 100 1", gr.NLA, gr.NLA),     // local not ours
+	} {
+		if r := c.do("%s", bad); r != "err -22" {
+			t.Errorf("%s: %s, want err -22", bad, r)
+		}
+	}
+	or, err := s.ep1.Register(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := []struct {
+		peer fabric.Addr
+		nla  fabric.NLA
+		want fabric.NotifyErr
+	}{
+		{s.ep2.Addr(), gr.NLA + 4000, fabric.NErrBounds},
+		{s.ep2.Addr(), fabric.MakeNLA(3000, 0), fabric.NErrAccess},   // unregistered
+		{s.ep2.Addr(), 0, fabric.NErrAccess},                         // NLA 0
+		{fabric.Addr{Node: 2, VPID: 2}, gr.NLA, fabric.NErrAccess},   // another VPID's region
+		{fabric.Addr{Node: 1, VPID: 2}, or.NLA, fabric.NErrAccess},   // the owner's, wrong VPID
+		{fabric.Addr{Node: 9, VPID: 1}, gr.NLA, fabric.NErrPeerDown}, // no such node
+	}
+	for _, r := range remote {
+		c.ok("post 10 2 %d %d %d %d 200 0", r.peer.Node, r.peer.VPID, cn, r.nla)
+		noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: r.want, Peer: r.peer, Len: 200, Local: cn})
+	}
+
+	// Forged region table entries on node 2, read by C: a size larger
+	// than the region file (a SIGBUS if C trusted it), and reserved bits.
+	idx := uint32(4000)
+	w0, w1 := n2.entryWords(n2.nodeMap.b, idx)
+	path := n2.regionPath(2, n2.inc, idx, 1)
+	if err := os.WriteFile(path, make([]byte, 100), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	defer w0.Store(0)
+	w1.Store(1 << 20)
+	w0.Store(encodeRegionEntry(regionEntry{Gen: 1, Valid: true, Owner: 1}))
+	corrupt := c.stats()["corrupt"]
+	c.ok("post 10 2 2 1 %d %d 200 1", cn, fabric.MakeNLA(idx, 8192))
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: fabric.NErrAccess, Peer: s.ep2.Addr(), Len: 200, Local: cn})
+	w0.Store(encodeRegionEntry(regionEntry{Gen: 1, Valid: true, Owner: 1}) | 1<<20)
+	c.ok("post 10 2 2 1 %d %d 50 1", cn, fabric.MakeNLA(idx, 0))
+	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: fabric.NErrAccess, Peer: s.ep2.Addr(), Len: 50, Local: cn})
+	if d := c.stats()["corrupt"] - corrupt; d != 2 {
+		t.Errorf("c corrupt grew by %d for 2 forged region entries, want 2", d)
+	}
+
+	// Go's RMA faults against C's regions.
+	c.ok("open 11 0")
+	cn11 := c.region(11, 4096)
+	for _, r := range []struct {
+		remote fabric.NLA
+		want   fabric.NotifyErr
+	}{{cn + 4000, fabric.NErrBounds}, {cn11, fabric.NErrAccess}, {fabric.MakeNLA(idx, 0), fabric.NErrAccess}} {
+		if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: cAddr, Local: gr.NLA, Remote: r.remote, Len: 200, Notify: fabric.NotifyRequester}}); err != nil {
+			t.Fatal(err)
+		}
+		pollWant(t, s.ep2, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpGet, Err: r.want, Peer: cAddr, Len: 200, Local: gr.NLA})
+	}
+
+	// Both still work.
+	c.send("echo 10 1 5000")
+	sendOne(t, ctx, s.ep2, cAddr, 1, "still alive")
+	if m := recvOne(t, ctx, s.ep2); string(m.Payload()) != "still alive" {
+		t.Errorf("echo after bad input: %q", m.Payload())
+	}
+	if r := c.reply(); r != "ok" {
+		t.Errorf("c echo: %s", r)
+	}
+	c.ok("exit")
+}
+
+// TestCABIAttachRefusals: a node file of another layout version (-EPROTO
+// = 71), a wrong secret, a grant for another PID, VPIDs outside the
+// grant: refused, and a correct attach then works.
+func TestCABIAttachRefusals(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	bin := buildCPeer(t)
+	fab := uniqueFabric(t)
+	owner, err := Open(fab, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	c := startCPeer(t, bin)
+	g, err := lender(t, owner).Grant(10, 2, c.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ver := u32(owner.(*nicT).nodeMap.b, nOffVersion)
+	ver.Store(layoutVersion - 1)
+	if r := c.do("attach /dev/shm %s 1 10 2 %s", fab, g.Token); r != "err -71" {
+		t.Errorf("attach to a version %d node: %s, want err -71 (EPROTO)", layoutVersion-1, r)
+	}
+	ver.Store(layoutVersion)
+	bad := g.Token[:len(g.Token)-1] + map[bool]string{true: "1", false: "0"}[strings.HasSuffix(g.Token, "0")]
+	if r := c.do("attach /dev/shm %s 1 10 2 %s", fab, bad); r != "err -22" {
+		t.Errorf("attach with a wrong secret: %s", r)
+	}
+	if r := c.do("attach /dev/shm %s 1 10 3 %s", fab, g.Token); r != "err -22" {
+		t.Errorf("attach with a wrong count: %s", r)
+	}
+	other, err := lender(t, owner).Grant(20, 1, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.do("attach /dev/shm %s 1 20 1 %s", fab, other.Token); r != "err -22" {
+		t.Errorf("attach with another process's grant: %s", r)
+	}
+	c.ok("attach /dev/shm %s 1 10 2 %s", fab, g.Token)
+	if r := c.do("open 12 0"); r != "err -22" {
+		t.Errorf("open outside the grant: %s", r)
+	}
+	c.ok("open 11 0")
+	c.ok("owner")
+	c.ok("exit")
+}
+
+// TestCABIPeerDies: (1) the C peer is SIGKILLed while a Go sender is
+// blocked on its full mailbox and after it claimed a slot in a Go
+// mailbox it never published: the Go sender is released (the owner's
+// sweep reclaims the dead holder's lease), the Go consumer skips the
+// orphaned slot (counted) and keeps receiving, and the C peer's files
+// are gone. (2) a Go node in another process is SIGKILLed while the C
+// peer is blocked sending to its full mailbox: C reports -EHOSTDOWN
+// (-112) promptly.
+func TestCABIPeerDies(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c.ok("open 11 2")
+	c.region(11, 4096)
+	c.ok("forge 2 1 orphan")
+	full := fabric.Addr{Node: 1, VPID: 11}
+	errc := make(chan error, 1)
+	go func() {
+		var m fabric.Message
+		m.Peer = full
+		ms := []fabric.Message{m, m, m, m}
+		_, err := s.ep2.Send(ctx, ms)
+		errc <- err
+	}()
+	waitFor(t, "go sender blocked", func() bool { return s.node2.Stats().SendBlocked > 0 })
+	c.cmd.Process.Kill()
+	start := time.Now()
+	if err := <-errc; err == nil || ctx.Err() != nil {
+		t.Errorf("blocked send to the killed C peer: %v (ctx %v)", err, ctx.Err())
+	}
+	t.Logf("go sender released %v after SIGKILL of the C peer", time.Since(start))
+	before := s.node2.Stats().Corrupt
+	sendOne(t, ctx, s.ep1, s.ep2.Addr(), 3, "behind the orphan")
+	if m := recvOne(t, ctx, s.ep2); string(m.Payload()) != "behind the orphan" {
+		t.Errorf("go got %q behind the orphaned slot", m.Payload())
+	}
+	if d := s.node2.Stats().Corrupt - before; d != 1 {
+		t.Errorf("go corrupt grew by %d for one orphaned slot, want 1", d)
+	}
+	if st := lender(t, s.owner).LeaseStats(); st.HolderDied != 1 {
+		t.Errorf("lease stats %+v, want one holder died", st)
+	}
+	waitFor(t, "the C peer's files reclaimed", func() bool {
+		for _, f := range fabricFiles(t, s.fab) {
+			if strings.Contains(f, "-v1") && !strings.HasSuffix(f, "-v1") && !strings.HasSuffix(f, "-v1.bell") ||
+				strings.Contains(f, "-r4") || strings.Contains(f, "-a") {
+				return false
+			}
+		}
+		return true
+	})
+
+	// (2) on a fabric of its own: node 2 is TestHelperProcess's child.
+	fab := uniqueFabric(t)
+	owner, err := Open(fab, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	ep := open1(t, owner, 1)
+	child := startChild(t, "TestHelperProcess", childEnv+"="+fab)
+	if m := recvOne(t, ctx, ep); m.Tag != tagRegion {
+		t.Fatalf("child said tag %d first", m.Tag)
+	}
+	c2 := startCPeer(t, buildCPeer(t))
+	attachC(t, c2, fab, owner, 10, 1)
+	c2.ok("open 10 0")
+	c2.ok("send 10 2 1 %d - 5000", tagStall)
+	c2.send("flood 10 2 1 1 100 20000")
+	waitFor(t, "c sender blocked", func() bool {
+		vf := owner.(*nicT)
+		p, err := vf.getPeer(2)
+		if err != nil {
+			return false
+		}
+		v, err := vf.vpid(p, 1)
+		if err != nil {
+			return false
+		}
+		defer v.m.release()
+		return v.spaceW.Load() > 0
+	})
+	child.Process.Kill()
+	killed := time.Now()
+	r := c2.reply()
+	var sent, cerr, ms int
+	if _, err := fmt.Sscanf(r, "flood %d %d %d", &sent, &cerr, &ms); err != nil || cerr != -112 {
+		t.Fatalf("c flood to a killed peer: %s, want err -112 (EHOSTDOWN)", r)
+	}
+	t.Logf("c sender saw the SIGKILLed Go node after %v (%d sent)", time.Since(killed), sent)
+	if st := c2.stats(); st["peerdown"] == 0 || st["blocked"] == 0 {
+		t.Errorf("c stats: %v", st)
+	}
+	c2.ok("exit")
+	// The dead child's files go with the owner's next probe.
+	waitFor(t, "the killed node reclaimed", func() bool {
+		if owner.Alive(2) == nil {
+			return false
+		}
+		for _, f := range fabricFiles(t, fab) {
+			if strings.Contains(f, "-n2") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// BenchmarkCABI: 120-byte VELO ping-pong round trips, timed by the C
+// peer (p50 and p99 of single round trips, in ns): C → Go echo, and C →
+// C echo (two C peers attached to node 1). Compare with
+// BenchmarkFabric/VELO/pingpong-120B (Go ↔ Go) in the same run.
+func BenchmarkCABI(b *testing.B) {
+	bin := buildCPeer(b)
+	b.Run("pingpong-120B/C-Go", func(b *testing.B) {
+		fab := uniqueFabric(b)
+		owner, err := Open(fab, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer owner.Close()
+		n2, err := Open(fab, 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer n2.Close()
+		ep := open1(b, n2, 1)
+		c := startCPeer(b, bin)
+		attachC(b, c, fab, owner, 10, 1)
+		c.ok("open 10 0")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			out := make([]fabric.Message, 1)
+			for {
+				m := recvCtx(ctx, ep)
+				if ctx.Err() != nil {
+					return
+				}
+				out[0] = m
+				if _, err := ep.Send(ctx, out); err != nil {
+					return
+				}
+			}
+		}()
+		c.ping(b, "ping 10 2 1 %d", b.N)
+		cancel()
+		<-done
+		c.ok("exit")
+	})
+	b.Run("pingpong-120B/C-C", func(b *testing.B) {
+		fab := uniqueFabric(b)
+		owner, err := Open(fab, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer owner.Close()
+		echo, ping := startCPeer(b, bin), startCPeer(b, bin)
+		attachC(b, echo, fab, owner, 10, 1)
+		attachC(b, ping, fab, owner, 20, 1)
+		echo.ok("open 10 0")
+		ping.ok("open 20 0")
+		echo.send("echo 10 %d 10000", b.N)
+		ping.ping(b, "ping 20 1 10 %d", b.N)
+		if r := echo.reply(); r != "ok" {
+			b.Fatalf("echo: %s", r)
+		}
+		echo.ok("exit")
+		ping.ok("exit")
+	})
+}
+
+// ping runs a "ping" command and reports its latencies.
+func (c *cPeer) ping(b *testing.B, format string, args ...any) {
+	b.Helper()
+	b.ResetTimer()
+	r := c.do(format, args...)
+	b.StopTimer()
+	var p50, p99, mean int64
+	if _, err := fmt.Sscanf(r, "lat %d %d %d", &p50, &p99, &mean); err != nil {
+		b.Fatalf("c ping: %s", r)
+	}
+	b.ReportMetric(float64(p50), "p50-ns")
+	b.ReportMetric(float64(p99), "p99-ns")
+}
