@@ -9,7 +9,7 @@
  *          header validated) -> claim (CAS tail) -> mark -> fill ->
  *          publish (status word last) -> doorbell (futex wake if
  *          sleepers, one FIFO byte if bellW and we win rung 0->1).
- *          Full ring: yield SHMFAB_SEND_SPIN times, then futex slices
+ *          Full ring: poll SHMFAB_SPIN_NS, then futex slices
  *          on the target's space word with liveness checks between.
  *   recv/poll: consume from head, classify every status word, free
  *          slots (status last), wake blocked senders once per batch.
@@ -1079,8 +1079,7 @@ int shmfab_send(shmfab_ep *e, uint16_t node, unsigned vpid, uint8_t tag, const v
 		goto sent;
 	n->st.send_blocked++;
 	ring_doorbell(n, v); /* the consumer may be asleep with a full ring */
-	for (int i = 0; i < SHMFAB_SEND_SPIN; i++) {
-		sched_yield();
+	for (int64_t t0 = now_ns(); now_ns() - t0 < SHMFAB_SPIN_NS;) {
 		if (push(v, desc, n->node, p, len))
 			goto sent;
 	}
@@ -1233,8 +1232,6 @@ int shmfab_wait(shmfab_ep *e, int timeout_ms)
 			int64_t spun = now_ns() - start;
 			if (spun > SHMFAB_SPIN_NS || (timeout_ms >= 0 && spun >= (int64_t)timeout_ms * 1000000))
 				break;
-			if (spun > SHMFAB_SPIN_YIELD_NS)
-				sched_yield();
 		}
 	}
 	int64_t deadline = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;

@@ -149,18 +149,15 @@ extern "C" {
 
 /* ---- Wake-up budgets (docs/shm-abi.md "Wake-up protocol") ----------- */
 
-/* SHMFAB_SPIN_NS: how long shmfab_wait polls before it parks: a
- * ping-pong round trip between two polling consumers is a few µs; the
- * Go side's spinCap (fabric/shm/endpoint.go) is the same 20 µs. After
- * SHMFAB_SPIN_YIELD_NS the spin also sched_yield()s at each clock check,
- * leaving a 2-core host's CPU to the peer it waits for. */
-#define SHMFAB_SPIN_NS 20000
-#define SHMFAB_SPIN_YIELD_NS 5000
-/* A sender blocked on a full mailbox: SHMFAB_SEND_SPIN yields, then
+/* SHMFAB_SPIN_NS: how long shmfab_wait (and a sender facing a full
+ * mailbox) polls, without yielding, before it parks: the Go side's
+ * spinBudget (fabric/shm/endpoint.go), about what a park and a doorbell
+ * wake-up cost (docs/wakeup.md). */
+#define SHMFAB_SPIN_NS 5000
+/* A sender blocked on a full mailbox: SHMFAB_SPIN_NS of polling, then
  * futex sleeps of SHMFAB_SEND_SLICE_NS on the target's space word, with
  * the target's liveness (a flock probe) and the deadline checked between
  * slices: a SIGKILLed target is reported within one slice. */
-#define SHMFAB_SEND_SPIN 64
 #define SHMFAB_SEND_SLICE_NS 2000000
 /* A claimed slot never published is skipped after this long unless its
  * claimer is probed dead first (fabric/shm/ring.go orphanTimeout). */
