@@ -1,8 +1,10 @@
 package perf
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -24,7 +26,7 @@ import (
 //
 //	go test -run '^$' -bench Wakeup -benchtime 1x -timeout 15m ./perf/
 func BenchmarkWakeup(b *testing.B) {
-	testenv.RequirePrivileged(b, "ip", "ping", "sockperf")
+	testenv.RequirePrivileged(b, "ip", "ping", "sockperf", "gcc")
 	va, vb := nstest.NewNetns(b, "va"), nstest.NewNetns(b, "vb")
 	_, vethB := nstest.Veth(b, va, vb, 11)
 	exnd := nstest.Build(b)
@@ -71,8 +73,21 @@ func BenchmarkWakeup(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Fprintf(&sb, "| exnctl ping, cold (after 1 s quiet), p50 of %d | | %.1f us | | <= 100 us |\n", len(cold), pct(cold, 50))
-	fmt.Fprintf(&sb, "| exnctl ping, warm (back to back), p50 of %d | | %.1f us | | |\n", len(warm), pct(warm, 50))
+	// The floor: two C processes ping-ponging through FIFOs, parked in
+	// poll(2), after the same quiet (cold) and back to back (warm).
+	floorCold, err := fifoFloor(b, 10, time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	floorWarm, err := fifoFloor(b, 2000, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Fprintf(&sb, "| exnctl ping, cold (after 1 s quiet), p50 of %d; floor = C FIFO ping-pong after 1 s | %.1f us (floor) | %.1f us | %.2fx floor | <= 100 us |\n",
+		len(cold), floorCold, pct(cold, 50), pct(cold, 50)/floorCold)
+	fmt.Fprintf(&sb, "| exnctl ping, warm (back to back), p50 of %d; floor back to back | %.1f us (floor) | %.1f us | %.2fx floor | |\n",
+		len(warm), floorWarm, pct(warm, 50), pct(warm, 50)/floorWarm)
+	b.ReportMetric(floorCold, "fifo-floor-cold-us")
 	b.ReportMetric(pct(cold, 50), "fping-cold-p50-us")
 	b.ReportMetric(pct(warm, 50), "fping-warm-p50-us")
 
@@ -226,6 +241,29 @@ func sockperf64(b *testing.B, srv, cli *nstest.Netns, ip string, secs int) (floa
 		return 0, fmt.Errorf("sockperf %s: %v: %s", ip, err, out)
 	}
 	return strconv.ParseFloat(m[1], 64)
+}
+
+// fifoFloor builds and runs perf/testdata/fifo_pingpong.c: count round
+// trips between two processes parked in poll(2) on FIFOs, gap apart, and
+// returns the p50 in µs.
+func fifoFloor(b *testing.B, count int, gap time.Duration) (float64, error) {
+	dir := b.TempDir()
+	bin := dir + "/fifo_pingpong"
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bin, "testdata/fifo_pingpong.c").CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("gcc: %v: %s", err, out)
+	}
+	timeout := time.Duration(count)*gap + 30*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, dir, strconv.Itoa(count), strconv.Itoa(int(gap.Microseconds()))).Output()
+	if err != nil {
+		return 0, fmt.Errorf("fifo_pingpong: %v", err)
+	}
+	f := strings.Fields(string(out))
+	if len(f) != 2 {
+		return 0, fmt.Errorf("fifo_pingpong: %q", out)
+	}
+	return strconv.ParseFloat(f[0], 64)
 }
 
 // idleShare is pid's CPU time over d as a percentage of d.
