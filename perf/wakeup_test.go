@@ -130,7 +130,10 @@ func BenchmarkWakeupIdleScale(b *testing.B) {
 		for i := range nodes {
 			nodes[i] = nstest.StartNode(b, exnd, fab, 12, i+1)
 		}
-		time.Sleep(2 * time.Second) // joins settle
+		// Joins settle, and the kernels' IPv6 start-up chatter on exn0
+		// (duplicate address detection, router solicitations, MLD
+		// reports: multicast to every peer) dies down.
+		time.Sleep(12 * time.Second)
 		t0 := make([]uint64, size)
 		for i, n := range nodes {
 			var err error
