@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"math"
-	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -221,17 +220,12 @@ func TestNetperfShim(t *testing.T) {
 	// with exnd) in the parent, which forks and exits; the daemon
 	// (setsid) accepts on the inherited listener and forks per test.
 	//
-	// Known fault (issue #15, reported): exnd keys the registration on
-	// the PID that called listen() and its sweeper drops it once that
-	// process is gone (shimsrv.DefaultSweep), although the daemon still
-	// listens; from then on every control connection to the daemon falls
-	// back to TCP (client: no_listener, server: plain_client). The test
-	// waits past a sweep so that it sees the fault every time, and runs
-	// only with EXN_NETPERF_DAEMON=1 until the fix lands.
+	// This used to lose EXT-DS: exnd keyed the registration on the PID
+	// that called listen() and its sweeper dropped it once that process
+	// was gone. The shim now passes the listening socket itself and exnd
+	// keeps the registration while that socket lives (docs/shim.md). The
+	// test waits past a sweep so that a regression shows every time.
 	t.Run("daemon", func(t *testing.T) {
-		if os.Getenv("EXN_NETPERF_DAEMON") != "1" {
-			t.Skip("known fault: a daemonized netserver's listener registration dies with the parent (issue #15); EXN_NETPERF_DAEMON=1 runs it")
-		}
 		_, netserver := nstest.Netperf(t)
 		port := nstest.Port()
 		pid := nstest.StartNetserverDaemon(t, nodes[1].NS, netserver, c.env(1), port)
