@@ -35,6 +35,13 @@ var Targets = []Target{
 	{ID: "netperf-crr-shim", What: "netperf TCP_CRR through libextds.so (issue #15)", Bar: "≥ 0.7× TCP over exn0", Stretch: "≥ 1.0× TCP over exn0", On: "ratio", Op: ">=", Limit: 0.7, StretchLimit: 1.0},
 	{ID: "netperf-stream-shim", What: "netperf TCP_STREAM through libextds.so (issue #15)", Bar: "≥ 1.0× TCP over exn0", Stretch: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1},
 	{ID: "netperf-stream-shim-veth", What: "netperf TCP_STREAM through libextds.so (goal)", Bar: "≥ 1.0× veth", On: "ratio", Op: ">=", Limit: 1, StretchOnly: true},
+	// Issue #19 (wake-ups, 2 netns nodes on shm; docs/wakeup.md).
+	{ID: "wake-ping-p50", What: "ping over exn0 p50 at 1, 5 and 50/s (issue #19)", Bar: "≤ 0.5 ms", Stretch: "", On: "value", Op: "<=", Limit: 0.5e6},
+	{ID: "wake-ping-worst", What: "ping over exn0, worst of 20 at 5/s (issue #19)", Bar: "≤ 3 ms", On: "value", Op: "<=", Limit: 3e6},
+	{ID: "wake-fping-cold", What: "exnctl ping cold p50 (issue #19)", Bar: "≤ 100 µs", On: "value", Op: "<=", Limit: 100e3},
+	{ID: "wake-sockperf", What: "sockperf TCP ping-pong 64 B p50 over exn0 (issue #19)", Bar: "≤ 2× veth", Stretch: "≤ 1.2× veth", On: "ratio", Op: "<=", Limit: 2, StretchLimit: 1.2},
+	{ID: "wake-idle", What: "idle exnd CPU share over 10 s (issue #19)", Bar: "< 0.5%", Stretch: "< 0.1%", On: "value", Op: "<", Limit: 0.5, StretchLimit: 0.1},
+	{ID: "wake-idle-scale", What: "idle exnd among 32 nodes vs among 2 (issue #19)", Bar: "≤ 1× (no growth)", On: "ratio", Op: "<=", Limit: 1},
 	{ID: "idle-cpu", What: "exnd idle CPU", Bar: "< 2% of a core", Stretch: "< 0.5%", On: "value", Op: "<", Limit: 2, StretchLimit: 0.5},
 	{ID: "netstack-tcp", What: "node TCP over the engine vs a direct gVisor link (docs/netstack.md)", Bar: "≥ 0.7× direct", On: "ratio", Op: ">=", Limit: 0.7},
 }

@@ -325,7 +325,7 @@ func TestMarkdown(t *testing.T) {
 		"![RMA bandwidth by transfer size](charts/rma-bandwidth.svg)",
 		"![EXT-DS stream throughput by write size](charts/extds-stream.svg)",
 		"**Skipped:** needs root (network namespaces)",
-		"Not run yet: `exteth-engine`, `netstack`, `netperf`.",
+		"Not run yet: `exteth-engine`, `netstack`, `netperf`, `wakeup`.",
 		"go run ./cmd/exnperf report -from docs/results",
 	} {
 		if !strings.Contains(doc, want) {

@@ -124,6 +124,7 @@ var Sections = []Section{
 		Extract: extractShim,
 	},
 	netperfSection, // netperf.go
+	wakeupSection,  // wakeup.go
 }
 
 // SectionByID returns the section with this ID.
