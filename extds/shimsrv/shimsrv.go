@@ -162,6 +162,7 @@ type listenKey struct {
 type listenReg struct {
 	uid   uint32
 	pid   int
+	addr  netip.Addr // the socket's bound address (getsockname); invalid: unknown (an old state file)
 	unreg func()
 }
 
@@ -313,10 +314,13 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 	}
 	var port uint16
 	var ino uint64
+	var bound netip.AddrPort
 	var ierr error
 	if err := rawFD(r.Files[0], func(fd int) {
 		if port, ierr = sys.ListeningTCPPort(fd); ierr == nil {
-			ino, ierr = sys.SocketInode(fd)
+			if ino, ierr = sys.SocketInode(fd); ierr == nil {
+				bound, ierr = sys.SockName(fd)
+			}
 		}
 	}); err != nil || ierr != nil {
 		return nil, nil, s.refuse(ReasonNotListening, "%s: %v", op, errors.Join(err, ierr))
@@ -346,7 +350,7 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
-	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, unreg: unreg}
+	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, addr: bound.Addr(), unreg: unreg}
 	s.saveLocked()
 	return listenResult{Port: port}, nil, nil
 }
@@ -511,6 +515,19 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	}
 	if !isTCP {
 		return nil, nil, errors.New("descriptor is not a TCP socket")
+	}
+	if side == sideAccept {
+		var la netip.AddrPort
+		if err := rc.Control(func(fd uintptr) { la, ierr = sys.SockName(int(fd)) }); err != nil || ierr != nil {
+			return nil, nil, errors.Join(err, ierr)
+		}
+		if !s.mayAccept(who, la) {
+			// Another user's registration: no claim is made for this
+			// connection, so its client is never told to go ahead.
+			_ = s.refuse(ReasonNotOwner, "shim-accept: port %d is registered by another user", la.Port())
+			s.fallback(ReasonNotOwner)
+			return switchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
+		}
 	}
 	// net.FileConn dups f and sets O_NONBLOCK, which lives in the open
 	// file description the application shares: restore it whenever the
