@@ -275,9 +275,12 @@ func (s *Server) hello(_ context.Context, args []string) (any, error) {
 	if v, err := strconv.Atoi(args[0]); err != nil || v != Version {
 		return nil, s.refuse(ReasonVersion, "shim-hello: version %q not supported (this exnd speaks %d)", args[0], Version)
 	}
-	return struct {
-		Version int `json:"version"`
-	}{Version}, nil
+	return HelloResult{Version: Version}, nil
+}
+
+// HelloResult is shim-hello's data (docs/shim.md, "Control protocol").
+type HelloResult struct {
+	Version int `json:"version"`
 }
 
 func parsePort(s string) (uint16, error) {
@@ -335,7 +338,7 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 		if l.uid != who.UID && who.UID != 0 {
 			return nil, nil, s.refuseLocked(ReasonNotOwner, "%s: port %d is registered by another user", op, port)
 		}
-		return listenResult{Port: port}, nil, nil // idempotent
+		return ListenResult{Port: port}, nil, nil // idempotent
 	}
 	n := 0
 	for _, l := range s.listens {
@@ -352,10 +355,11 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 	}
 	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, addr: bound.Addr(), unreg: unreg}
 	s.saveLocked()
-	return listenResult{Port: port}, nil, nil
+	return ListenResult{Port: port}, nil, nil
 }
 
-type listenResult struct {
+// ListenResult is shim-listen's data.
+type ListenResult struct {
 	Port uint16 `json:"port"`
 }
 
@@ -454,7 +458,10 @@ const (
 	sideAccept  = "accept"
 )
 
-type switchResult struct {
+// SwitchResult is the data of shim-connect and shim-accept: Mode "extds"
+// with the connection's ID (the socketpair end comes with it), or "tcp"
+// with the fallback reason.
+type SwitchResult struct {
 	Mode   string `json:"mode"`
 	ID     uint64 `json:"id,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -526,7 +533,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			// connection, so its client is never told to go ahead.
 			_ = s.refuse(ReasonNotOwner, "shim-accept: port %d is registered by another user", la.Port())
 			s.fallback(ReasonNotOwner)
-			return switchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
+			return SwitchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
 		}
 	}
 	// net.FileConn dups f and sets O_NONBLOCK, which lives in the open
@@ -572,7 +579,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		c.Close() // the dup only
 		restore()
 		s.fallback(why.String())
-		return switchResult{Mode: "tcp", Reason: why.String()}, nil, nil
+		return SwitchResult{Mode: "tcp", Reason: why.String()}, nil, nil
 	}
 	app, mine, err := sys.Socketpair("extds-shim")
 	if err != nil {
@@ -629,7 +636,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	s.switched.Add(1)
 	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", who.PID,
 		"uid", who.UID, "local", e.local, "remote", e.remote, "peer", e.peer)
-	return switchResult{Mode: "extds", ID: e.id}, app, nil
+	return SwitchResult{Mode: "extds", ID: e.id}, app, nil
 }
 
 // setBuffers sets uc's socket buffers to SockBuf: past
