@@ -39,3 +39,24 @@ func Shim(node fabric.NodeID, stats func() shimsrv.Stats) prometheus.Collector {
 	})
 	return b.collector(stats)
 }
+
+// AttachStats are exnd's kernel-bypass lease counters (extds-attach and
+// friends; cmd/exnd's attach service converts its own into these).
+type AttachStats struct {
+	Attached, Detached, Reclaimed, Expired, Refused, Listens uint64
+	Leases                                                   int
+}
+
+// Attach returns a collector for exnd's kernel-bypass lease service.
+func Attach(node fabric.NodeID, stats func() AttachStats) prometheus.Collector {
+	b := &builder[AttachStats]{subsystem: "attach", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
+	type S = AttachStats
+	b.counter("granted_total", "VPID leases granted (extds-attach).", func(s *S) uint64 { return s.Attached })
+	b.counter("detached_total", "Leases given back (extds-detach).", func(s *S) uint64 { return s.Detached })
+	b.counter("reclaimed_total", "Leases ended because the holder let go or died.", func(s *S) uint64 { return s.Reclaimed })
+	b.counter("expired_total", "Leases never attached (the caller died, or the grace passed).", func(s *S) uint64 { return s.Expired })
+	b.counter("refused_total", "Lease requests refused: bad arguments, another process's or user's lease, no block free; listings that withheld other users' leases.", func(s *S) uint64 { return s.Refused })
+	b.counter("listens_total", "extds-listen registrations.", func(s *S) uint64 { return s.Listens })
+	b.gauge("leases", "Leases held now.", func(s *S) float64 { return float64(s.Leases) })
+	return b.collector(stats)
+}

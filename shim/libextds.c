@@ -86,10 +86,11 @@ static char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)] = "/run/exn/
 static volatile int g_ready;   /* init done */
 static volatile int g_hello;   /* 0 unknown, 1 exnd speaks shim v2, -1 it does not */
 
-/* Shim protocol version (docs/extds.md "Shim server"): 2 names no PID
+/* Shim protocol version (docs/shim.md "Control protocol"): 2 names no PID
  * (exnd asks the kernel, SO_PEERCRED), shim-listen carries the listening
- * socket, and accepts are claimed out of band before a client writes. */
-#define SHIM_VERSION "2"
+ * socket, and accepts are claimed out of band before a client writes.
+ * ctlparse.c encodes the requests and decodes the responses. */
+#include "ctlparse.c"
 
 /* ---- fd table ---- */
 
@@ -456,7 +457,7 @@ static int ctl_send(int s, const char *line, int fd)
  * first descriptor that came with it into *rfd (-1 if none; extra ones
  * are closed). 0 or -1.
  */
-static int ctl_recv(int s, char *buf, size_t size, int *rfd)
+static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 {
 	size_t len = 0;
 	*rfd = -1;
@@ -496,6 +497,7 @@ static int ctl_recv(int s, char *buf, size_t size, int *rfd)
 		char *nl = memchr(buf, '\n', len);
 		if (nl) {
 			*nl = 0;
+			*linelen = (size_t)(nl - buf);
 			return 0;
 		}
 		if (len >= size - 1)
@@ -512,46 +514,28 @@ fail:
 enum { CTL_NOCONN = -2, CTL_BROKEN = -1, CTL_OK = 0, CTL_REFUSED = 1 };
 
 /*
- * Response decoding. exnd writes {"ok":true,"data":{...}} or
- * {"ok":false,"error":"..."} with "ok" first (Go's encoding of
- * control.Response), so success is exactly that prefix: an error text
- * that happens to contain "ok":true is not success. Values are looked up
- * after "data": only. Fuzzed by shim/check (TestFuzzDecoder).
+ * Response decoding: ctl_parse (ctlparse.c), strict, fuzzed against Go's
+ * encoding/json by shim/check (FuzzCtlParse). A line it does not accept
+ * counts as a broken control connection.
  */
-static int resp_ok(const char *s) { return strncmp(s, "{\"ok\":true", 10) == 0 && (s[10] == ',' || s[10] == '}'); }
-
-static const char *resp_data(const char *s)
-{
-	const char *d = strstr(s, "\"data\":");
-	return d ? d : "";
-}
-
-static uint64_t json_u64(const char *s, const char *key)
-{
-	const char *p = strstr(resp_data(s), key);
-	if (!p)
-		return 0;
-	p += strlen(key);
-	while (*p == ' ' || *p == ':' || *p == '"')
-		p++;
-	if (*p < '0' || *p > '9')
-		return 0;
-	return strtoull(p, NULL, 10);
-}
-
-static int resp_extds(const char *s) { return strstr(resp_data(s), "\"mode\":\"extds\"") != NULL; }
 
 /*
  * One request: a fresh connection (no descriptor of ours lives on in the
  * application's fd space, threads and forked children need no care),
- * the one-time hello, then the request. Returns CTL_OK (ok:true, buf
- * holds the line), CTL_REFUSED (ok:false), CTL_NOCONN (nothing was sent:
- * no exnd, or it does not speak the shim protocol) or CTL_BROKEN (the
- * request may have reached exnd but no answer came).
+ * the one-time hello, then the request op (arg: its port, for
+ * shim-unlisten). Returns CTL_OK (ok:true, *r decoded, buf holds the
+ * line), CTL_REFUSED (ok:false), CTL_NOCONN (nothing was sent: no exnd,
+ * or it does not speak the shim protocol) or CTL_BROKEN (the request may
+ * have reached exnd but no answer, or no answer ctl_parse accepts, came).
  */
-static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
+static int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size, struct ctl_resp *r, int *rfd)
 {
+	char line[64];
+	size_t n;
 	*rfd = -1;
+	memset(r, 0, sizeof *r);
+	if (ctl_req(line, sizeof line, op, arg) < 0)
+		return CTL_NOCONN;
 	if (g_hello < 0)
 		return CTL_NOCONN;
 	int s = ctl_open();
@@ -561,13 +545,15 @@ static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
 	}
 	if (g_hello == 0) {
 		int hfd;
-		if (ctl_send(s, "shim-hello " SHIM_VERSION "\n", -1) < 0 || ctl_recv(s, buf, size, &hfd) < 0) {
+		char hello[32];
+		if (ctl_req(hello, sizeof hello, CTL_OP_HELLO, 0) < 0 || ctl_send(s, hello, -1) < 0 ||
+		    ctl_recv(s, buf, size, &n, &hfd) < 0) {
 			real_close(s);
 			return CTL_NOCONN;
 		}
 		if (hfd >= 0)
 			real_close(hfd);
-		if (!resp_ok(buf) || json_u64(buf, "\"version\"") != 2) {
+		if (ctl_parse(buf, n, r) < 0 || !r->ok || r->version != 2) {
 			dbg("exnd does not speak shim v" SHIM_VERSION ": %s", buf);
 			g_hello = -1;
 			real_close(s);
@@ -575,17 +561,17 @@ static int ctl_call(const char *line, int fd, char *buf, size_t size, int *rfd)
 		}
 		g_hello = 1;
 	}
-	int r = CTL_BROKEN;
-	if (ctl_send(s, line, fd) == 0 && ctl_recv(s, buf, size, rfd) == 0)
-		r = resp_ok(buf) ? CTL_OK : CTL_REFUSED;
+	int c = CTL_BROKEN;
+	if (ctl_send(s, line, fd) == 0 && ctl_recv(s, buf, size, &n, rfd) == 0 && ctl_parse(buf, n, r) == 0)
+		c = r->ok ? CTL_OK : CTL_REFUSED;
 	int saved = errno;
 	real_close(s);
 	errno = saved;
-	if (r == CTL_REFUSED && *rfd >= 0) {
+	if (c != CTL_OK && *rfd >= 0) {
 		real_close(*rfd);
 		*rfd = -1;
 	}
-	return r;
+	return c;
 }
 
 
@@ -783,12 +769,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	 * net.FileConn does): take the flags now and put them back. */
 	int fdfl = real_fcntl(fd, F_GETFD), flfl = real_fcntl(fd, F_GETFL);
 	char buf[4096];
+	struct ctl_resp resp;
 	int ufd;
 	if ((fdflags(fd) & F_EPOVF)) {
 		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
 		goto tcp;
 	}
-	switch (ctl_call("shim-connect\n", fd, buf, sizeof buf, &ufd)) {
+	switch (ctl_call(CTL_OP_CONNECT, 0, fd, buf, sizeof buf, &resp, &ufd)) {
 	case CTL_NOCONN:
 		dbg("connect fd %d: no exnd, plain TCP", fd);
 		goto tcp;
@@ -805,13 +792,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		errno = ECONNREFUSED;
 		return -1;
 	}
-	if (!resp_extds(buf) || ufd < 0) {
+	if (resp.mode != CTL_MODE_EXTDS || ufd < 0) {
 		if (ufd >= 0)
 			real_close(ufd);
 		dbg("connect fd %d: plain TCP: %s", fd, buf);
 		goto tcp;
 	}
-	uint64_t id = json_u64(buf, "\"id\"");
+	uint64_t id = resp.id;
 	if (do_switch(fd, ufd, (fdfl & FD_CLOEXEC) != 0, (flfl & O_NONBLOCK) != 0, id) < 0) {
 		int e = errno;
 		dbg("connect fd %d: switch failed: %s", fd, strerror(e));
@@ -854,9 +841,10 @@ EXPORT int listen(int fd, int backlog)
 	}
 	int port = ntohs(family == AF_INET ? a.in.sin_port : a.in6.sin6_port);
 	char buf[4096];
+	struct ctl_resp resp;
 	int ufd;
 	/* exnd takes the port from the socket itself and checks it listens. */
-	int c = ctl_call("shim-listen\n", fd, buf, sizeof buf, &ufd);
+	int c = ctl_call(CTL_OP_LISTEN, 0, fd, buf, sizeof buf, &resp, &ufd);
 	if (ufd >= 0)
 		real_close(ufd);
 	if (c == CTL_OK) {
@@ -907,14 +895,15 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			return fd;
 		}
 		char buf[4096];
+		struct ctl_resp resp;
 		int ufd;
-		int c = ctl_call("shim-accept\n", fd, buf, sizeof buf, &ufd);
+		int c = ctl_call(CTL_OP_ACCEPT, 0, fd, buf, sizeof buf, &resp, &ufd);
 		if (c == CTL_NOCONN) {
 			dbg("accept fd %d: no exnd, plain TCP", fd);
 			errno = saved;
 			return fd;
 		}
-		if (c == CTL_OK && !resp_extds(buf)) {
+		if (c == CTL_OK && resp.mode != CTL_MODE_EXTDS) {
 			if (ufd >= 0)
 				real_close(ufd);
 			int fl = real_fcntl(fd, F_GETFL);
@@ -925,7 +914,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			return fd;
 		}
 		if (c == CTL_OK && ufd >= 0) {
-			uint64_t id = json_u64(buf, "\"id\"");
+			uint64_t id = resp.id;
 			if (do_switch(fd, ufd, (flags & SOCK_CLOEXEC) != 0, (flags & SOCK_NONBLOCK) != 0, id) == 0) {
 				dbg("accept fd %d: EXT-DS id %llu", fd, (unsigned long long)id);
 				errno = saved;
@@ -983,10 +972,10 @@ EXPORT int close(int fd)
 	int r = real_close(fd);
 	if (port) {
 		int saved = errno;
-		char line[64], buf[4096];
+		char buf[4096];
+		struct ctl_resp resp;
 		int ufd;
-		snprintf(line, sizeof line, "shim-unlisten %d\n", port);
-		ctl_call(line, -1, buf, sizeof buf, &ufd);
+		ctl_call(CTL_OP_UNLISTEN, (unsigned)port, -1, buf, sizeof buf, &resp, &ufd);
 		if (ufd >= 0)
 			real_close(ufd);
 		dbg("close fd %d: port %d unregistered", fd, port);

@@ -162,6 +162,7 @@ type listenKey struct {
 type listenReg struct {
 	uid   uint32
 	pid   int
+	addr  netip.Addr // the socket's bound address (getsockname); invalid: unknown (an old state file)
 	unreg func()
 }
 
@@ -274,9 +275,12 @@ func (s *Server) hello(_ context.Context, args []string) (any, error) {
 	if v, err := strconv.Atoi(args[0]); err != nil || v != Version {
 		return nil, s.refuse(ReasonVersion, "shim-hello: version %q not supported (this exnd speaks %d)", args[0], Version)
 	}
-	return struct {
-		Version int `json:"version"`
-	}{Version}, nil
+	return HelloResult{Version: Version}, nil
+}
+
+// HelloResult is shim-hello's data (docs/shim.md, "Control protocol").
+type HelloResult struct {
+	Version int `json:"version"`
 }
 
 func parsePort(s string) (uint16, error) {
@@ -313,10 +317,13 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 	}
 	var port uint16
 	var ino uint64
+	var bound netip.AddrPort
 	var ierr error
 	if err := rawFD(r.Files[0], func(fd int) {
 		if port, ierr = sys.ListeningTCPPort(fd); ierr == nil {
-			ino, ierr = sys.SocketInode(fd)
+			if ino, ierr = sys.SocketInode(fd); ierr == nil {
+				bound, ierr = sys.SockName(fd)
+			}
 		}
 	}); err != nil || ierr != nil {
 		return nil, nil, s.refuse(ReasonNotListening, "%s: %v", op, errors.Join(err, ierr))
@@ -331,7 +338,7 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 		if l.uid != who.UID && who.UID != 0 {
 			return nil, nil, s.refuseLocked(ReasonNotOwner, "%s: port %d is registered by another user", op, port)
 		}
-		return listenResult{Port: port}, nil, nil // idempotent
+		return ListenResult{Port: port}, nil, nil // idempotent
 	}
 	n := 0
 	for _, l := range s.listens {
@@ -346,12 +353,13 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
-	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, unreg: unreg}
+	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, addr: bound.Addr(), unreg: unreg}
 	s.saveLocked()
-	return listenResult{Port: port}, nil, nil
+	return ListenResult{Port: port}, nil, nil
 }
 
-type listenResult struct {
+// ListenResult is shim-listen's data.
+type ListenResult struct {
 	Port uint16 `json:"port"`
 }
 
@@ -450,7 +458,10 @@ const (
 	sideAccept  = "accept"
 )
 
-type switchResult struct {
+// SwitchResult is the data of shim-connect and shim-accept: Mode "extds"
+// with the connection's ID (the socketpair end comes with it), or "tcp"
+// with the fallback reason.
+type SwitchResult struct {
 	Mode   string `json:"mode"`
 	ID     uint64 `json:"id,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -512,6 +523,19 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	if !isTCP {
 		return nil, nil, errors.New("descriptor is not a TCP socket")
 	}
+	if side == sideAccept {
+		var la netip.AddrPort
+		if err := rc.Control(func(fd uintptr) { la, ierr = sys.SockName(int(fd)) }); err != nil || ierr != nil {
+			return nil, nil, errors.Join(err, ierr)
+		}
+		if !s.mayAccept(who, la) {
+			// Another user's registration: no claim is made for this
+			// connection, so its client is never told to go ahead.
+			_ = s.refuse(ReasonNotOwner, "shim-accept: port %d is registered by another user", la.Port())
+			s.fallback(ReasonNotOwner)
+			return SwitchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
+		}
+	}
 	// net.FileConn dups f and sets O_NONBLOCK, which lives in the open
 	// file description the application shares: restore it whenever the
 	// application keeps its socket (fallback, error).
@@ -555,7 +579,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		c.Close() // the dup only
 		restore()
 		s.fallback(why.String())
-		return switchResult{Mode: "tcp", Reason: why.String()}, nil, nil
+		return SwitchResult{Mode: "tcp", Reason: why.String()}, nil, nil
 	}
 	app, mine, err := sys.Socketpair("extds-shim")
 	if err != nil {
@@ -612,7 +636,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	s.switched.Add(1)
 	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", who.PID,
 		"uid", who.UID, "local", e.local, "remote", e.remote, "peer", e.peer)
-	return switchResult{Mode: "extds", ID: e.id}, app, nil
+	return SwitchResult{Mode: "extds", ID: e.id}, app, nil
 }
 
 // setBuffers sets uc's socket buffers to SockBuf: past

@@ -80,11 +80,11 @@ func newNodes(t *testing.T, opts ...Option) (a, b *node) {
 
 var pid = strconv.Itoa(os.Getpid())
 
-func (n *node) call(t *testing.T, files []*os.File, op string, args ...string) (switchResult, *os.File, error) {
+func (n *node) call(t *testing.T, files []*os.File, op string, args ...string) (SwitchResult, *os.File, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	var r switchResult
+	var r SwitchResult
 	f, err := n.cl.CallFD(ctx, &r, files, op, args...)
 	return r, f, err
 }
@@ -113,7 +113,7 @@ func (n *node) tryListen(t *testing.T, ln net.Listener) error {
 // unix socket (extds) or its own TCP socket (tcp).
 type app struct {
 	net.Conn
-	res switchResult
+	res SwitchResult
 }
 
 // switchConn hands tc to the shim server as the shim does. On "extds" the

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -27,6 +28,8 @@ type stateEntry struct {
 	Ino  uint64 `json:"ino"`
 	UID  uint32 `json:"uid"`
 	PID  int    `json:"pid"`
+	// Addr is the bound address ("" in files of older exnds: unknown).
+	Addr string `json:"addr,omitempty"`
 }
 
 // saveLocked writes the registrations to the state file (s.mu held):
@@ -37,7 +40,11 @@ func (s *Server) saveLocked() {
 	}
 	es := make([]stateEntry, 0, len(s.listens))
 	for k, l := range s.listens {
-		es = append(es, stateEntry{Port: k.port, Ino: k.ino, UID: l.uid, PID: l.pid})
+		e := stateEntry{Port: k.port, Ino: k.ino, UID: l.uid, PID: l.pid}
+		if l.addr.IsValid() {
+			e.Addr = l.addr.String()
+		}
+		es = append(es, e)
 	}
 	b, _ := json.Marshal(es)
 	tmp := s.statePath + ".tmp"
@@ -87,7 +94,8 @@ func (s *Server) restore() (int, error) {
 		if err != nil {
 			continue
 		}
-		s.listens[k] = &listenReg{uid: e.UID, pid: e.PID, unreg: unreg}
+		addr, _ := netip.ParseAddr(e.Addr) // "": invalid, covers every address
+		s.listens[k] = &listenReg{uid: e.UID, pid: e.PID, addr: addr, unreg: unreg}
 		n++
 	}
 	s.saveLocked()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/exn-project/exn/metrics"
 	"log/slog"
 	"net"
 	"net/http"
@@ -49,13 +50,17 @@ type Daemon struct {
 	// Filled by optional parts (see parts) before the control socket and
 	// metrics start; nil means the part is absent.
 	//
-	// conns lists EXT-DS connections for the "conns" operation.
-	conns func() any
+	// conns lists EXT-DS connections for the "conns" operation, as the
+	// caller (control.PeerFrom(ctx)) may see them.
+	conns func(ctx context.Context) any
 	// extdsStats is the EXT-DS device's counters, for "stats" and metrics.
 	extdsStats func() extds.Stats
 	// shimStats is the shim server's counters (switches, fallbacks and
 	// refusals by reason), for "stats" and metrics.
 	shimStats func() shimsrv.Stats
+	// attachStats is the kernel-bypass lease service's counters, for
+	// metrics.
+	attachStats func() metrics.AttachStats
 	// extraHandlers are control operations a part adds.
 	extraHandlers map[string]control.HandlerFunc
 	// extraFDHandlers are descriptor-passing operations a part adds.

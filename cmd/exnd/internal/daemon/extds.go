@@ -11,7 +11,9 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/exn-project/exn/metrics"
 	"net/netip"
+	"os"
 
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
@@ -54,7 +56,14 @@ func startEXTDS(d *Daemon) (func() error, error) {
 		sopts = append(sopts, shimsrv.WithStateFile(d.cfg.Control+".listeners"))
 	}
 	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"), sopts...)
-	d.conns = func() any { return srv.Conns() }
+	d.conns = func(ctx context.Context) any {
+		// Outside a control request (tests) the caller is exnd itself.
+		who, ok := control.PeerFrom(ctx)
+		if !ok {
+			who = control.Peer{UID: uint32(os.Geteuid())}
+		}
+		return srv.ConnsFor(who)
+	}
 	d.extdsStats = dev.Stats
 	d.shimStats = srv.Stats
 	for op, h := range srv.Handlers() {
@@ -73,6 +82,14 @@ func startEXTDS(d *Daemon) (func() error, error) {
 		d.extraFDHandlers[op] = h
 	}
 	att := startAttach(d, dev, log.With("sub", "attach")) // extds_attach.go
+	d.attachStats = func() metrics.AttachStats {
+		st := att.Stats()
+		att.mu.Lock()
+		n := len(att.leases)
+		att.mu.Unlock()
+		return metrics.AttachStats{Attached: st.Attached, Detached: st.Detached, Reclaimed: st.Reclaimed,
+			Expired: st.Expired, Refused: st.Refused, Listens: st.Listens, Leases: n}
+	}
 	log.Info("EXT-DS ready", "vpids", fmt.Sprintf("%d-%d", dev.VPID(0), dev.VPID(15)))
 	return func() error {
 		// The control socket is closed before the parts: no new shim

@@ -331,7 +331,7 @@ type LeasesReply struct {
 	Blocks int            `json:"blocks"`
 }
 
-func (s *attachSvc) handleLeases(_ context.Context, args []string) (any, error) {
+func (s *attachSvc) handleLeases(ctx context.Context, args []string) (any, error) {
 	if len(args) != 0 {
 		return nil, fmt.Errorf("takes no arguments, have %d", len(args))
 	}
@@ -343,9 +343,19 @@ func (s *attachSvc) handleLeases(_ context.Context, args []string) (any, error) 
 		}
 		fs = s.lend.LeaseStats()
 	}
+	// Root and exnd's user see every lease; anyone else only their own
+	// (another user's PIDs and VPIDs are not theirs to know). A listing
+	// that withheld some counts as one refusal.
+	who, ok := control.PeerFrom(ctx)
+	all := !ok || who.UID == 0 || who.UID == uint32(os.Geteuid())
+	hidden := 0
 	s.mu.Lock()
 	rows := make([]LeaseRow, 0, len(s.leases))
 	for _, l := range s.leases {
+		if !all && l.uid != who.UID {
+			hidden++
+			continue
+		}
 		h := held[l.grant.Token]
 		r := LeaseRow{PID: l.pid, VPIDBase: l.grant.VPIDBase, VPIDs: l.grant.VPIDs, Attached: h.Attached, Holder: h.Holder,
 			Ports: []uint16{}, AgeSec: time.Since(l.granted).Round(time.Millisecond).Seconds()}
@@ -355,9 +365,13 @@ func (s *attachSvc) handleLeases(_ context.Context, args []string) (any, error) 
 		sort.Slice(r.Ports, func(i, j int) bool { return r.Ports[i] < r.Ports[j] })
 		rows = append(rows, r)
 	}
+	free := attachBlocks - len(s.leases)
 	s.mu.Unlock()
+	if hidden > 0 {
+		s.refused.Add(1)
+	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].VPIDBase < rows[j].VPIDBase })
-	return LeasesReply{Leases: rows, Stats: s.Stats(), Fabric: fs, Free: attachBlocks - len(rows), Blocks: attachBlocks}, nil
+	return LeasesReply{Leases: rows, Stats: s.Stats(), Fabric: fs, Free: free, Blocks: attachBlocks}, nil
 }
 
 // Stats returns the counters.

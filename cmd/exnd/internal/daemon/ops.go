@@ -50,6 +50,9 @@ func (d *Daemon) startMetrics() error {
 	if d.shimStats != nil {
 		cs = append(cs, metrics.Shim(d.cfg.Node, d.shimStats))
 	}
+	if d.attachStats != nil {
+		cs = append(cs, metrics.Attach(d.cfg.Node, d.attachStats))
+	}
 	cs = append(cs, metrics.Control(d.cfg.Node, d.controlStats))
 	reg, err := metrics.NewRegistry(cs...)
 	if err != nil {
@@ -129,7 +132,7 @@ func (d *Daemon) handlers() map[string]control.HandlerFunc {
 		"status":    d.noArgs(func() any { return d.Status() }),
 		"neighbors": d.noArgs(func() any { return d.Neighbors() }),
 		"stats":     d.noArgs(func() any { return d.Stats() }),
-		"conns":     d.noArgs(d.connList),
+		"conns":     d.connList,
 		"ping":      d.handlePing,
 	}
 	for op, h := range d.extraHandlers {
@@ -154,11 +157,14 @@ func (d *Daemon) tapStats() tap.Stats {
 	return tap.Stats{}
 }
 
-func (d *Daemon) connList() any {
-	if d.conns == nil {
-		return []struct{}{}
+func (d *Daemon) connList(ctx context.Context, args []string) (any, error) {
+	if len(args) != 0 {
+		return nil, fmt.Errorf("takes no arguments, have %q", strings.Join(args, " "))
 	}
-	return d.conns()
+	if d.conns == nil {
+		return []struct{}{}, nil
+	}
+	return d.conns(ctx), nil
 }
 
 // Status is the reply to "status".

@@ -29,7 +29,7 @@ func TestPartHook(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	closed := 0
 	withParts(t, part{name: "fake", start: func(d *Daemon) (func() error, error) {
-		d.conns = func() any { return []map[string]any{{"id": 7, "mode": "extds"}} }
+		d.conns = func(context.Context) any { return []map[string]any{{"id": 7, "mode": "extds"}} }
 		d.extdsStats = func() extds.Stats { return extds.Stats{ConnsEXTDS: 5, Active: 1} }
 		d.extraHandlers["hello"] = func(_ context.Context, args []string) (any, error) { return "hi " + strings.Join(args, ","), nil }
 		return func() error { closed++; return nil }, nil
