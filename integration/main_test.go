@@ -19,6 +19,13 @@ import (
 // test binary, re-executed inside a namespace, moves bytes and prints
 // their SHA-256, so a transfer over exn0 is checked by content.
 func TestMain(m *testing.M) {
+	// Roles of the re-executed test binary (each exits).
+	if role := os.Getenv("EXNT_ATTACK"); role != "" {
+		attackRole(role) // TestSafetyAttack
+	}
+	if mode := os.Getenv("EXNT_CTL_DIE"); mode != "" {
+		ctlDie(mode) // TestSafetyControl
+	}
 	if h := os.Getenv("EXNT_HELPER"); h != "" {
 		if err := helper(h, os.Getenv("EXNT_ADDR")); err != nil {
 			fmt.Fprintf(os.Stderr, "helper %s: %v\n", h, err)

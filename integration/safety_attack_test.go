@@ -42,8 +42,10 @@ const (
 	uidB = 4243 // the attacker
 )
 
-func init() {
-	if role := os.Getenv("EXNT_ATTACK"); role != "" {
+// attackRole runs the re-executed test binary as one role of
+// TestSafetyAttack (EXNT_ATTACK); TestMain calls it and exits.
+func attackRole(role string) {
+	{
 		var err error
 		switch role {
 		case "victim-server":

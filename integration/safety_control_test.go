@@ -22,10 +22,11 @@ import (
 	"github.com/exn-project/exn/integration/nstest"
 )
 
-func init() {
-	// A client that starts a request and is killed before it ends it
-	// (EXNT_CTL_DIE=partial: half a line; =fds: descriptors, no newline).
-	if mode := os.Getenv("EXNT_CTL_DIE"); mode != "" {
+// ctlDie is a client that starts a request and is killed before it ends
+// it (EXNT_CTL_DIE=partial: half a line; =fds: descriptors, no newline),
+// run by TestMain in the re-executed test binary.
+func ctlDie(mode string) {
+	{
 		c, err := net.Dial("unix", os.Getenv("EXNT_CTL"))
 		if err != nil {
 			fmt.Println(err)
