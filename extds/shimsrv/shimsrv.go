@@ -129,6 +129,9 @@ type Server struct {
 	log    *slog.Logger
 	peekTO time.Duration
 	sweep  time.Duration
+	// listenAdded (capacity 1) wakes a sweeper that stopped its ticker
+	// because there was no registration (kickSweeper).
+	listenAdded chan struct{}
 	// statePath keeps registrations across exnd restarts (state.go).
 	statePath string
 
@@ -211,7 +214,7 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 	}
 	s := &Server{
 		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
-		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn),
+		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn), listenAdded: make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(s)
@@ -355,6 +358,7 @@ func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File,
 	}
 	s.listens[k] = &listenReg{uid: who.UID, pid: who.PID, addr: bound.Addr(), unreg: unreg}
 	s.saveLocked()
+	s.kickSweeper()
 	return ListenResult{Port: port}, nil, nil
 }
 
@@ -412,7 +416,9 @@ func (s *Server) unlisten(ctx context.Context, args []string) (any, error) {
 }
 
 // sweeper drops listener registrations whose socket is gone (closed by
-// every process that had it, or its processes killed).
+// every process that had it, or its processes killed). With no
+// registration it stops its ticker and sleeps until one is added, so an
+// idle exnd has no timer from here (docs/wakeup.md).
 func (s *Server) sweeper() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.sweep)
@@ -422,16 +428,33 @@ func (s *Server) sweeper() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-			s.sweepDead()
+			if s.sweepDead() == 0 {
+				t.Stop()
+				select {
+				case <-s.ctx.Done():
+					return
+				case <-s.listenAdded:
+				}
+				t.Reset(s.sweep)
+			}
 		}
 	}
 }
 
-func (s *Server) sweepDead() {
+// kickSweeper wakes a sweeper idle for lack of registrations.
+func (s *Server) kickSweeper() {
+	select {
+	case s.listenAdded <- struct{}{}:
+	default: // a kick is pending
+	}
+}
+
+// sweepDead drops the dead registrations and returns how many remain.
+func (s *Server) sweepDead() int {
 	live, err := sys.ListeningTCP()
 	if err != nil {
 		s.logConn(slog.LevelWarn, "extds shim: cannot list listening sockets", "err", err)
-		return
+		return 1 // keep sweeping
 	}
 	var dead []func()
 	s.mu.Lock()
@@ -445,10 +468,12 @@ func (s *Server) sweepDead() {
 	if len(dead) > 0 {
 		s.saveLocked()
 	}
+	left := len(s.listens)
 	s.mu.Unlock()
 	for _, f := range dead {
 		f()
 	}
+	return left
 }
 
 // ---- shim-connect / shim-accept ----

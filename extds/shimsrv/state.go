@@ -99,5 +99,8 @@ func (s *Server) restore() (int, error) {
 		n++
 	}
 	s.saveLocked()
+	if n > 0 {
+		s.kickSweeper()
+	}
 	return n, nil
 }
