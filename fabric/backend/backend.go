@@ -17,7 +17,7 @@ import (
 	"strings"
 
 	"github.com/exn-project/exn/fabric"
-	fabnet "github.com/exn-project/exn/fabric/net"
+	"github.com/exn-project/exn/fabric/fabnet"
 	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/fabric/shm"
 )

@@ -1,5 +1,5 @@
 // Package localq holds the pieces the in-process-queue backends (fabric/mem,
-// fabric/net, fabric/ofi) share: the bounded notification queue, the
+// fabric/fabnet, fabric/ofi) share: the bounded notification queue, the
 // spin-then-sleep Wait, the region table and the multicast group bitmap.
 // It knows nothing of transports; each backend keeps its own error
 // wrapping (the callers turn the results below into their own errors) and
