@@ -5,8 +5,8 @@
 // and the two interfaces a backend implements: NIC (one per node) and
 // Endpoint (one per VPID on that node).
 //
-// The semantics follow the dissertation's §3.2 and DESIGN.md "The emulated
-// NIC":
+// The semantics follow the dissertation's §3.2, as docs/design.md "The
+// emulated NIC" sets them out:
 //
 //   - VELO is two-sided. A message is an 8-byte descriptor plus at most
 //     MaxVELOPayload (120) bytes. It lands in the target VPID's mailbox, a

@@ -80,7 +80,7 @@ type Options struct {
 	// SHM are extra options for the shm backend (slots, directory, ...).
 	SHM []shm.Option
 	// Peers maps node IDs to addresses: required by net (the peers file,
-	// DESIGN.md "Commands"), ignored by mem and shm.
+	// docs/design.md "Commands"), ignored by mem and shm.
 	Peers []peers.Peer
 	// Logger receives backend log lines; nil means slog.Default().
 	Logger *slog.Logger

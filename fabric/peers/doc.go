@@ -1,4 +1,4 @@
-// Package peers parses exnd's peers file (DESIGN.md "Commands").
+// Package peers parses exnd's peers file (docs/design.md "Commands").
 //
 // The file has one node a line:
 //

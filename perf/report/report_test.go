@@ -309,7 +309,7 @@ func TestMarkdown(t *testing.T) {
 		"median of 3 run(s)",
 		"Other builds were running.",
 		"![One-way latency by path (half a ping-pong round trip)](charts/latency.svg)",
-		"## Performance targets (DESIGN.md)",
+		"## Performance targets (docs/design.md)",
 		// shm p50 491 ns: bar ≤ 2 µs and stretch ≤ 1 µs met.
 		"| shm VELO 120 B ping-pong p50 | ≤ 2 µs | ≤ 1 µs | 491 ns |  |  | pass, stretch met | [fabric-shm](#raw-fabric-shm) |",
 		// iperf3 at 0.2× veth misses 0.5×.
