@@ -25,4 +25,11 @@
 //
 // Backends live in sub-packages (fabric/mem, fabric/shm, ...) and all pass
 // the conformance suite in fabric/fabrictest.
+//
+// # Ownership and imports
+//
+// fabric owns the contract: the types, the NIC and Endpoint interfaces,
+// the wire forms of descriptors and notifications, the MAC scheme, the
+// shared counters and errors. It imports only the standard library, and
+// every other exn package that touches the fabric imports it.
 package fabric

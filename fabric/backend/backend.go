@@ -1,13 +1,3 @@
-// Package backend opens a fabric.NIC from a backend spec string, the
-// argument of exnd's --fabric flag:
-//
-//	mem              the in-process backend (needs Options.Mem)
-//	shm:NAME         processes on one host, files /dev/shm/exn-NAME-*
-//	net:LISTEN_ADDR  hosts over TCP (needs Options.Peers)
-//	ofi:PROVIDER     libfabric (build tag ofi; else a clear error naming it)
-//
-// It is the one place that knows every backend, so commands and tests
-// choose a fabric by string.
 package backend
 
 import (

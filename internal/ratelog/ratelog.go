@@ -1,6 +1,3 @@
-// Package ratelog rate-limits log lines for events that can happen once
-// per packet: at most Burst lines per Period, and the next line that is
-// let through says how many were suppressed in between.
 package ratelog
 
 import (

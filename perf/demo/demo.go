@@ -1,9 +1,3 @@
-// Package demo is exnperf's embedded default: an in-process N-node cluster
-// on the mem fabric (exn/node), a throughput transfer and a ping-pong
-// latency test for every ordered pair of nodes, both over TCP on EXT-Eth
-// (gVisor netstack) and over EXT-DS (the shadow TCP connection runs on the
-// same netstack, the data on the fabric), and the results as a table, JSON
-// and an SVG chart.
 package demo
 
 import (

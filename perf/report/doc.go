@@ -11,4 +11,11 @@
 //
 // so the document can be regenerated from saved results (-from DIR)
 // without re-running anything.
+//
+// # Ownership and imports
+//
+// report owns the benchmark matrix, the results' JSON form, the
+// performance targets (bars.go) and the Markdown and SVG writers. It imports
+// only the standard library and runs the benchmarks as child processes, so
+// it never links exn's own packages; cmd/exnperf imports it.
 package report

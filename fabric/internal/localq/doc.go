@@ -26,4 +26,9 @@
 //
 // No lock of this package is held while a caller blocks, and none calls
 // back into the backend while held.
+//
+// # Imports
+//
+// It may import fabric, internal/ratelog and the standard library; only
+// fabric/... backends may import it (Go's internal rule enforces that).
 package localq
