@@ -7,7 +7,9 @@
 //
 // # Ownership and imports
 //
-// demo owns the demo's cluster set-up, its measurements and its table,
-// JSON and SVG output. It may import exn, exn/node, extds and the
-// standard library; only cmd/exnperf imports it.
+// demo owns the demo's cluster set-up, its measurements and its table and
+// JSON output, and what its chart shows; perf/svgchart, the chart writer
+// it shares with perf/report, draws it. It may import exn, exn/node,
+// extds, perf/svgchart and the standard library; only cmd/exnperf imports
+// it.
 package demo
