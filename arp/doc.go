@@ -31,4 +31,13 @@
 // while others call Lookup and Neighbors. Frames that are not ARP or ICMPv6
 // leave after reading two header fields, without locks, atomics or
 // allocation. Lookups take a read lock.
+//
+// # Ownership and imports
+//
+// arp owns the neighbour table and the parsing of ARP and NDP frames it
+// learns from; it does not send or answer anything (the kernel does). It may
+// import fabric (node IDs, the MAC scheme), fabric/peers (static entries),
+// internal/ratelog and the standard library. The daemon (which also hands
+// its Lookup to EXT-DS) and metrics use it; it never imports the engine,
+// the TAP or a backend.
 package arp

@@ -5,8 +5,8 @@
 // and the two interfaces a backend implements: NIC (one per node) and
 // Endpoint (one per VPID on that node).
 //
-// The semantics follow the dissertation's §3.2 and DESIGN.md "The emulated
-// NIC":
+// The semantics follow the dissertation's §3.2, as docs/design.md "The
+// emulated NIC" sets them out:
 //
 //   - VELO is two-sided. A message is an 8-byte descriptor plus at most
 //     MaxVELOPayload (120) bytes. It lands in the target VPID's mailbox, a
@@ -25,4 +25,11 @@
 //
 // Backends live in sub-packages (fabric/mem, fabric/shm, ...) and all pass
 // the conformance suite in fabric/fabrictest.
+//
+// # Ownership and imports
+//
+// fabric owns the contract: the types, the NIC and Endpoint interfaces,
+// the wire forms of descriptors and notifications, the MAC scheme, the
+// shared counters and errors. It imports only the standard library, and
+// every other exn package that touches the fabric imports it.
 package fabric

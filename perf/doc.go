@@ -17,4 +17,10 @@
 //
 // The shim's numbers come from integration TestShimPerf, and
 // `exnperf report` (perf/report) runs them all into docs/benchmarks.md.
+//
+// # Ownership and imports
+//
+// perf owns the benchmark drivers (its _test.go files) and scripts; the
+// figures go to docs/. Its tests may import extds, integration/nstest and
+// internal/testenv; no package imports it.
 package perf

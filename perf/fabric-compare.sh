@@ -27,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 
 backends=(shm net ofi:shm ofi:tcp)
-declare -A pkg=([shm]=./fabric/shm [net]=./fabric/net [ofi:shm]=./fabric/ofi [ofi:tcp]=./fabric/ofi)
+declare -A pkg=([shm]=./fabric/shm [net]=./fabric/fabnet [ofi:shm]=./fabric/ofi [ofi:tcp]=./fabric/ofi)
 declare -A top=([shm]=BenchmarkFabric [net]=BenchmarkFabric [ofi:shm]=BenchmarkFabricSHM [ofi:tcp]=BenchmarkFabricTCP)
 subs='^(VELO|RMA)$/^(pingpong-120B|rate-120B|get-64KiB|put-64KiB|get-1MiB|put-1MiB)$'
 

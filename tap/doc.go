@@ -7,11 +7,13 @@
 //
 // # Opening
 //
-// Open does not use github.com/songgao/water, although it is in go.mod.
+// Open does not use github.com/songgao/water (go.mod no longer requires it).
 // water (v0.0.0-20200317203138) opens /dev/net/tun non-blocking, so its
 // *os.File is in the runtime poller, but it opens it without O_CLOEXEC (the
 // fd leaks into every child exnd starts), leaks the fd when TUNSETIFF fails,
-// and adds nothing beyond that one ioctl. So internal/sys.OpenTAP opens
+// has no way to ask for IFF_VNET_HDR (its flags are fixed to TAP|NO_PI and
+// an optional MULTI_QUEUE), and adds nothing beyond that one ioctl. So
+// internal/sys.OpenTAP opens
 // /dev/net/tun with O_NONBLOCK|O_CLOEXEC and issues TUNSETIFF with
 // IFF_TAP|IFF_NO_PI itself; tap wraps the fd with os.NewFile, which
 // registers a non-blocking fd with the poller. Read and Write run their

@@ -67,7 +67,7 @@ const (
 	// less the Ethernet header. 65522 and above are refused (EINVAL);
 	// TestMTULimit checks this against the running kernel.
 	MaxMTU = 65535 - HeaderLen
-	// DefaultMTU is MaxMTU (DESIGN.md "EXT-Eth").
+	// DefaultMTU is MaxMTU (docs/design.md "EXT-Eth").
 	DefaultMTU = MaxMTU
 	// MinMTU is the IPv4 minimum (RFC 791).
 	MinMTU = 68

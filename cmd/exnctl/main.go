@@ -1,6 +1,3 @@
-// Command exnctl talks to a running exnd over its control socket.
-//
-//	exnctl [--control PATH] [--json] [--timeout D] status|neighbors|stats|conns|ping NODE [-c COUNT]
 package main
 
 import (

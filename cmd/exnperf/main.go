@@ -1,13 +1,3 @@
-// Command exnperf runs exn benchmarks. With no arguments it runs the
-// embedded demo: an in-process N-node cluster on the mem fabric (no root,
-// no TAP), a TCP throughput and a TCP ping-pong latency test for every
-// ordered pair of nodes over EXT-Eth on gVisor netstack, printed as a
-// table and written as JSON and SVG.
-//
-//	exnperf [-nodes 4] [-time 1s] [-rtt 2000] [-json FILE] [-svg FILE]
-//	exnperf demo [flags]   (the same)
-//	exnperf report [-quick] [-out docs] [-from DIR] [-only SECTION,...]
-//	                       (the benchmark matrix: docs/benchmarks.md, see perf/report)
 package main
 
 import (

@@ -18,7 +18,7 @@ import (
 
 // Defaults and limits.
 const (
-	// DefaultMTU is the IP MTU: the largest a TAP takes (DESIGN.md
+	// DefaultMTU is the IP MTU: the largest a TAP takes (docs/design.md
 	// "EXT-Eth"), so a netstack node and a TAP node agree.
 	DefaultMTU = 65521
 	// MaxMTU is the largest IP MTU: an IPv4 datagram's total length is 16

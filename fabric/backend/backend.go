@@ -1,13 +1,3 @@
-// Package backend opens a fabric.NIC from a backend spec string, the
-// argument of exnd's --fabric flag:
-//
-//	mem              the in-process backend (needs Options.Mem)
-//	shm:NAME         processes on one host, files /dev/shm/exn-NAME-*
-//	net:LISTEN_ADDR  hosts over TCP (needs Options.Peers)
-//	ofi:PROVIDER     libfabric (build tag ofi; else a clear error naming it)
-//
-// It is the one place that knows every backend, so commands and tests
-// choose a fabric by string.
 package backend
 
 import (
@@ -17,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/exn-project/exn/fabric"
-	fabnet "github.com/exn-project/exn/fabric/net"
+	"github.com/exn-project/exn/fabric/fabnet"
 	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/fabric/shm"
 )
@@ -80,7 +70,7 @@ type Options struct {
 	// SHM are extra options for the shm backend (slots, directory, ...).
 	SHM []shm.Option
 	// Peers maps node IDs to addresses: required by net (the peers file,
-	// DESIGN.md "Commands"), ignored by mem and shm.
+	// docs/design.md "Commands"), ignored by mem and shm.
 	Peers []peers.Peer
 	// Logger receives backend log lines; nil means slog.Default().
 	Logger *slog.Logger

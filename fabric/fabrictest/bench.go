@@ -37,7 +37,7 @@ func sizeName(n int) string {
 }
 
 // rateBatch is the batch size of the message-rate sender and of every
-// receive loop: the NAPI budget of DESIGN.md.
+// receive loop: the NAPI budget of docs/design.md ("EXT-Eth").
 const rateBatch = 64
 
 // benchSendRecv is one goroutine sending one message and receiving it: the

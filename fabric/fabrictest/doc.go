@@ -12,4 +12,10 @@
 // discovers back-pressure through Stats().SendBlocked, and proves that a
 // message was NOT delivered by sending a unicast marker behind it from the
 // same endpoint (per-pair order makes the marker arrive after it).
+//
+// # Ownership and imports
+//
+// fabrictest owns the conformance suite and benchmarks, not any backend's
+// own tests. It may import fabric, internal/testenv and the standard library
+// (never a backend: backends import it, from their tests).
 package fabrictest

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/ratelog"
 )
 
 // VPID is the management VPID exnd reserves for ping.
@@ -37,6 +38,10 @@ const batch = 16
 type Service struct {
 	ep  fabric.Endpoint
 	log *slog.Logger
+	// replyFaults limits "ping reply failed" (zero value: one line a
+	// second): any node can send pings faster than a slow or dead peer's
+	// replies fail.
+	replyFaults ratelog.Limiter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -98,7 +103,7 @@ func (s *Service) handle(m *fabric.Message) {
 		_, err := s.ep.Send(ctx, []fabric.Message{reply})
 		cancel()
 		if err != nil {
-			s.log.Debug("ping reply failed", "peer", m.Peer, "err", err)
+			s.replyFaults.Log(s.log, slog.LevelDebug, "ping reply failed", "peer", m.Peer, "err", err)
 		}
 	case TagPong:
 		if m.Len < 16 {

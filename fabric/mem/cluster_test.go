@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 
@@ -65,7 +66,8 @@ func TestNodeIDReuse(t *testing.T) {
 
 func TestNotifyDepthOverflow(t *testing.T) {
 	const depth = 8
-	c := mem.NewCluster(mem.WithNotifyDepth(depth), mem.WithLogger(slog.New(slog.DiscardHandler)))
+	var logBuf bytes.Buffer
+	c := mem.NewCluster(mem.WithNotifyDepth(depth), mem.WithLogger(slog.New(slog.NewTextHandler(&logBuf, nil))))
 	n := newNIC(t, c, 1)
 	ep := openEP(t, n, 1)
 	r, err := ep.Register(64)
@@ -85,6 +87,11 @@ func TestNotifyDepthOverflow(t *testing.T) {
 	buf := make([]fabric.Notification, 2*depth)
 	if k, _ := ep.PollNotifications(buf); k != depth {
 		t.Fatalf("polled %d, want %d", k, depth)
+	}
+	// Every overflow is counted; the log has one line (rate-limited,
+	// internal/ratelog) naming the node.
+	if log := logBuf.String(); strings.Count(log, "notification queue full") != 1 || !strings.Contains(log, "node=1") {
+		t.Fatalf("fault log:\n%s", log)
 	}
 }
 

@@ -11,4 +11,10 @@
 // Lock order (outer first): Cluster.mu → nic.mu → nic.regMu → region.mu
 // (several regions: ascending (node, index)) → mailbox.mu / notifyQueue.mu.
 // No lock is held while a sender blocks on a full mailbox.
+//
+// # Ownership and imports
+//
+// mem owns only what is in-process: the Cluster, its mailboxes and the
+// copying RMA. It may import fabric, fabric/internal/localq,
+// internal/ratelog and the standard library, never another backend.
 package mem

@@ -238,7 +238,7 @@ func (e *endpoint) notify(n fabric.Notification) {
 	case localq.Queued:
 		e.signal()
 	case localq.Full:
-		e.nic.logFault("fabric notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
+		e.nic.faults.Warn("fabric notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
 	}
 }
 

@@ -9,11 +9,12 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
+	"github.com/exn-project/exn/internal/ratelog"
 )
 
 // faultLogInterval bounds fault logging per NIC: events that can happen per
 // message (notification overflow) are counted always and logged at most
-// once per interval.
+// once per interval (internal/ratelog).
 const faultLogInterval = time.Second
 
 // nic is one node. Endpoints are found by VPID through an atomic table, so
@@ -32,13 +33,14 @@ type nic struct {
 
 	regs localq.Table[*endpoint, *region] // by NLA region index
 
-	lastLog atomic.Int64 // unix nanos of the last rate-limited log
+	faults ratelog.Faults // per-message faults, at most one line per faultLogInterval
 }
 
 func newNIC(c *Cluster, id fabric.NodeID) *nic {
 	n := &nic{c: c, id: id, down: make(chan struct{})}
 	n.groups.Init("mem")
 	n.regs.Init()
+	n.faults.Init(c.opts.log, faultLogInterval, "node", id)
 	return n
 }
 
@@ -103,16 +105,6 @@ func (n *nic) Close() error {
 	}
 	n.c.remove(n)
 	return nil
-}
-
-// logFault logs a per-message fault at most once per faultLogInterval.
-func (n *nic) logFault(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := n.lastLog.Load()
-	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	n.c.opts.log.Warn(msg, append(args, "node", n.id)...)
 }
 
 // region is registered memory. mu is held for reading during every RMA

@@ -43,7 +43,7 @@ import (
 // Sizes of the libfabric objects and progress loop.
 const (
 	// cqBatchSize is how many completions progress reads per call: the
-	// NAPI budget of DESIGN.md.
+	// NAPI budget of docs/design.md ("EXT-Eth").
 	cqBatchSize = 64
 	// ctlSlots is the number of control send buffers. Control traffic is
 	// a few packets per credit window or RMA, so this rarely fills; when

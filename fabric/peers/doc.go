@@ -1,4 +1,4 @@
-// Package peers parses exnd's peers file (DESIGN.md "Commands").
+// Package peers parses exnd's peers file (docs/design.md "Commands").
 //
 // The file has one node a line:
 //
@@ -14,4 +14,10 @@
 // Parse rejects, with a *ParseError naming the line and field: a node ID
 // that is not a decimal number in range, a malformed address or port, a bad
 // or non-unicast IP, extra fields, and a node ID or IP that appears twice.
+//
+// # Ownership and imports
+//
+// peers owns the file format and its validation, nothing of how peers are
+// reached. It may import fabric (node IDs) and the standard library; the
+// net and ofi backends, arp, fabric/backend and the daemon use it.
 package peers

@@ -367,7 +367,7 @@ func (n *nicT) sweepSlot(s int) {
 			}
 			lock = f
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			n.logFault("shm: lease sweep: open attach file", "slot", s, "err", err)
+			n.faults.Warn("shm: lease sweep: open attach file", "slot", s, "err", err)
 			return
 		}
 		n.lctr.holderDied.Add(1)
@@ -409,7 +409,7 @@ func (n *nicT) reclaimLease(s int, l leaseView) {
 	}
 	ents, err := os.ReadDir(n.dir)
 	if err != nil {
-		n.logFault("shm: lease reclaim: read dir", "err", err)
+		n.faults.Warn("shm: lease reclaim: read dir", "err", err)
 		return
 	}
 	prefix := n.incPrefix(n.node, n.inc)
@@ -448,7 +448,7 @@ func (n *nicT) closeStaleVPID(path string) {
 	}
 	defer f.Close()
 	if ok, err := sys.TryLock(f, true); err != nil || !ok {
-		n.logFault("shm: lease reclaim: vpid file still locked", "path", path)
+		n.faults.Warn("shm: lease reclaim: vpid file still locked", "path", path)
 		return
 	}
 	if sz, _ := sys.FileSize(f); sz >= vOffMailbox {
@@ -525,6 +525,7 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 		nextIdx: lo, regLo: lo, regHi: lo + leaseRegions - 1,
 		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
 	}
+	n.faults.Init(n.log, logInterval)
 	a := &attachState{tok: t, slot: t.slot, base: g.VPIDBase, count: g.VPIDs, done: make(chan struct{})}
 	n.att = a
 	if err := n.joinFabric(); err != nil {

@@ -33,4 +33,11 @@
 // blocked on a full mailbox; a lock it can take belongs to a dead node,
 // whose files it then unlinks. See ring.go for the ring protocol and nic.go for
 // discovery and reclamation; docs/fabric-shm.md has the measurements.
+//
+// # Ownership and imports
+//
+// shm owns the files, their layout (docs/shm-abi.md), the rings, the
+// doorbells and the flock liveness. It may import fabric, internal/sys
+// (futex, mmap, flock, FIFOs), internal/ratelog and the standard library,
+// never another backend; extds imports it to attach processes to a fabric.
 package shm

@@ -171,7 +171,7 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	if err := ep.openBell(tmpBell); err != nil {
 		n.wc.bellFallback.Add(1)
 		if !n.opts.noBell {
-			n.logFault("shm: no doorbell fifo, the vpid's consumer sleeps on a futex", "vpid", v, "err", err)
+			n.faults.Warn("shm: no doorbell fifo, the vpid's consumer sleeps on a futex", "vpid", v, "err", err)
 		}
 	} else {
 		defer os.Remove(tmpBell) // after a failure; renamed away on success
@@ -423,7 +423,7 @@ loop:
 		case slotPublished:
 			if err != nil {
 				e.nic.ctr.Corrupt.Add(1)
-				e.nic.logFault("shm: dropped undecodable mailbox slot", "vpid", e.addr.VPID, "err", err)
+				e.nic.faults.Warn("shm: dropped undecodable mailbox slot", "vpid", e.addr.VPID, "err", err)
 			} else {
 				m := &msgs[n]
 				m.Peer = fabric.Addr{Node: d.Node, VPID: d.VPID}
@@ -440,10 +440,10 @@ loop:
 				break loop // a producer is still filling it
 			}
 			e.nic.ctr.Corrupt.Add(1)
-			e.nic.logFault("shm: skipped mailbox slot its producer never published", "vpid", e.addr.VPID, "claimer", claimer)
+			e.nic.faults.Warn("shm: skipped mailbox slot its producer never published", "vpid", e.addr.VPID, "claimer", claimer)
 		case slotBad:
 			e.nic.ctr.Corrupt.Add(1)
-			e.nic.logFault("shm: corrupt mailbox status word", "vpid", e.addr.VPID, "word", s)
+			e.nic.faults.Warn("shm: corrupt mailbox status word", "vpid", e.addr.VPID, "word", s)
 			if v.tail.Load() <= head {
 				// Nobody claimed it: repair it so producers can.
 				st.CompareAndSwap(s, seq24(head)<<seqShift)
@@ -488,7 +488,7 @@ loop:
 			nt, err := fabric.DecodeNotification(v.nbody(head))
 			if err != nil {
 				e.nic.ctr.Corrupt.Add(1)
-				e.nic.logFault("shm: dropped undecodable notification", "vpid", e.addr.VPID, "err", err)
+				e.nic.faults.Warn("shm: dropped undecodable notification", "vpid", e.addr.VPID, "err", err)
 			} else {
 				ns[n] = nt
 				n++
@@ -501,10 +501,10 @@ loop:
 				break loop
 			}
 			e.nic.ctr.Corrupt.Add(1)
-			e.nic.logFault("shm: skipped notification its producer never published", "vpid", e.addr.VPID)
+			e.nic.faults.Warn("shm: skipped notification its producer never published", "vpid", e.addr.VPID)
 		case slotBad:
 			e.nic.ctr.Corrupt.Add(1)
-			e.nic.logFault("shm: corrupt notification status word", "vpid", e.addr.VPID, "word", s)
+			e.nic.faults.Warn("shm: corrupt notification status word", "vpid", e.addr.VPID, "word", s)
 			if v.ntail.Load() <= head {
 				cl.Store(0)
 				st.CompareAndSwap(s, head)
@@ -656,7 +656,7 @@ func (e *endpoint) drainBell(fd uintptr) bool {
 	if err != nil {
 		// Nothing to read from a FIFO we hold open cannot fail; if it
 		// does, sleep until the next ring rather than spin on it.
-		e.nic.logFault("shm: doorbell read", "vpid", e.addr.VPID, "err", err)
+		e.nic.faults.Warn("shm: doorbell read", "vpid", e.addr.VPID, "err", err)
 	}
 	return n > 0
 }

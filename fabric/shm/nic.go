@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/ratelog"
 	"github.com/exn-project/exn/internal/sys"
 )
 
@@ -76,7 +77,8 @@ const (
 	// reclaiming a dead incarnation of the same node ID to finish.
 	openRetry   = time.Millisecond
 	openRetries = 200
-	// logInterval is the least time between two rate-limited fault logs.
+	// logInterval is the least time between two rate-limited fault logs
+	// (internal/ratelog): a flood of corrupt slots stays one line a second.
 	logInterval = time.Second
 )
 
@@ -143,8 +145,7 @@ type nicT struct {
 	blocked atomic.Int32
 	hurry   chan struct{}
 
-	lastLog    atomic.Int64
-	suppressed atomic.Int64
+	faults ratelog.Faults // per-message and per-peer faults, one line per logInterval
 
 	wc wakeCounters
 }
@@ -194,6 +195,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 		nextIdx: 1, regLo: 1, regHi: maxNodeRegions,
 		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
 	}
+	n.faults.Init(n.log, logInterval)
 	n.hook = n.sweepLeases
 	var rb [8]byte
 	for n.inc == 0 {
@@ -409,7 +411,7 @@ func (n *nicT) reclaimLocked(f *os.File, path string, id fabric.NodeID, inc uint
 	}
 	ents, err := os.ReadDir(n.dir)
 	if err != nil {
-		n.logFault("shm: reclaim: read dir", "err", err)
+		n.faults.Warn("shm: reclaim: read dir", "err", err)
 		return
 	}
 	removed := 0
@@ -475,21 +477,6 @@ func (n *nicT) Stats() fabric.Stats {
 	s.NotifyErrBounds += hs[vstatErr+1]
 	s.NotifyErrPeerDown += hs[vstatErr+2]
 	return s
-}
-
-// logFault logs a per-message fault at most once per logInterval, with the
-// number of faults suppressed since the last log.
-func (n *nicT) logFault(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := n.lastLog.Load()
-	if now-last < int64(logInterval) || !n.lastLog.CompareAndSwap(last, now) {
-		n.suppressed.Add(1)
-		return
-	}
-	if s := n.suppressed.Swap(0); s > 0 {
-		args = append(args, "suppressed", s)
-	}
-	n.log.Warn(msg, args...)
 }
 
 func (n *nicT) Close() error {

@@ -135,7 +135,7 @@ func (n *nicT) discover(id fabric.NodeID) (*peer, error) {
 		f.Close()
 		if err != nil {
 			n.ctr.Corrupt.Add(1)
-			n.logFault("shm: bad node header", "peer", id, "err", err)
+			n.faults.Warn("shm: bad node header", "peer", id, "err", err)
 		}
 		return nil, notUp()
 	}
@@ -262,7 +262,7 @@ func (n *nicT) scan(force bool) {
 	}
 	ents, err := os.ReadDir(n.dir)
 	if err != nil {
-		n.logFault("shm: scan", "err", err)
+		n.faults.Warn("shm: scan", "err", err)
 		return
 	}
 	for _, ent := range ents {

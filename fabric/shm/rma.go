@@ -164,7 +164,7 @@ func (n *nicT) remoteBuf(p *peer, owner fabric.VPID, a fabric.NLA, l uint32) (*m
 			var err error
 			if ent, err = decodeRegionEntry(x, size); err != nil {
 				n.ctr.Corrupt.Add(1)
-				n.logFault("shm: corrupt region entry", "peer", p.id, "region", idx, "err", err)
+				n.faults.Warn("shm: corrupt region entry", "peer", p.id, "region", idx, "err", err)
 				return nil, nil, fabric.NErrAccess
 			}
 			break
@@ -193,7 +193,7 @@ func (n *nicT) remoteBuf(p *peer, owner fabric.VPID, a fabric.NLA, l uint32) (*m
 	if rr == nil {
 		m, err := n.mapRegion(p, idx, ent)
 		if err != nil {
-			n.logFault("shm: map peer region", "peer", p.id, "region", idx, "err", err)
+			n.faults.Warn("shm: map peer region", "peer", p.id, "region", idx, "err", err)
 			return nil, nil, fabric.NErrAccess
 		}
 		rr = &remoteRegion{gen: ent.Gen, size: ent.Size, m: m}
@@ -295,7 +295,7 @@ func (e *endpoint) do(r *fabric.RMA, lbuf []byte) {
 			vf.ringDoorbell()
 			vf.m.release()
 		} else if !errors.Is(err, fabric.ErrUnknownNode) && !errors.Is(err, fabric.ErrPeerDown) {
-			n.logFault("shm: rma peer notification", "peer", r.Peer, "err", err)
+			n.faults.Warn("shm: rma peer notification", "peer", r.Peer, "err", err)
 		}
 	}
 	own := false

@@ -1,13 +1,3 @@
-// Package nstest is the harness for exn's root-only tests: network
-// namespaces, commands run inside them with timeouts, exnd nodes on a
-// shared-memory fabric, and the tidy-up of all of it.
-//
-// Every resource is named after the test process (exnt-<pid>-...), torn
-// down in t.Cleanup, and also recorded in a process-wide registry that
-// Main tears down on SIGINT or SIGTERM and after the tests; Main also
-// sweeps resources left behind by test processes that no longer exist.
-// Every process started here is in its own process group, gets SIGKILL if
-// the test process dies (Pdeathsig), and is killed as a group on cleanup.
 package nstest
 
 import (

@@ -7,12 +7,12 @@ import (
 )
 
 // MaxWritev is the most buffers one Writev call takes; more is an
-// EINVAL. It is far above what a caller batches (fabric/net: a control
+// EINVAL. It is far above what a caller batches (fabric/fabnet: a control
 // buffer plus a header and a data slice for each of its writeChunks).
 const MaxWritev = 64
 
 // Writev is a raw writev(2) with its own iovec array, for a writer that
-// sends batches of slices to a non-blocking stream socket (fabric/net's
+// sends batches of slices to a non-blocking stream socket (fabric/fabnet's
 // session writer). Raw: the call does not go through the runtime's
 // entersyscall, so a long copy into the socket buffer (hundreds of KiB
 // per batch) does not make sysmon retake the writer's P and hand it to
@@ -58,7 +58,7 @@ func (w *Writev) Write(fd int, bufs [][]byte) (int, error) {
 }
 
 // Read is a raw read(2) from the non-blocking fd into b, for the same
-// reason as Writev (fabric/net's session reader): 0, nil is end of
+// reason as Writev (fabric/fabnet's session reader): 0, nil is end of
 // stream, EAGAIN nothing queued.
 func Read(fd int, b []byte) (int, error) {
 	var p unsafe.Pointer

@@ -1,6 +1,3 @@
-// Package testenv holds the test-environment policy shared by every
-// package's tests: when privileged tests run or skip, test sizes, and leak
-// checks.
 package testenv
 
 import (

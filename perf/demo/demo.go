@@ -1,9 +1,3 @@
-// Package demo is exnperf's embedded default: an in-process N-node cluster
-// on the mem fabric (exn/node), a throughput transfer and a ping-pong
-// latency test for every ordered pair of nodes, both over TCP on EXT-Eth
-// (gVisor netstack) and over EXT-DS (the shadow TCP connection runs on the
-// same netstack, the data on the fabric), and the results as a table, JSON
-// and an SVG chart.
 package demo
 
 import (
@@ -298,21 +292,35 @@ func getUint64(b []byte) uint64 {
 	return v
 }
 
+// openTest dials dst for one measurement and sends its mode byte; the end
+// of ctx unblocks the connection. done stops that and closes it.
+func openTest(ctx context.Context, dial dialFunc, dst string, mode byte) (c net.Conn, done func(), err error) {
+	c, err = dial(ctx, "tcp4", dst)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	done = func() {
+		stop()
+		c.Close()
+	}
+	if _, err := c.Write([]byte{mode}); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return c, done, nil
+}
+
 // throughput writes for d (or max bytes), then half-closes and waits for
 // the sink's byte count, so the time covers delivery, not just queuing.
 func throughput(ctx context.Context, dial dialFunc, dst string, d time.Duration, max int64, p *PathResult) error {
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
-	c, err := dial(ctx, "tcp4", dst)
+	c, done, err := openTest(ctx, dial, dst, modeSink)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if _, err := c.Write([]byte{modeSink}); err != nil {
-		return err
-	}
+	defer done()
 	buf := make([]byte, 256<<10)
 	start := time.Now()
 	end := start.Add(d)
@@ -345,16 +353,11 @@ func throughput(ctx context.Context, dial dialFunc, dst string, d time.Duration,
 func pingPong(ctx context.Context, dial dialFunc, dst string, rounds int, p *PathResult) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	c, err := dial(ctx, "tcp4", dst)
+	c, done, err := openTest(ctx, dial, dst, modeEcho)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if _, err := c.Write([]byte{modeEcho}); err != nil {
-		return err
-	}
+	defer done()
 	b := []byte{0}
 	rtt := make([]time.Duration, 0, rounds)
 	for i := range rounds + rounds/10 { // the first tenth warms up

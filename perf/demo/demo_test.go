@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"encoding/xml"
-	"io"
-	"math"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/internal/testenv"
+	"github.com/exn-project/exn/perf/svgchart"
 )
 
 func TestRun(t *testing.T) {
@@ -63,28 +62,11 @@ func TestRun(t *testing.T) {
 		t.Fatalf("json round trip: %v, %+v", err, back)
 	}
 
-	var svg bytes.Buffer
-	if err := renderSVG(&svg, res); err != nil {
+	svg := renderSVG(res)
+	if _, err := svgchart.WellFormed(svg); err != nil {
 		t.Fatal(err)
 	}
-	rects := 0
-	d := xml.NewDecoder(&svg)
-	for {
-		tok, err := d.Token()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("svg is not well-formed XML: %v", err)
-		}
-		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "rect" {
-			rects++
-		}
-	}
-	// background + 6+6 throughput bars + 6*3 latency bars + legend and labels
-	if rects < 1+12+18 {
-		t.Errorf("svg has %d rects, want >= 31", rects)
-	}
+	checkBars(t, svg, res)
 
 	var tbl bytes.Buffer
 	if err := WriteTable(&tbl, res); err != nil {
@@ -110,28 +92,51 @@ func TestRunErrors(t *testing.T) {
 	}
 }
 
-func TestAxis(t *testing.T) {
-	for _, tc := range []struct{ max, top float64 }{{1, 1}, {7, 8}, {1352, 1500}, {0, 1}} {
-		scale, ticks := axis(tc.max, 100, 0)
-		if got := 100 / scale; got < tc.max || got > tc.top*1.0001 {
-			t.Errorf("axis(%v): top %v, want in [%v, %v]", tc.max, got, tc.max, tc.top)
+// checkBars counts the chart's bars (each carries a <title> tooltip): one
+// throughput bar per pair and path, p50 and p99 per pair and path, and
+// checks that every pair and path is labelled.
+func checkBars(t *testing.T, svg []byte, r *Result) {
+	t.Helper()
+	want := 0
+	for _, p := range r.Pairs {
+		want += 3 // TCP throughput, p50, p99
+		if p.DS != nil {
+			want += 3
 		}
-		if len(ticks) < 2 || ticks[0].Label != "0" {
-			t.Errorf("axis(%v): ticks %+v", tc.max, ticks)
+	}
+	if got := bytes.Count(svg, []byte("<title>")); got != want {
+		t.Errorf("svg has %d bars, want %d", got, want)
+	}
+	for _, p := range r.Pairs {
+		if l := short(p.From) + "→" + short(p.To); !bytes.Contains(svg, []byte(">"+l+"<")) {
+			t.Errorf("svg lacks the pair label %q", l)
 		}
+	}
+	if hasDS(r) && !bytes.Contains(svg, []byte(">EXT-DS p99<")) {
+		t.Error("svg lacks the EXT-DS legend")
 	}
 }
 
-func TestLogAxis(t *testing.T) {
-	h, ticks := logAxis(1.3, 1200, 300, 0)
-	if len(ticks) != 5 || ticks[0].Label != "1" || ticks[4].Label != "10000" {
-		t.Fatalf("ticks %+v", ticks)
+// A pair without EXT-DS figures leaves gaps, not zero bars, and the chart
+// grows with the number of pairs.
+func TestSVGMissingDS(t *testing.T) {
+	r := &Result{Nodes: 2, Fabric: "mem", MTU: 65521, DurationS: 1}
+	for i := range 30 {
+		p := Pair{From: "10.88.0.1", To: fmt.Sprintf("10.88.0.%d", i+2), MBps: 1000 + float64(i), P50us: 40, P99us: 300}
+		if i%2 == 0 {
+			p.DS = &PathResult{MBps: 3000, P50us: 4, P99us: 30}
+		}
+		r.Pairs = append(r.Pairs, p)
 	}
-	// Decades are evenly spaced and values map monotonically.
-	if !(h(1.3) < h(13) && h(13) < h(1200)) || h(1200) > 300 {
-		t.Errorf("heights %v %v %v", h(1.3), h(13), h(1200))
+	svg := renderSVG(r)
+	if _, err := svgchart.WellFormed(svg); err != nil {
+		t.Fatal(err)
 	}
-	if d := h(100) - h(10); math.Abs(d-75) > 0.01 {
-		t.Errorf("one decade is %v px, want 75", d)
+	checkBars(t, svg, r)
+	if want := fmt.Sprintf(`width="%d"`, 110+30*demoSlotDense); !bytes.Contains(svg, []byte(want)) {
+		t.Errorf("svg lacks %s", want)
+	}
+	if bytes.Contains(svg, []byte("NaN")) {
+		t.Error("svg has NaN coordinates")
 	}
 }

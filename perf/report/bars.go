@@ -1,11 +1,12 @@
 package report
 
-// Target is one bar of DESIGN.md's "Performance targets" table, made
-// checkable: a result row names it by ID (Result.Bar).
+// Target is one bar of the performance targets (docs/design.md
+// "Performance targets"), made checkable: a result row names it by ID
+// (Result.Bar).
 type Target struct {
 	ID      string
-	What    string // the DESIGN.md row
-	Bar     string // as DESIGN.md writes it
+	What    string // what is measured, as the table row says
+	Bar     string // the bar, as the table writes it
 	Stretch string
 	On      string  // "value" or "ratio"
 	Op      string  // "<=", ">=" or "<"
@@ -17,8 +18,10 @@ type Target struct {
 	StretchOnly bool
 }
 
-// Targets is DESIGN.md's "Performance targets" table (plus the netstack
-// bar of docs/netstack.md and the netperf bars of issue #15), in its order.
+// Targets is the performance-targets table (docs/design.md "Performance
+// targets": the reference design's table as since adjusted, plus the
+// netstack bar of docs/netstack.md and the netperf bars of issue #15), in
+// its order.
 var Targets = []Target{
 	{ID: "shm-velo-p50", What: "shm VELO 120 B ping-pong p50", Bar: "≤ 2 µs", Stretch: "≤ 1 µs", On: "value", Op: "<=", Limit: 2000, StretchLimit: 1000},
 	{ID: "shm-rma-get", What: "shm RMA GET 64 KiB–8 MiB bandwidth", Bar: "≥ 0.5× memcpy of the same size", Stretch: "≥ 0.8×", On: "ratio", Op: ">=", Limit: 0.5, StretchLimit: 0.8},

@@ -11,4 +11,13 @@
 //
 // so the document can be regenerated from saved results (-from DIR)
 // without re-running anything.
+//
+// # Ownership and imports
+//
+// report owns the benchmark matrix, the results' JSON form, the
+// performance targets (bars.go), the Markdown writer and which charts are
+// drawn from which results (charts.go); perf/svgchart draws them. It may
+// import perf/svgchart and the standard library, and runs the benchmarks
+// as child processes, so it never links exn's other packages; cmd/exnperf
+// imports it.
 package report

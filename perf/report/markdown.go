@@ -185,7 +185,7 @@ func Markdown(files []*SectionFile, o DocOptions) string {
 	}
 
 	// Targets.
-	b.WriteString("## Performance targets (DESIGN.md)\n\n")
+	b.WriteString("## Performance targets (docs/design.md)\n\n")
 	b.WriteString("| target | bar | stretch | measured | baseline (same run) | ratio | status | section |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range Targets {
 		var rs []Result

@@ -3,6 +3,8 @@ package report
 import (
 	"math"
 	"strings"
+
+	"github.com/exn-project/exn/perf/svgchart"
 )
 
 // The netperf section (issue #15): BenchmarkNetperf in perf/ reports, per
@@ -74,9 +76,9 @@ func extractNetperf(st *Stream, cmd string) ([]Result, []string) {
 
 // netperfChart is every netperf test's rate relative to veth in the same
 // run (veth = 1), so that transactions/s and Mbit/s share one axis.
-func netperfChart(all []Result) (BarChart, bool) {
-	c := BarChart{Title: "netperf relative to veth (same run)", YLabel: "rate / veth's (log scale)", YFormat: func(v float64) string { return trimNum(v) + "×" },
-		Bars: []string{"veth", "TCP over exn0", "shim (EXT-DS)"}, Colors: []string{palette[6], palette[1], palette[0]},
+func netperfChart(all []Result) (svgchart.BarChart, bool) {
+	c := svgchart.BarChart{Title: "netperf relative to veth (same run)", YLabel: "rate / veth's (log scale)", YFormat: func(v float64) string { return svgchart.TrimNum(v) + "×" },
+		Bars: []string{"veth", "TCP over exn0", "shim (EXT-DS)"}, Colors: []string{svgchart.Palette[6], svgchart.Palette[1], svgchart.Palette[0]},
 		Note: "higher is better; 2 netns nodes on shm; TCP_RR/TCP_CRR transactions/s, TCP_STREAM throughput"}
 	for _, t := range netperfTests {
 		name := "netperf " + t.test
@@ -91,7 +93,7 @@ func netperfChart(all []Result) (BarChart, bool) {
 		if !ok1 || !ok2 || exn0.Ratio == 0 || shim.Ratio == 0 {
 			continue
 		}
-		c.Groups = append(c.Groups, BarGroup{Label: t.test, Values: []float64{1, exn0.Ratio, shim.Ratio}})
+		c.Groups = append(c.Groups, svgchart.BarGroup{Label: t.test, Values: []float64{1, exn0.Ratio, shim.Ratio}})
 	}
 	return c, len(c.Groups) > 0
 }

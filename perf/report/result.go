@@ -27,7 +27,7 @@ type Result struct {
 	BaselineName string  `json:"baseline_name,omitempty"` // "memcpy", "veth", "TCP loopback"
 	Size         int     `json:"size,omitempty"`          // message/frame/write size in bytes, for charts
 	Series       string  `json:"series,omitempty"`        // chart series, e.g. "get", "extds"
-	Bar          string  `json:"bar,omitempty"`           // Target ID from DESIGN.md
+	Bar          string  `json:"bar,omitempty"`           // Target ID (Targets, bars.go)
 	Samples      int     `json:"samples,omitempty"`       // runs the median is taken over
 	Spread       float64 `json:"spread,omitempty"`        // (max-min)/median over the samples
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/exn-project/exn/perf/svgchart"
 )
 
 // Section is one part of the matrix: a go test invocation and how to turn
@@ -166,17 +168,6 @@ func parseSize(s string) int {
 	return n
 }
 
-// SizeName formats a byte count as 64 B, 4 KiB, 1 MiB.
-func SizeName(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
 func samples(a *Agg) int { return a.Samples }
 
 func extractFabric(backend string, st *Stream, cmd string) ([]Result, []string) {
@@ -214,7 +205,7 @@ func extractFabric(backend string, st *Stream, cmd string) ([]Result, []string) 
 			continue
 		}
 		r := Result{Suite: suite, Command: cmd, Samples: a.Samples, Spread: a.Spread["MB/s"],
-			Name: fmt.Sprintf("RMA %s %s", op, SizeName(size)), Metric: "bandwidth", Value: a.Metrics["MB/s"], Unit: "MB/s",
+			Name: fmt.Sprintf("RMA %s %s", op, svgchart.SizeName(size)), Metric: "bandwidth", Value: a.Metrics["MB/s"], Unit: "MB/s",
 			Size: size, Series: op, BaselineName: "memcpy"}
 		if mc := a.Metrics["memcpy-ns"]; mc > 0 {
 			r.Baseline = float64(size) / mc * 1e3
@@ -347,7 +338,7 @@ func extractEXTDS(st *Stream, cmd string) ([]Result, []string) {
 		case "PingPong":
 			for _, p := range []string{"p50", "p99"} {
 				unit := p + "-µs"
-				r := Result{Suite: "extds", Command: cmd, Samples: a.Samples, Spread: a.Spread[unit], Name: fmt.Sprintf("ping-pong %s, one way", SizeName(size)), Metric: p,
+				r := Result{Suite: "extds", Command: cmd, Samples: a.Samples, Spread: a.Spread[unit], Name: fmt.Sprintf("ping-pong %s, one way", svgchart.SizeName(size)), Metric: p,
 					Value: a.Metrics[unit] * 1e3, Unit: "ns", Size: size, Series: "pingpong", BaselineName: "TCP loopback"}
 				if tcp != nil && tcp.Metrics[unit] > 0 {
 					r.Baseline = tcp.Metrics[unit] * 1e3
@@ -356,7 +347,7 @@ func extractEXTDS(st *Stream, cmd string) ([]Result, []string) {
 				out = append(out, r)
 			}
 		case "Stream":
-			r := Result{Suite: "extds", Command: cmd, Samples: a.Samples, Spread: a.Spread["MB/s"], Name: fmt.Sprintf("stream, %s writes", SizeName(size)), Metric: "throughput",
+			r := Result{Suite: "extds", Command: cmd, Samples: a.Samples, Spread: a.Spread["MB/s"], Name: fmt.Sprintf("stream, %s writes", svgchart.SizeName(size)), Metric: "throughput",
 				Value: a.Metrics["MB/s"], Unit: "MB/s", Size: size, Series: "stream", BaselineName: "TCP loopback"}
 			if tcp != nil && tcp.Metrics["MB/s"] > 0 {
 				r.Baseline = tcp.Metrics["MB/s"]

@@ -1,5 +1,5 @@
 // Package localq holds the pieces the in-process-queue backends (fabric/mem,
-// fabric/net, fabric/ofi) share: the bounded notification queue, the
+// fabric/fabnet, fabric/ofi) share: the bounded notification queue, the
 // spin-then-sleep Wait, the region table and the multicast group bitmap.
 // It knows nothing of transports; each backend keeps its own error
 // wrapping (the callers turn the results below into their own errors) and
@@ -26,4 +26,9 @@
 //
 // No lock of this package is held while a caller blocks, and none calls
 // back into the backend while held.
+//
+// # Imports
+//
+// It may import fabric, internal/ratelog and the standard library; only
+// fabric/... backends may import it (Go's internal rule enforces that).
 package localq

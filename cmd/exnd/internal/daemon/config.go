@@ -25,7 +25,7 @@ import (
 	"github.com/exn-project/exn/tap"
 )
 
-// Defaults from DESIGN.md.
+// Defaults from docs/design.md.
 const (
 	DefaultIfname         = "exn0"
 	DefaultMTU            = 65521 // the largest MTU a TAP takes

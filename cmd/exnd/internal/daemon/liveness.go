@@ -34,7 +34,7 @@ import (
 
 // LivenessInterval is how often the liveness part polls the fabric's
 // peer set: the fabric's own liveness period (fabric/shm's idle monitor
-// period; fabric/net declares a silent peer dead after 600 ms), so a
+// period; fabric/fabnet declares a silent peer dead after 600 ms), so a
 // peer's death shows here within about two seconds, and an idle exnd has
 // one such timer wake-up a second (docs/wakeup.md).
 var LivenessInterval = time.Second

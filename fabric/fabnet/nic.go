@@ -35,10 +35,12 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
+	"github.com/exn-project/exn/internal/ratelog"
 )
 
 // faultLogInterval bounds fault logging: faults a peer can trigger per
-// frame are always counted and logged at most once per interval.
+// frame are always counted and logged at most once per interval
+// (internal/ratelog).
 const faultLogInterval = time.Second
 
 // NIC is one node's emulated NIC on a TCP fabric. It implements
@@ -66,7 +68,7 @@ type NIC struct {
 
 	regs localq.Table[*endpoint, *region] // by NLA region index
 
-	lastLog atomic.Int64
+	faults ratelog.Faults // peer-triggerable faults, one line per faultLogInterval
 }
 
 // Open starts node cfg.Node: it listens, dials every peer with a higher
@@ -115,6 +117,7 @@ func open(cfg Config) (*NIC, error) {
 	n.life, n.cancel = context.WithCancel(context.Background())
 	n.groups.Init("fabnet")
 	n.regs.Init()
+	n.faults.Init(cfg.Logger, faultLogInterval, "node", n.id)
 	n.sessions.Store(&map[fabric.NodeID]*session{})
 	n.wg.Add(2)
 	go n.acceptLoop()
@@ -146,7 +149,7 @@ func (n *NIC) acceptLoop() {
 			if n.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			n.logFault("fabnet accept", "err", err)
+			n.faults.Warn("fabnet accept", "err", err)
 			select {
 			case <-time.After(backoffMin):
 			case <-n.down:
@@ -158,7 +161,7 @@ func (n *NIC) acceptLoop() {
 		case n.hsSem <- struct{}{}:
 		default:
 			n.nctr.handshakeRejected.Add(1)
-			n.logFault("fabnet: too many handshakes, connection refused", "remote", c.RemoteAddr().String())
+			n.faults.Warn("fabnet: too many handshakes, connection refused", "remote", c.RemoteAddr().String())
 			c.Close()
 			continue
 		}
@@ -178,7 +181,7 @@ func (n *NIC) acceptLoop() {
 			if err != nil {
 				n.nctr.handshakeRejected.Add(1)
 				n.ctr.Corrupt.Add(1)
-				n.logFault("fabnet: connection refused", "remote", c.RemoteAddr().String(), "err", err)
+				n.faults.Warn("fabnet: connection refused", "remote", c.RemoteAddr().String(), "err", err)
 				c.Close()
 				return
 			}
@@ -490,15 +493,9 @@ func (n *NIC) Close() error {
 	return nil
 }
 
-// logFault logs a peer-triggerable fault at most once per faultLogInterval.
-func (n *NIC) logFault(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := n.lastLog.Load()
-	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	n.cfg.Logger.Warn(msg, append(args, "node", n.id)...)
-}
+// logFault is n.faults.Warn under the name session.go calls; it goes when
+// session.go (under change for the offloads work) calls n.faults directly.
+func (n *NIC) logFault(msg string, args ...any) { n.faults.Warn(msg, args...) }
 
 // ---- regions ----
 

@@ -29,4 +29,12 @@
 //
 // docs/fabric-net.md has the protocol, the design choices and the
 // measurements.
+//
+// # Ownership and imports
+//
+// fabnet owns the TCP sessions, the wire format and the peer liveness of
+// this backend. It may import fabric, fabric/internal/localq, fabric/peers,
+// internal/sys, internal/ratelog and the standard library, never another
+// backend. The folder was fabric/net until issue #17; the backend's spec
+// name is still "net".
 package fabnet

@@ -1,0 +1,12 @@
+// Package testenv holds the test-environment policy shared by every
+// package's tests: when privileged tests run or skip, test sizes, and leak
+// checks.
+//
+// # Ownership and imports
+//
+// testenv owns the policy (EXN_REQUIRE_PRIVILEGED, EXN_TEST_SMALL, the
+// goroutine-leak check); each test keeps its own set-up. It is for tests
+// and test harnesses only (fabric/fabrictest, integration/nstest and
+// _test.go files) and imports only the standard library and
+// go.uber.org/goleak.
+package testenv
