@@ -254,4 +254,15 @@ type NIC interface {
 	Close() error
 }
 
+// PeerWatcher is implemented by a NIC that can announce changes of its
+// peer set, so that a consumer of Peers need not poll it (fabric/shm's
+// NIC does; docs/wakeup.md).
+type PeerWatcher interface {
+	// PeersChanged returns a channel that is closed at the next change
+	// of the peer set (a peer found, or marked down). A caller fetches a
+	// fresh channel after each close, before it reads Peers, so no change
+	// goes unnoticed. Safe for concurrent use; it never blocks.
+	PeersChanged() <-chan struct{}
+}
+
 func isErr(err, target error) bool { return errors.Is(err, target) }

@@ -520,6 +520,7 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 		log:     o.log.With("fabric", fabricName, "node", node, "attached", t.slot),
 		peers:   make(map[fabric.NodeID]*peer),
 		gone:    make(map[fabric.NodeID]bool),
+		peersCh: make(chan struct{}),
 		regions: make(map[uint32]*localRegion),
 		gens:    make([]uint32, maxTableRegions+1),
 		nextIdx: lo, regLo: lo, regHi: lo + leaseRegions - 1,
@@ -844,6 +845,7 @@ func (a *Attached) Close() error {
 		p.drop()
 		delete(n.peers, id)
 	}
+	n.peersChangedLocked()
 	n.peerMu.Unlock()
 	n.self.drop()
 	n.nodeMap.release()

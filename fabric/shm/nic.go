@@ -105,9 +105,12 @@ type nicT struct {
 	closed atomic.Bool
 	folded [numVStats]atomic.Uint64 // header counters of closed endpoints
 
-	peerMu    sync.RWMutex
-	peers     map[fabric.NodeID]*peer
-	gone      map[fabric.NodeID]bool // seen up, now down
+	peerMu sync.RWMutex
+	peers  map[fabric.NodeID]*peer
+	gone   map[fabric.NodeID]bool // seen up, now down
+	// peersCh is closed and replaced at every change of peers (under
+	// peerMu for writing): PeersChanged.
+	peersCh   chan struct{}
 	seenEpoch uint64
 	lastScan  time.Time
 
@@ -190,6 +193,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 		log:     o.log.With("fabric", fabricName, "node", node),
 		peers:   make(map[fabric.NodeID]*peer),
 		gone:    make(map[fabric.NodeID]bool),
+		peersCh: make(chan struct{}),
 		regions: make(map[uint32]*localRegion),
 		gens:    make([]uint32, maxTableRegions+1),
 		nextIdx: 1, regLo: 1, regHi: maxNodeRegions,
@@ -507,6 +511,7 @@ func (n *nicT) Close() error {
 		p.drop()
 		delete(n.peers, id)
 	}
+	n.peersChangedLocked()
 	n.peerMu.Unlock()
 	if same, _ := sys.SameFile(n.nodeFile, n.nodePath(n.node)); same {
 		os.Remove(n.nodePath(n.node))

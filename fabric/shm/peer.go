@@ -145,7 +145,22 @@ func (n *nicT) discover(id fabric.NodeID) (*peer, error) {
 	}
 	n.peers[id] = p
 	delete(n.gone, id)
+	n.peersChangedLocked()
 	return p, nil
+}
+
+// peersChangedLocked wakes PeersChanged's watchers. peerMu is held for
+// writing.
+func (n *nicT) peersChangedLocked() {
+	close(n.peersCh)
+	n.peersCh = make(chan struct{})
+}
+
+// PeersChanged implements fabric.PeerWatcher.
+func (n *nicT) PeersChanged() <-chan struct{} {
+	n.peerMu.RLock()
+	defer n.peerMu.RUnlock()
+	return n.peersCh
 }
 
 // up reports whether p's node state says alive (a closed node says so
@@ -164,6 +179,7 @@ func (n *nicT) markDown(p *peer) {
 	if n.peers[p.id] == p {
 		delete(n.peers, p.id)
 		n.gone[p.id] = true
+		n.peersChangedLocked()
 	}
 	n.peerMu.Unlock()
 	p.drop()

@@ -1,7 +1,9 @@
 package daemon
 
-// Liveness: a watcher of the fabric's peer set. Every LivenessInterval it
-// compares nic.Peers() with the set it saw last. A peer that left is
+// Liveness: a watcher of the fabric's peer set. At every change the NIC
+// announces (fabric.PeerWatcher: fabric/shm), or every LivenessInterval
+// for a NIC that cannot announce them, it compares nic.Peers() with the
+// set it saw last. A peer that left is
 // "down": its learned neighbour entries are removed at once (so EXT-DS
 // and `exnctl neighbors` stop routing to it; the kernel's own ARP cache
 // times out by itself, and frames towards the dead node are dropped and
@@ -32,12 +34,14 @@ import (
 	"github.com/exn-project/exn/fabric"
 )
 
-// LivenessInterval is how often the liveness part polls the fabric's
-// peer set: the fabric's own liveness period (fabric/shm's idle monitor
-// period; fabric/fabnet declares a silent peer dead after 600 ms), so a
-// peer's death shows here within about two seconds, and an idle exnd has
-// one such timer wake-up a second (docs/wakeup.md).
-var LivenessInterval = time.Second
+// LivenessInterval is how often the liveness part polls the peer set of
+// a NIC that cannot announce its changes (fabric/fabnet, fabric/ofi,
+// fabric/mem): fabnet's heartbeat period (fabnet.DefaultHeartbeat; it
+// declares a silent peer dead after three), the rate its own liveness
+// protocol already wakes the process at, so a peer's death shows here
+// within about 0.8 s (docs/wakeup.md). A fabric.PeerWatcher (fabric/shm)
+// is not polled at all.
+var LivenessInterval = 200 * time.Millisecond
 
 func init() {
 	parts = append(parts, part{name: "liveness", start: startLiveness})
@@ -119,6 +123,20 @@ func startLiveness(d *Daemon) (func() error, error) {
 
 func (l *liveness) run() {
 	defer close(l.done)
+	if w, ok := l.nic.(fabric.PeerWatcher); ok {
+		// Event driven (fabric/shm): no timer at all; the fabric's own
+		// liveness protocol bounds how late a change shows.
+		ch := w.PeersChanged()
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-ch:
+				ch = w.PeersChanged() // before Peers: no change is missed
+				l.poll()
+			}
+		}
+	}
 	t := time.NewTicker(l.interval)
 	defer t.Stop()
 	for {
