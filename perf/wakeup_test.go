@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -256,7 +258,11 @@ func sockperf64(b *testing.B, srv, cli *nstest.Netns, ip string, secs int) (floa
 func fifoFloor(b *testing.B, count int, gap time.Duration) (float64, error) {
 	dir := b.TempDir()
 	bin := dir + "/fifo_pingpong"
-	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bin, "testdata/fifo_pingpong.c").CombinedOutput(); err != nil {
+	// perf/bench.sh runs the test binary from the repository root, go test
+	// from this package's folder: find the source next to this file.
+	_, self, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(self), "testdata", "fifo_pingpong.c")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bin, src).CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("gcc: %v: %s", err, out)
 	}
 	timeout := time.Duration(count)*gap + 30*time.Second
