@@ -6,7 +6,7 @@ BIN     := bin
 CC      ?= gcc
 PKGS    := iperf3 sockperf iproute2 iputils-ping gcc procps libfabric-dev
 
-.PHONY: all build test deps fmt-check vet unit race clean demo fuzz ofi
+.PHONY: all build test deps fmt-check vet unit race clean demo fuzz ofi bench-ofi
 
 all: build
 
@@ -51,6 +51,14 @@ ofi:
 	$(GO) vet -tags ofi ./fabric/... ./integration/...
 	$(GO) test -tags ofi -count=1 -timeout 10m ./fabric/ofi/ ./fabric/backend/
 	$(GO) test -tags ofi -count=1 -timeout 10m -run 'TestOFI' ./integration/
+
+# exn's ofi VELO ping-pong (two processes) against libfabric's fi_pingpong
+# (libfabric-bin) on shm and tcp, in the same run, under the shared
+# benchmark lock: one line per provider, "ofi:<prov> exn p50 X us;
+# fi_pingpong Y us; ratio R" (docs/fabric-ofi.md).
+bench-ofi:
+	@command -v fi_pingpong >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfabric-bin libfabric-dev; }
+	flock /tmp/exn-bench.lock perf/bench-ofi.sh
 
 test: deps fmt-check vet build race unit ofi fuzz
 
