@@ -404,18 +404,17 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	}
 }
 
-// needDC reports whether a write must be delivery-complete: every write
-// on a provider that does not order a send after a write (FI_ORDER_SAW).
-// A requester notification alone would need only transmit completion
-// (docs/fabric.md, Table 3.1), but on shm 1.17 a write without
-// FI_DELIVERY_COMPLETE takes the requester-side CMA path, where the
-// target never checks the key against its live regions: a PUT racing a
-// deregistration then failed with an error completion carrying no
-// context (fabrictest RMAVsDeregister hung on the lost operation), and
-// could land in a later mapping at the same address. The key check at
-// the target is the isolation guarantee, so writes keep it.
+// needDC reports whether a write must be delivery-complete: only when a
+// completer notification follows it (the notification must not overtake
+// the data) and the provider does not order a send after a write
+// (FI_ORDER_SAW). A requester notification means only that the local
+// buffer was read (docs/fabric.md, Table 3.1), which transmit completion
+// gives; on shm FI_DELIVERY_COMPLETE also makes every PUT wait for the
+// target's progress. The target's key check is not what keeps a stale
+// write out of a later region: the invalidate handshake (awaitInvalAcks)
+// keeps the MR open until no write of ours to it is in flight.
 func (n *NIC) needDC(r *fabric.RMA) bool {
-	return r.Op == fabric.OpPut && !n.f.saw()
+	return r.Op == fabric.OpPut && r.Notify&fabric.NotifyCompleter != 0 && !n.f.saw()
 }
 
 // loopback runs a request to this node in Go: both regions referenced,
