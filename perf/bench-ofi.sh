@@ -57,6 +57,8 @@ exnpp() {
 		-test.benchtime "${ITERS}x" -test.count 1 >"$tmp/exn.txt" 2>&1 || { cat "$tmp/exn.txt" >&2; exit 1; }
 	cat "$tmp/exn.txt" >>"$RAW"
 	awk '{ for (i = 2; i <= NF; i++) if ($i == "p50-ns") printf "%.3f\n", $(i - 1) / 1000 }' "$tmp/exn.txt"
+	# the mean one-way time, like fi_pingpong's figure, on stderr
+	awk '{ for (i = 2; i <= NF; i++) if ($i == "ns/op") printf "%.3f\n", $(i - 1) / 2000 }' "$tmp/exn.txt" >>"$tmp/exnmean.$1"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -65,6 +67,7 @@ echo "load before: $(cat /proc/loadavg)" >&2
 for prov in shm tcp; do
 	: >"$tmp/fi.$prov"
 	: >"$tmp/exn.$prov"
+	: >"$tmp/exnmean.$prov"
 	r=0
 	while [ $r -lt "$ROUNDS" ]; do
 		fipp "$prov" >>"$tmp/fi.$prov"
@@ -73,7 +76,7 @@ for prov in shm tcp; do
 	done
 	x=$(median <"$tmp/exn.$prov")
 	y=$(median <"$tmp/fi.$prov")
-	echo "ofi:$prov rounds exn [$(tr '\n' ' ' <"$tmp/exn.$prov")] fi_pingpong [$(tr '\n' ' ' <"$tmp/fi.$prov")]" >&2
+	echo "ofi:$prov rounds: exn p50 [$(tr '\n' ' ' <"$tmp/exn.$prov")] exn mean [$(tr '\n' ' ' <"$tmp/exnmean.$prov")] fi_pingpong mean [$(tr '\n' ' ' <"$tmp/fi.$prov")] (us)" >&2
 	awk -v p="$prov" -v x="$x" -v y="$y" 'BEGIN { printf "ofi:%s exn p50 %.2f us; fi_pingpong %.2f us; ratio %.2f\n", p, x, y, x / y }'
 done
 echo "load after: $(cat /proc/loadavg)" >&2
