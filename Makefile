@@ -13,7 +13,7 @@ NETPERF_SRC ?= ../shared/tools/netperf
 NETPERF_DIR ?= build/netperf
 export EXN_NETPERF_DIR := $(abspath $(NETPERF_DIR))
 
-.PHONY: all build test deps fmt-check vet unit race clean demo fuzz ofi netperf
+.PHONY: all build test deps fmt-check vet unit race clean demo fuzz ofi netperf bench-ofi
 
 all: build
 
@@ -71,6 +71,14 @@ ofi:
 	$(GO) test -tags ofi -count=1 -timeout 10m -run 'TestOFI' ./integration/
 
 test: deps fmt-check vet build netperf race unit ofi fuzz
+
+# exn's ofi VELO ping-pong (two processes) against libfabric's fi_pingpong
+# (libfabric-bin) on shm and tcp, in the same run, under the shared
+# benchmark lock: one line per provider, "ofi:<prov> exn p50 X us;
+# fi_pingpong Y us; ratio R" (docs/fabric-ofi.md).
+bench-ofi:
+	@command -v fi_pingpong >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfabric-bin libfabric-dev; }
+	flock /tmp/exn-bench.lock perf/bench-ofi.sh
 
 clean:
 	rm -rf $(BIN) build

@@ -14,9 +14,9 @@ package ofi
 //	         consumed go back as one pCredit (credMu orders the returns)
 //	notify ──► notification ring (localq.NotifyQueue), overflow dropped
 //	         and counted
-//	Wait: localq.Waiter: spin waitSpin on the atomic lengths, then publish
-//	      sleeping and park on wake; producers signal only a sleeping
-//	      consumer.
+//	Wait: drive progress (NIC.poll, progress.go) for waitSpin, checking
+//	      the atomic lengths, then publish sleeping and park on wake;
+//	      producers signal only a sleeping consumer.
 //
 // Loopback (a target on this node) takes the same path without libfabric:
 // control packets are dispatched inline and messages go straight into the
@@ -34,10 +34,6 @@ import (
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
 )
-
-// waitSpin is how long Wait polls before it sleeps: a VELO round trip on
-// the shm provider, so a busy ping-pong never parks.
-const waitSpin = 20 * time.Microsecond
 
 type pairState uint8
 
@@ -106,9 +102,10 @@ type endpoint struct {
 	pairsMu sync.RWMutex
 	pairs   map[fabric.Addr]*pair
 
-	w      localq.Waiter
-	done   chan struct{}
-	closed atomic.Bool
+	sleeping atomic.Bool   // Wait is (about to be) parked on wake
+	wake     chan struct{} // capacity 1
+	done     chan struct{}
+	closed   atomic.Bool
 }
 
 func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
@@ -120,9 +117,9 @@ func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
 		srcs:  make(map[fabric.Addr]*source),
 		pairs: make(map[fabric.Addr]*pair),
 		done:  make(chan struct{}),
+		wake:  make(chan struct{}, 1),
 	}
 	e.nq.Init(n.cfg.NotifyDepth)
-	e.w.Init(waitSpin, e.ready, &e.closed, e.done)
 	return e
 }
 
@@ -132,7 +129,16 @@ func (e *endpoint) errClosed(op string) error {
 	return fmt.Errorf("ofi: %s on %v: %w", op, e.addr, net.ErrClosed)
 }
 
-func (e *endpoint) signal() { e.w.Signal() }
+// signal wakes Wait if it is parked; call it after the item is visible to
+// ready.
+func (e *endpoint) signal() {
+	if e.sleeping.Load() {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
 
 func (e *endpoint) ready() bool { return e.length.Load() > 0 || e.nq.Len() > 0 }
 
@@ -285,27 +291,10 @@ func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error
 			e.nic.ctr.SendBlocked.Add(1)
 			counted = true
 		}
-		var timeout <-chan time.Time
-		if !waitCredits && p != nil {
-			// Querying: a silent peer is an unreachable one. The timer
-			// exists only on the first send of a pair.
-			t := time.NewTimer(queryTimeout)
-			defer t.Stop()
-			timeout = t.C
-		}
-		select {
-		case <-timeout:
-			e.nic.peerDown(p, "no answer to a vpid open query")
-			return 0, fmt.Errorf("ofi: velo send to %v: no answer in %v: %w", pr.dst, queryTimeout, fabric.ErrPeerDown)
-		case <-ch:
-		case <-down:
-			return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
-		case <-e.done:
-			return 0, e.errClosed("send")
-		case <-e.nic.done:
-			return 0, e.errClosed("send")
-		case <-ctx.Done():
-			return 0, fmt.Errorf("ofi: send to %v: %w", pr.dst, ctx.Err())
+		if p != nil && e.nic.spinUntil(func() bool { return closed(ch) }) {
+			// The answer or credits came while we drove progress.
+		} else if err := e.block(ctx, pr, p, ch, down, waitCredits); err != nil {
+			return 0, err
 		}
 		if waitCredits {
 			pr.mu.Lock()
@@ -316,6 +305,34 @@ func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error
 			}
 		}
 	}
+}
+
+// block parks a sender until ch closes (answer or credits), the peer goes
+// down, ctx, or Close. A query (not waitCredits) to a remote peer is
+// bounded by queryTimeout: a silent peer is an unreachable one.
+func (e *endpoint) block(ctx context.Context, pr *pair, p *peer, ch, down <-chan struct{}, waitCredits bool) error {
+	var timeout <-chan time.Time
+	if !waitCredits && p != nil {
+		// The timer exists only on the first send of a pair.
+		t := time.NewTimer(queryTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-timeout:
+		e.nic.peerDown(p, "no answer to a vpid open query")
+		return fmt.Errorf("ofi: velo send to %v: no answer in %v: %w", pr.dst, queryTimeout, fabric.ErrPeerDown)
+	case <-ch:
+	case <-down:
+		return fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
+	case <-e.done:
+		return e.errClosed("send")
+	case <-e.nic.done:
+		return e.errClosed("send")
+	case <-ctx.Done():
+		return fmt.Errorf("ofi: send to %v: %w", pr.dst, ctx.Err())
+	}
+	return nil
 }
 
 // openAnswer applies a pOpenA from target dst.
@@ -389,63 +406,99 @@ func (e *endpoint) peerGone(node fabric.NodeID) {
 	e.mu.Unlock()
 }
 
-// transmit sends one VELO packet to p from a send slot.
+// transmit sends one VELO packet to p from a send slot: with fi_inject
+// when the packet fits the provider's inject size (the slot is free again
+// on return, no completion), else with fi_send (the slot returns on its
+// completion). A full provider queue (EAGAIN) is drained by driving
+// progress from here.
 func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m *fabric.Message) error {
-	var slot int32
-	select {
-	case slot = <-n.txFree:
-	default:
-		_, down := p.state()
-		select {
-		case slot = <-n.txFree:
-		case <-down:
-			return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
-		case <-e.done:
-			return e.errClosed("send")
-		case <-n.done:
-			return e.errClosed("send")
-		case <-ctx.Done():
-			return fmt.Errorf("ofi: send: %w", ctx.Err())
-		}
+	slot, err := n.takeSlot(ctx, e, p)
+	if err != nil {
+		return err
 	}
 	off := int(slot) * packetSize
+	size := headerSize + int(m.Len)
 	buf := n.tx.bytes()[off : off+packetSize]
 	putHeader(buf, hdr)
 	copy(buf[headerSize:], m.Data[:m.Len])
+	release := func() {
+		n.txDests[slot].Store(nil)
+		n.txFree <- slot
+	}
 	if !p.enter() {
 		n.txFree <- slot
 		return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
 	}
-	n.txDests[slot].Store(p)
-	for spins := 0; ; spins++ {
-		err := n.f.send(n.tx.at(off), headerSize+int(m.Len), n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
+	inline := size <= n.inject
+	if !inline {
+		n.txDests[slot].Store(p)
+	}
+	for {
+		if inline {
+			err = n.f.inject(n.tx.at(off), size, p.fa)
+		} else {
+			err = n.f.send(n.tx.at(off), size, n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
+		}
 		if err == nil {
 			p.leave()
+			if inline {
+				n.txFree <- slot
+			}
 			return nil
 		}
 		if !isAgain(err) || n.closed.Load() || e.closed.Load() {
 			p.leave()
-			n.txDests[slot].Store(nil)
-			n.txFree <- slot
+			release()
 			if e.closed.Load() || n.closed.Load() {
 				return e.errClosed("send")
 			}
 			n.peerDown(p, err.Error())
 			return fmt.Errorf("ofi: velo send to node %d: %v: %w", p.node, err, fabric.ErrPeerDown)
 		}
-		// The provider's queue is full: progress drains it. Yield, and
-		// back off to sleeping once yielding has not helped for a while.
-		if spins < 100 {
+		// The provider's queue is full: progress drains it.
+		if !n.poll() {
 			runtime.Gosched()
-		} else {
-			time.Sleep(10 * time.Microsecond)
 		}
 		if up, _ := p.state(); !up {
 			p.leave()
-			n.txDests[slot].Store(nil)
-			n.txFree <- slot
+			release()
 			return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
 		}
+	}
+}
+
+// takeSlot takes a free send slot. None free: slots return on send
+// completions, so it drives progress for the spin budget, then parks
+// until one returns, p goes down, ctx, or Close.
+func (n *NIC) takeSlot(ctx context.Context, e *endpoint, p *peer) (int32, error) {
+	select {
+	case slot := <-n.txFree:
+		return slot, nil
+	default:
+	}
+	var slot int32
+	if n.spinUntil(func() bool {
+		select {
+		case slot = <-n.txFree:
+			return true
+		default:
+			return false
+		}
+	}) {
+		return slot, nil
+	}
+	_, down := p.state()
+	select {
+	case slot = <-n.txFree:
+		return slot, nil
+	case <-down:
+		return 0, fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+	case <-e.done:
+		return 0, e.errClosed("send")
+	case <-n.done:
+		return 0, e.errClosed("send")
+	case <-ctx.Done():
+		return 0, fmt.Errorf("ofi: send: %w", ctx.Err())
 	}
 }
 
@@ -599,15 +652,51 @@ func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
 }
 
 // Wait blocks until Recv or PollNotifications may have something, ctx is
-// done or the endpoint closes. It spins waitSpin first.
+// done or the endpoint closes. It first drives the NIC's progress itself
+// for waitSpin (polling the CQ, so a busy exchange never parks), then
+// parks until a producer signals it.
 func (e *endpoint) Wait(ctx context.Context) error {
-	switch e.w.Wait(ctx) {
-	case localq.Closed:
+	if e.closed.Load() {
 		return e.errClosed("wait")
-	case localq.Cancelled:
+	}
+	if e.ready() {
+		return nil
+	}
+	n := e.nic
+	n.spinners.Add(1)
+	start := time.Now()
+	for {
+		if !n.poll() {
+			runtime.Gosched()
+		}
+		if e.ready() {
+			n.unspin()
+			return nil
+		}
+		if e.closed.Load() {
+			n.unspin()
+			return e.errClosed("wait")
+		}
+		if time.Since(start) > waitSpin {
+			break
+		}
+	}
+	n.unspin()
+	e.sleeping.Store(true)
+	defer e.sleeping.Store(false)
+	// Re-check after publishing sleeping: a producer that queued before
+	// seeing the flag is caught here; one that queues after sends a wake.
+	if e.ready() {
+		return nil
+	}
+	select {
+	case <-e.wake:
+		return nil
+	case <-e.done:
+		return e.errClosed("wait")
+	case <-ctx.Done():
 		return fmt.Errorf("ofi: wait: %w", ctx.Err())
 	}
-	return nil
 }
 
 // ---- close ----
@@ -644,6 +733,16 @@ func (e *endpoint) Close() error {
 		n.sendCtl(node, header{typ: pClosed, desc: fabric.Descriptor{VPID: e.addr.VPID}, epoch: e.epoch}, nil)
 	}
 	return nil
+}
+
+// closed reports whether ch is closed (never blocks).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func containsNode(ns []fabric.NodeID, n fabric.NodeID) bool {

@@ -27,14 +27,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
@@ -42,8 +43,8 @@ import (
 
 // Sizes of the libfabric objects and progress loop.
 const (
-	// cqBatchSize is how many completions progress reads per call: the
-	// NAPI budget of docs/design.md ("EXT-Eth").
+	// cqBatchSize is how many completions a progress step reads per cgo
+	// call: the NAPI budget of docs/design.md ("EXT-Eth").
 	cqBatchSize = 64
 	// ctlSlots is the number of control send buffers. Control traffic is
 	// a few packets per credit window or RMA, so this rarely fills; when
@@ -55,23 +56,6 @@ const (
 	rmaSlots = 2 * fabric.DefaultNotifyDepth
 	// avSize is the address vector's initial size hint.
 	avSize = 256
-	// progressSpin is how long progress polls the CQ before it sleeps in
-	// on the CQ: a VELO round trip on shm, so ping-pong never sleeps.
-	progressSpin = 50 * time.Microsecond
-	// progressSpinNoFD replaces it for providers without a CQ wait fd
-	// (shm), whose sleep is a timer with tens of µs of slack: spinning
-	// through a few round trips keeps an active exchange off the timer.
-	progressSpinNoFD = 200 * time.Microsecond
-	// progressPollSleep is the idle sleep of a provider without a CQ wait
-	// fd: short, because it is added to the latency of an idle node.
-	progressPollSleep = 20 * time.Microsecond
-	// progressPollMax caps that sleep once the node has been idle a while:
-	// an idle node wakes 1000 times a second at most.
-	progressPollMax = time.Millisecond
-	// progressSleepMs bounds one sleep on the CQ wait fd, so progress checks
-	// for Close and queued work at least this often even if a provider's
-	// fi_cq_signal is lost.
-	progressSleepMs = 5
 	// byeTimeout bounds how long Close waits to flush its goodbyes.
 	byeTimeout = 200 * time.Millisecond
 	// queryTimeout bounds a VPID open query or a remote region query. A
@@ -103,8 +87,8 @@ type NIC struct {
 	txFree   chan int32
 	ctl      cmem // ctlSlots control send buffers
 	ctlMR    mr
-	ctlFree  []int32 // progress only
-	ctlDests []*peer // destination of each busy control slot; progress only
+	ctlFree  []int32 // progMu
+	ctlDests []*peer // destination of each busy control slot; progMu
 	txDests  []atomic.Pointer[peer]
 
 	eps   [256]atomic.Pointer[endpoint]
@@ -123,23 +107,35 @@ type NIC struct {
 	rcache  map[rkey]*remoteRegion
 	pending map[uint64]*remoteRegion // by cookie
 	cookie  uint64
+	pins    map[rkey]*pin // own RMA in flight per remote region
+
+	relMu     sync.Mutex
+	releasing map[uint32]*region // deregistered, waiting for pInvalAck
 
 	ops    []rmaOp
 	opFree chan int32
 
-	ctlMu    sync.Mutex
-	ctlQ     []ctlPkt
-	ctlSpare []ctlPkt
-	jobs     []func()
-	sleeping atomic.Bool
-	ctlIdle  atomic.Bool   // no control packet queued or in flight
-	kickCh   chan struct{} // wakes a polling progress (no CQ wait fd)
+	progMu sync.Mutex // whoever holds it progresses: the CQ, batch, ctlFree, ctlDests, jobs
+	batch  *cqBatch   // guarded by progMu
 
-	done    chan struct{} // closed by Close
-	stopped chan struct{} // closed when progress returns
-	closed  atomic.Bool
-	running atomic.Bool
-	wg      sync.WaitGroup
+	ctlMu      sync.Mutex // ctlQ, jobs, ctlScratch; inside progMu, never around it
+	ctlQ       []ctlPkt
+	ctlScratch cmem // inject buffer of sendCtl
+	inject     int  // largest fi_inject packet (tx_attr->inject_size)
+	jobs       []func()
+	ctlPending atomic.Bool // ctlQ or jobs non-empty
+	ctlIdle    atomic.Bool // no control packet queued or in a send slot
+
+	spinners atomic.Int32    // callers polling the CQ in a spin
+	bgParked atomic.Bool     // the background goroutine is (about to be) parked
+	kicked   atomic.Bool     // work for the background goroutine
+	bgWake   chan struct{}   // capacity 1: wakes a parked background goroutine
+	waitFile *os.File        // dup of the CQ wait fd in the netpoller, or nil
+	waitRC   syscall.RawConn // waitFile's handle, or nil
+
+	done   chan struct{} // closed by Close
+	closed atomic.Bool
+	wg     sync.WaitGroup
 
 	lastLog atomic.Int64
 }
@@ -224,15 +220,17 @@ func open(cfg Config) (*NIC, error) {
 	}
 	n := &NIC{
 		cfg: cfg, log: cfg.Logger.With("fabric", "ofi:"+cfg.Provider, "node", cfg.Node), id: cfg.Node, f: f,
-		virtAddr: f.mrMode()&mrVirtAddr != 0,
-		provKey:  f.mrMode()&mrProvKey != 0,
-		peers:    make(map[fabric.NodeID]*peer),
-		byFI:     make(map[uint64]*peer),
-		rcache:   make(map[rkey]*remoteRegion),
-		pending:  make(map[uint64]*remoteRegion),
-		done:     make(chan struct{}),
-		stopped:  make(chan struct{}),
-		kickCh:   make(chan struct{}, 1),
+		virtAddr:  f.mrMode()&mrVirtAddr != 0,
+		provKey:   f.mrMode()&mrProvKey != 0,
+		peers:     make(map[fabric.NodeID]*peer),
+		byFI:      make(map[uint64]*peer),
+		rcache:    make(map[rkey]*remoteRegion),
+		pending:   make(map[uint64]*remoteRegion),
+		pins:      make(map[rkey]*pin),
+		releasing: make(map[uint32]*region),
+		done:      make(chan struct{}),
+		bgWake:    make(chan struct{}, 1),
+		inject:    f.injectSize(),
 	}
 	n.groups.Init("ofi")
 	n.regs.Init()
@@ -252,13 +250,14 @@ func open(cfg Config) (*NIC, error) {
 		}
 		n.addPeer(p.Node, fa)
 	}
-	n.running.Store(true)
+	n.openWaitFile()
+	n.ctlIdle.Store(true)
 	n.wg.Add(1)
-	go n.progress()
+	go n.background()
 	for _, p := range n.peerList() {
 		n.sendCtl(p.node, header{typ: pHello}, nil)
 	}
-	n.log.Debug("ofi nic open", "provider", f.provider(), "mr_mode", f.mrMode(), "cq_wait_fd", f.waitable(), "order_saw", f.saw())
+	n.log.Debug("ofi nic open", "provider", f.provider(), "mr_mode", f.mrMode(), "cq_wait_fd", n.waitRC != nil, "order_saw", f.saw(), "inject", n.inject)
 	return n, nil
 }
 
@@ -339,6 +338,14 @@ func (n *NIC) setupBuffers() error {
 	if n.ctl, n.ctlMR, err = alloc(ctlSlots); err != nil {
 		return err
 	}
+	// fi_inject copies the buffer before it returns, so it needs no
+	// registration even under FI_MR_LOCAL.
+	if n.ctlScratch, err = mmapMem(packetSize); err != nil {
+		return err
+	}
+	if n.batch, err = newCQBatch(cqBatchSize); err != nil {
+		return err
+	}
 	n.txFree = make(chan int32, n.cfg.SendSlots)
 	for i := range n.cfg.SendSlots {
 		n.txFree <- int32(i)
@@ -381,6 +388,15 @@ func (n *NIC) freeAll() {
 	n.rx.free()
 	n.tx.free()
 	n.ctl.free()
+	n.ctlScratch.free()
+	if n.batch != nil {
+		n.batch.free()
+		n.batch = nil
+	}
+	if n.waitFile != nil {
+		n.waitFile.Close()
+		n.waitFile, n.waitRC = nil, nil
+	}
 }
 
 // Name returns this NIC's libfabric address (fi_getname), for an
@@ -597,8 +613,10 @@ func (n *NIC) awaitByeAcks(told []*peer, d time.Duration) {
 		if acked && q == 0 && n.ctlIdle.Load() {
 			return
 		}
-		n.kick()
-		time.Sleep(100 * time.Microsecond)
+		// Drive progress ourselves: the acknowledgements arrive in the CQ.
+		if !n.poll() {
+			time.Sleep(100 * time.Microsecond) // Close only: peers answer from their own progress
+		}
 	}
 	n.log.Warn("ofi close: peers did not acknowledge goodbye in time", "timeout", d)
 }
@@ -611,284 +629,6 @@ func (n *NIC) logFault(msg string, args ...any) {
 		return
 	}
 	n.log.Warn(msg, args...)
-}
-
-// ---- control packets ----
-
-// sendCtl queues a control packet for node dst (sent by progress), or
-// handles it at once if dst is this node. body is copied.
-func (n *NIC) sendCtl(dst fabric.NodeID, h header, body []byte) {
-	h.desc.Node = n.id
-	if dst == n.id {
-		n.dispatch(h, n.id, body)
-		return
-	}
-	n.ctlMu.Lock()
-	n.ctlQ = append(n.ctlQ, ctlPkt{dst: dst, hdr: h.encode(), n: uint8(len(body))})
-	copy(n.ctlQ[len(n.ctlQ)-1].body[:], body)
-	n.ctlMu.Unlock()
-	n.kick()
-}
-
-// runJob runs fn on the progress goroutine and waits for it (inline if
-// progress is not running). MR closes go through here so they never race
-// the provider's progress.
-func (n *NIC) runJob(fn func()) {
-	if !n.running.Load() {
-		fn()
-		return
-	}
-	ran := make(chan struct{})
-	n.ctlMu.Lock()
-	n.jobs = append(n.jobs, func() { fn(); close(ran) })
-	n.ctlMu.Unlock()
-	n.kick()
-	select {
-	case <-ran:
-	case <-n.stopped:
-		// progress exited first: it ran every queued job before exiting,
-		// or left them to us.
-		select {
-		case <-ran:
-		default:
-			n.runLeftJobs()
-			<-ran
-		}
-	}
-}
-
-func (n *NIC) runLeftJobs() {
-	n.ctlMu.Lock()
-	jobs := n.jobs
-	n.jobs = nil
-	n.ctlMu.Unlock()
-	for _, j := range jobs {
-		j()
-	}
-}
-
-// kick wakes progress if it sleeps.
-func (n *NIC) kick() {
-	if n.sleeping.Load() {
-		if n.f.waitable() {
-			n.f.signal()
-		} else {
-			select {
-			case n.kickCh <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-// ---- progress ----
-
-// progress is the NIC's one goroutine: it reads completions, reposts
-// receives, sends control packets and runs jobs until Close.
-func (n *NIC) progress() {
-	defer n.wg.Done()
-	defer close(n.stopped)
-	defer n.running.Store(false)
-	b := newCQBatch(cqBatchSize)
-	defer b.free()
-	idleSince := time.Now()
-	spin := progressSpin
-	if !n.f.waitable() {
-		spin = progressSpinNoFD
-	}
-	idle := time.NewTimer(time.Hour)
-	idle.Stop()
-	defer idle.Stop()
-	for {
-		select {
-		case <-n.done:
-			n.runLeftJobs()
-			return
-		default:
-		}
-		work := n.drainCtl()
-		got, err := n.f.cqRead(b)
-		switch {
-		case err == errAvail:
-			n.handleCQErr(b)
-			work = true
-		case err != nil:
-			n.logFault("ofi cq read failed", "err", err)
-		}
-		for i := range got {
-			n.complete(opctx(b.ctx(i)), b.len(i), b.src(i))
-		}
-		if got > 0 || work {
-			idleSince = time.Now()
-			continue
-		}
-		if time.Since(idleSince) < spin {
-			continue
-		}
-		n.sleeping.Store(true)
-		n.ctlMu.Lock()
-		busy := len(n.ctlQ) > 0 || len(n.jobs) > 0
-		n.ctlMu.Unlock()
-		if !busy {
-			if n.f.waitable() {
-				n.f.cqWait(progressSleepMs)
-			} else {
-				// No wait fd: sleep a 64th of the idle time so far, from
-				// progressPollSleep up to progressPollMax, so a busy
-				// exchange pays microseconds and an idle node wakes
-				// rarely; kick cuts a sleep short.
-				idle.Reset(min(max(time.Since(idleSince)/64, progressPollSleep), progressPollMax))
-				select {
-				case <-idle.C:
-				case <-n.kickCh:
-					idle.Stop()
-				}
-			}
-		}
-		n.sleeping.Store(false)
-	}
-}
-
-// drainCtl runs queued jobs and sends queued control packets while control
-// slots last. It reports whether it did anything.
-func (n *NIC) drainCtl() bool {
-	n.ctlMu.Lock()
-	if len(n.ctlQ) == 0 && len(n.jobs) == 0 {
-		n.ctlMu.Unlock()
-		n.ctlIdle.Store(len(n.ctlFree) == ctlSlots)
-		return false
-	}
-	q := n.ctlQ
-	n.ctlQ = n.ctlSpare[:0]
-	jobs := n.jobs
-	n.jobs = nil
-	n.ctlMu.Unlock()
-	for _, j := range jobs {
-		j()
-	}
-	sent := 0
-	for i := range q {
-		pk := &q[i]
-		p := n.peer(pk.dst)
-		if p == nil {
-			sent++
-			continue
-		}
-		if t := ptype(pk.hdr >> hdrTypeShift); t == pByeAck {
-			// The one packet a down peer gets: it waits for it. busy is
-			// not needed: progress (us) is the only sender now.
-		} else if !p.enter() {
-			sent++ // a down peer gets nothing else
-			continue
-		} else {
-			p.leave() // progress runs peerDown itself, so no send races it
-		}
-		if len(n.ctlFree) == 0 {
-			break
-		}
-		slot := n.ctlFree[len(n.ctlFree)-1]
-		buf := unsafe.Slice((*byte)(n.ctl.at(int(slot)*packetSize)), packetSize)
-		putHeader(buf, pk.hdr)
-		copy(buf[headerSize:], pk.body[:pk.n])
-		err := n.f.send(n.ctl.at(int(slot)*packetSize), headerSize+int(pk.n), n.ctlMR.desc, p.fa, mkctx(ctxCtrl, int(slot)))
-		if err != nil {
-			if isAgain(err) {
-				break
-			}
-			n.logFault("ofi control send failed", "peer", pk.dst, "err", err)
-			n.peerDown(p, err.Error())
-			sent++
-			continue
-		}
-		n.ctlFree = n.ctlFree[:len(n.ctlFree)-1]
-		n.ctlDests[slot] = p
-		sent++
-	}
-	// Requeue what did not go out, ahead of anything queued meanwhile.
-	n.ctlMu.Lock()
-	if rest := q[sent:]; len(rest) > 0 {
-		n.ctlQ = append(append(make([]ctlPkt, 0, len(rest)+len(n.ctlQ)), rest...), n.ctlQ...)
-	} else {
-		n.ctlSpare = q[:0]
-	}
-	n.ctlMu.Unlock()
-	n.ctlIdle.Store(false)
-	return true
-}
-
-// complete handles one successful completion.
-func (n *NIC) complete(c opctx, length int, src uint64) {
-	switch c.kind() {
-	case ctxRecv:
-		i := c.index()
-		buf := unsafe.Slice((*byte)(n.rx.at(i*packetSize)), packetSize)
-		n.receive(buf[:min(length, packetSize)], src)
-		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
-			n.repostLater(i, err)
-		}
-	case ctxSend:
-		n.txDests[c.index()].Store(nil)
-		n.txFree <- int32(c.index())
-	case ctxCtrl:
-		n.ctlDests[c.index()] = nil
-		n.ctlFree = append(n.ctlFree, int32(c.index()))
-	case ctxRMA:
-		n.rmaDone(c.index(), nil)
-	}
-}
-
-// repostLater retries a receive repost that failed with EAGAIN from a job,
-// so the slot is not lost.
-func (n *NIC) repostLater(i int, err error) {
-	if !isAgain(err) {
-		n.logFault("ofi receive repost failed", "slot", i, "err", err)
-	}
-	n.ctlMu.Lock()
-	n.jobs = append(n.jobs, func() {
-		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
-			n.repostLater(i, err)
-		}
-	})
-	n.ctlMu.Unlock()
-}
-
-// handleCQErr reads one error completion and fails what it belonged to.
-func (n *NIC) handleCQErr(b *cqBatch) {
-	e, ok := n.f.cqReadErr(b)
-	if !ok {
-		return
-	}
-	c := opctx(e.ctx)
-	switch c.kind() {
-	case ctxRecv:
-		// A receive fails only when the endpoint is being closed or a
-		// message did not fit (a peer speaking another protocol).
-		n.ctr.Corrupt.Add(1)
-		n.logFault("ofi receive failed", "err", e.detail)
-		if !n.closed.Load() {
-			i := c.index()
-			if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
-				n.repostLater(i, err)
-			}
-		}
-	case ctxSend:
-		i := c.index()
-		if p := n.txDests[i].Swap(nil); p != nil {
-			n.peerDown(p, "send failed: "+e.detail)
-		}
-		n.txFree <- int32(i)
-	case ctxCtrl:
-		i := c.index()
-		if p := n.ctlDests[i]; p != nil {
-			n.peerDown(p, "control send failed: "+e.detail)
-		}
-		n.ctlDests[i] = nil
-		n.ctlFree = append(n.ctlFree, int32(i))
-	case ctxRMA:
-		n.rmaDone(c.index(), &e)
-	default:
-		n.logFault("ofi error completion without context", "err", e.detail)
-	}
 }
 
 // receive parses one packet from libfabric address src.
@@ -981,6 +721,12 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 			return
 		}
 		n.invalidate(src, le32(body))
+	case pInvalAck:
+		if err := need(body, invalBody, "invalidate ack"); err != nil {
+			n.ctr.Corrupt.Add(1)
+			return
+		}
+		n.invalAcked(src, le32(body))
 	case pNotify:
 		nt, err := fabric.DecodeNotification(body)
 		if err != nil || nt.Kind == fabric.KindRequester {

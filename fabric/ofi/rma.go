@@ -17,8 +17,10 @@ package ofi
 //	             to the target for its completer (PUT) or responder (GET)
 //	             notification, which it delivers only to the VPID named.
 //	Deregister ──► unpublish, wait for own ops in flight, pInval to every
-//	             node that got the key, fi_close(mr) and munmap on the
-//	             progress goroutine (so never under a provider's progress).
+//	             node that got the key and wait for each one's pInvalAck
+//	             (sent once none of its ops on the region is in flight:
+//	             pins, rcMu), then fi_close(mr) and munmap under progMu
+//	             (so never during a progress step).
 //
 // Region indices are never reused in a NIC's life, and the requested MR
 // key is the index, so a stale cached key cannot reach a later region.
@@ -27,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +47,15 @@ type region struct {
 	dead     atomic.Bool
 	inflight atomic.Int32
 	handed   []fabric.NodeID // nodes given the key; guarded by nic.regs' lock
+	waiting  []fabric.NodeID // nodes whose pInvalAck is due; guarded by nic.relMu
+	acked    chan struct{}   // closed when waiting empties
+}
+
+// pin counts this node's RMA operations in flight to one remote region,
+// and whether the target asked (pInval) to be told when they are done.
+type pin struct {
+	n      int
+	ackDue bool
 }
 
 // remote region cache key.
@@ -135,23 +147,141 @@ func (n *NIC) deregisterAll(e *endpoint) {
 func (n *NIC) release(r *region) {
 	r.dead.Store(true)
 	for r.inflight.Load() > 0 {
-		time.Sleep(50 * time.Microsecond) // own RMA in flight: completes or fails soon
+		// Own RMA in flight: it completes or fails soon, in the CQ.
+		if !n.spinUntil(func() bool { return r.inflight.Load() == 0 }) {
+			time.Sleep(50 * time.Microsecond) // deregistration only: the background goroutine progresses
+		}
 	}
 	n.regs.Lock()
 	handed := r.handed
 	r.handed = nil
 	n.regs.Unlock()
-	var body [invalBody]byte
-	putLe32(body[:], r.idx)
-	for _, node := range handed {
-		n.sendCtl(node, header{typ: pInval}, body[:])
-	}
+	n.awaitInvalAcks(r, handed)
 	n.runJob(func() {
 		if err := r.mr.close(); err != nil {
 			n.log.Warn("ofi mr close failed", "region", r.idx, "err", err)
 		}
 		r.mem.free()
 	})
+}
+
+// awaitInvalAcks tells every node given r's key that it is gone and waits
+// until each has acknowledged that none of its RMA operations on r is in
+// flight any more (or went down, or queryTimeout passed). Only then may
+// the MR close: an operation reaching a closed MR makes providers fail
+// it in ways exn cannot attribute (shm 1.17 reports an error completion
+// without its context, tcp drops the connection), and the memory must
+// not be unmapped under a transfer.
+func (n *NIC) awaitInvalAcks(r *region, handed []fabric.NodeID) {
+	if len(handed) == 0 {
+		return
+	}
+	r.acked = make(chan struct{})
+	n.relMu.Lock()
+	r.waiting = slices.DeleteFunc(append([]fabric.NodeID(nil), handed...), func(node fabric.NodeID) bool { return n.Alive(node) != nil })
+	if len(r.waiting) == 0 {
+		close(r.acked)
+	}
+	n.releasing[r.idx] = r
+	n.relMu.Unlock()
+	var body [invalBody]byte
+	putLe32(body[:], r.idx)
+	for _, node := range handed {
+		n.sendCtl(node, header{typ: pInval}, body[:])
+	}
+	if !n.spinUntil(func() bool { return closed(r.acked) }) {
+		t := time.NewTimer(queryTimeout)
+		defer t.Stop()
+	wait:
+		for {
+			select {
+			case <-r.acked:
+				break wait
+			case <-n.done:
+				break wait
+			case <-t.C:
+				n.log.Warn("ofi deregister: invalidate not acknowledged in time", "region", r.idx, "timeout", queryTimeout)
+				break wait
+			case <-n.downCh():
+				// A peer went down: it acknowledges nothing any more.
+			}
+			n.relMu.Lock()
+			r.waiting = slices.DeleteFunc(r.waiting, func(node fabric.NodeID) bool { return n.Alive(node) != nil })
+			if len(r.waiting) == 0 && !closed(r.acked) {
+				close(r.acked)
+			}
+			n.relMu.Unlock()
+		}
+	}
+	n.relMu.Lock()
+	delete(n.releasing, r.idx)
+	n.relMu.Unlock()
+}
+
+// invalAcked records node src's pInvalAck for region idx.
+func (n *NIC) invalAcked(src fabric.NodeID, idx uint32) {
+	n.relMu.Lock()
+	defer n.relMu.Unlock()
+	r := n.releasing[idx]
+	if r == nil {
+		return
+	}
+	r.waiting = slices.DeleteFunc(r.waiting, func(node fabric.NodeID) bool { return node == src })
+	if len(r.waiting) == 0 && !closed(r.acked) {
+		close(r.acked)
+	}
+}
+
+// downCh returns a channel closed when the peers' state changes: the
+// first peer's down channel that is still open, or nil.
+func (n *NIC) downCh() <-chan struct{} {
+	for _, p := range n.peerList() {
+		if up, d := p.state(); up {
+			return d
+		}
+	}
+	return nil
+}
+
+// pinRemote counts one RMA operation in flight to rr, if rr is still the
+// cached (not invalidated) answer for its region; unpinRemote ends it.
+func (n *NIC) pinRemote(rr *remoteRegion) bool {
+	n.rcMu.Lock()
+	defer n.rcMu.Unlock()
+	if n.rcache[rr.k] != rr {
+		return false // invalidated meanwhile: the target may have closed the MR
+	}
+	pn := n.pins[rr.k]
+	if pn == nil {
+		pn = &pin{}
+		n.pins[rr.k] = pn
+	}
+	pn.n++
+	return true
+}
+
+func (n *NIC) unpinRemote(k rkey) {
+	n.rcMu.Lock()
+	pn := n.pins[k]
+	if pn == nil {
+		n.rcMu.Unlock()
+		return
+	}
+	pn.n--
+	ack := pn.n == 0 && pn.ackDue
+	if pn.n == 0 {
+		delete(n.pins, k)
+	}
+	n.rcMu.Unlock()
+	if ack {
+		n.sendInvalAck(k)
+	}
+}
+
+func (n *NIC) sendInvalAck(k rkey) {
+	var body [invalBody]byte
+	putLe32(body[:], k.idx)
+	n.sendCtl(k.node, header{typ: pInvalAck}, body[:])
 }
 
 // localRegion returns e's region holding [a, a+len) with a reference
@@ -209,27 +339,33 @@ func (e *endpoint) post(r *fabric.RMA) error {
 		e.errorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
-	ans, nerr := e.resolve(p, r.Peer.VPID, r.Remote.Region())
+	ans, rr, nerr := e.resolve(p, r.Peer.VPID, r.Remote.Region())
 	if nerr == fabric.NErrNone && !fabric.CheckRange(r.Remote, uint64(r.Len), ans.size) {
 		nerr = fabric.NErrBounds
+	}
+	if nerr == fabric.NErrNone && !n.pinRemote(rr) {
+		nerr = fabric.NErrAccess // deregistered while we asked
 	}
 	if nerr != fabric.NErrNone {
 		local.inflight.Add(-1)
 		e.errorNotify(r, nerr)
 		return nil
 	}
+	rk := rkey{r.Peer.Node, r.Remote.Region()}
 	var slot int32
 	select {
 	case slot = <-n.opFree:
 	case <-e.done:
 		local.inflight.Add(-1)
+		n.unpinRemote(rk)
 		return e.errClosed("post")
 	case <-n.done:
 		local.inflight.Add(-1)
+		n.unpinRemote(rk)
 		return e.errClosed("post")
 	}
 	op := &n.ops[slot]
-	*op = rmaOp{ep: e, req: *r, local: local, remote: rkey{r.Peer.Node, r.Remote.Region()}, peer: p}
+	*op = rmaOp{ep: e, req: *r, local: local, remote: rk, peer: p}
 	raddr := r.Remote.Offset()
 	if n.virtAddr {
 		raddr += ans.base
@@ -239,12 +375,13 @@ func (e *endpoint) post(r *fabric.RMA) error {
 		op.ep = nil
 		n.opFree <- slot
 		local.inflight.Add(-1)
+		n.unpinRemote(rk)
 		e.errorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
 	defer p.leave()
-	for spins := 0; ; spins++ {
-		err := n.f.rma(r.Op == fabric.OpPut, buf, int(r.Len), local.mr.desc, p.fa, raddr, ans.key, mkctx(ctxRMA, int(slot)))
+	for {
+		err := n.f.rma(r.Op == fabric.OpPut, n.needDC(r), buf, int(r.Len), local.mr.desc, p.fa, raddr, ans.key, mkctx(ctxRMA, int(slot)))
 		if err == nil {
 			return nil
 		}
@@ -253,18 +390,31 @@ func (e *endpoint) post(r *fabric.RMA) error {
 			op.ep = nil
 			n.opFree <- slot
 			local.inflight.Add(-1)
+			n.unpinRemote(rk)
 			if !isAgain(err) {
 				n.logFault("ofi rma issue failed", "op", r.Op, "peer", r.Peer, "err", err)
 			}
 			e.errorNotify(r, fabric.NErrPeerDown)
 			return nil
 		}
-		if spins < 100 {
+		// The provider's queue is full: progress drains it.
+		if !n.poll() {
 			runtime.Gosched()
-		} else {
-			time.Sleep(10 * time.Microsecond)
 		}
 	}
+}
+
+// needDC reports whether a write must be delivery-complete: only when a
+// completer notification follows it (the notification must not overtake
+// the data) and the provider does not order a send after a write
+// (FI_ORDER_SAW). A requester notification means only that the local
+// buffer was read (docs/fabric.md, Table 3.1), which transmit completion
+// gives; on shm FI_DELIVERY_COMPLETE also makes every PUT wait for the
+// target's progress. The target's key check is not what keeps a stale
+// write out of a later region: the invalidate handshake (awaitInvalAcks)
+// keeps the MR open until no write of ours to it is in flight.
+func (n *NIC) needDC(r *fabric.RMA) bool {
+	return r.Op == fabric.OpPut && r.Notify&fabric.NotifyCompleter != 0 && !n.f.saw()
 }
 
 // loopback runs a request to this node in Go: both regions referenced,
@@ -340,6 +490,7 @@ func (n *NIC) rmaDone(i int, fail *cqErr) {
 		return
 	}
 	local.inflight.Add(-1)
+	n.unpinRemote(rk)
 	if fail != nil {
 		n.forget(rk)
 		nerr := fabric.NErrAccess
@@ -362,14 +513,14 @@ func (n *NIC) rmaDone(i int, fail *cqErr) {
 
 // resolve returns the target's answer for region idx of VPID v on p,
 // from the cache or by one query round trip.
-func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, fabric.NotifyErr) {
+func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, *remoteRegion, fabric.NotifyErr) {
 	if idx == 0 {
-		return regAnswer{}, fabric.NErrAccess // NLA 0 is never valid
+		return regAnswer{}, nil, fabric.NErrAccess // NLA 0 is never valid
 	}
 	n := e.nic
 	up, down := p.state()
 	if !up {
-		return regAnswer{}, fabric.NErrPeerDown
+		return regAnswer{}, nil, fabric.NErrPeerDown
 	}
 	k := rkey{p.node, idx}
 	n.rcMu.Lock()
@@ -390,32 +541,35 @@ func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, fabri
 	select {
 	case <-rr.done:
 	default:
+		if n.spinUntil(func() bool { return closed(rr.done) }) {
+			break
+		}
 		t := time.NewTimer(queryTimeout)
 		defer t.Stop()
 		select {
 		case <-rr.done:
 		case <-down:
-			return regAnswer{}, fabric.NErrPeerDown
+			return regAnswer{}, nil, fabric.NErrPeerDown
 		case <-e.done:
-			return regAnswer{}, fabric.NErrPeerDown
+			return regAnswer{}, nil, fabric.NErrPeerDown
 		case <-t.C:
 			n.forget(k)
 			n.peerDown(p, "no answer to a region query")
-			return regAnswer{}, fabric.NErrPeerDown
+			return regAnswer{}, nil, fabric.NErrPeerDown
 		}
 	}
 	a := rr.ans
 	switch {
 	case a.status == stNotOpen:
-		return a, fabric.NErrPeerDown
+		return a, nil, fabric.NErrPeerDown
 	case a.status != stOK:
-		return a, fabric.NErrAccess
+		return a, nil, fabric.NErrAccess
 	case a.owner != v:
 		// Cached from a query by another VPID's requester: the region
 		// belongs to someone else than the VPID addressed.
-		return a, fabric.NErrAccess
+		return a, nil, fabric.NErrAccess
 	}
-	return a, fabric.NErrNone
+	return a, rr, fabric.NErrNone
 }
 
 // handleRegQ answers a region query from (src, h.desc.VPID) about region
@@ -462,8 +616,21 @@ func (n *NIC) handleRegA(src fabric.NodeID, a regAnswer) {
 	rr.finish(a)
 }
 
-// invalidate drops the cached key of region idx on node src.
-func (n *NIC) invalidate(src fabric.NodeID, idx uint32) { n.forget(rkey{src, idx}) }
+// invalidate drops the cached key of region idx on node src and
+// acknowledges once no operation of this node on it is in flight.
+func (n *NIC) invalidate(src fabric.NodeID, idx uint32) {
+	k := rkey{src, idx}
+	n.forget(k)
+	n.rcMu.Lock()
+	pn := n.pins[k]
+	if pn != nil {
+		pn.ackDue = true
+	}
+	n.rcMu.Unlock()
+	if pn == nil {
+		n.sendInvalAck(k)
+	}
+}
 
 func (n *NIC) forget(k rkey) {
 	n.rcMu.Lock()

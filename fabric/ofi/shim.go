@@ -13,8 +13,10 @@ package ofi
 //   - Operation contexts are integers (see opctx in wire.go) cast to
 //     void* inside C, so no Go value hides in a pointer and the provider
 //     is never asked to write into a context (we do not accept FI_CONTEXT).
-//   - One cgo call per message and none that allocates: the wrappers take
-//     plain scalars and C pointers.
+//   - At most one cgo call per message and none that allocates: the
+//     wrappers take plain scalars and C pointers; exn_poll reads a batch
+//     of completions, stages received packets and reposts their buffers
+//     in one call.
 
 /*
 #cgo LDFLAGS: -lfabric
@@ -22,7 +24,8 @@ package ofi
 #include <string.h>
 #include <stdint.h>
 #include <sys/mman.h>
-#include <poll.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -41,8 +44,10 @@ typedef struct {
 	struct fid_av *av;
 	struct fid_cq *cq;
 	struct fid_ep *ep;
-	int waitfd;        // the CQ's wait fd (FI_WAIT_FD), or -1: poll with sleeps
-	int saw;           // FI_ORDER_SAW: writes need not be delivery-complete
+	int waitfd;        // the CQ's wait fd (FI_WAIT_FD), or -1: no wait object
+	int pollfd;        // a non-blocking close-on-exec dup of waitfd for Go's netpoller, or -1
+	int saw;           // FI_ORDER_SAW: a send after a write lands after the write's data
+	size_t inject;     // tx_attr->inject_size: largest fi_inject
 	uint64_t mr_mode;  // the domain's required FI_MR_* bits
 	uint64_t addr_format;
 	char prov[64];
@@ -91,6 +96,7 @@ static int exn_info_type(struct fi_info *i) { return (int)i->ep_attr->type; }
 static uint64_t exn_info_caps(struct fi_info *i) { return i->caps; }
 
 static void exn_close_all(exn_ofi *o) {
+	if (o->pollfd >= 0) close(o->pollfd);
 	if (o->ep) fi_close(&o->ep->fid);
 	if (o->cq) fi_close(&o->cq->fid);
 	if (o->av) fi_close(&o->av->fid);
@@ -106,11 +112,13 @@ static void exn_close_all(exn_ofi *o) {
 static int exn_open(struct fi_info *info, size_t cq_size, size_t av_size, exn_ofi **out, const char **stage) {
 	exn_ofi *o = calloc(1, sizeof(*o));
 	if (!o) { fi_freeinfo(info); *stage = "calloc"; return -FI_ENOMEM; }
+	o->waitfd = o->pollfd = -1;
 	o->info = fi_dupinfo(info);
 	fi_freeinfo(info);
 	if (!o->info) { *stage = "fi_dupinfo"; exn_close_all(o); return -FI_ENOMEM; }
 	o->mr_mode = o->info->domain_attr->mr_mode;
 	o->saw = (o->info->tx_attr->msg_order & FI_ORDER_SAW) != 0;
+	o->inject = o->info->tx_attr->inject_size;
 	o->addr_format = o->info->addr_format;
 	strncpy(o->prov, o->info->fabric_attr->prov_name, sizeof(o->prov) - 1);
 	int ret;
@@ -121,16 +129,29 @@ static int exn_open(struct fi_info *info, size_t cq_size, size_t av_size, exn_of
 	struct fi_av_attr av = { .type = FI_AV_TABLE, .count = av_size };
 	*stage = "fi_av_open";
 	if ((ret = fi_av_open(o->domain, &av, &o->av, NULL))) goto fail;
-	// A CQ with an fd wait object lets progress sleep in poll(2) after
-	// fi_trywait. fi_cq_sread is not used: some providers (shm in 1.17)
-	// ignore its timeout. Without an fd, progress polls with short sleeps.
+	// A CQ with an fd wait object lets an idle node park in Go's
+	// netpoller on a dup of that fd (after fi_trywait). Providers without
+	// one get a CQ without a wait object (see docs/fabric-ofi.md).
 	struct fi_cq_attr cq = { .size = cq_size, .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_FD };
 	*stage = "fi_cq_open";
-	o->waitfd = -1;
 	if (fi_cq_open(o->domain, &cq, &o->cq, NULL) == 0) {
 		int fd = -1;
-		if (fi_control(&o->cq->fid, FI_GETWAIT, &fd) == 0) o->waitfd = fd;
-	} else {
+		if (fi_control(&o->cq->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) {
+			o->waitfd = fd;
+			o->pollfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+			if (o->pollfd >= 0) {
+				int fl = fcntl(o->pollfd, F_GETFL);
+				if (fl < 0 || fcntl(o->pollfd, F_SETFL, fl | O_NONBLOCK) < 0) { close(o->pollfd); o->pollfd = -1; }
+			}
+		}
+		if (o->pollfd < 0) {
+			// A wait object Go cannot park on is no use: reopen without.
+			fi_close(&o->cq->fid);
+			o->cq = NULL;
+			o->waitfd = -1;
+		}
+	}
+	if (!o->cq) {
 		cq.wait_obj = FI_WAIT_NONE;
 		if ((ret = fi_cq_open(o->domain, &cq, &o->cq, NULL))) goto fail;
 	}
@@ -193,11 +214,17 @@ static ssize_t exn_send(exn_ofi *o, void *buf, size_t len, void *desc, uint64_t 
 	return fi_send(o->ep, buf, len, desc, (fi_addr_t)dest, (void *)(uintptr_t)ctx);
 }
 
-// exn_rma issues one fi_readmsg/fi_writemsg. Without FI_ORDER_SAW, writes
-// ask for FI_DELIVERY_COMPLETE: the completion then means the data is
-// visible in the target's memory, so the completer notification sent
-// after it never overtakes the data. With SAW the ordering gives that.
-static ssize_t exn_rma(exn_ofi *o, int write, void *buf, size_t len, void *desc,
+// exn_inject sends len bytes inline: the buffer is free on return and no
+// completion is generated. len must be <= o->inject.
+static ssize_t exn_inject(exn_ofi *o, void *buf, size_t len, uint64_t dest) {
+	return fi_inject(o->ep, buf, len, (fi_addr_t)dest);
+}
+
+// exn_rma issues one fi_readmsg/fi_writemsg. dc asks a write for
+// FI_DELIVERY_COMPLETE: the completion then means the data is visible in
+// the target's memory. The Go side asks for it only when a completer
+// notification follows and the provider has no FI_ORDER_SAW.
+static ssize_t exn_rma(exn_ofi *o, int write, int dc, void *buf, size_t len, void *desc,
 		uint64_t dest, uint64_t raddr, uint64_t key, uint64_t ctx) {
 	struct iovec iov = { .iov_base = buf, .iov_len = len };
 	struct fi_rma_iov riov = { .addr = raddr, .len = len, .key = key };
@@ -206,30 +233,54 @@ static ssize_t exn_rma(exn_ofi *o, int write, void *buf, size_t len, void *desc,
 		.msg_iov = &iov, .desc = descs, .iov_count = 1, .addr = (fi_addr_t)dest,
 		.rma_iov = &riov, .rma_iov_count = 1, .context = (void *)(uintptr_t)ctx,
 	};
-	if (write) return fi_writemsg(o->ep, &msg, FI_COMPLETION | (o->saw ? 0 : FI_DELIVERY_COMPLETE));
+	if (write) return fi_writemsg(o->ep, &msg, FI_COMPLETION | (dc ? FI_DELIVERY_COMPLETE : 0));
 	return fi_readmsg(o->ep, &msg, FI_COMPLETION);
 }
 
-// exn_cq_read reads up to n completions into ents/srcs without blocking.
-// It returns the count, 0 for none, or a negative fi_errno (-FI_EAVAIL:
-// an error entry is queued).
-static ssize_t exn_cq_read(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs, size_t n) {
+// exn_cqe is one completion as the Go side reads it (plain fields, no
+// calls). rerr is the repost result of a receive completion.
+typedef struct {
+	uint64_t ctx;
+	uint64_t src;
+	uint32_t len;
+	int32_t rerr;
+} exn_cqe;
+
+// EXN_CTX_RECV is opctx ctxRecv (wire.go) in the top byte.
+#define EXN_CTX_RECV 1
+#define EXN_CTX_SHIFT 56
+
+// exn_poll is one progress step in one cgo call: it reads up to n
+// completions; every receive completion's packet is copied into
+// stage[i*slot] and its buffer reposted at once (result in rerr), so
+// receive buffers never wait for Go. It returns the count, 0 for none,
+// or a negative fi_errno (-FI_EAVAIL: an error entry is queued).
+static ssize_t exn_poll(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs, exn_cqe *out, size_t n,
+		char *stage, char *rx, size_t slot, void *rxdesc) {
 	ssize_t ret = fi_cq_readfrom(o->cq, ents, n, (fi_addr_t *)srcs);
 	if (ret == -FI_EAGAIN) return 0;
+	if (ret <= 0) return ret;
+	for (ssize_t i = 0; i < ret; i++) {
+		uint64_t c = (uint64_t)(uintptr_t)ents[i].op_context;
+		out[i].ctx = c;
+		out[i].src = srcs[i];
+		out[i].len = (uint32_t)(ents[i].len < slot ? ents[i].len : slot);
+		out[i].rerr = 0;
+		if ((c >> EXN_CTX_SHIFT) == EXN_CTX_RECV) {
+			size_t idx = (size_t)(c & ((1ULL << EXN_CTX_SHIFT) - 1));
+			memcpy(stage + i * slot, rx + idx * slot, out[i].len);
+			out[i].rerr = (int32_t)fi_recv(o->ep, rx + idx * slot, slot, rxdesc, FI_ADDR_UNSPEC, (void *)(uintptr_t)c);
+		}
+	}
 	return ret;
 }
 
-// exn_cq_wait sleeps until the CQ may have work, fi_cq_signal, or wait_ms.
-static void exn_cq_wait(exn_ofi *o, int wait_ms) {
-	if (o->waitfd < 0) return;
+// exn_trywait reports whether the caller may park on pollfd: nothing is
+// pending in the CQ and the provider armed its wait object.
+static int exn_trywait(exn_ofi *o) {
 	struct fid *f = &o->cq->fid;
-	if (fi_trywait(o->fabric, &f, 1) != FI_SUCCESS) return;
-	struct pollfd p = { .fd = o->waitfd, .events = POLLIN };
-	poll(&p, 1, wait_ms);
+	return fi_trywait(o->fabric, &f, 1) == FI_SUCCESS;
 }
-
-static uint64_t exn_ent_ctx(struct fi_cq_msg_entry *e, int i) { return (uint64_t)(uintptr_t)e[i].op_context; }
-static uint64_t exn_ent_len(struct fi_cq_msg_entry *e, int i) { return e[i].len; }
 
 static int exn_cq_readerr(exn_ofi *o, exn_err *out) {
 	struct fi_cq_err_entry e;
@@ -504,45 +555,56 @@ func (f *fab) send(buf unsafe.Pointer, n int, desc unsafe.Pointer, dest, ctx uin
 	return fiError("fi_send", C.exn_send(f.o, buf, C.size_t(n), desc, C.uint64_t(dest), C.uint64_t(ctx)))
 }
 
-func (f *fab) rma(write bool, buf unsafe.Pointer, n int, desc unsafe.Pointer, dest, raddr, key, ctx uint64) error {
+func (f *fab) rma(write, dc bool, buf unsafe.Pointer, n int, desc unsafe.Pointer, dest, raddr, key, ctx uint64) error {
 	op := "fi_readmsg"
 	if write {
 		op = "fi_writemsg"
 	}
-	return fiError(op, C.exn_rma(f.o, cbool(write), buf, C.size_t(n), desc, C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), C.uint64_t(ctx)))
+	return fiError(op, C.exn_rma(f.o, cbool(write), cbool(dc), buf, C.size_t(n), desc, C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), C.uint64_t(ctx)))
 }
 
-// cqBatch is a reusable C array of completion entries and source
-// addresses.
+// cqBatch is a reusable C array of completion entries, source
+// addresses, the entries as Go reads them, and a staging copy of each
+// received packet (exn_poll reposts the receive buffer at once).
 type cqBatch struct {
-	ents *C.struct_fi_cq_msg_entry
-	srcs *C.uint64_t
-	n    int
-	err  *C.exn_err
+	ents  *C.struct_fi_cq_msg_entry
+	srcs  *C.uint64_t
+	out   []C.exn_cqe // views C memory
+	stage cmem
+	n     int
+	err   *C.exn_err
 }
 
-func newCQBatch(n int) *cqBatch {
-	return &cqBatch{
-		ents: (*C.struct_fi_cq_msg_entry)(C.calloc(C.size_t(n), C.sizeof_struct_fi_cq_msg_entry)),
-		srcs: (*C.uint64_t)(C.calloc(C.size_t(n), 8)),
-		n:    n,
-		err:  (*C.exn_err)(C.calloc(1, C.sizeof_exn_err)),
+func newCQBatch(n int) (*cqBatch, error) {
+	stage, err := mmapMem(n * packetSize)
+	if err != nil {
+		return nil, err
 	}
+	out := (*C.exn_cqe)(C.calloc(C.size_t(n), C.sizeof_exn_cqe))
+	return &cqBatch{
+		ents:  (*C.struct_fi_cq_msg_entry)(C.calloc(C.size_t(n), C.sizeof_struct_fi_cq_msg_entry)),
+		srcs:  (*C.uint64_t)(C.calloc(C.size_t(n), 8)),
+		out:   unsafe.Slice(out, n),
+		stage: stage,
+		n:     n,
+		err:   (*C.exn_err)(C.calloc(1, C.sizeof_exn_err)),
+	}, nil
 }
 
 func (b *cqBatch) free() {
 	C.free(unsafe.Pointer(b.ents))
 	C.free(unsafe.Pointer(b.srcs))
+	C.free(unsafe.Pointer(&b.out[0]))
 	C.free(unsafe.Pointer(b.err))
+	b.stage.free()
 }
 
-// cqWait sleeps until the CQ may have completions, signal, or waitMs.
-func (f *fab) cqWait(waitMs int) { C.exn_cq_wait(f.o, C.int(waitMs)) }
-
-// cqRead fills the batch without blocking. It returns the count, or
-// errAvail when an error entry is queued.
-func (f *fab) cqRead(b *cqBatch) (int, error) {
-	ret := C.exn_cq_read(f.o, b.ents, b.srcs, C.size_t(b.n))
+// poll is one progress step (one cgo call): it reads up to a batch of
+// completions, copying received packets to the staging area and
+// reposting their buffers. It returns the count, or errAvail when an
+// error entry is queued.
+func (f *fab) poll(b *cqBatch, rx cmem, rxDesc unsafe.Pointer) (int, error) {
+	ret := C.exn_poll(f.o, b.ents, b.srcs, &b.out[0], C.size_t(b.n), (*C.char)(b.stage.p), (*C.char)(rx.p), packetSize, rxDesc)
 	switch {
 	case ret >= 0:
 		return int(ret), nil
@@ -552,12 +614,40 @@ func (f *fab) cqRead(b *cqBatch) (int, error) {
 	return 0, fiError("fi_cq_read", ret)
 }
 
+// trywait reports whether nothing is pending and the wait fd is armed.
+func (f *fab) trywait() bool { return C.exn_trywait(f.o) != 0 }
+
+// pollFD is the non-blocking dup of the CQ wait fd for the netpoller, or
+// -1. The NIC wraps it in an *os.File, which then owns it.
+func (f *fab) pollFD() int {
+	fd := int(f.o.pollfd)
+	f.o.pollfd = -1 // owned by the caller from now on
+	return fd
+}
+
+// injectSize is the largest packet fi_inject takes.
+func (f *fab) injectSize() int { return int(f.o.inject) }
+
+// inject sends a packet inline: buf is free on return, no completion.
+func (f *fab) inject(buf unsafe.Pointer, n int, dest uint64) error {
+	return fiError("fi_inject", C.exn_inject(f.o, buf, C.size_t(n), C.uint64_t(dest)))
+}
+
 var errAvail = errors.New("cq error entry available")
 
-func (b *cqBatch) ctx(i int) uint64 { return uint64(C.exn_ent_ctx(b.ents, C.int(i))) }
-func (b *cqBatch) len(i int) int    { return int(C.exn_ent_len(b.ents, C.int(i))) }
-func (b *cqBatch) src(i int) uint64 {
-	return uint64(unsafe.Slice(b.srcs, b.n)[i])
+// entry returns completion i of the last poll: context, length (capped
+// at packetSize), source address, and the repost result of a receive.
+func (b *cqBatch) entry(i int) (c opctx, length int, src uint64, repost error) {
+	e := &b.out[i]
+	if e.rerr != 0 {
+		repost = fiError("fi_recv", C.ssize_t(e.rerr))
+	}
+	return opctx(e.ctx), int(e.len), uint64(e.src), repost
+}
+
+// packet returns the staged copy of received completion i.
+func (b *cqBatch) packet(i, length int) []byte {
+	return unsafe.Slice((*byte)(b.stage.at(i*packetSize)), length)
 }
 
 // cqErr is one error completion.
@@ -581,13 +671,13 @@ func (f *fab) cqReadErr(b *cqBatch) (cqErr, bool) {
 	}, true
 }
 
+// signal wakes a node parked on the wait fd (fi_cq_signal).
 func (f *fab) signal() { C.exn_cq_signal(f.o) }
 
 // fiAddrNotAvail is FI_ADDR_NOTAVAIL: a completion from a source not in
 // the AV.
 const fiAddrNotAvail = ^uint64(0)
 
-// Per-message calls for b.ctx etc. go through small C helpers rather than
-// Go views of the C struct so the layout of fi_cq_msg_entry stays C's
-// business.
-var _ = unsafe.Sizeof(C.struct_fi_cq_msg_entry{})
+// The layout of fi_cq_msg_entry stays C's business: Go reads only
+// exn_cqe, which exn_poll fills.
+var _ = unsafe.Sizeof(C.exn_cqe{})

@@ -46,24 +46,25 @@ const (
 type ptype uint8
 
 const (
-	pVELO   ptype = iota // a VELO message for the addressed VPID's mailbox
-	pOpenQ               // "is VPID d open, and how many credits do I get?"
-	pOpenA               // answer to pOpenQ: status, epoch, credits
-	pCredit              // credits returned to the sender of a pair
-	pClosed              // VPID closed: senders blocked on it get ErrPeerDown
-	pRegQ                // region query: key, base and size of region idx
-	pRegA                // answer to pRegQ
-	pInval               // region deregistered: drop cached keys
-	pNotify              // a completer/responder notification for the target
-	pHello               // node (re)started
-	pBye                 // node closing
-	pMcast               // a multicast VELO message (group in the header)
-	pByeAck              // "I have stopped sending to you": the closer may go
+	pVELO     ptype = iota // a VELO message for the addressed VPID's mailbox
+	pOpenQ                 // "is VPID d open, and how many credits do I get?"
+	pOpenA                 // answer to pOpenQ: status, epoch, credits
+	pCredit                // credits returned to the sender of a pair
+	pClosed                // VPID closed: senders blocked on it get ErrPeerDown
+	pRegQ                  // region query: key, base and size of region idx
+	pRegA                  // answer to pRegQ
+	pInval                 // region deregistered: drop cached keys
+	pNotify                // a completer/responder notification for the target
+	pHello                 // node (re)started
+	pBye                   // node closing
+	pMcast                 // a multicast VELO message (group in the header)
+	pByeAck                // "I have stopped sending to you": the closer may go
+	pInvalAck              // "no RMA of mine to that region is in flight": its MR may close
 	numPtypes
 )
 
 func (t ptype) String() string {
-	names := [...]string{"velo", "openq", "opena", "credit", "closed", "regq", "rega", "inval", "notify", "hello", "bye", "mcast", "byeack"}
+	names := [...]string{"velo", "openq", "opena", "credit", "closed", "regq", "rega", "inval", "notify", "hello", "bye", "mcast", "byeack", "invalack"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -117,7 +118,7 @@ const (
 	regQBody = 12
 	// pRegA: cookie(8) status(1) owner(1) pad(2) key(8) base(8) size(8)
 	regABody = 36
-	// pInval: region index(4)
+	// pInval, pInvalAck: region index(4)
 	invalBody = 4
 	// pNotify: a fabric.Notification
 	notifyBody = fabric.NotificationSize

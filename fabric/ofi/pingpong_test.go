@@ -1,0 +1,190 @@
+//go:build ofi && cgo
+
+package ofi_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/ofi"
+)
+
+// Environment of the echo child of BenchmarkPingPong2Proc.
+const (
+	echoProvEnv = "EXN_OFI_ECHO_PROVIDER" // provider; set only in the child
+	echoPeerEnv = "EXN_OFI_ECHO_PEER"     // the parent's fi_getname, hex
+	echoNamePfx = "EXN-OFI-ECHO-NAME "    // the child's fi_getname line on stdout
+)
+
+// TestHelperOFIEcho is the child process of BenchmarkPingPong2Proc: node
+// 2, VPID 1, echoing every message back to its sender until stdin
+// closes. It does nothing unless echoProvEnv is set.
+func TestHelperOFIEcho(t *testing.T) {
+	prov := os.Getenv(echoProvEnv)
+	if prov == "" {
+		t.Skip("helper process of BenchmarkPingPong2Proc")
+	}
+	parent, err := hex.DecodeString(os.Getenv(echoPeerEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nic, err := ofi.Open(ofi.Config{Provider: prov, Node: 2, Bind: bindFor(prov)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nic.Close()
+	n := nic.(*ofi.NIC)
+	if err := n.AddPeer(1, parent); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := nic.Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := n.Name()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("%s%x\n", echoNamePfx, name)
+	go func() { // the parent closes our stdin (or dies): stop
+		b := make([]byte, 1)
+		os.Stdin.Read(b)
+		ep.Close()
+	}()
+	buf := make([]fabric.Message, 64)
+	ctx := context.Background()
+	for {
+		k, err := ep.Recv(buf)
+		if err != nil {
+			return
+		}
+		if k == 0 {
+			if ep.Wait(ctx) != nil {
+				return
+			}
+			continue
+		}
+		if _, err := ep.Send(ctx, buf[:k]); err != nil {
+			return
+		}
+	}
+}
+
+// BenchmarkPingPong2Proc measures VELO one-way latency (half the round
+// trip of a 120 B message, p50 and p99) between this process and an echo
+// child process, each with its own NIC: the figure `make bench-ofi`
+// compares with fi_pingpong.
+func BenchmarkPingPong2Proc(b *testing.B) {
+	for _, prov := range []string{"shm", "tcp"} {
+		b.Run(prov, func(b *testing.B) { benchPingPong2Proc(b, prov) })
+	}
+}
+
+func benchPingPong2Proc(b *testing.B, prov string) {
+	nic, err := ofi.Open(ofi.Config{Provider: prov, Node: 1, Bind: bindFor(prov)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nic.Close()
+	n := nic.(*ofi.NIC)
+	ep, err := nic.Open(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ep.Close()
+	name, err := n.Name()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperOFIEcho$", "-test.count=1")
+	cmd.Env = append(os.Environ(), echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}()
+	var child []byte
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if h, ok := strings.CutPrefix(sc.Text(), echoNamePfx); ok {
+			if child, err = hex.DecodeString(h); err != nil {
+				b.Fatal(err)
+			}
+			break
+		}
+	}
+	if child == nil {
+		b.Fatal("echo child printed no address")
+	}
+	go func() { // drain the rest of the child's output
+		for sc.Scan() {
+		}
+	}()
+	if err := n.AddPeer(2, child); err != nil {
+		b.Fatal(err)
+	}
+	out := []fabric.Message{{Peer: fabric.Addr{Node: 2, VPID: 1}, Tag: 1, Len: fabric.MaxVELOPayload}}
+	in := make([]fabric.Message, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	round := func() {
+		if _, err := ep.Send(ctx, out); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			k, err := ep.Recv(in)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if k == 1 {
+				return
+			}
+			if err := ep.Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	const warmup = 1000 // connection set-up, credit query, caches
+	for range warmup {
+		round()
+	}
+	lat := make([]int64, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range lat {
+		t0 := time.Now()
+		round()
+		lat[i] = int64(time.Since(t0)) / 2
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2]), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
+}

@@ -1,0 +1,466 @@
+//go:build ofi && cgo
+
+package ofi
+
+// Progress: the caller drives it.
+//
+//	waiting caller (Wait, a sender out of credits, a region query, an
+//	  RMA issue that found the provider queue full)
+//	  ──► spin up to a named budget: poll() = progMu.TryLock, one exn_poll
+//	      (read a batch of completions, stage received packets, repost
+//	      their buffers: one cgo call), queued control packets and jobs
+//	  ──► park on its own wake channel (endpoint) or condition
+//	background goroutine (one per NIC, started by Open, joined by Close)
+//	  ──► progMu.Lock, one progress step; work found: again
+//	  ──► a caller is spinning (spinners > 0): park on bgWake, which the
+//	      last spinner to leave rings
+//	  ──► fd provider (tcp): park in Go's netpoller on a dup of the CQ wait
+//	      fd after fi_trywait; fi_cq_signal (kick) wakes it; bounded by
+//	      txParkBound/idleParkBound (the provider's fd misses send-side
+//	      progress)
+//	  ──► no wait object (shm 1.17): sleep idle/64, 20 µs..1 ms, on a timer
+//	      that bgWake cuts short (docs/fabric-ofi.md: the missing capability)
+//	control packets ──► sendCtl: fi_inject at once (ctlMu, so they stay in
+//	      order) when they fit the provider's inject size and nothing is
+//	      queued; else ctlQ, sent from send slots by the next progress step
+//
+// Locks: progMu (the CQ, the staging batch, ctlFree/ctlDests, jobs run
+// under it: MR closes never race a progress step), ctlMu (ctlQ, the
+// inject scratch buffer; taken inside progMu, never the other way).
+
+import (
+	"os"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// Progress budgets.
+const (
+	// waitSpin is how long a waiting caller polls the CQ itself before
+	// it parks. It covers a VELO round trip on ofi:tcp between two
+	// processes (about 25 µs here, docs/fabric-ofi.md) with room for a
+	// scheduling hiccup, so a busy ping-pong never parks, while an idle
+	// endpoint costs one such spin per Wait.
+	waitSpin = 50 * time.Microsecond
+	// progressPollSleep and progressPollMax bound the idle sleep of the
+	// background goroutine on a provider without a wait object: 1/64 of
+	// the idle time so far, so an exchange that just paused pays tens of
+	// µs and an idle node wakes at most 1000 times a second.
+	progressPollSleep = 20 * time.Microsecond
+	progressPollMax   = time.Millisecond
+	// txParkBound and idleParkBound bound the background goroutine's
+	// park on the CQ wait fd: the first while transmissions of ours are
+	// outstanding (RMA in flight, a send or control slot not completed),
+	// the second otherwise. tcp;ofi_rxm 1.17 moves queued data (our
+	// sends, and the responses to remote RMA reads it serves) only in a
+	// progress call, and its wait fd does not fire when the socket
+	// becomes writable again: without a bound, an RMA never completed
+	// while both nodes were parked (fabrictest RMAVsDeregister hung, on
+	// the requester and on the target side). 1 ms is the shortest sleep a
+	// Go timer gives on this machine; 5 ms is the previous progress
+	// loop's bound, so an idle node wakes at most 200 times a second.
+	txParkBound   = time.Millisecond
+	idleParkBound = 5 * time.Millisecond
+)
+
+// poll runs one progress step unless another goroutine is running one
+// (then that one makes the progress). It reports whether it found work.
+func (n *NIC) poll() bool {
+	if !n.progMu.TryLock() {
+		return false
+	}
+	w := n.step()
+	n.progMu.Unlock()
+	return w
+}
+
+// step is one progress step; progMu held.
+func (n *NIC) step() bool {
+	work := false
+	if n.ctlPending.Load() {
+		work = n.drainCtl()
+	}
+	b := n.batch
+	got, err := n.f.poll(b, n.rx, n.rxMR.desc)
+	switch {
+	case err == errAvail:
+		n.handleCQErr(b)
+		work = true
+	case err != nil:
+		n.logFault("ofi cq read failed", "err", err)
+	}
+	for i := range got {
+		c, length, src, rerr := b.entry(i)
+		n.complete(c, length, src, b, i)
+		if rerr != nil {
+			n.repostLater(c.index(), rerr)
+		}
+	}
+	return work || got > 0
+}
+
+// spinUntil drives progress until cond holds or waitSpin passes; it
+// reports whether cond held.
+func (n *NIC) spinUntil(cond func() bool) bool {
+	n.spinners.Add(1)
+	defer n.unspin()
+	start := time.Now()
+	for {
+		if cond() {
+			return true
+		}
+		if !n.poll() {
+			runtime.Gosched()
+		}
+		if time.Since(start) > waitSpin {
+			return false
+		}
+	}
+}
+
+// unspin ends a caller's spin; the last one out lets the background
+// goroutine park on the wait fd again.
+func (n *NIC) unspin() {
+	if n.spinners.Add(-1) == 0 && n.bgParked.Load() {
+		select {
+		case n.bgWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// kick wakes the background goroutine for queued work or Close.
+func (n *NIC) kick() {
+	n.kicked.Store(true)
+	if n.bgParked.Load() {
+		select {
+		case n.bgWake <- struct{}{}:
+		default:
+		}
+		if n.waitRC != nil {
+			n.f.signal()
+		}
+	}
+}
+
+// openWaitFile wraps the CQ wait fd's dup for the netpoller; nil if the
+// provider has none or Go cannot poll it.
+func (n *NIC) openWaitFile() {
+	fd := n.f.pollFD()
+	if fd < 0 {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "ofi-cq-wait")
+	// SetReadDeadline fails on a file the netpoller does not watch: a
+	// RawConn.Read on it would block a thread instead of parking.
+	rc, err := f.SyscallConn()
+	if err != nil || f.SetReadDeadline(time.Time{}) != nil {
+		f.Close()
+		return
+	}
+	n.waitFile, n.waitRC = f, rc
+}
+
+// background is the NIC's one goroutine: it progresses when no caller
+// does, and parks otherwise.
+func (n *NIC) background() {
+	defer n.wg.Done()
+	idleSince := time.Now()
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
+	for {
+		select {
+		case <-n.done:
+			n.progMu.Lock()
+			n.runJobs()
+			n.progMu.Unlock()
+			return
+		default:
+		}
+		n.progMu.Lock()
+		w := n.step()
+		n.progMu.Unlock()
+		if w {
+			idleSince = time.Now()
+			continue
+		}
+		n.park(idle, idleSince)
+	}
+}
+
+// park sleeps until there may be work for the background goroutine.
+func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
+	n.bgParked.Store(true)
+	defer n.bgParked.Store(false)
+	if n.kicked.Swap(false) || n.ctlPending.Load() {
+		return
+	}
+	if n.spinners.Load() > 0 {
+		// A caller is polling: it makes the progress, and wakes us when
+		// it stops.
+		select {
+		case <-n.bgWake:
+		case <-n.done:
+		}
+		return
+	}
+	if n.waitRC != nil {
+		bound := idleParkBound
+		if n.txOutstanding() {
+			bound = txParkBound
+		}
+		n.waitFile.SetReadDeadline(time.Now().Add(bound))
+		n.waitRC.Read(func(uintptr) bool {
+			// fi_trywait first: it resets the provider's signal, so a
+			// kick that raced it is seen in kicked afterwards.
+			armed := n.f.trywait()
+			if n.kicked.Load() || n.ctlPending.Load() || n.spinners.Load() > 0 || n.closed.Load() {
+				return true
+			}
+			return !armed // not armed: completions pending, go read them
+		})
+		return
+	}
+	idle.Reset(min(max(time.Since(idleSince)/64, progressPollSleep), progressPollMax))
+	select {
+	case <-idle.C:
+	case <-n.bgWake:
+		idle.Stop()
+	case <-n.done:
+		idle.Stop()
+	}
+}
+
+// txOutstanding reports whether the provider holds transmissions of ours
+// that have not completed: RMA operations, VELO sends from slots, control
+// packets from slots.
+func (n *NIC) txOutstanding() bool {
+	return len(n.opFree) < rmaSlots || len(n.txFree) < cap(n.txFree) || !n.ctlIdle.Load()
+}
+
+// ---- control packets ----
+
+// sendCtl sends a control packet to node dst, inline (fi_inject) when it
+// can, else queued for the next progress step; if dst is this node it is
+// handled at once. body is copied.
+func (n *NIC) sendCtl(dst fabric.NodeID, h header, body []byte) {
+	h.desc.Node = n.id
+	if dst == n.id {
+		n.dispatch(h, n.id, body)
+		return
+	}
+	hdr := h.encode()
+	n.ctlMu.Lock()
+	if len(n.ctlQ) == 0 {
+		sent, down, err := n.injectCtl(dst, hdr, body)
+		if sent {
+			n.ctlMu.Unlock()
+			if down != nil {
+				n.logFault("ofi control send failed", "peer", dst, "err", err)
+				n.peerDown(down, err.Error())
+			}
+			return
+		}
+	}
+	n.ctlQ = append(n.ctlQ, ctlPkt{dst: dst, hdr: hdr, n: uint8(len(body))})
+	copy(n.ctlQ[len(n.ctlQ)-1].body[:], body)
+	n.ctlPending.Store(true)
+	n.ctlMu.Unlock()
+	n.kick()
+}
+
+// injectCtl tries to send one control packet inline; ctlMu held. sent
+// reports that the packet is done with (sent, or dropped for a peer
+// that is down or unknown); down is a peer the send failed to, to be
+// marked down by the caller once ctlMu is released.
+func (n *NIC) injectCtl(dst fabric.NodeID, hdr uint64, body []byte) (sent bool, down *peer, err error) {
+	size := headerSize + len(body)
+	if size > n.inject {
+		return false, nil, nil
+	}
+	p := n.peer(dst)
+	if p == nil {
+		return true, nil, nil
+	}
+	if ptype(hdr>>hdrTypeShift) != pByeAck { // the one packet a down peer gets: it waits for it
+		if !p.enter() {
+			return true, nil, nil
+		}
+		defer p.leave()
+	}
+	buf := n.ctlScratch.bytes()[:size]
+	putHeader(buf, hdr)
+	copy(buf[headerSize:], body)
+	err = n.f.inject(n.ctlScratch.p, size, p.fa)
+	switch {
+	case err == nil:
+		return true, nil, nil
+	case isAgain(err):
+		return false, nil, nil
+	}
+	return true, p, err
+}
+
+// runJob runs fn under progMu, so never concurrently with a progress
+// step (MR closes must not race the provider's progress).
+func (n *NIC) runJob(fn func()) {
+	n.progMu.Lock()
+	defer n.progMu.Unlock()
+	fn()
+}
+
+// runJobs runs the queued jobs (receive reposts that failed); progMu held.
+func (n *NIC) runJobs() {
+	n.ctlMu.Lock()
+	jobs := n.jobs
+	n.jobs = nil
+	n.ctlMu.Unlock()
+	for _, j := range jobs {
+		j()
+	}
+}
+
+// drainCtl runs queued jobs and sends queued control packets while slots
+// last; progMu held. It reports whether it did anything.
+func (n *NIC) drainCtl() bool {
+	n.runJobs()
+	n.ctlMu.Lock()
+	defer n.ctlMu.Unlock()
+	q := n.ctlQ
+	sent := 0
+	var downs []*peer
+	for i := range q {
+		pk := &q[i]
+		ok, down, err := n.injectCtl(pk.dst, pk.hdr, pk.body[:pk.n])
+		if down != nil {
+			n.logFault("ofi control send failed", "peer", pk.dst, "err", err)
+			downs = append(downs, down)
+		}
+		if ok {
+			sent++
+			continue
+		}
+		if headerSize+int(pk.n) <= n.inject || len(n.ctlFree) == 0 {
+			break // the provider's queue or our slots are full: next step
+		}
+		p := n.peer(pk.dst)
+		if p == nil {
+			sent++
+			continue
+		}
+		if ptype(pk.hdr>>hdrTypeShift) != pByeAck && !p.enter() {
+			sent++ // a down peer gets nothing else
+			continue
+		}
+		slot := n.ctlFree[len(n.ctlFree)-1]
+		buf := unsafe.Slice((*byte)(n.ctl.at(int(slot)*packetSize)), packetSize)
+		putHeader(buf, pk.hdr)
+		copy(buf[headerSize:], pk.body[:pk.n])
+		err = n.f.send(n.ctl.at(int(slot)*packetSize), headerSize+int(pk.n), n.ctlMR.desc, p.fa, mkctx(ctxCtrl, int(slot)))
+		if ptype(pk.hdr>>hdrTypeShift) != pByeAck {
+			p.leave()
+		}
+		if err != nil {
+			if isAgain(err) {
+				break
+			}
+			n.logFault("ofi control send failed", "peer", pk.dst, "err", err)
+			downs = append(downs, p)
+			sent++
+			continue
+		}
+		n.ctlFree = n.ctlFree[:len(n.ctlFree)-1]
+		n.ctlDests[slot] = p
+		sent++
+	}
+	n.ctlQ = append(n.ctlQ[:0], q[sent:]...)
+	n.ctlPending.Store(len(n.ctlQ) > 0)
+	n.ctlIdle.Store(len(n.ctlQ) == 0 && len(n.ctlFree) == ctlSlots)
+	if len(downs) > 0 {
+		n.ctlMu.Unlock()
+		for _, p := range downs {
+			n.peerDown(p, "control send failed")
+		}
+		n.ctlMu.Lock()
+	}
+	return sent > 0
+}
+
+// complete handles successful completion i of batch b.
+func (n *NIC) complete(c opctx, length int, src uint64, b *cqBatch, i int) {
+	switch c.kind() {
+	case ctxRecv:
+		n.receive(b.packet(i, length), src) // exn_poll already reposted the buffer
+	case ctxSend:
+		n.txDests[c.index()].Store(nil)
+		n.txFree <- int32(c.index())
+	case ctxCtrl:
+		n.ctlDests[c.index()] = nil
+		n.ctlFree = append(n.ctlFree, int32(c.index()))
+		n.ctlMu.Lock()
+		n.ctlIdle.Store(len(n.ctlQ) == 0 && len(n.ctlFree) == ctlSlots)
+		n.ctlMu.Unlock()
+	case ctxRMA:
+		n.rmaDone(c.index(), nil)
+	}
+}
+
+// repostLater retries a receive repost that failed from a job, so the
+// slot is not lost.
+func (n *NIC) repostLater(i int, err error) {
+	if !isAgain(err) {
+		n.logFault("ofi receive repost failed", "slot", i, "err", err)
+	}
+	n.ctlMu.Lock()
+	n.jobs = append(n.jobs, func() {
+		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+			n.repostLater(i, err)
+		}
+	})
+	n.ctlPending.Store(true)
+	n.ctlMu.Unlock()
+}
+
+// handleCQErr reads one error completion and fails what it belonged to;
+// progMu held.
+func (n *NIC) handleCQErr(b *cqBatch) {
+	e, ok := n.f.cqReadErr(b)
+	if !ok {
+		return
+	}
+	c := opctx(e.ctx)
+	switch c.kind() {
+	case ctxRecv:
+		// A receive fails only when the endpoint is being closed or a
+		// message did not fit (a peer speaking another protocol).
+		n.ctr.Corrupt.Add(1)
+		n.logFault("ofi receive failed", "err", e.detail)
+		if !n.closed.Load() {
+			i := c.index()
+			if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+				n.repostLater(i, err)
+			}
+		}
+	case ctxSend:
+		i := c.index()
+		if p := n.txDests[i].Swap(nil); p != nil {
+			n.peerDown(p, "send failed: "+e.detail)
+		}
+		n.txFree <- int32(i)
+	case ctxCtrl:
+		i := c.index()
+		if p := n.ctlDests[i]; p != nil {
+			n.peerDown(p, "control send failed: "+e.detail)
+		}
+		n.ctlDests[i] = nil
+		n.ctlFree = append(n.ctlFree, int32(i))
+	case ctxRMA:
+		n.rmaDone(c.index(), &e)
+	default:
+		n.logFault("ofi error completion without context", "err", e.detail)
+	}
+}
