@@ -148,6 +148,16 @@ func TestOffloadNegotiation(t *testing.T) {
 			segs = append(segs, append([]byte(nil), seg[:segment(seg, got[1], &o, k)]...))
 		}
 		reassembled(t, segs, pay, mss)
+		// A frame the sending kernel called DATA_VALID arrives without
+		// the claim: the receiving kernel verifies it.
+		plain, po := superTCP(b.eng.MAC(), a.eng.MAC(), v6, pay[:1000], 0)
+		h, _ := parseL4(plain)
+		completeCsum(plain, h.l4Off, 16)
+		lendSend(t, a.eng, plain, Offload{Flags: OffloadDataValid})
+		got = b.link.wait(t, 3, 5*time.Second)
+		if !bytes.Equal(got[2], plain) || b.link.offs[2] != (Offload{}) {
+			t.Fatalf("DATA_VALID frame delivered with %+v (offload of the source %+v)", b.link.offs[2], po)
+		}
 		sa, sb := a.eng.Stats(), b.eng.Stats()
 		if sa.TxGSOSplit != 0 || sa.TxOffloaded != 1 || sb.RxOffloaded != 1 || sb.TotalDrops() != 0 {
 			t.Fatalf("stats: split %d offloaded %d rx offloaded %d drops %s", sa.TxGSOSplit, sa.TxOffloaded, sb.RxOffloaded, dropsString(sb))
