@@ -88,6 +88,12 @@ type Config struct {
 	// slice and must be fast: it runs on the data path (the ARP/NDP
 	// snooper).
 	Observer interface{ Observe(frame []byte) }
+	// Offload is the capability (CapCsum, CapTSO, CapUSO) this node
+	// announces to its peers in hellos: frames with offload metadata it
+	// takes through its Link, which must then be an OffloadLink. Zero
+	// (the default) announces none, so peers send complete frames.
+	// Transmit-side offload (TransmitLentOffload) works either way.
+	Offload uint8
 	// Logger receives rate-limited drop reports. Default: discard.
 	Logger *slog.Logger
 	// Now is the clock for the advert timeout. Default time.Now.

@@ -7,10 +7,11 @@ package exn
 //
 //	rxLoop   the only consumer of the endpoint: Recv, PollNotifications,
 //	         reassembly, GETs, in-order delivery, housekeeping.
-//	refuser  sends refusals (rx.go) for adverts rxLoop dropped. It is apart
-//	         from rxLoop so the receive loop never blocks on a peer's
-//	         full mailbox (two receive loops refusing to each other could
-//	         otherwise deadlock).
+//	refuser  sends control messages: refusals (rx.go) for adverts rxLoop
+//	         dropped, and hellos (caps.go). It is apart from rxLoop so the
+//	         receive loop never blocks on a peer's full mailbox (two
+//	         receive loops refusing to each other could otherwise
+//	         deadlock).
 //	ticker   while housekeeping has work (an advert armed or waiting, a
 //	         partial frame, a non-empty source queue: needTicks), every
 //	         housekeepingInterval swaps in a fresh tick context and fires
@@ -97,9 +98,9 @@ type Engine struct {
 
 	closed atomic.Bool
 	done   chan struct{}
-	// refusals carries adverts rxLoop dropped to the refuser goroutine;
+	// ctlq carries refusals and hellos to the refuser goroutine;
 	// refuseCtx ends its blocked sends at Close.
-	refusals     chan refusal
+	ctlq         chan ctlMsg
 	refuseCtx    context.Context
 	refuseCancel context.CancelFunc
 	tick         atomic.Pointer[tickCtx]
@@ -108,6 +109,14 @@ type Engine struct {
 	tickWanted atomic.Bool
 	tickKick   chan struct{}
 	wg         sync.WaitGroup
+
+	// Offload (offload.go, caps.go): caps is what this engine takes
+	// (Config.Offload, 0 without an OffloadLink); peers is one word per
+	// node ID; slotMax is the largest frame a slot holds.
+	caps    uint8
+	olink   OffloadLink
+	peers   []atomic.Uint32
+	slotMax int
 }
 
 // New starts an engine on ep, which must be VPID fabric.EthVPID opened on
@@ -135,10 +144,20 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 		log:      cfg.Logger,
 		txSeq:    make(map[fabric.NodeID]uint16),
 		done:     make(chan struct{}),
-		refusals: make(chan refusal, refusalQueue),
+		ctlq:     make(chan ctlMsg, refusalQueue),
+		peers:    make([]atomic.Uint32, 1<<16),
 		tickKick: make(chan struct{}, 1),
 	}
 	e.lendCond.L = &e.lendMu
+	e.slotMax = e.maxFrame
+	if cfg.Offload != 0 {
+		ol, ok := link.(OffloadLink)
+		if !ok {
+			return nil, fmt.Errorf("exn: new: Offload %#x needs an OffloadLink: %w", cfg.Offload, errConfig)
+		}
+		e.caps, e.olink = cfg.Offload&capAll, ol
+		e.slotMax = max(e.maxFrame, MaxGSOFrame)
+	}
 	e.refuseCtx, e.refuseCancel = context.WithCancel(context.Background())
 	copy(e.mac[:], cfg.MACPrefix.MAC(e.self))
 	e.msgCap = max(sendBatchMsgs, numFragments(e.maxFrame))
@@ -148,10 +167,10 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 			meta: make([]txMeta, 0, e.msgCap),
 		}
 	}
-	if err := e.tx.init(ep, cfg.TxSlots, e.maxFrame); err != nil {
+	if err := e.tx.init(ep, cfg.TxSlots, e.slotMax); err != nil {
 		return nil, err
 	}
-	if err := e.rx.init(ep, &cfg, e.maxFrame); err != nil {
+	if err := e.rx.init(ep, &cfg, e.maxFrame, e.slotMax); err != nil {
 		ep.Deregister(e.tx.region.NLA)
 		return nil, err
 	}
@@ -280,22 +299,34 @@ func (e *Engine) wantTicks() {
 	}
 }
 
-// refusal is an advert rxLoop dropped, to be sent back to its sender.
-type refusal struct {
-	node fabric.NodeID
-	adv  advert
+// ctlMsg is a control message for the refuser goroutine: a refusal (an
+// advert rxLoop dropped, sent back to its sender) or a hello.
+type ctlMsg struct {
+	node  fabric.NodeID
+	kind  fabric.Tag // tagRefuse or tagHello
+	flags uint8      // hello flags
+	adv   advert     // refusal
+}
+
+// queueCtl queues a control message without blocking; false if the queue
+// is full.
+func (e *Engine) queueCtl(c ctlMsg) bool {
+	select {
+	case e.ctlq <- c:
+		return true
+	default:
+		return false
+	}
 }
 
 // refuse queues a refusal without blocking the receive loop.
 func (e *Engine) refuse(node fabric.NodeID, a advert) {
-	select {
-	case e.refusals <- refusal{node: node, adv: a}:
-	default:
+	if !e.queueCtl(ctlMsg{node: node, kind: tagRefuse, adv: a}) {
 		e.ctr.refusalsLost.Add(1)
 	}
 }
 
-// refuser sends queued refusals until Close.
+// refuser sends queued control messages until Close.
 func (e *Engine) refuser() {
 	defer e.wg.Done()
 	msg := make([]fabric.Message, 1)
@@ -303,9 +334,18 @@ func (e *Engine) refuser() {
 		select {
 		case <-e.done:
 			return
-		case r := <-e.refusals:
+		case r := <-e.ctlq:
 			m := &msg[0]
-			*m = fabric.Message{Peer: fabric.Addr{Node: r.node, VPID: fabric.EthVPID}, Tag: tagRefuse, Len: advertLen}
+			*m = fabric.Message{Peer: fabric.Addr{Node: r.node, VPID: fabric.EthVPID}, Tag: r.kind}
+			if r.kind == tagHello {
+				m.Len = helloLen
+				m.Data[0], m.Data[1], m.Data[2] = helloVersion, e.caps, r.flags
+				if _, err := e.ep.Send(e.refuseCtx, msg); err != nil && r.flags&helloReply != 0 {
+					e.peers[r.node].And(^uint32(peerHelloSent)) // say it again next time
+				}
+				continue
+			}
+			m.Len = advertLen
 			r.adv.encode(m.Data[:advertLen])
 			if _, err := e.ep.Send(e.refuseCtx, msg); err != nil {
 				e.ctr.refusalsLost.Add(1)

@@ -18,19 +18,27 @@ import (
 type collectLink struct {
 	mu     sync.Mutex
 	frames [][]byte
+	offs   []Offload // offs[i] is frames[i]'s metadata
 	notify chan struct{}
 	block  chan struct{} // if non-nil, DeliverFrames waits on it first
 }
 
 func newCollectLink() *collectLink { return &collectLink{notify: make(chan struct{}, 1)} }
 
-func (l *collectLink) DeliverFrames(fs [][]byte) error {
+func (l *collectLink) DeliverFrames(fs [][]byte) error { return l.DeliverFramesOffload(fs, nil) }
+
+func (l *collectLink) DeliverFramesOffload(fs [][]byte, offs []Offload) error {
 	if l.block != nil {
 		<-l.block
 	}
 	l.mu.Lock()
-	for _, f := range fs {
+	for i, f := range fs {
 		l.frames = append(l.frames, append([]byte(nil), f...))
+		var o Offload
+		if offs != nil {
+			o = offs[i]
+		}
+		l.offs = append(l.offs, o)
 	}
 	l.mu.Unlock()
 	select {

@@ -25,6 +25,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/exn-project/exn/fabric"
 )
 
 // ErrNotLent is returned by TransmitLent for a frame that does not start a
@@ -32,8 +34,9 @@ import (
 var ErrNotLent = errors.New("exn: frame is not in a lent buffer")
 
 // Lend lends up to len(bufs) free transmit slots: bufs[i] is set to slot
-// memory of the engine's largest frame (MTU+EthHeaderLen bytes, capacity
-// the same) for i < n. It takes only slots that are free now; if none is
+// memory of the engine's largest frame (MTU+EthHeaderLen bytes, or
+// MaxGSOFrame if that is larger and Config.Offload is set; capacity the
+// same) for i < n. It takes only slots that are free now; if none is
 // and wait is true it blocks for one (that wait is the transmit
 // back-pressure), until ctx is done or the engine is closed
 // (net.ErrClosed). With wait false it may return 0, nil.
@@ -95,7 +98,7 @@ take:
 func (e *Engine) lendSlot(bufs [][]byte, k int, slot int32) {
 	e.tx.slots[slot].state.Store(slotLent)
 	b := e.tx.buf(slot)
-	bufs[k] = b[:e.maxFrame:e.maxFrame]
+	bufs[k] = b[:e.slotMax:e.slotMax]
 }
 
 // lentIndex is the slot whose memory f starts, or -1 if f does not start
@@ -151,12 +154,25 @@ func (e *Engine) Return(bufs [][]byte) {
 	e.unlend(n)
 }
 
-// TransmitLent is Transmit for frames that are prefixes of buffers lent
-// by Lend (frames[i] starts where a lent buffer starts; its length is the
-// frame's). It takes the buffers back: a rendezvous frame is advertised
-// from its own slot without a copy; an eager or multicast frame is copied
-// into fragments and its slot freed; a bad frame is dropped and counted
-// (as in Transmit) and its slot freed.
+// TransmitLent is TransmitLentOffload without offload metadata.
+func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error) {
+	return e.TransmitLentOffload(ctx, frames, nil)
+}
+
+// TransmitLentOffload is Transmit for frames that are prefixes of buffers
+// lent by Lend (frames[i] starts where a lent buffer starts; its length is
+// the frame's). It takes the buffers back: a rendezvous frame is
+// advertised from its own slot without a copy; an eager or multicast
+// frame is copied into fragments and its slot freed; a bad frame is
+// dropped and counted (as in Transmit) and its slot freed.
+//
+// offs[i], if present and not zero, is frame i's virtio-net header
+// meaning (offload.go): a frame whose header does not fit it is dropped
+// (tx-offload-malformed). A rendezvous frame goes with its metadata to a
+// peer that announced the capability it needs; otherwise the engine
+// completes its checksum in place, or segments a super-frame (up to
+// MaxGSOFrame) in software into eager frames of the MTU. offs may be
+// shorter than frames, or nil.
 //
 // It returns n, the number of frames consumed: frames[:n] belong to the
 // engine again. On error, frames[n:] are still lent to the caller, who
@@ -164,8 +180,9 @@ func (e *Engine) Return(bufs [][]byte) {
 // in a lent buffer stops the call with ErrNotLent (n is its index). It
 // blocks like Transmit (a full target mailbox) until ctx is done or the
 // engine is closed; see Lend for the Close rule. Safe for concurrent use
-// with distinct buffers. It does not allocate.
-func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error) {
+// with distinct buffers. It does not allocate (but for the first
+// software-GSO segment buffer of a pooled scratch).
+func (e *Engine) TransmitLentOffload(ctx context.Context, frames [][]byte, offs []Offload) (int, error) {
 	if e.closed.Load() {
 		return 0, errClosed
 	}
@@ -176,10 +193,35 @@ func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error)
 		if slot < 0 {
 			return i, e.notLent(ctx, sc, i)
 		}
-		peer, proto, reason := e.classify(f)
+		var o *Offload
+		limit := e.maxFrame
+		if i < len(offs) && offs[i] != (Offload{}) {
+			o = &offs[i]
+			if o.GSOType != GSONone {
+				limit = MaxGSOFrame
+			}
+		}
+		peer, proto, reason := e.classify(f, limit)
+		if reason == DropNone && o != nil {
+			switch {
+			case !o.check(f, e.maxFrame, false):
+				reason = DropTxOffload
+			case o.Flags&OffloadDataValid != 0:
+				// The kernel verified it; a peer's kernel verifies it
+				// again rather than trust the claim across the fabric.
+				o = nil
+			}
+		}
+		var caps uint8
+		if proto == ProtoRendezvous {
+			caps = e.peerCaps(peer.Node)
+		}
+		split := reason == DropNone && o != nil && o.GSOType != GSONone && caps&o.needs() != o.needs()
 		need := 0
 		switch {
 		case reason != DropNone:
+		case split:
+			need = numFragments(e.maxFrame)
 		case proto == ProtoRendezvous:
 			need = 1
 		default:
@@ -203,16 +245,62 @@ func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error)
 		case e.cfg.Observer != nil:
 			e.cfg.Observer.Observe(f)
 		}
+		if split {
+			err := e.appendSegments(ctx, sc, i, f, o, peer, proto)
+			e.tx.free <- slot
+			if err != nil {
+				e.unlend(i + 1)
+				return i + 1, err
+			}
+			continue
+		}
+		if o != nil && o.Flags&OffloadNeedsCsum != 0 && caps&CapCsum == 0 {
+			completeCsum(f, int(o.CsumStart), int(o.CsumOffset))
+			e.ctr.txCsumSW.Add(1)
+			o = nil
+		}
 		if proto != ProtoRendezvous {
 			e.appendFragments(sc, i, f, peer, proto, need)
 			e.tx.free <- slot
 			continue
 		}
-		e.addAdvert(sc, i, slot, peer, len(f))
+		var ox *Offload
+		if caps != 0 {
+			ox = &Offload{}
+			if o != nil {
+				ox = o
+				e.ctr.txOffloaded.Add(1)
+			}
+		}
+		e.addAdvert(sc, i, slot, peer, len(f), ox)
 	}
 	err := e.flush(ctx, sc)
 	e.unlend(len(frames))
 	return len(frames), err
+}
+
+// appendSegments is software GSO for frame i, the checked super-frame f
+// with offload o: each segment is built in the scratch's segment buffer
+// and added as eager fragments (copied), flushing as the batch fills.
+func (e *Engine) appendSegments(ctx context.Context, sc *txScratch, i int, f []byte, o *Offload, peer fabric.Addr, proto Proto) error {
+	if sc.seg == nil {
+		sc.seg = make([]byte, e.maxFrame)
+	}
+	n := segments(f, o)
+	if proto == ProtoRendezvous {
+		proto = ProtoEager // the segments go eager, whatever their size
+	}
+	e.ctr.txGSOSplit.Add(1)
+	e.ctr.txGSOSegs.Add(uint64(n))
+	for k := range n {
+		m := segment(sc.seg, f, o, k)
+		need := numFragments(m)
+		if err := e.makeRoom(ctx, sc, need); err != nil {
+			return err
+		}
+		e.appendFragments(sc, i, sc.seg[:m], peer, proto, need)
+	}
+	return nil
 }
 
 // notLent ends a TransmitLent at frame i, which is not in a lent buffer:

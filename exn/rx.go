@@ -89,6 +89,7 @@ type rxSlot struct {
 	abs  uint64  // its entry's queue position
 	len  uint32
 	busy bool
+	off  Offload // from an offload advert
 }
 
 // release is what to give back once a delivered frame's batch is done.
@@ -111,6 +112,8 @@ type rxState struct {
 	wqHead   int
 	dirty    []*source
 	batch    [][]byte
+	offs     []Offload // batch[i]'s offload metadata (zero: complete)
+	nOff     int       // frames in batch with metadata
 	rel      []release
 	msgs     []fabric.Message
 	notes    []fabric.Notification
@@ -118,8 +121,8 @@ type rxState struct {
 	lastTick uint64
 }
 
-func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame int) error {
-	r.slotSize = (maxFrame + 63) &^ 63
+func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame, slotMax int) error {
+	r.slotSize = (slotMax + 63) &^ 63
 	reg, err := ep.Register(cfg.RxSlots * r.slotSize)
 	if err != nil {
 		return err
@@ -133,6 +136,7 @@ func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame int) error {
 	r.pool = newBufPool(min(max(cfg.EagerThreshold, minSmallBuf), maxFrame), maxFrame)
 	r.sources = make(map[fabric.NodeID]*source)
 	r.batch = make([][]byte, 0, deliverBatch)
+	r.offs = make([]Offload, 0, deliverBatch)
 	r.rel = make([]release, 0, deliverBatch)
 	r.msgs = make([]fabric.Message, cfg.RxBudget)
 	r.notes = make([]fabric.Notification, cfg.NotifyBudget)
@@ -263,7 +267,18 @@ func (e *Engine) handleMsg(m *fabric.Message) {
 			e.eagerDone(src, buf, int(n), m.MC)
 		}
 	case m.Tag == tagAdvert && !m.MC:
-		e.handleAdvert(e.source(node), m.Payload())
+		a, reason := decodeAdvert(m.Payload(), e.maxFrame)
+		e.handleAdvert(e.source(node), a, reason)
+	case m.Tag == tagAdvertX && !m.MC && e.caps != 0:
+		a, reason := decodeAdvertX(m.Payload(), e.maxFrame)
+		if reason == DropNone && a.off.needs()&e.caps != a.off.needs() {
+			reason = DropOffloadForged // a capability we did not announce
+		}
+		e.handleAdvert(e.source(node), a, reason)
+	case m.Tag == tagAdvertX:
+		e.drop(DropOffloadForged, node) // multicast, or we announced none
+	case m.Tag == tagHello && !m.MC:
+		e.gotHello(node, m.Payload())
 	case m.Tag == tagAdvert:
 		e.drop(DropAdvertMalformed, node)
 	case m.Tag == tagRefuse && !m.MC:
@@ -319,14 +334,14 @@ func (e *Engine) enqueue(src *source) *qent {
 	return ent
 }
 
-func (e *Engine) handleAdvert(src *source, p []byte) {
-	a, reason := decodeAdvert(p, e.maxFrame)
+func (e *Engine) handleAdvert(src *source, a advert, reason DropReason) {
 	if reason != DropNone {
 		e.drop(reason, src.node)
 		return
 	}
 	if src.seqOK && a.seq != src.seq {
 		e.ctr.advertSeqGaps.Add(1)
+		e.forgetPeer(src.node) // restarted, perhaps as another version
 	}
 	src.seq, src.seqOK = a.seq+1, true
 	ent := e.enqueue(src)
@@ -354,7 +369,7 @@ func (e *Engine) postGet(src *source, abs uint64) {
 	slot := rx.free[len(rx.free)-1]
 	rx.free = rx.free[:len(rx.free)-1]
 	e.ctr.rxSlotsInUse.Add(1)
-	rx.slots[slot] = rxSlot{src: src, abs: abs, len: ent.adv.len, busy: true}
+	rx.slots[slot] = rxSlot{src: src, abs: abs, len: ent.adv.len, busy: true, off: ent.adv.off}
 	rx.req[0] = fabric.RMA{
 		Op:     fabric.OpGet,
 		Peer:   fabric.Addr{Node: src.node, VPID: fabric.EthVPID},
@@ -436,8 +451,11 @@ func (e *Engine) getDone(slot int32, reason DropReason) {
 	e.ctr.pendingGets.Add(-1)
 	if reason == DropNone {
 		f := e.rx.region.Buf[int(slot)*e.rx.slotSize:][:s.len]
-		if !e.dstOK(f, false) {
+		switch {
+		case !e.dstOK(f, false):
 			reason = DropWrongDest
+		case s.off != (Offload{}) && !s.off.check(f, e.maxFrame, true):
+			reason = DropOffloadForged
 		}
 	}
 	if reason != DropNone {
@@ -479,7 +497,7 @@ func (e *Engine) responderDone(n *fabric.Notification) {
 // node the slot was advertised to can refuse it, and only for the exact
 // slot address and length; anything else is counted as a bad advert.
 func (e *Engine) refused(node fabric.NodeID, p []byte) {
-	a, reason := decodeAdvert(p, e.maxFrame)
+	a, reason := decodeAdvert(p, e.slotMax)
 	if reason != DropNone {
 		e.drop(reason, node)
 		return
@@ -536,7 +554,7 @@ func (e *Engine) drain(src *source) {
 			} else {
 				s := &e.rx.slots[ent.slot]
 				f := e.rx.region.Buf[int(ent.slot)*e.rx.slotSize:][:s.len]
-				e.deliver(f, release{slot: ent.slot}, ent.proto)
+				e.deliverOff(f, release{slot: ent.slot}, ent.proto, &s.off)
 			}
 		case qFailed:
 		default:
@@ -548,11 +566,19 @@ func (e *Engine) drain(src *source) {
 	}
 }
 
-// deliver appends a frame to the delivery batch, flushing it when full.
-func (e *Engine) deliver(f []byte, rel release, p Proto) {
+// deliver appends a complete frame to the delivery batch, flushing it
+// when full.
+func (e *Engine) deliver(f []byte, rel release, p Proto) { e.deliverOff(f, rel, p, &Offload{}) }
+
+// deliverOff is deliver with the frame's offload metadata.
+func (e *Engine) deliverOff(f []byte, rel release, p Proto, off *Offload) {
 	rx := &e.rx
 	e.ctr.rxFrames[p].Add(1)
 	e.ctr.rxBytes[p].Add(uint64(len(f)))
+	if *off != (Offload{}) {
+		rx.nOff++
+	}
+	rx.offs = append(rx.offs, *off)
 	rx.batch = append(rx.batch, f)
 	rx.rel = append(rx.rel, rel)
 	if len(rx.batch) >= deliverBatch {
@@ -572,7 +598,14 @@ func (e *Engine) flushDeliver() {
 			o.Observe(f)
 		}
 	}
-	if err := e.link.DeliverFrames(rx.batch); err != nil {
+	var err error
+	if rx.nOff > 0 {
+		e.ctr.rxOffloaded.Add(uint64(rx.nOff))
+		err = e.olink.DeliverFramesOffload(rx.batch, rx.offs)
+	} else {
+		err = e.link.DeliverFrames(rx.batch)
+	}
+	if err != nil {
 		e.ctr.linkErrors.Add(1)
 		// DropNone's log slot rate-limits link errors.
 		now, last := time.Now().UnixNano(), e.lastLog[DropNone].Load()
@@ -588,7 +621,7 @@ func (e *Engine) flushDeliver() {
 		}
 	}
 	clear(rx.batch)
-	rx.batch, rx.rel = rx.batch[:0], rx.rel[:0]
+	rx.batch, rx.rel, rx.offs, rx.nOff = rx.batch[:0], rx.rel[:0], rx.offs[:0], 0
 	e.postWaiting()
 }
 
@@ -643,6 +676,7 @@ func (e *Engine) housekeep() {
 		if e.nic.Alive(node) == nil {
 			continue
 		}
+		e.forgetPeer(node)
 		if src.uc.buf != nil {
 			src.uc.reset(rx.pool)
 			e.drop(DropPeerGone, node)

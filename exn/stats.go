@@ -41,6 +41,10 @@ const (
 	DropGetPeerDown     // GET error notification: sender gone
 	DropGetMismatch     // completion whose length or peer does not match
 	DropPeerGone        // partial or queued frames of a peer that died
+	// Offload (offload.go, caps.go).
+	DropTxOffload      // virtio-net header from the Link that does not fit its frame
+	DropOffloadForged  // offload advert from the fabric that is malformed or not asked for
+	DropHelloMalformed // hello too short or of version 0
 	NumDropReasons
 )
 
@@ -73,6 +77,9 @@ var dropNames = [NumDropReasons]string{
 	DropGetPeerDown:     "get-peer-down",
 	DropGetMismatch:     "get-mismatch",
 	DropPeerGone:        "peer-gone",
+	DropTxOffload:       "tx-offload-malformed",
+	DropOffloadForged:   "offload-malformed",
+	DropHelloMalformed:  "hello-malformed",
 }
 
 // String returns the reason's metric label, e.g. "foreign-mac".
@@ -135,6 +142,13 @@ type Stats struct {
 	AdvertSeqGaps   uint64 // advert sequence discontinuities (peer restart)
 	TxSlotWaits     uint64 // Transmit and Lend calls that waited for a free slot
 	LinkErrors      uint64 // DeliverFrames errors
+
+	Hellos      uint64 // capability hellos received (caps.go)
+	TxOffloaded uint64 // frames sent with their offload metadata (no software work)
+	TxCsumSW    uint64 // needs-checksum frames completed in software for a peer
+	TxGSOSplit  uint64 // super-frames segmented in software for a peer
+	TxGSOSegs   uint64 // segments those made
+	RxOffloaded uint64 // frames delivered with offload metadata
 }
 
 // counters is the engine's atomic counter block; Stats snapshots it.
@@ -157,6 +171,8 @@ type counters struct {
 	advertSeqGaps   atomic.Uint64
 	txSlotWaits     atomic.Uint64
 	linkErrors      atomic.Uint64
+
+	hellos, txOffloaded, txCsumSW, txGSOSplit, txGSOSegs, rxOffloaded atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -183,6 +199,12 @@ func (c *counters) snapshot() Stats {
 	s.AdvertSeqGaps = c.advertSeqGaps.Load()
 	s.TxSlotWaits = c.txSlotWaits.Load()
 	s.LinkErrors = c.linkErrors.Load()
+	s.Hellos = c.hellos.Load()
+	s.TxOffloaded = c.txOffloaded.Load()
+	s.TxCsumSW = c.txCsumSW.Load()
+	s.TxGSOSplit = c.txGSOSplit.Load()
+	s.TxGSOSegs = c.txGSOSegs.Load()
+	s.RxOffloaded = c.rxOffloaded.Load()
 	return s
 }
 

@@ -129,6 +129,7 @@ type txMeta struct {
 type txScratch struct {
 	msgs []fabric.Message
 	meta []txMeta
+	seg  []byte // one software-GSO segment (offload.go), made on first use
 }
 
 // Transmit sends Ethernet frames. The destination MAC picks the node; a
@@ -154,7 +155,7 @@ func (e *Engine) Transmit(ctx context.Context, frames [][]byte) (int, error) {
 	sc := e.scratch.Get().(*txScratch)
 	defer e.scratch.Put(sc)
 	for i, f := range frames {
-		peer, proto, reason := e.classify(f)
+		peer, proto, reason := e.classify(f, e.maxFrame)
 		if reason != DropNone {
 			node, _ := e.cfg.MACPrefix.Node(f)
 			e.drop(reason, node)
@@ -181,7 +182,7 @@ func (e *Engine) Transmit(ctx context.Context, frames [][]byte) (int, error) {
 			e.abort(sc, 0)
 			return i, err
 		}
-		e.addAdvert(sc, i, slot, peer, len(f))
+		e.addAdvert(sc, i, slot, peer, len(f), nil)
 	}
 	if err := e.flush(ctx, sc); err != nil {
 		return len(frames), err
@@ -221,9 +222,11 @@ func (e *Engine) appendFragments(sc *txScratch, i int, f []byte, peer fabric.Add
 }
 
 // addAdvert marks slot, which holds frame i (n bytes) and is owned by the
-// caller in state filling, outstanding and adds its advert to the batch.
-// The batch must have room for one message.
-func (e *Engine) addAdvert(sc *txScratch, i int, slot int32, peer fabric.Addr, n int) {
+// caller in state filling, outstanding and adds its advert to the batch:
+// an offload advert with *off if off is not nil (the peer announced the
+// capability it needs), else a plain one. The batch must have room for
+// one message.
+func (e *Engine) addAdvert(sc *txScratch, i int, slot int32, peer fabric.Addr, n int, off *Offload) {
 	s := &e.tx.slots[slot]
 	s.gen++
 	w := slotWord(s.gen, peer.Node, n)
@@ -232,18 +235,26 @@ func (e *Engine) addAdvert(sc *txScratch, i int, slot int32, peer fabric.Addr, n
 	k := len(sc.msgs)
 	sc.msgs = sc.msgs[:k+1]
 	m := &sc.msgs[k]
-	m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvert, advertLen
 	a := advert{nla: e.tx.nla(slot), len: uint32(n)}
-	a.encode(m.Data[:advertLen])
+	if off != nil {
+		a.off = *off
+		m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvertX, advertXLen
+		a.encodeX(m.Data[:advertXLen])
+	} else {
+		m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvert, advertLen
+		a.encode(m.Data[:advertLen])
+	}
 	sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: slot, word: w, size: int32(n), proto: ProtoRendezvous, end: true})
 }
 
-// classify picks the target and protocol of a frame, or a drop reason.
-func (e *Engine) classify(f []byte) (fabric.Addr, Proto, DropReason) {
+// classify picks the target and protocol of a frame no longer than limit,
+// or a drop reason. The first unicast frame to a node of unknown offload
+// capability says hello to it (caps.go).
+func (e *Engine) classify(f []byte, limit int) (fabric.Addr, Proto, DropReason) {
 	switch {
 	case len(f) < EthHeaderLen:
 		return fabric.Addr{}, 0, DropRunt
-	case len(f) > e.maxFrame:
+	case len(f) > limit:
 		return fabric.Addr{}, 0, DropOversize
 	case isGroupMAC(f):
 		// RMA cannot multicast: every group frame goes eager.
@@ -255,6 +266,9 @@ func (e *Engine) classify(f []byte) (fabric.Addr, Proto, DropReason) {
 		return fabric.Addr{}, 0, DropForeignMAC
 	case node == e.self:
 		return fabric.Addr{}, 0, DropSelf
+	}
+	e.hello(node)
+	switch {
 	case len(f) <= e.cfg.EagerThreshold:
 		return fabric.Addr{Node: node, VPID: fabric.EthVPID}, ProtoEager, DropNone
 	}

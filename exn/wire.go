@@ -9,8 +9,9 @@ package exn
 //	            bit 6  F: first fragment of a frame
 //	            bit 5  L: last fragment of a frame
 //	            bits 4..0 fragment index mod 32 (the first has index 0)
-//	bit 7 = 0   control: 0x01 is an advert, 0x02 a refusal; every other
-//	            value is reserved
+//	bit 7 = 0   control: 0x01 is an advert, 0x02 a refusal, 0x03 a
+//	            hello, 0x04 an offload advert; every other value is
+//	            reserved
 //
 // Eager fragments carry frame bytes only, no header: a frame of n bytes is
 // ceil(n/120) fragments, every one but the last exactly 120 bytes. VELO
@@ -31,6 +32,22 @@ package exn
 // AdvertTimeout. The sender accepts a refusal only from the node the slot
 // was advertised to, for the exact NLA and length.
 //
+// A hello (tag 0x03, at least 3 bytes) announces offload capability
+// (caps.go): byte 0 the version (1), byte 1 the capability bits (CapCsum,
+// CapTSO, CapUSO; unknown bits ignored), byte 2 flags (bit 0: answer with
+// your hello). An engine that predates hellos drops it as bad-tag and so
+// stays a peer without offload.
+//
+// An offload advert (tag 0x04, 26 bytes) is an advert (bytes 0..15, same
+// meaning and checks, but a super-frame may be up to MaxGSOFrame long)
+// followed by the frame's virtio-net header meaning (offload.go), little-
+// endian: 16 flags (only OffloadNeedsCsum may be set), 17 GSO type,
+// 18..19 header length, 20..21 GSO segment size, 22..23 checksum start,
+// 24..25 checksum offset. It goes only to a peer whose hello announced
+// the capability the frame needs; the receiver checks the fields against
+// the frame once it has pulled it, and drops a mismatch
+// (offload-malformed). A refusal of it is the plain 16-byte refusal.
+//
 // The receiver GETs exactly [NLA, NLA+length) into a receive buffer with
 // NotifyCompleter|NotifyResponder; the sender frees its slot on the
 // responder notification, matched by fabric.LastFrame (§5.4.2).
@@ -48,9 +65,12 @@ const (
 	tagIdxMask fabric.Tag = 0x1F
 	tagAdvert  fabric.Tag = 0x01
 	tagRefuse  fabric.Tag = 0x02
+	tagHello   fabric.Tag = 0x03
+	tagAdvertX fabric.Tag = 0x04
 
-	advertLen = 16
-	fragLen   = fabric.MaxVELOPayload
+	advertLen  = 16
+	advertXLen = 26
+	fragLen    = fabric.MaxVELOPayload
 )
 
 // advert is a decoded advert payload.
@@ -58,6 +78,40 @@ type advert struct {
 	nla fabric.NLA
 	len uint32
 	seq uint16
+	off Offload // offload advert only
+}
+
+// encodeX writes an offload advert (advertXLen bytes).
+func (a *advert) encodeX(b []byte) {
+	a.encode(b)
+	o := &a.off
+	b[16], b[17] = o.Flags, o.GSOType
+	binary.LittleEndian.PutUint16(b[18:20], o.HdrLen)
+	binary.LittleEndian.PutUint16(b[20:22], o.GSOSize)
+	binary.LittleEndian.PutUint16(b[22:24], o.CsumStart)
+	binary.LittleEndian.PutUint16(b[24:26], o.CsumOffset)
+}
+
+// decodeAdvertX parses an offload advert. The fields are checked against
+// the frame once it is pulled (Offload.check); here only the shape and
+// the length: up to maxFrame, or MaxGSOFrame for a super-frame.
+func decodeAdvertX(p []byte, maxFrame int) (advert, DropReason) {
+	if len(p) != advertXLen {
+		return advert{}, DropOffloadForged
+	}
+	o := Offload{
+		Flags: p[16], GSOType: p[17],
+		HdrLen:     binary.LittleEndian.Uint16(p[18:20]),
+		GSOSize:    binary.LittleEndian.Uint16(p[20:22]),
+		CsumStart:  binary.LittleEndian.Uint16(p[22:24]),
+		CsumOffset: binary.LittleEndian.Uint16(p[24:26]),
+	}
+	if o.GSOType != GSONone {
+		maxFrame = max(maxFrame, MaxGSOFrame)
+	}
+	a, reason := decodeAdvert(p[:advertLen], maxFrame)
+	a.off = o
+	return a, reason
 }
 
 func (a *advert) encode(b []byte) {

@@ -102,6 +102,12 @@ type Config struct {
 	Addrs []netip.Prefix
 	// Up brings the link up after configuring it.
 	Up bool
+	// Offload opens the TAP with IFF_VNET_HDR and asks the kernel for
+	// checksum offload and TSO4/TSO6 (and USO where it has it): the TAP
+	// then implements OffloadDevice (vnet.go), Read returns frames
+	// complete (checksums filled in, super-frames dropped and counted)
+	// and Write sends complete frames.
+	Offload bool
 	// Logger receives rate-limited per-frame warnings; nil discards.
 	Logger *slog.Logger
 }
@@ -113,12 +119,15 @@ type Stats struct {
 	RxErrors          uint64 // read errors other than Close
 	TxErrors          uint64 // frames Write refused
 	ShortBuffer       uint64 // frames dropped: longer than their Read buffer
+	BadVnet           uint64 // frames dropped: virtio-net header short or not understood
+	GSODropped        uint64 // super-frames dropped by a plain Read (use ReadVnet)
 }
 
 // Counters is the atomic counter block behind Stats, shared with taptest.
 type Counters struct {
 	RxFrames, RxBytes, TxFrames, TxBytes atomic.Uint64
 	RxErrors, TxErrors, ShortBuffer      atomic.Uint64
+	BadVnet, GSODropped                  atomic.Uint64
 }
 
 // Snapshot copies the counters.
@@ -128,6 +137,7 @@ func (c *Counters) Snapshot() Stats {
 		TxFrames: c.TxFrames.Load(), TxBytes: c.TxBytes.Load(),
 		RxErrors: c.RxErrors.Load(), TxErrors: c.TxErrors.Load(),
 		ShortBuffer: c.ShortBuffer.Load(),
+		BadVnet:     c.BadVnet.Load(), GSODropped: c.GSODropped.Load(),
 	}
 }
 
@@ -143,6 +153,7 @@ type TAP struct {
 	rc   syscall.RawConn
 	name string
 	mtu  int
+	vnet int // TUN_F_* offloads the kernel took; 0: no virtio-net header
 	log  *slog.Logger
 	lim  ratelog.Limiter
 
@@ -179,7 +190,16 @@ func Open(cfg Config) (*TAP, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)
 	}
-	fd, name, err := sys.OpenTAP(cfg.Name)
+	var (
+		fd, offloads int
+		name         string
+		err          error
+	)
+	if cfg.Offload {
+		fd, name, offloads, err = sys.OpenTAPVnet(cfg.Name)
+	} else {
+		fd, name, err = sys.OpenTAP(cfg.Name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)
 	}
@@ -191,10 +211,10 @@ func Open(cfg Config) (*TAP, error) {
 		f.Close()
 		return nil, fmt.Errorf("tap %s: %w", name, err)
 	}
-	t := &TAP{f: f, rc: rc, name: name, mtu: cfg.MTU, log: cfg.Logger.With("tap", name)}
+	t := &TAP{f: f, rc: rc, name: name, mtu: cfg.MTU, vnet: offloads, log: cfg.Logger.With("tap", name)}
 	t.lim.Init(nil, time.Second, 10)
-	t.rd.fn = t.rd.run
-	t.wr.fn, t.wr.maxLen = t.wr.run, FrameSize(cfg.MTU)
+	t.rd.fn, t.rd.vnet = t.rd.run, offloads != 0
+	t.wr.fn, t.wr.maxLen, t.wr.vnet = t.wr.run, FrameSize(cfg.MTU), offloads != 0
 	if err := configure(name, &cfg); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("tap %s: %w", name, err)
@@ -276,17 +296,28 @@ type readOp struct {
 	fd    int
 	bufs  [][]byte
 	sizes []int
+	hdrs  []VnetHdr // ReadVnet: the frames' headers; nil: complete frames
 	want  int
 	n     int
 	bytes uint64
 	short uint64
+	bad   uint64 // BadVnet
+	gso   uint64 // GSODropped
 	err   error
+	vnet  bool
+	hdr   [sys.VnetHdrLen]byte
 	fn    func(fd uintptr) bool
 }
 
 func (r *readOp) run(fd uintptr) bool {
 	for r.n < r.want {
-		m, err := sys.TAPRead(int(fd), r.bufs[r.n])
+		var m int
+		var err error
+		if r.vnet {
+			m, err = sys.TAPReadVnet(int(fd), &r.hdr, r.bufs[r.n])
+		} else {
+			m, err = sys.TAPRead(int(fd), r.bufs[r.n])
+		}
 		switch {
 		case err == sys.EAGAIN:
 			return r.n > 0 // park in the poller only if nothing was read
@@ -297,6 +328,8 @@ func (r *readOp) run(fd uintptr) bool {
 			return true
 		case m > len(r.bufs[r.n]):
 			r.short++ // longer than its buffer, truncated and consumed: drop
+			continue
+		case r.vnet && !r.header(r.bufs[r.n], m):
 			continue
 		}
 		r.sizes[r.n] = m
@@ -309,21 +342,40 @@ func (r *readOp) run(fd uintptr) bool {
 // writeOp is the state of one Write; see readOp.
 type writeOp struct {
 	frames [][]byte
+	hdrs   []VnetHdr // WriteVnet: the frames' headers; nil: complete frames
 	maxLen int
 	n      int
 	bytes  uint64
 	err    error
+	vnet   bool
+	hdr    [sys.VnetHdrLen]byte
 	fn     func(fd uintptr) bool
 }
 
 func (w *writeOp) run(fd uintptr) bool {
 	for w.n < len(w.frames) {
 		f := w.frames[w.n]
-		if len(f) < HeaderLen || len(f) > w.maxLen {
-			w.err = fmt.Errorf("frame of %d bytes not in %d..%d: %w", len(f), HeaderLen, w.maxLen, ErrFrameSize)
+		limit := w.maxLen
+		if w.hdrs != nil && w.hdrs[w.n].GSOType != GSONone {
+			limit = MaxGSOFrame
+		}
+		if len(f) < HeaderLen || len(f) > limit {
+			w.err = fmt.Errorf("frame of %d bytes not in %d..%d: %w", len(f), HeaderLen, limit, ErrFrameSize)
 			return true
 		}
-		_, err := sys.TAPWrite(int(fd), f)
+		var err error
+		if w.vnet {
+			w.hdr = [sys.VnetHdrLen]byte{}
+			if w.hdrs != nil {
+				w.hdrs[w.n].encode(&w.hdr)
+			}
+			_, err = sys.TAPWriteVnet(int(fd), &w.hdr, f)
+		} else if w.hdrs != nil && w.hdrs[w.n] != (VnetHdr{}) {
+			w.err = fmt.Errorf("virtio-net header on a TAP opened without Offload: %w", unix.EINVAL)
+			return true
+		} else {
+			_, err = sys.TAPWrite(int(fd), f)
+		}
 		switch {
 		case err == sys.EAGAIN:
 			return false // wait until writable
@@ -342,8 +394,13 @@ func (w *writeOp) run(fd uintptr) bool {
 // Read implements Device.Read. One wake-up drains up to len(bufs) frames
 // with non-blocking reads inside a single poller callback. It does not
 // allocate.
-func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) {
+func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) { return t.read(bufs, sizes, nil) }
+
+func (t *TAP) read(bufs [][]byte, sizes []int, hdrs []VnetHdr) (int, error) {
 	want := min(len(bufs), len(sizes))
+	if hdrs != nil {
+		want = min(want, len(hdrs))
+	}
 	if want == 0 {
 		return 0, nil
 	}
@@ -359,9 +416,18 @@ func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) {
 	defer t.readMu.Unlock()
 	r := &t.rd
 	r.bufs, r.sizes, r.want, r.n, r.bytes, r.short, r.err = bufs, sizes, want, 0, 0, 0, nil
+	r.hdrs, r.bad, r.gso = hdrs, 0, 0
 	err := t.rc.Read(r.fn)
 	n, rerr, short := r.n, r.err, r.short
-	r.bufs, r.sizes = nil, nil // keep no reference to the caller's buffers
+	r.bufs, r.sizes, r.hdrs = nil, nil, nil // keep no reference to the caller's buffers
+	if r.bad > 0 {
+		t.c.BadVnet.Add(r.bad)
+		t.warn("frame with a malformed virtio-net header dropped", slog.Uint64("frames", r.bad))
+	}
+	if r.gso > 0 {
+		t.c.GSODropped.Add(r.gso)
+		t.warn("super-frame dropped by a plain Read", slog.Uint64("frames", r.gso))
+	}
 	if n > 0 {
 		t.c.RxFrames.Add(uint64(n))
 		t.c.RxBytes.Add(r.bytes)
@@ -388,17 +454,22 @@ func (t *TAP) Read(bufs [][]byte, sizes []int) (int, error) {
 // Write implements Device.Write. The frames go out in one poller callback;
 // concurrent Writes are serialized. It does not allocate unless a frame is
 // refused.
-func (t *TAP) Write(frames [][]byte) (int, error) {
+func (t *TAP) Write(frames [][]byte) (int, error) { return t.write(frames, nil) }
+
+func (t *TAP) write(frames [][]byte, hdrs []VnetHdr) (int, error) {
 	if t.closed.Load() {
 		return 0, t.opErr("write", net.ErrClosed)
+	}
+	if hdrs != nil && len(hdrs) < len(frames) {
+		frames = frames[:len(hdrs)]
 	}
 	t.writeMu.Lock()
 	defer t.writeMu.Unlock()
 	w := &t.wr
-	w.frames, w.n, w.bytes, w.err = frames, 0, 0, nil
+	w.frames, w.hdrs, w.n, w.bytes, w.err = frames, hdrs, 0, 0, nil
 	err := t.rc.Write(w.fn)
 	n, werr := w.n, w.err
-	w.frames = nil
+	w.frames, w.hdrs = nil, nil
 	if n > 0 {
 		t.c.TxFrames.Add(uint64(n))
 		t.c.TxBytes.Add(w.bytes)

@@ -134,11 +134,21 @@ func openTAP(tb testing.TB, cfg tap.Config) (*tap.TAP, *netnsEnv) {
 
 var defaultCfg = tap.Config{MAC: localMAC, MTU: 1500, Addrs: []netip.Prefix{localPfx}, Up: true}
 
-func TestContract(t *testing.T) {
+func TestContract(t *testing.T) { runContract(t, defaultCfg) }
+
+// TestContractOffload: a TAP with a virtio-net header keeps the Device
+// contract (Read completes the host's partial UDP checksums).
+func TestContractOffload(t *testing.T) {
+	cfg := defaultCfg
+	cfg.Offload = true
+	runContract(t, cfg)
+}
+
+func runContract(t *testing.T, cfg tap.Config) {
 	testenv.RequirePrivileged(t)
 	testenv.VerifyNoFDLeaks(t)
 	taptest.RunContract(t, func(t *testing.T) taptest.Harness {
-		d, env := openTAP(t, defaultCfg)
+		d, env := openTAP(t, cfg)
 		var (
 			out *net.UDPConn // host → device
 			in  *net.UDPConn // device → host

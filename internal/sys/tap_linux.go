@@ -26,6 +26,10 @@ var EINTR error = unix.EINTR
 // kernel choose. OpenTAP returns the fd, owned by the caller, and the name
 // the kernel gave the interface. On error no fd is left open.
 func OpenTAP(name string) (fd int, ifname string, err error) {
+	return openTAP(name, unix.IFF_TAP|unix.IFF_NO_PI)
+}
+
+func openTAP(name string, flags uint16) (fd int, ifname string, err error) {
 	if len(name) >= unix.IFNAMSIZ {
 		return -1, "", fmt.Errorf("interface name %q longer than %d bytes: %w", name, unix.IFNAMSIZ-1, unix.EINVAL)
 	}
@@ -38,7 +42,7 @@ func OpenTAP(name string) (fd int, ifname string, err error) {
 		unix.Close(fd)
 		return -1, "", fmt.Errorf("ifreq %q: %w", name, err)
 	}
-	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	ifr.SetUint16(flags)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
 		return -1, "", fmt.Errorf("ioctl TUNSETIFF %q: %w", name, err)

@@ -55,8 +55,11 @@ type Config struct {
 	MTU            int
 	EagerThreshold int
 	Netstack       bool
-	Metrics        string // host:port to serve /metrics on, "" for none
-	Control        string // control socket path, "" for none
+	// Offload opens the TAP with IFF_VNET_HDR and checksum/TSO/USO
+	// offloads (--offload, default true; docs/ext-eth.md "Offloads").
+	Offload bool
+	Metrics string // host:port to serve /metrics on, "" for none
+	Control string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
 	ControlAccess control.Policy
 	LogLevel      slog.Level
@@ -152,6 +155,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.MTU, "mtu", DefaultMTU, "interface MTU in `bytes`")
 	fs.IntVar(&c.EagerThreshold, "eager-threshold", DefaultEagerThreshold, "largest frame in `bytes` sent eagerly over VELO; larger ones use rendezvous")
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
+	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
 	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")
 	fs.StringVar(&c.File, "config", "", "read settings from `FILE` ('name = value' lines; flags override it)")

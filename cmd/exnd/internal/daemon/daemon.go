@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/exn-project/exn/arp"
 	"github.com/exn-project/exn/control"
@@ -43,6 +44,7 @@ type Daemon struct {
 	nic    fabric.NIC
 	ep     fabric.Endpoint
 	dev    tap.Device
+	vnet   tap.OffloadDevice // dev, when it carries virtio-net headers
 	engine *exn.Engine
 	arp    *arp.Table
 	ping   *fping.Service
@@ -112,13 +114,46 @@ func WithMemCluster(c backend.Cluster) Option { return func(o *options) { o.mem 
 
 // tapLink is the engine's Link: it writes received frames to the TAP. A
 // frame the kernel refuses is skipped (the TAP counts and logs it) so the
-// rest of the batch still goes out.
+// rest of the batch still goes out. On a TAP with a virtio-net header it
+// is an exn.OffloadLink: the frames' offload metadata becomes their
+// headers, so the kernel takes a partial checksum or a super-frame as the
+// sending kernel made it.
 type tapLink struct{ t tap.Device }
 
-func (l tapLink) DeliverFrames(frames [][]byte) error {
+// offloadLink is tapLink on a tap.OffloadDevice.
+type offloadLink struct {
+	tapLink
+	od tap.OffloadDevice
+}
+
+// exn.Offload and tap.VnetHdr are the same struct (this conversion only
+// compiles while their fields are), so a slice of one is a slice of the
+// other.
+var _ = tap.VnetHdr(exn.Offload{})
+
+func vnetHdrs(offs []exn.Offload) []tap.VnetHdr {
+	if len(offs) == 0 {
+		return []tap.VnetHdr{}
+	}
+	return unsafe.Slice((*tap.VnetHdr)(unsafe.Pointer(&offs[0])), len(offs))
+}
+
+func (l offloadLink) DeliverFramesOffload(frames [][]byte, offs []exn.Offload) error {
+	hdrs := vnetHdrs(offs)
+	return writeAll(frames, func(frames [][]byte) (int, error) {
+		n, err := l.od.WriteVnet(frames, hdrs)
+		hdrs = hdrs[min(n+1, len(hdrs)):]
+		return n, err
+	})
+}
+
+func (l tapLink) DeliverFrames(frames [][]byte) error { return writeAll(frames, l.t.Write) }
+
+// writeAll writes frames with write, skipping a refused frame.
+func writeAll(frames [][]byte, write func([][]byte) (int, error)) error {
 	var first error
 	for len(frames) > 0 {
-		n, err := l.t.Write(frames)
+		n, err := write(frames)
 		frames = frames[n:]
 		if err == nil {
 			continue
@@ -175,20 +210,31 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 	if d.opts.dev != nil {
 		d.dev = d.opts.dev
 	} else if d.dev, err = tap.Open(tap.Config{
-		Name:   cfg.Ifname,
-		MAC:    mac,
-		MTU:    cfg.MTU,
-		Addrs:  cfg.Addrs,
-		Up:     true,
-		Logger: log.With("part", "tap"),
+		Name:    cfg.Ifname,
+		MAC:     mac,
+		MTU:     cfg.MTU,
+		Addrs:   cfg.Addrs,
+		Up:      true,
+		Offload: cfg.Offload,
+		Logger:  log.With("part", "tap"),
 	}); err != nil {
 		d.dev = nil // a typed nil would look open to teardown
 		return nil, fmt.Errorf("open tap %s: %w", cfg.Ifname, err)
 	}
-	if d.engine, err = exn.New(d.nic, d.ep, tapLink{d.dev}, exn.Config{
+	var link exn.Link = tapLink{d.dev}
+	var caps uint8
+	if od, ok := d.dev.(tap.OffloadDevice); ok && od.Offloads() != 0 {
+		d.vnet = od
+		link = offloadLink{tapLink{d.dev}, od}
+		// The kernel takes partial checksums and TCP and UDP super-frames
+		// written to any TAP with a virtio-net header.
+		caps = exn.CapCsum | exn.CapTSO | exn.CapUSO
+	}
+	if d.engine, err = exn.New(d.nic, d.ep, link, exn.Config{
 		MACPrefix:      prefix,
 		MTU:            cfg.MTU,
 		EagerThreshold: cfg.EagerThreshold,
+		Offload:        caps,
 		Observer:       d.arp,
 		Logger:         log.With("part", "exn"),
 	}); err != nil {
@@ -227,7 +273,7 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 		addrs[i] = a.String()
 	}
 	log.Info("exnd up", "node", cfg.Node, "mac", net.HardwareAddr(mac).String(), "mtu", cfg.MTU,
-		"eager_threshold", cfg.EagerThreshold, "fabric", cfg.Fabric.String(), "ifname", d.dev.Name(),
+		"eager_threshold", cfg.EagerThreshold, "offload", caps, "fabric", cfg.Fabric.String(), "ifname", d.dev.Name(),
 		"addrs", strings.Join(addrs, ","), "control", cfg.Control, "metrics", d.MetricsAddr())
 	return d, nil
 }
@@ -250,7 +296,9 @@ func (d *Daemon) readLoop(ctx context.Context) {
 	bufs := make([][]byte, ReadBatch)
 	sizes := make([]int, ReadBatch)
 	frames := make([][]byte, ReadBatch)
-	have := 0 // bufs[:have] are lent and empty
+	offs := make([]exn.Offload, ReadBatch)
+	hdrs := vnetHdrs(offs) // the same memory: headers read are offs
+	have := 0              // bufs[:have] are lent and empty
 	defer func() { d.engine.Return(bufs[:have]) }()
 	errRun := 0
 	for {
@@ -259,13 +307,22 @@ func (d *Daemon) readLoop(ctx context.Context) {
 			return // closing: ctx done or engine closed
 		}
 		have += k
-		n, err := d.dev.Read(bufs[:have], sizes)
+		var n int
+		if d.vnet != nil {
+			n, err = d.vnet.ReadVnet(bufs[:have], sizes, hdrs)
+		} else {
+			n, err = d.dev.Read(bufs[:have], sizes)
+		}
 		for i := 0; i < n; i++ {
 			frames[i] = bufs[i][:sizes[i]]
 		}
 		// bufs[:n] now belong to frames; keep the empty ones in front.
 		have = copy(bufs, bufs[n:have])
-		if !d.transmit(ctx, frames[:n]) {
+		o := offs[:n]
+		if d.vnet == nil {
+			o = nil
+		}
+		if !d.transmit(ctx, frames[:n], o) {
 			return
 		}
 		switch {
@@ -288,10 +345,13 @@ func (d *Daemon) readLoop(ctx context.Context) {
 // returns for one frame skips (and gives back) that frame, never the rest
 // of the batch. It reports false once the engine or the daemon is
 // closing, after giving back the frames not sent.
-func (d *Daemon) transmit(ctx context.Context, frames [][]byte) bool {
+func (d *Daemon) transmit(ctx context.Context, frames [][]byte, offs []exn.Offload) bool {
 	for len(frames) > 0 {
-		n, err := d.engine.TransmitLent(ctx, frames)
+		n, err := d.engine.TransmitLentOffload(ctx, frames, offs)
 		frames = frames[n:]
+		if offs != nil {
+			offs = offs[n:]
+		}
 		if err == nil {
 			continue
 		}
@@ -303,6 +363,9 @@ func (d *Daemon) transmit(ctx context.Context, frames [][]byte) bool {
 		if len(frames) > 0 {
 			d.engine.Return(frames[:1])
 			frames = frames[1:]
+			if offs != nil {
+				offs = offs[1:]
+			}
 		}
 	}
 	return true
