@@ -13,6 +13,10 @@ type DocOptions struct {
 	Note       string      // extra machine note (e.g. "busy with other builds")
 	Charts     []ChartFile // charts written, to embed
 	ResultsDir string      // results directory, relative to the document
+	// Appendix is hand-written sections (docs/benchmarks.d/*.md, in name
+	// order), appended verbatim: measurements no report section runs
+	// yet, each with its own command, load and date.
+	Appendix []string
 }
 
 // FormatValue formats v in unit for a table.
@@ -272,6 +276,9 @@ func Markdown(files []*SectionFile, o DocOptions) string {
 	}
 	if len(missing) > 0 {
 		fmt.Fprintf(&b, "Not run yet: %s.\n", strings.Join(missing, ", "))
+	}
+	for _, a := range o.Appendix {
+		b.WriteString("\n" + strings.TrimSpace(a) + "\n")
 	}
 	return b.String()
 }

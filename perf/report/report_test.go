@@ -441,3 +441,26 @@ func TestReportFrom(t *testing.T) {
 		t.Error("-only extds -from: wrong sections")
 	}
 }
+
+// TestAppendix: hand-written sections in benchmarks.d are appended in
+// name order, verbatim; a missing folder is no appendix.
+func TestAppendix(t *testing.T) {
+	dir := t.TempDir()
+	if a, err := readAppendix(filepath.Join(dir, "none")); err != nil || len(a) != 0 {
+		t.Fatalf("missing folder: %q, %v", a, err)
+	}
+	for name, text := range map[string]string{"20-b.md": "## B\n\nsecond\n", "10-a.md": "## A\n\nfirst\n", "x.txt": "ignored"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := readAppendix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := Markdown(nil, DocOptions{Appendix: a})
+	ia, ib := strings.Index(doc, "## A\n\nfirst"), strings.Index(doc, "## B\n\nsecond")
+	if ia < 0 || ib < ia || strings.Contains(doc, "ignored") {
+		t.Fatalf("appendix not in order or not verbatim:\n%s", doc)
+	}
+}

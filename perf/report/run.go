@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -173,8 +174,31 @@ func Report(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	doc := Markdown(files, DocOptions{Note: o.Note, Charts: charts, ResultsDir: relTo(o.Out, o.Results)})
+	appendix, err := readAppendix(filepath.Join(o.Out, "benchmarks.d"))
+	if err != nil {
+		return err
+	}
+	doc := Markdown(files, DocOptions{Note: o.Note, Charts: charts, ResultsDir: relTo(o.Out, o.Results), Appendix: appendix})
 	return os.WriteFile(filepath.Join(o.Out, "benchmarks.md"), []byte(doc), 0o644)
+}
+
+// readAppendix reads the hand-written sections in dir (*.md, in name
+// order); a missing dir is none.
+func readAppendix(dir string) ([]string, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.md"))
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	var out []string
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, string(b))
+	}
+	return out, nil
 }
 
 func relTo(base, p string) string {
