@@ -53,9 +53,7 @@ func TestReadFromWriteToContent(t *testing.T) {
 	for _, ring := range []int{DefaultRingSize, minRingSize} {
 		t.Run(map[int]string{DefaultRingSize: "default-ring", minRingSize: "min-ring"}[ring], func(t *testing.T) {
 			p := newPair(t, WithRingSize(ring))
-			c, s := p.conns(t)
-			defer c.Close()
-			defer s.Close()
+			c, s := p.openConns(t)
 			for dir, ends := range [][2]*Conn{{c, s}, {s, c}} {
 				w, r := ends[0], ends[1]
 				data := randBytes(copySizes(), uint64(dir+1))
@@ -97,9 +95,7 @@ func TestReadFromWriteToContent(t *testing.T) {
 func TestReadFromWriteToMixed(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithZCopy(ZCopyRead, 4096))
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	zsize := zcChunk + 4567
 	buf, err := c.RegisteredBuffer(zsize)
 	if err != nil {
@@ -228,9 +224,7 @@ func (endless) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 func TestReadFromWriteToDeadlines(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	start := time.Now()
 	n, err := c.ReadFrom(endless{})
@@ -394,9 +388,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 	})
 	t.Run("peer-reset", func(t *testing.T) {
 		p := newPair(t)
-		c, s := p.conns(t)
-		defer c.Close()
-		defer s.Close()
+		c, s := p.openConns(t)
 		rf := make(chan error, 1)
 		go func() { _, err := c.ReadFrom(endless{}); rf <- err }()
 		wt := make(chan error, 1)

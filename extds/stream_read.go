@@ -73,14 +73,7 @@ func (c *Conn) readLocked(p []byte) (int, error) {
 				}
 				continue
 			}
-			n = copy(p[:min(len(p), int(s.n))], c.rxRing.Buf[s.off:])
-			s.off += uint32(n)
-			s.n -= uint32(n)
-			c.rxUsed -= uint32(n)
-			c.freedRing += uint32(n)
-			if s.n == 0 {
-				c.segs.pop()
-			}
+			n = c.copyRingLocked(p, s)
 		case segEOF:
 			c.mu.Unlock()
 			c.flushCredits(true)
@@ -137,6 +130,14 @@ func (c *Conn) readableLocked() bool {
 	}
 	s := c.segs.peek()
 	return s != nil && (s.kind != segRMA || s.ready)
+}
+
+// copyRingLocked copies the ready RMA segment s (the head) out of the rx
+// ring into p and consumes what it copied.
+func (c *Conn) copyRingLocked(p []byte, s *seg) int {
+	n := copy(p[:min(len(p), int(s.n))], c.rxRing.Buf[s.off:])
+	c.consumeLocked(s, uint32(n))
+	return n
 }
 
 func (c *Conn) copyEagerLocked(p []byte, s *seg) int {
@@ -238,14 +239,7 @@ func (c *Conn) tryRead(p []byte) (n int, flush bool, err error) {
 		if !s.ready {
 			return 0, c.creditsDueLocked(false), ErrWouldBlock
 		}
-		n = copy(p[:min(len(p), int(s.n))], c.rxRing.Buf[s.off:])
-		s.off += uint32(n)
-		s.n -= uint32(n)
-		c.rxUsed -= uint32(n)
-		c.freedRing += uint32(n)
-		if s.n == 0 {
-			c.segs.pop()
-		}
+		n = c.copyRingLocked(p, s)
 	case segEOF:
 		return 0, c.creditsDueLocked(true), io.EOF
 	default:
