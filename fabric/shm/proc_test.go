@@ -120,16 +120,8 @@ func TestTwoProcesses(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	nic, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	nic := openNIC(t, fab, 1)
+	ep := open1(t, nic, 1)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"="+fab)
@@ -146,22 +138,7 @@ func TestTwoProcesses(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	recv1 := func() fabric.Message {
-		t.Helper()
-		var b [1]fabric.Message
-		for {
-			n, err := ep.Recv(b[:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 1 {
-				return b[0]
-			}
-			if err := ep.Wait(ctx); err != nil {
-				t.Fatalf("waiting for the child: %v", err)
-			}
-		}
-	}
+	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
 	child := fabric.Addr{Node: 2, VPID: 1}
 
 	// 1. The child announces its region.
@@ -273,21 +250,4 @@ func TestTwoProcesses(t *testing.T) {
 		t.Fatalf("reopen node 2: %v", err)
 	}
 	again.Close()
-}
-
-func pollOne(t testing.TB, ep fabric.Endpoint, ctx context.Context) fabric.Notification {
-	t.Helper()
-	var ns [1]fabric.Notification
-	for {
-		n, err := ep.PollNotifications(ns[:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			return ns[0]
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("waiting for a notification: %v", err)
-		}
-	}
 }
