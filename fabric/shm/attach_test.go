@@ -353,27 +353,7 @@ func attachHelper(role, fab string) error {
 		}
 		fmt.Println("OK", ep.Addr())
 		ctx := context.Background()
-		buf := make([]fabric.Message, 16)
-		for {
-			n, err := ep.Recv(buf)
-			if err != nil {
-				return err
-			}
-			for i := range buf[:n] {
-				if buf[i].Tag == tagStall {
-					select {}
-				}
-				buf[i].Peer = fabric.Addr{Node: 2, VPID: 5}
-			}
-			if _, err := ep.Send(ctx, buf[:n]); err != nil {
-				return err
-			}
-			if n == 0 {
-				if err := ep.Wait(ctx); err != nil {
-					return err
-				}
-			}
-		}
+		return echo(ctx, ep, fabric.Addr{Node: 2, VPID: 5})
 	}
 	return fmt.Errorf("unknown role %q", role)
 }

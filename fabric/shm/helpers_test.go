@@ -101,3 +101,34 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// echo sends every message that arrives on ep back out to to, until a
+// tagStop (nil) or an error; a tagStall makes it stop receiving for good,
+// so that its mailbox fills (the test then SIGKILLs the process). It runs
+// in the re-executed child processes.
+func echo(ctx context.Context, ep fabric.Endpoint, to fabric.Addr) error {
+	buf := make([]fabric.Message, 16)
+	for {
+		n, err := ep.Recv(buf)
+		if err != nil {
+			return err
+		}
+		for i := range buf[:n] {
+			switch buf[i].Tag {
+			case tagStop:
+				return nil
+			case tagStall:
+				select {} // hold the full mailbox until SIGKILL
+			}
+			buf[i].Peer = to
+		}
+		if _, err := ep.Send(ctx, buf[:n]); err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := ep.Wait(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -67,30 +67,7 @@ func child(fab string) error {
 	if _, err := ep.Send(ctx, []fabric.Message{m}); err != nil {
 		return err
 	}
-	buf := make([]fabric.Message, 16)
-	for {
-		n, err := ep.Recv(buf)
-		if err != nil {
-			return err
-		}
-		for i := range buf[:n] {
-			switch buf[i].Tag {
-			case tagStop:
-				return nil
-			case tagStall:
-				select {} // hold the full mailbox until SIGKILL
-			}
-			buf[i].Peer = fabric.Addr{Node: 1, VPID: 1}
-		}
-		if _, err := ep.Send(ctx, buf[:n]); err != nil {
-			return err
-		}
-		if n == 0 {
-			if err := ep.Wait(ctx); err != nil {
-				return err
-			}
-		}
-	}
+	return echo(ctx, ep, fabric.Addr{Node: 1, VPID: 1})
 }
 
 // startChild re-executes the test binary to run only the helper test
