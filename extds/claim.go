@@ -138,16 +138,7 @@ func (d *Device) RegisterClaimPort(port uint16) (unregister func(), err error) {
 	t.mu.Lock()
 	t.ports[port]++
 	t.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			t.mu.Lock()
-			if t.ports[port]--; t.ports[port] <= 0 {
-				delete(t.ports, port)
-			}
-			t.mu.Unlock()
-		})
-	}, nil
+	return uncount(&t.mu, t.ports, port, func() {}), nil
 }
 
 // Claim is an acceptor's claim on one accepted connection (Device.Claim).

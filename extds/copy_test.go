@@ -287,6 +287,22 @@ func TestReadFromWriteToClose(t *testing.T) {
 			t.Fatal("still blocked 5 s after Close")
 		}
 	}
+	// inSourceRead leaves the client's ReadFrom inside its source's Read
+	// (a pipe, which has given it "first" already); the server end and
+	// the pipe are closed at the end of the test.
+	inSourceRead := func(t *testing.T) (*pair, *Conn, *io.PipeWriter, chan error) {
+		t.Helper()
+		p := newPair(t)
+		c, s := p.conns(t)
+		t.Cleanup(func() { s.Close() })
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { pw.Close() })
+		errc := make(chan error, 1)
+		go func() { _, err := c.ReadFrom(pr); errc <- err }()
+		pw.Write([]byte("first")) // ReadFrom is reading from the pipe
+		time.Sleep(20 * time.Millisecond)
+		return p, c, pw, errc
+	}
 	t.Run("readfrom-waiting-for-credits", func(t *testing.T) {
 		p := newPair(t)
 		c, s := p.conns(t)
@@ -298,15 +314,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 		waitErr(t, errc, net.ErrClosed)
 	})
 	t.Run("readfrom-in-source-read", func(t *testing.T) {
-		p := newPair(t)
-		c, s := p.conns(t)
-		defer s.Close()
-		pr, pw := io.Pipe()
-		defer pw.Close()
-		errc := make(chan error, 1)
-		go func() { _, err := c.ReadFrom(pr); errc <- err }()
-		pw.Write([]byte("first")) // ReadFrom is reading from the pipe
-		time.Sleep(20 * time.Millisecond)
+		_, c, pw, errc := inSourceRead(t)
 		closed := make(chan struct{})
 		go func() { c.Close(); close(closed) }()
 		select {
@@ -320,15 +328,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 	t.Run("device-close-waits-for-source", func(t *testing.T) {
 		// Device.Close closes the endpoints, which on shm unmaps the
 		// rings: it waits (bounded) for a ReadFrom in its source's Read.
-		p := newPair(t)
-		c, s := p.conns(t)
-		defer s.Close()
-		pr, pw := io.Pipe()
-		defer pw.Close()
-		errc := make(chan error, 1)
-		go func() { _, err := c.ReadFrom(pr); errc <- err }()
-		pw.Write([]byte("first"))
-		time.Sleep(20 * time.Millisecond)
+		p, _, pw, errc := inSourceRead(t)
 		closed := make(chan time.Time, 1)
 		start := time.Now()
 		go func() { p.devA.Close(); closed <- time.Now() }()

@@ -114,17 +114,24 @@ func (d *Device) RegisterPort(port uint16) (unregister func(), err error) {
 	}
 	d.ports[port]++
 	d.mu.Unlock()
+	return uncount(&d.mu, d.ports, port, hookUnreg), nil
+}
+
+// uncount returns the unregister of one counted registration of port in
+// ports (guarded by mu): it takes the registration back, the port's entry
+// with the last one, then runs after. It is idempotent.
+func uncount(mu sync.Locker, ports map[uint16]int, port uint16, after func()) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			d.mu.Lock()
-			if d.ports[port]--; d.ports[port] <= 0 {
-				delete(d.ports, port)
+			mu.Lock()
+			if ports[port]--; ports[port] <= 0 {
+				delete(ports, port)
 			}
-			d.mu.Unlock()
-			hookUnreg()
+			mu.Unlock()
+			after()
 		})
-	}, nil
+	}
 }
 
 // Listening reports whether port is registered (RegisterPort).
