@@ -25,9 +25,7 @@ func TestBCopyContent(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t)
-			c, s := p.conns(t)
-			defer c.Close()
-			defer s.Close()
+			c, s := p.openConns(t)
 			transfer(t, c, s, tc.sizes, c.Write)
 			st := p.devA.Stats()
 			// A large write goes by VELO only while the ring is full.

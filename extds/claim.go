@@ -138,16 +138,7 @@ func (d *Device) RegisterClaimPort(port uint16) (unregister func(), err error) {
 	t.mu.Lock()
 	t.ports[port]++
 	t.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			t.mu.Lock()
-			if t.ports[port]--; t.ports[port] <= 0 {
-				delete(t.ports, port)
-			}
-			t.mu.Unlock()
-		})
-	}, nil
+	return uncount(&t.mu, t.ports, port, func() {}), nil
 }
 
 // Claim is an acceptor's claim on one accepted connection (Device.Claim).
@@ -345,24 +336,14 @@ var errNoClaim = errors.New("extds: no claim")
 // error only when ctx ended or the Device closed.
 func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort) (FallbackReason, bool, error) {
 	local, remote = normAP(local), normAP(remote)
-	v, err := d.vdev(int(local.Port() & 0xF))
+	v, peer, err := d.askTarget(node, local.Port(), remote.Port())
 	if err != nil {
 		return 0, false, err
 	}
-	pbase := d.cfg.probeBase
-	if pbase == 0 {
-		pbase = d.cfg.base
-	}
-	w := &claimWait{vd: v, peer: fabric.Addr{Node: node, VPID: pbase + fabric.VPID(remote.Port()&0xF)}, port: remote.Port(), ch: make(chan uint16, 1)}
+	w := &claimWait{vd: v, peer: peer, port: remote.Port(), ch: make(chan uint16, 1)}
 	t := &d.claims
 	t.mu.Lock()
-	for {
-		t.nextTk++
-		if t.nextTk != 0 && t.waits[t.nextTk] == nil {
-			break
-		}
-	}
-	tok := t.nextTk
+	tok := freeID(&t.nextTk, t.waits)
 	t.waits[tok] = w
 	t.mu.Unlock()
 	defer func() {
@@ -370,40 +351,22 @@ func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote ne
 		delete(t.waits, tok)
 		t.mu.Unlock()
 	}()
-	cctx, cancel := context.WithTimeout(ctx, d.cfg.claimTO)
-	defer cancel()
 	var fm [1]fabric.Message
-	encClaim(&fm[0], w.peer, tok, local, remote)
-	d.ctr.probes.Add(1)
-	if _, err := v.ep.Send(cctx, fm[:]); err != nil {
-		if ctx.Err() != nil {
-			return 0, false, ctx.Err()
-		}
-		if errors.Is(err, net.ErrClosed) {
-			return 0, false, err
-		}
+	encClaim(&fm[0], peer, tok, local, remote)
+	a, res, err := ask(ctx, d, v, d.cfg.claimTO, &fm, w.ch)
+	switch {
+	case err != nil:
+		return 0, false, err
+	case res == askUnsent:
 		return FallbackNoListener, false, nil // no exnd there, peer down: nothing listens
-	}
-	select {
-	case a := <-w.ch:
-		if a>>8 == 1 {
-			return 0, true, nil
-		}
-		switch uint8(a) {
-		case declineNoListener:
-			return FallbackNoListener, false, nil
-		default:
-			return FallbackDeclined, false, nil
-		}
-	case <-cctx.Done():
-		if ctx.Err() != nil {
-			return 0, false, ctx.Err()
-		}
-		d.ctr.probeTimeouts.Add(1)
+	case res == askTimeout:
 		return FallbackNoClaim, false, nil
-	case <-d.ctx.Done():
-		return 0, false, net.ErrClosed
+	case a>>8 == 1:
+		return 0, true, nil
+	case uint8(a) == declineNoListener:
+		return FallbackNoListener, false, nil
 	}
+	return FallbackDeclined, false, nil
 }
 
 // WithClaimTimeout bounds the client's wait for the server's agreement

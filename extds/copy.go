@@ -21,7 +21,7 @@ package extds
 //
 // Order: one writer slot (wsem) keeps ReadFrom's reserved space its own
 // while wmu is released; the receive segment queue is consumed in order
-// as by Read. Locks and pins: see the top of conn.go.
+// as by Read. Locks and pins: see the top of conn.go and stream_write.go.
 
 import (
 	"errors"
@@ -41,23 +41,8 @@ type srcErr struct{ err error }
 
 func (e srcErr) Error() string { return e.err.Error() }
 
-// ReadFrom implements io.ReaderFrom: it reads r until io.EOF and sends
-// what it read, like a series of Writes, reading straight into the
-// connection's transmit ring (one copy less than io.Copy through a
-// buffer). It returns the bytes sent and nil at r's EOF, r's error as it
-// is, or the connection's error (*net.OpError, Op "readfrom").
-//
-// Ordering: ReadFrom occupies the write side for its whole duration;
-// other Writes, ReadFroms and WriteBuffers wait for it. CloseWrite and
-// Close do not: Close unblocks a ReadFrom waiting for credits with
-// net.ErrClosed at once, and one blocked in r.Read when r returns; bytes
-// read from r after CloseWrite or Close are dropped with EPIPE or
-// net.ErrClosed. The write deadline bounds waits for credits, not r.Read.
-// ModeTCP: io.Copy to the socket (its own ReadFrom, e.g. splice).
-func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
-	if c.mode == ModeTCP {
-		return io.Copy(c.raw, r)
-	}
+// readFrom is ReadFrom on an EXT-DS connection.
+func (c *Conn) readFrom(r io.Reader) (int64, error) {
 	c.wsem.Lock()
 	defer c.wsem.Unlock()
 	c.wmu.Lock()
@@ -156,24 +141,8 @@ func (c *Conn) readFromLocked(r io.Reader) (int64, error) {
 	}
 }
 
-// WriteTo implements io.WriterTo: it writes the stream to w until the
-// peer's SHUTDOWN (then it returns nil, as io.Copy expects), straight out
-// of the receive buffers (one copy less than io.Copy through a buffer).
-// Each w.Write gets the contiguous bytes of one received chunk or of the
-// eager buffer; what w takes is consumed and its credits go back to the
-// peer as after a Read. It returns w's error as it is, or the
-// connection's (*net.OpError, Op "writeto"; ECONNRESET after a RESET).
-//
-// WriteTo occupies the read side; other Reads wait for it. The read
-// deadline bounds the waits for data, not w.Write. Close makes it return
-// net.ErrClosed (at once when waiting, after w.Write returns when in
-// it); closing with unread data — the bytes w.Write has not returned
-// from count — resets the connection, as for Read. ModeTCP: io.Copy from
-// the socket (its own WriteTo, e.g. splice).
-func (c *Conn) WriteTo(w io.Writer) (int64, error) {
-	if c.mode == ModeTCP {
-		return io.Copy(w, c.tcp)
-	}
+// writeTo is WriteTo on an EXT-DS connection.
+func (c *Conn) writeTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	n, err := c.writeToLocked(w)

@@ -53,9 +53,7 @@ func TestReadFromWriteToContent(t *testing.T) {
 	for _, ring := range []int{DefaultRingSize, minRingSize} {
 		t.Run(map[int]string{DefaultRingSize: "default-ring", minRingSize: "min-ring"}[ring], func(t *testing.T) {
 			p := newPair(t, WithRingSize(ring))
-			c, s := p.conns(t)
-			defer c.Close()
-			defer s.Close()
+			c, s := p.openConns(t)
 			for dir, ends := range [][2]*Conn{{c, s}, {s, c}} {
 				w, r := ends[0], ends[1]
 				data := randBytes(copySizes(), uint64(dir+1))
@@ -97,9 +95,7 @@ func TestReadFromWriteToContent(t *testing.T) {
 func TestReadFromWriteToMixed(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithZCopy(ZCopyRead, 4096))
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	zsize := zcChunk + 4567
 	buf, err := c.RegisteredBuffer(zsize)
 	if err != nil {
@@ -228,9 +224,7 @@ func (endless) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 func TestReadFromWriteToDeadlines(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	start := time.Now()
 	n, err := c.ReadFrom(endless{})
@@ -293,6 +287,22 @@ func TestReadFromWriteToClose(t *testing.T) {
 			t.Fatal("still blocked 5 s after Close")
 		}
 	}
+	// inSourceRead leaves the client's ReadFrom inside its source's Read
+	// (a pipe, which has given it "first" already); the server end and
+	// the pipe are closed at the end of the test.
+	inSourceRead := func(t *testing.T) (*pair, *Conn, *io.PipeWriter, chan error) {
+		t.Helper()
+		p := newPair(t)
+		c, s := p.conns(t)
+		t.Cleanup(func() { s.Close() })
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { pw.Close() })
+		errc := make(chan error, 1)
+		go func() { _, err := c.ReadFrom(pr); errc <- err }()
+		pw.Write([]byte("first")) // ReadFrom is reading from the pipe
+		time.Sleep(20 * time.Millisecond)
+		return p, c, pw, errc
+	}
 	t.Run("readfrom-waiting-for-credits", func(t *testing.T) {
 		p := newPair(t)
 		c, s := p.conns(t)
@@ -304,15 +314,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 		waitErr(t, errc, net.ErrClosed)
 	})
 	t.Run("readfrom-in-source-read", func(t *testing.T) {
-		p := newPair(t)
-		c, s := p.conns(t)
-		defer s.Close()
-		pr, pw := io.Pipe()
-		defer pw.Close()
-		errc := make(chan error, 1)
-		go func() { _, err := c.ReadFrom(pr); errc <- err }()
-		pw.Write([]byte("first")) // ReadFrom is reading from the pipe
-		time.Sleep(20 * time.Millisecond)
+		_, c, pw, errc := inSourceRead(t)
 		closed := make(chan struct{})
 		go func() { c.Close(); close(closed) }()
 		select {
@@ -326,15 +328,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 	t.Run("device-close-waits-for-source", func(t *testing.T) {
 		// Device.Close closes the endpoints, which on shm unmaps the
 		// rings: it waits (bounded) for a ReadFrom in its source's Read.
-		p := newPair(t)
-		c, s := p.conns(t)
-		defer s.Close()
-		pr, pw := io.Pipe()
-		defer pw.Close()
-		errc := make(chan error, 1)
-		go func() { _, err := c.ReadFrom(pr); errc <- err }()
-		pw.Write([]byte("first"))
-		time.Sleep(20 * time.Millisecond)
+		p, _, pw, errc := inSourceRead(t)
 		closed := make(chan time.Time, 1)
 		start := time.Now()
 		go func() { p.devA.Close(); closed <- time.Now() }()
@@ -394,9 +388,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 	})
 	t.Run("peer-reset", func(t *testing.T) {
 		p := newPair(t)
-		c, s := p.conns(t)
-		defer c.Close()
-		defer s.Close()
+		c, s := p.openConns(t)
 		rf := make(chan error, 1)
 		go func() { _, err := c.ReadFrom(endless{}); rf <- err }()
 		wt := make(chan error, 1)

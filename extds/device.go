@@ -42,200 +42,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
 )
-
-// Tunables, with why.
-const (
-	// rxBudget is the NAPI budget: messages (and, separately, notifications)
-	// taken per poll. 64 as in EXT-Eth: one poll then costs at most ~8 KiB
-	// of copying before the loop looks at the other queue.
-	rxBudget = 64
-	// ctrlQueue bounds RESETs waiting for the control sender. A RESET is
-	// only sent on a protocol violation or to a peer writing into a closed
-	// conn; 256 outstanding means something is flooding us, and dropping
-	// (counted) is better than blocking the rx loop.
-	ctrlQueue = 256
-	// ctrlSendTimeout bounds one control Send: a peer whose mailbox stays
-	// full that long is treated as gone.
-	ctrlSendTimeout = time.Second
-	// NumVDevs is the size of the reserved VPID block (equation 5.3).
-	NumVDevs = 16
-	// DefaultBaseVPID is the first VPID of the EXT-DS block: above EXT-Eth's
-	// VPID 0, leaving 1..15 for other node services.
-	DefaultBaseVPID fabric.VPID = 16
-	// DefaultRingSize is each connection's RMA receive ring. The sender
-	// mirrors it, so a connection registers 2 MiB (plus the 64 KiB eager
-	// buffer); on shm the pages are touched only as data flows. With
-	// RMA_AVAIL at 1/4 that is 256 KiB per credit message. Between two
-	// processes on shm, 1 MiB streamed 16 KiB..1 MiB writes 1.05–1.6×
-	// faster than 512 KiB and about 2× faster than 256 KiB; 2 MiB was
-	// slower again (0.4–0.6× of 1 MiB: the rings and mirrors no longer
-	// fit the caches). docs/extds.md, "Numbers".
-	DefaultRingSize = 1 << 20
-	// DefaultEagerWindow is the receive buffer for VELO data per
-	// connection: 64 KiB = 565 fragments, about half a default mem mailbox,
-	// so eager data alone never fills the vdev's mailbox for long.
-	DefaultEagerWindow = 64 << 10
-	// DefaultThreshold is the eager/rendezvous switch. A write of up to 480
-	// bytes is at most five VELO fragments; above that one PUT plus one
-	// RMA_INFO (two operations and a notification) is cheaper than the
-	// fragment train. Same value as EXT-Eth (§5.4.6.2). See docs/extds.md
-	// for the measurement.
-	DefaultThreshold = 480
-	// DefaultZCopyThreshold: WriteBuffer below this uses BCopy; the
-	// rendezvous round trip of ZCopy only pays off for large transfers.
-	DefaultZCopyThreshold = 64 << 10
-	// zcChunk is the receiver's ZCopy sink region: one GET or PUT moves at
-	// most this much, so a huge write does not pin a huge sink.
-	zcChunk = 1 << 20
-	// DefaultTick is the housekeeping period: peer-death detection for idle
-	// connections is bounded by it.
-	DefaultTick = 200 * time.Millisecond
-	// DefaultDrainTimeout bounds how long a closed connection keeps its
-	// ring waiting for the peer to read outstanding data.
-	DefaultDrainTimeout = 30 * time.Second
-	// DefaultProbeTimeout bounds the wait for a listener probe's answer.
-	// The peer's rx loop answers within microseconds when it has a CPU,
-	// but on a loaded 2-vCPU host a probe went unanswered for more than
-	// 50 ms (TestNetperfShim under the race tests: the connection fell
-	// back and the address was then cached as plain TCP for negativeTTL).
-	// A probe that gets no answer (a node without EXT-DS on that vdev)
-	// costs this once per address and negativeTTL. No answer = no
-	// listener: the connection stays plain TCP.
-	DefaultProbeTimeout = 250 * time.Millisecond
-	// noConnLimit is the most NOCONN replies a Device sends per second.
-	// One reply is enough to fail the sender's connection; the limit only
-	// matters under a flood of forged or stale data messages.
-	noConnLimit = 256
-	// DefaultShadowGrace: after the shadow TCP conn breaks, how long a
-	// connection waits for the fabric SHUTDOWN that normally precedes it.
-	DefaultShadowGrace = time.Second
-)
-
-// Attachment is what a Device needs from the fabric: fabric.NIC satisfies
-// it. exnd will later hand app processes an Attachment that obtains their
-// endpoints over its control socket.
-type Attachment interface {
-	Node() fabric.NodeID
-	Open(v fabric.VPID) (fabric.Endpoint, error)
-	Alive(n fabric.NodeID) error
-}
-
-// Resolver maps a peer IP to its fabric node (exnd's neighbour table:
-// IP → MAC → node). ok is false for a peer not on the fabric.
-type Resolver interface {
-	Resolve(ip netip.Addr) (node fabric.NodeID, ok bool)
-}
-
-// ResolverFunc adapts a function, e.g. around arp.Table.Lookup:
-//
-//	extds.ResolverFunc(func(ip netip.Addr) (fabric.NodeID, bool) {
-//		e, ok := tbl.Lookup(ip)
-//		return e.Node, ok
-//	})
-type ResolverFunc func(ip netip.Addr) (fabric.NodeID, bool)
-
-func (f ResolverFunc) Resolve(ip netip.Addr) (fabric.NodeID, bool) { return f(ip) }
-
-// StaticResolver is a fixed IP → node map.
-type StaticResolver map[netip.Addr]fabric.NodeID
-
-func (s StaticResolver) Resolve(ip netip.Addr) (fabric.NodeID, bool) {
-	n, ok := s[ip.Unmap()]
-	return n, ok
-}
-
-type config struct {
-	base           fabric.VPID
-	ringSize       int
-	eagerWin       int
-	threshold      int
-	zcThreshold    int
-	zcMode         ZCopyMode
-	tick           time.Duration
-	drainTimeout   time.Duration
-	shadowGrace    time.Duration
-	keepShadow     bool
-	resolver       Resolver
-	log            *slog.Logger
-	handshakeTO    time.Duration
-	peekTO         time.Duration
-	negativeTTL    time.Duration
-	probeTO        time.Duration
-	claimTO        time.Duration
-	lazyOpen       bool
-	creditFraction int
-	// probeBase is the first VPID of the block that answers listener
-	// probes on peer nodes (0: base). An attached process (AttachDevice)
-	// has a VPID block of its own but probes exnd's (see attach.go).
-	probeBase fabric.VPID
-	// portHook, if set, also announces a registered port elsewhere (an
-	// attached process tells exnd); its unregister runs with the port's.
-	portHook func(port uint16) (unregister func(), err error)
-	// onClose runs at the end of Close (an attached process detaches).
-	onClose func() error
-}
-
-// Option configures a Device.
-type Option func(*config)
-
-// WithBaseVPID sets the first VPID of the 16-VPID EXT-DS block.
-func WithBaseVPID(v fabric.VPID) Option { return func(c *config) { c.base = v } }
-
-// WithRingSize sets the per-connection RMA ring (minimum 4 KiB, maximum 64
-// MiB).
-func WithRingSize(n int) Option { return func(c *config) { c.ringSize = n } }
-
-// WithEagerWindow sets the per-connection VELO receive buffer.
-func WithEagerWindow(n int) Option { return func(c *config) { c.eagerWin = n } }
-
-// WithThreshold sets the BCopy eager/rendezvous threshold in bytes.
-func WithThreshold(n int) Option { return func(c *config) { c.threshold = n } }
-
-// WithZCopy sets the ZCopy mode and the smallest WriteBuffer that uses it.
-func WithZCopy(m ZCopyMode, threshold int) Option {
-	return func(c *config) { c.zcMode, c.zcThreshold = m, threshold }
-}
-
-// WithResolver sets the resolver Dial uses to decide whether a peer is on
-// the fabric.
-func WithResolver(r Resolver) Option { return func(c *config) { c.resolver = r } }
-
-// WithLogger sets the logger (rate-limited for per-message events).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
-
-// WithTick sets the housekeeping period (peer-death detection bound).
-func WithTick(d time.Duration) Option { return func(c *config) { c.tick = d } }
-
-// WithDrainTimeout bounds background draining after Close.
-func WithDrainTimeout(d time.Duration) Option { return func(c *config) { c.drainTimeout = d } }
-
-// WithShadow says whether the shadow TCP connection stays open after the
-// handshake as a liveness aid (default true). Closing it saves one fd and
-// one goroutine per connection; peer death is then detected by fabric
-// liveness alone.
-func WithShadow(keep bool) Option { return func(c *config) { c.keepShadow = keep } }
-
-// WithHandshakeTimeout bounds the client's wait for the server's reply
-// and the server's wait for the rest of a hello; WithPeekTimeout bounds
-// the server's wait for the first bytes of a client (see docs/extds.md
-// for the trade-off).
-func WithHandshakeTimeout(d time.Duration) Option { return func(c *config) { c.handshakeTO = d } }
-
-// WithPeekTimeout: see WithHandshakeTimeout.
-func WithPeekTimeout(d time.Duration) Option { return func(c *config) { c.peekTO = d } }
-
-// WithProbeTimeout bounds the client's wait for the answer to a listener
-// probe (default DefaultProbeTimeout); no answer means no listener.
-func WithProbeTimeout(d time.Duration) Option { return func(c *config) { c.probeTO = d } }
-
-// WithEagerOpen opens all 16 endpoints in NewDevice instead of on first use.
-func WithEagerOpen() Option { return func(c *config) { c.lazyOpen = false } }
 
 // Device is one node's EXT-DS attachment: the 16 virtual-device endpoints
 // of the reserved VPID block, their rx loops, and the connection table.
@@ -460,21 +271,8 @@ func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
 		d.drop(DropMalformed, "from", fm.Peer, "tag", fm.Tag, "len", fm.Len, "err", err)
 		return
 	}
-	switch m.tag {
-	case TagProbe:
-		d.onProbe(v, fm.Peer, m)
-		return
-	case TagProbeRep:
-		d.onProbeReply(v, fm.Peer, m)
-		return
-	case TagClaim:
-		d.onClaim(v, fm.Peer, m)
-		return
-	case TagClaimRep:
-		d.onClaimReply(v, fm.Peer, m)
-		return
-	case TagNoConn:
-		d.onNoConn(v, fm.Peer, m)
+	if h := nodeHandler(m.tag); h != nil {
+		h(d, v, fm.Peer, m)
 		return
 	}
 	d.mu.RLock()
@@ -502,6 +300,25 @@ func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
 	c.onMsg(m)
 }
 
+// nodeHandler returns the handler of a message addressed to the Device
+// rather than to a connection (probe.go, claim.go), or nil. Method
+// expressions: nothing is allocated per message.
+func nodeHandler(t fabric.Tag) func(*Device, *vdev, fabric.Addr, *msg) {
+	switch t {
+	case TagProbe:
+		return (*Device).onProbe
+	case TagProbeRep:
+		return (*Device).onProbeReply
+	case TagClaim:
+		return (*Device).onClaim
+	case TagClaimRep:
+		return (*Device).onClaimReply
+	case TagNoConn:
+		return (*Device).onNoConn
+	}
+	return nil
+}
+
 // notify hands an RMA notification to the conn owning its local region.
 func (d *Device) notify(v *vdev, n *fabric.Notification) {
 	d.mu.RLock()
@@ -512,183 +329,6 @@ func (d *Device) notify(v *vdev, n *fabric.Notification) {
 		return
 	}
 	c.onNotify(n)
-}
-
-// noConn answers data for the unknown connection ID id with NOCONN,
-// rate-limited.
-func (d *Device) noConn(v *vdev, peer fabric.Addr, id uint32) {
-	if !d.noConnRL.allow(noConnLimit) {
-		d.ctr.noConnLimit.Add(1)
-		return
-	}
-	d.sendCtl(v, peer, id, TagNoConn)
-}
-
-// onNoConn fails the connection whose peer (the source) no longer knows
-// the ID it was sent to. The ID is the peer's: look it up by (source,
-// peer ID), which only the real peer can match since the fabric fills in
-// the source.
-func (d *Device) onNoConn(v *vdev, from fabric.Addr, m *msg) {
-	d.mu.RLock()
-	c := d.byPeer[peerKey{from, m.conn}]
-	d.mu.RUnlock()
-	if c == nil || c.vd != v {
-		// Both sides already released, or a forgery: counted, not logged.
-		d.ctr.drops[DropUnknownConn].Add(1)
-		return
-	}
-	d.ctr.resetsRecv.Add(1)
-	c.fail(fmt.Errorf("peer has no such connection: %w", errReset), false)
-}
-
-// onProbe answers a peer's listener probe for a port served by vdev v.
-func (d *Device) onProbe(v *vdev, from fabric.Addr, m *msg) {
-	port := uint16(m.a)
-	if int(port&0xF) != v.idx {
-		d.drop(DropProbe, "from", from, "port", port, "vdev", v.idx, "why", "probe on the wrong vdev")
-		return
-	}
-	d.mu.RLock()
-	n := d.ports[port]
-	d.mu.RUnlock()
-	var st uint8
-	if n > 0 {
-		st = 1
-	}
-	d.ctr.probesServed.Add(1)
-	select {
-	case d.ctrlq <- ctrlReq{vd: v, peer: from, conn: m.conn, tag: TagProbeRep, port: port, status: st}:
-	default:
-		d.ctr.drops[DropCtrlQueue].Add(1)
-	}
-}
-
-// onProbeReply hands an answer to the probe waiting for it.
-func (d *Device) onProbeReply(v *vdev, from fabric.Addr, m *msg) {
-	d.mu.RLock()
-	pw := d.probes[m.conn]
-	d.mu.RUnlock()
-	if pw == nil || pw.vd != v || pw.peer != from || pw.port != uint16(m.a) {
-		d.drop(DropProbe, "from", from, "token", m.conn, "port", m.a, "why", "reply matches no probe")
-		return
-	}
-	select {
-	case pw.ch <- m.b == 1:
-	default:
-		d.drop(DropProbe, "from", from, "token", m.conn, "why", "duplicate reply")
-	}
-}
-
-// RegisterPort says an EXT-DS listener for TCP port is served on this
-// node, so a peer's probe for it is answered "yes" (Listen and NewListener
-// do this themselves; exnd's shim server calls it for shimmed apps). It
-// opens the port's vdev, which must be open to receive probes and
-// connections. Registrations are counted: the port is unlisted when every
-// registration's unregister has run. unregister is idempotent.
-func (d *Device) RegisterPort(port uint16) (unregister func(), err error) {
-	if _, err := d.vdev(int(port & 0xF)); err != nil {
-		return func() {}, err
-	}
-	hookUnreg := func() {}
-	if d.cfg.portHook != nil {
-		u, err := d.cfg.portHook(port)
-		if err != nil {
-			return func() {}, err
-		}
-		hookUnreg = u
-	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		hookUnreg()
-		return func() {}, net.ErrClosed
-	}
-	d.ports[port]++
-	d.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			d.mu.Lock()
-			if d.ports[port]--; d.ports[port] <= 0 {
-				delete(d.ports, port)
-			}
-			d.mu.Unlock()
-			hookUnreg()
-		})
-	}, nil
-}
-
-// Listening reports whether port is registered (RegisterPort).
-func (d *Device) Listening(port uint16) bool {
-	d.mu.RLock()
-	auto := d.ports[port] > 0
-	d.mu.RUnlock()
-	return auto || d.claimListening(port)
-}
-
-// Probe asks node's Device whether an EXT-DS listener is registered for
-// TCP port. It sends one PROBE from the vdev of localPort (the prober's
-// side of the shadow connection) to VPID base + (port & 0xF) on node —
-// the prober's own base, or, in a process attached through exnd
-// (AttachDevice), exnd's block, which answers for the node's attached
-// listeners too — and waits at most the probe timeout;
-// a node whose vdev for port is not open, or no answer in time, is
-// "no". The error is non-nil only when ctx ends or the Device is closed.
-func (d *Device) Probe(ctx context.Context, node fabric.NodeID, localPort, port uint16) (bool, error) {
-	v, err := d.vdev(int(localPort & 0xF))
-	if err != nil {
-		return false, err
-	}
-	pbase := d.cfg.probeBase
-	if pbase == 0 {
-		pbase = d.cfg.base
-	}
-	pw := &probeWait{vd: v, peer: fabric.Addr{Node: node, VPID: pbase + fabric.VPID(port&0xF)}, port: port, ch: make(chan bool, 1)}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return false, net.ErrClosed
-	}
-	for {
-		d.nextTok++
-		if d.nextTok != 0 && d.probes[d.nextTok] == nil {
-			break
-		}
-	}
-	tok := d.nextTok
-	d.probes[tok] = pw
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		delete(d.probes, tok)
-		d.mu.Unlock()
-	}()
-	pctx, cancel := context.WithTimeout(ctx, d.cfg.probeTO)
-	defer cancel()
-	var fm [1]fabric.Message
-	encProbe(&fm[0], pw.peer, TagProbe, tok, port, 0)
-	d.ctr.probes.Add(1)
-	if _, err := v.ep.Send(pctx, fm[:]); err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		if errors.Is(err, net.ErrClosed) {
-			return false, err
-		}
-		return false, nil // unknown node or vdev, peer down, mailbox stuck: no
-	}
-	select {
-	case ok := <-pw.ch:
-		return ok, nil
-	case <-pctx.Done():
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		d.ctr.probeTimeouts.Add(1)
-		return false, nil
-	case <-d.ctx.Done():
-		return false, net.ErrClosed
-	}
 }
 
 // sendCtl queues a control message for the control sender; it never
@@ -803,13 +443,7 @@ func (d *Device) register(c *Conn) error {
 	if d.closed {
 		return net.ErrClosed
 	}
-	for {
-		d.nextID++
-		if d.nextID != 0 && d.conns[d.nextID] == nil {
-			break
-		}
-	}
-	c.id = d.nextID
+	c.id = freeID(&d.nextID, d.conns)
 	d.conns[c.id] = c
 	if len(d.conns) == 1 {
 		select {
@@ -838,26 +472,6 @@ func (d *Device) unregister(c *Conn) {
 		delete(d.conns, c.id)
 	}
 	d.mu.Unlock()
-}
-
-func (d *Device) negative(addr string) bool {
-	d.negMu.Lock()
-	defer d.negMu.Unlock()
-	until, ok := d.neg[addr]
-	if ok && time.Now().After(until) {
-		delete(d.neg, addr)
-		return false
-	}
-	return ok
-}
-
-func (d *Device) setNegative(addr string) {
-	d.negMu.Lock()
-	if len(d.neg) > 4096 { // bound the cache; forget everything rather than grow
-		clear(d.neg)
-	}
-	d.neg[addr] = time.Now().Add(d.cfg.negativeTTL)
-	d.negMu.Unlock()
 }
 
 // closePinWait bounds how long Close waits for a ReadFrom in its source's

@@ -21,4 +21,28 @@
 // shimsrv uses them for exnd's LD_PRELOAD shim.
 //
 // Wire formats, choices and numbers: docs/extds.md.
+//
+// Where things are: conn.go is the Conn type and the one place its mode
+// is dispatched; fallback.go the TCP fallback; stream*.go the EXT-DS data
+// path (stream.go shared machinery, stream_write.go, stream_read.go,
+// stream_rx.go the rx loop's handlers, stream_close.go), copy.go
+// ReadFrom/WriteTo, zcopy.go ZCopy; handshake.go the set-up over the
+// shadow connection, dial.go the Dialer, listen.go the Listener, claim.go
+// the out-of-band agreement, probe.go the listener probe and other
+// node-level messages; device.go the Device and its rx pipeline,
+// config.go its options and tunables; attach.go a process attached
+// through exnd; wire.go the message formats. Each file opens with its
+// locks.
+//
+// # Ownership and imports
+//
+// extds owns the EXT-DS protocol: the Device (the virtual-device VPIDs,
+// their rx loops, the connection table), the handshake and the fallback
+// decision, the claim and probe exchanges, Conn and Listener, and the
+// wire formats of all its messages. The fabric (its contract and
+// counters) belongs to fabric, the control socket and its framing to
+// control, the shim's operations to extds/shimsrv. It may import fabric,
+// fabric/shm (only to attach a separate process to an shm fabric,
+// AttachDevice), control and the standard library; never exn, tap or a
+// daemon package. extds/shimsrv, metrics, perf and the daemon import it.
 package extds

@@ -17,9 +17,7 @@ func TestRingFull(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	const ring = 16 << 10
 	p := newPair(t, WithRingSize(ring), WithEagerWindow(8<<10))
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	total := 1 << 20
 	if testenv.Small() {
 		total = 256 << 10
@@ -111,9 +109,7 @@ func TestZCopy(t *testing.T) {
 	for _, mode := range []ZCopyMode{ZCopyRead, ZCopyWrite} {
 		t.Run(map[ZCopyMode]string{ZCopyRead: "read", ZCopyWrite: "write"}[mode], func(t *testing.T) {
 			p := newPair(t, WithZCopy(mode, 4096))
-			c, s := p.conns(t)
-			defer c.Close()
-			defer s.Close()
+			c, s := p.openConns(t)
 			buf, err := c.RegisteredBuffer(size + 10)
 			if err != nil {
 				t.Fatal(err)
@@ -161,9 +157,7 @@ func TestPutsInFlightBound(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	const size = 1000 // above the threshold: one PUT each
 	p := newPair(t, WithRingSize(1<<20), WithEagerWindow(16<<10))
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	const n = 300 // > maxPutsInFlight; 300 KB, far below the ring
 	if maxPutsInFlight >= n {
 		t.Fatalf("test needs more than maxPutsInFlight (%d) writes", maxPutsInFlight)

@@ -60,6 +60,15 @@ func newPair(t testing.TB, opts ...Option) *pair {
 	return p
 }
 
+// openConns is conns with both ends closed (server first) at the end of
+// the test.
+func (p *pair) openConns(t testing.TB) (client, server *Conn) {
+	t.Helper()
+	c, s := p.conns(t)
+	t.Cleanup(func() { s.Close(); c.Close() })
+	return c, s
+}
+
 // conns dials one connection and accepts it.
 func (p *pair) conns(t testing.TB) (client, server *Conn) {
 	t.Helper()
@@ -133,3 +142,27 @@ func transfer(t testing.TB, w io.WriteCloser, r io.Reader, sizes []int, write fu
 }
 
 var _ = net.ErrClosed
+
+// loopListener listens on a loopback port for the test's duration.
+func loopListener(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// registeredListener is loopListener with its port registered on dev
+// (Device.RegisterPort) for the test's duration, as a Listener would.
+func registeredListener(t testing.TB, dev *Device) net.Listener {
+	t.Helper()
+	ln := loopListener(t)
+	unreg, err := dev.RegisterPort(uint16(ln.Addr().(*net.TCPAddr).Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unreg)
+	return ln
+}

@@ -27,9 +27,7 @@ func le32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
 func TestForgedMessagesFromStranger(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	raw, err := p.nicA.Open(200)
 	if err != nil {
 		t.Fatal(err)
@@ -87,9 +85,7 @@ func TestProtocolViolationFromPeer(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, WithEagerWindow(1024))
-			c, s := p.conns(t)
-			defer c.Close()
-			defer s.Close()
+			c, s := p.openConns(t)
 			c2, s2 := p.conns(t) // sibling: same server port, so same server vdev
 			defer c2.Close()
 			defer s2.Close()

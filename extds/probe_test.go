@@ -150,9 +150,7 @@ func TestForgedProbes(t *testing.T) {
 	if ok, err := p.devA.Probe(t.Context(), nodeB, 1, lnPort); !ok || err != nil {
 		t.Fatalf("probe after forgeries: %v, %v", ok, err)
 	}
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	transfer(t, c, s, []int{100, 10000}, c.Write)
 }
 
@@ -273,9 +271,7 @@ func TestNoConnInFlight(t *testing.T) {
 func TestNoConnForged(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	raw, err := p.nicB.Open(201)
 	if err != nil {
 		t.Fatal(err)

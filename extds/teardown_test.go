@@ -120,9 +120,7 @@ func TestLinger(t *testing.T) {
 func TestCloseWriteHalfClose(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	if _, err := c.Write([]byte("request")); err != nil {
 		t.Fatal(err)
 	}
@@ -152,9 +150,7 @@ func TestCloseWriteHalfClose(t *testing.T) {
 func TestPeerDeath(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithTick(50*time.Millisecond))
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	errc := make(chan error, 2)
 	go func() { _, err := c.Read(make([]byte, 10)); errc <- err }() // idle reader
 	go func() { _, err := s.Read(make([]byte, 10)); errc <- err }()
@@ -180,9 +176,7 @@ func TestPeerDeath(t *testing.T) {
 func TestShadowLoss(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithTick(50*time.Millisecond))
-	c, s := p.conns(t)
-	defer c.Close()
-	defer s.Close()
+	c, s := p.openConns(t)
 	s.shadow.Close() // the peer's socket dies, the fabric does not say so
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := c.Read(make([]byte, 1))

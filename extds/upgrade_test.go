@@ -49,16 +49,7 @@ func peekFirst(t testing.TB, c net.Conn, n int) (net.Conn, []byte) {
 func TestUpgradeAcceptShadow(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	unreg, err := p.devB.RegisterPort(uint16(ln.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unreg()
+	ln := registeredListener(t, p.devB)
 	cl, sv := shadowPair(t, ln)
 	type res struct {
 		c   *Conn
@@ -98,11 +89,7 @@ func TestUpgradeAcceptShadow(t *testing.T) {
 func TestUpgradeFallback(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopListener(t)
 	tests := []struct {
 		name     string
 		resolver Resolver
@@ -172,11 +159,7 @@ func TestClassifyPeek(t *testing.T) {
 func TestAcceptShadowBadHello(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithHandshakeTimeout(100*time.Millisecond))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopListener(t)
 	tests := []struct {
 		name string
 		send string
@@ -213,16 +196,7 @@ func TestAcceptShadowBadHello(t *testing.T) {
 func TestUpgradeNoAnswer(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithHandshakeTimeout(100*time.Millisecond))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	unreg, err := p.devB.RegisterPort(uint16(ln.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unreg()
+	ln := registeredListener(t, p.devB)
 	cl, sv := shadowPair(t, ln)
 	defer cl.Close()
 	defer sv.Close()
@@ -247,16 +221,7 @@ func TestUpgradeNoAnswer(t *testing.T) {
 	}
 
 	// A cancelled context fails the upgrade (a fresh, registered address).
-	ln2, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln2.Close()
-	unreg2, err := p.devB.RegisterPort(uint16(ln2.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unreg2()
+	ln2 := registeredListener(t, p.devB)
 	cl3, sv3 := shadowPair(t, ln2)
 	defer cl3.Close()
 	defer sv3.Close()

@@ -113,16 +113,8 @@ type Buffer struct {
 	b   []byte
 }
 
-// RegisteredBuffer allocates size bytes of fabric-registered memory for
-// WriteBuffer. In ModeTCP it returns ordinary memory (WriteBuffer then
-// writes it to the socket), so callers need no mode check.
-func (c *Conn) RegisteredBuffer(size int) (*Buffer, error) {
-	if size <= 0 || size > maxZCopy {
-		return nil, c.opErr("register", fmt.Errorf("buffer size %d not in 1..%d", size, maxZCopy))
-	}
-	if c.mode == ModeTCP {
-		return &Buffer{c: c, b: make([]byte, size)}, nil
-	}
+// registeredBuffer is RegisteredBuffer on an EXT-DS connection.
+func (c *Conn) registeredBuffer(size int) (*Buffer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.released {
@@ -160,18 +152,8 @@ func (b *Buffer) Release() error {
 	return nil // released with the connection
 }
 
-// WriteBuffer writes b.Bytes()[off:off+n]. From ZCopy threshold bytes up,
-// on an EXT-DS connection with ZCopy enabled, the data moves zero-copy by
-// RMA straight out of b, and the call blocks until the peer has read all
-// of it; otherwise it is a Write. b must not change until it returns. A
-// deadline that expires during a ZCopy transfer resets the connection.
-func (c *Conn) WriteBuffer(b *Buffer, off, n int) (int, error) {
-	if b == nil || b.c != c || off < 0 || n < 0 || off > len(b.b) || n > len(b.b)-off {
-		return 0, c.opErr("write", errors.New("buffer range invalid or not of this connection"))
-	}
-	if c.mode == ModeTCP || c.cfg.zcMode == ZCopyOff || n < c.cfg.zcThreshold || b.reg.NLA == 0 {
-		return c.Write(b.b[off : off+n])
-	}
+// writeBuffer is a ZCopy WriteBuffer.
+func (c *Conn) writeBuffer(b *Buffer, off, n int) (int, error) {
 	c.wsem.Lock()
 	defer c.wsem.Unlock()
 	c.wmu.Lock()

@@ -108,14 +108,7 @@ func TestThreeNodes(t *testing.T) {
 	t.Run("iperf3", func(t *testing.T) {
 		for _, p := range pairs {
 			a, b := nodes[p[0]], nodes[p[1]]
-			r, err := nstest.Iperf3(t, b.NS, a.NS, b.IP.String(), 2)
-			if err != nil {
-				t.Fatalf("tcp node %d -> %d: %v", a.ID, b.ID, err)
-			}
-			t.Logf("tcp node %d -> %d: %.2f Gbit/s, %d retransmits", a.ID, b.ID, r.BitsPerSecond/1e9, r.Retransmits)
-			if r.BitsPerSecond < 50e6 {
-				t.Errorf("tcp node %d -> %d: %.1f Mbit/s, want at least 50", a.ID, b.ID, r.BitsPerSecond/1e6)
-			}
+			checkTCP(t, a, b)
 			u, err := nstest.Iperf3(t, b.NS, a.NS, b.IP.String(), 2, "-u", "-b", "100M")
 			if err != nil {
 				t.Fatalf("udp node %d -> %d: %v", a.ID, b.ID, err)
@@ -130,14 +123,7 @@ func TestThreeNodes(t *testing.T) {
 	t.Run("sockperf", func(t *testing.T) {
 		for _, p := range pairs {
 			a, b := nodes[p[0]], nodes[p[1]]
-			r, err := nstest.Sockperf(t, b.NS, a.NS, b.IP.String(), 2)
-			if err != nil {
-				t.Fatalf("node %d -> %d: %v", a.ID, b.ID, err)
-			}
-			t.Logf("sockperf node %d -> %d: p50 %.1f us, p99 %.1f us, %d observations", a.ID, b.ID, r.P50, r.P99, r.Observations)
-			if r.Observations < 100 {
-				t.Errorf("node %d -> %d: only %d round trips in 2 s", a.ID, b.ID, r.Observations)
-			}
+			checkSockperf(t, a, b)
 		}
 	})
 
@@ -146,23 +132,8 @@ func TestThreeNodes(t *testing.T) {
 	// node's shm files are reclaimed, and a restarted node 3 rejoins.
 	t.Run("kill", func(t *testing.T) {
 		n1, n2, n3 := nodes[0], nodes[1], nodes[2]
-		port := fmt.Sprint(nstest.Port())
-		srv := n3.NS.Start(t, "iperf3", "-s", "-1", "-B", n3.IP.String(), "-p", port)
-		if err := n3.NS.WaitListening(srv, port, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		// --snd-timeout bounds how long the client keeps unacknowledged
-		// data towards the dead node; the Wait below bounds it anyway.
-		cli := n1.NS.Start(t, "iperf3", "-c", n3.IP.String(), "-p", port, "-t", "6", "--connect-timeout", "2000", "--snd-timeout", "3000", "--forceflush")
-		// Let the transfer get going, then kill node 3's exnd.
-		if err := nstest.Eventually(5*time.Second, func() error {
-			if !strings.Contains(cli.Output(), "bits/sec") {
-				return fmt.Errorf("no iperf3 interval yet: %s", cli.Output())
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		srv, cli := iperfTowards(t, n1, n3)
+		// Then kill node 3's exnd.
 		if err := n3.Proc.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -170,33 +141,7 @@ func TestThreeNodes(t *testing.T) {
 			t.Fatalf("node 3 exnd exited cleanly after SIGKILL?")
 		}
 		start := time.Now()
-		if _, err := nstest.Ping(n1.NS, n2.IP.String(), 3, 1000, "5a"); err != nil {
-			t.Errorf("after kill, 1 -> 2: %v", err)
-		}
-		if _, err := nstest.Ping(n2.NS, n1.IP.String(), 3, 20000, "a5"); err != nil {
-			t.Errorf("after kill, 2 -> 1: %v", err)
-		}
-		if r, err := nstest.Iperf3(t, n2.NS, n1.NS, n2.IP.String(), 2); err != nil {
-			t.Errorf("after kill, iperf3 1 -> 2: %v", err)
-		} else {
-			t.Logf("after kill, iperf3 1 -> 2: %.2f Gbit/s", r.BitsPerSecond/1e9)
-		}
-		// The dead node is unreachable, and saying so takes no longer
-		// than ping's own deadline.
-		if _, err := n1.NS.Run(5*time.Second, "ping", "-n", "-c", "1", "-W", "1", n3.IP.String()); err == nil ||
-			strings.Contains(err.Error(), "timed out") {
-			t.Errorf("ping to dead node 3: want a prompt failure, got %v", err)
-		}
-		// The iperf3 client towards the dead node must end, on its own.
-		if err := cli.Wait(20*time.Second - time.Since(start)); err != nil && strings.Contains(err.Error(), "still running") {
-			t.Errorf("iperf3 towards the dead node hung: %v\n%s", err, cli.Output())
-		}
-		_ = srv.Wait(0)
-		for _, n := range []*nstest.Node{n1, n2} {
-			if n.Proc.Exited() {
-				t.Errorf("node %d exnd exited after node 3 died:\n%s", n.ID, n.Proc.Output())
-			}
-		}
+		checkSurvivors(t, n1, n2, n3, srv, cli, start)
 		// Survivors reclaim the dead node's shm files.
 		if err := nstest.Eventually(10*time.Second, func() error {
 			if f := nodeShmFiles(fab, 3); len(f) > 0 {

@@ -192,15 +192,7 @@ func TestInterop(t *testing.T) {
 		if err != nil {
 			t.Fatalf("iperf3: %v\n%s\nserver:\n%s", err, out, srv.Output())
 		}
-		var j struct {
-			End struct {
-				SumReceived struct {
-					Bytes         float64 `json:"bytes"`
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-			Error string `json:"error"`
-		}
+		var j iperfOut
 		if err := json.Unmarshal([]byte(out), &j); err != nil || j.Error != "" || j.End.SumReceived.Bytes < 1<<20 {
 			t.Fatalf("iperf3: %v %q, received %.0f bytes\n%s", err, j.Error, j.End.SumReceived.Bytes, out)
 		}

@@ -35,6 +35,20 @@ func liveness(t *testing.T, n *nstest.Node) netLiveness {
 	return l
 }
 
+// seenDown says why n does not yet see node dead down: its liveness still
+// counts it up or has not counted one more peer-down than before, or its
+// neighbour table still holds entries learned from it.
+func seenDown(t *testing.T, n *nstest.Node, dead int, before netLiveness) error {
+	l := liveness(t, n)
+	if slices.Contains(l.Up, dead) || l.PeerDown != before.PeerDown+1 {
+		return fmt.Errorf("liveness %+v (before %+v)", l, before)
+	}
+	if ln := learnedNodes(t, n); slices.Contains(ln, dead) {
+		return fmt.Errorf("learned entries of nodes %v", ln)
+	}
+	return nil
+}
+
 // learnedNodes returns the nodes with a learned entry in n's neighbour
 // table (exnctl neighbors).
 func learnedNodes(t *testing.T, n *nstest.Node) []int {
@@ -159,26 +173,12 @@ func TestNetFabric(t *testing.T) {
 
 	t.Run("iperf3", func(t *testing.T) {
 		a, b := nodes[0], nodes[1]
-		r, err := nstest.Iperf3(t, b.NS, a.NS, b.IP.String(), 2)
-		if err != nil {
-			t.Fatalf("tcp node %d -> %d: %v", a.ID, b.ID, err)
-		}
-		t.Logf("tcp node %d -> %d: %.2f Gbit/s, %d retransmits", a.ID, b.ID, r.BitsPerSecond/1e9, r.Retransmits)
-		if r.BitsPerSecond < 50e6 {
-			t.Errorf("tcp node %d -> %d: %.1f Mbit/s, want at least 50", a.ID, b.ID, r.BitsPerSecond/1e6)
-		}
+		checkTCP(t, a, b)
 	})
 
 	t.Run("sockperf", func(t *testing.T) {
 		a, b := nodes[1], nodes[2]
-		r, err := nstest.Sockperf(t, b.NS, a.NS, b.IP.String(), 2)
-		if err != nil {
-			t.Fatalf("node %d -> %d: %v", a.ID, b.ID, err)
-		}
-		t.Logf("sockperf node %d -> %d: p50 %.1f us, p99 %.1f us, %d observations", a.ID, b.ID, r.P50, r.P99, r.Observations)
-		if r.Observations < 100 {
-			t.Errorf("node %d -> %d: only %d round trips in 2 s", a.ID, b.ID, r.Observations)
-		}
+		checkSockperf(t, a, b)
 	})
 
 	// A silent peer: SIGSTOP freezes node 3's exnd with its TCP
@@ -209,15 +209,7 @@ func TestNetFabric(t *testing.T) {
 		// it, one 100 ms liveness poll, plus slack for a loaded machine.
 		const bound = 1500 * time.Millisecond
 		for i, n := range nodes[:2] {
-			err := nstest.Eventually(bound, func() error {
-				if l := liveness(t, n); slices.Contains(l.Up, 3) || l.PeerDown != before[i].PeerDown+1 {
-					return fmt.Errorf("liveness %+v", l)
-				}
-				if ln := learnedNodes(t, n); slices.Contains(ln, 3) {
-					return fmt.Errorf("learned entries of nodes %v", ln)
-				}
-				return nil
-			})
+			err := nstest.Eventually(bound, func() error { return seenDown(t, n, 3, before[i]) })
 			if err != nil {
 				t.Errorf("node %d: frozen node 3 not seen down within %v: %v", n.ID, bound, err)
 			} else {
@@ -264,20 +256,7 @@ func netKill(t *testing.T, c *nstest.NetCluster) {
 		}
 	}
 
-	port := strconv.Itoa(nstest.Port())
-	srv := n3.NS.Start(t, "iperf3", "-s", "-1", "-B", n3.IP.String(), "-p", port)
-	if err := n3.NS.WaitListening(srv, port, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	cli := n1.NS.Start(t, "iperf3", "-c", n3.IP.String(), "-p", port, "-t", "6", "--connect-timeout", "2000", "--snd-timeout", "3000", "--forceflush")
-	if err := nstest.Eventually(5*time.Second, func() error {
-		if !strings.Contains(cli.Output(), "bits/sec") {
-			return fmt.Errorf("no iperf3 interval yet: %s", cli.Output())
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	srv, cli := iperfTowards(t, n1, n3)
 	if err := n3.Proc.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -289,16 +268,7 @@ func netKill(t *testing.T, c *nstest.NetCluster) {
 	// Seen down: liveness counted it, its learned entries are gone.
 	const bound = 2 * time.Second
 	for _, n := range []*nstest.Node{n1, n2} {
-		err := nstest.Eventually(bound, func() error {
-			l := liveness(t, n)
-			if slices.Contains(l.Up, 3) || l.PeerDown != before[n].PeerDown+1 {
-				return fmt.Errorf("liveness %+v (before %+v)", l, before[n])
-			}
-			if ln := learnedNodes(t, n); slices.Contains(ln, 3) {
-				return fmt.Errorf("learned entries of nodes %v", ln)
-			}
-			return nil
-		})
+		err := nstest.Eventually(bound, func() error { return seenDown(t, n, 3, before[n]) })
 		if err != nil {
 			t.Errorf("node %d: node 3 not seen down %v after the kill: %v", n.ID, bound, err)
 		} else {
@@ -327,32 +297,7 @@ func netKill(t *testing.T, c *nstest.NetCluster) {
 	t.Logf("node 1 after the kill: drops peer-down %v, advert_timeouts %v, adverts_refused %v",
 		drops["peer-down"], e["advert_timeouts"], e["adverts_refused"])
 	// Survivors keep working.
-	if _, err := nstest.Ping(n1.NS, n2.IP.String(), 3, 1000, "5a"); err != nil {
-		t.Errorf("after kill, 1 -> 2: %v", err)
-	}
-	if _, err := nstest.Ping(n2.NS, n1.IP.String(), 3, 20000, "a5"); err != nil {
-		t.Errorf("after kill, 2 -> 1: %v", err)
-	}
-	if r, err := nstest.Iperf3(t, n2.NS, n1.NS, n2.IP.String(), 2); err != nil {
-		t.Errorf("after kill, iperf3 1 -> 2: %v", err)
-	} else {
-		t.Logf("after kill, iperf3 1 -> 2: %.2f Gbit/s", r.BitsPerSecond/1e9)
-	}
-	// The dead node is unreachable, promptly.
-	if _, err := n1.NS.Run(5*time.Second, "ping", "-n", "-c", "1", "-W", "1", n3.IP.String()); err == nil ||
-		strings.Contains(err.Error(), "timed out") {
-		t.Errorf("ping to dead node 3: want a prompt failure, got %v", err)
-	}
-	if err := cli.Wait(20*time.Second - time.Since(killed)); err != nil && strings.Contains(err.Error(), "still running") {
-		t.Errorf("iperf3 towards the dead node hung: %v\n%s", err, cli.Output())
-	}
-	_ = srv.Wait(0)
-
-	for _, n := range []*nstest.Node{n1, n2} {
-		if n.Proc.Exited() {
-			t.Errorf("node %d exnd exited after node 3 died:\n%s", n.ID, n.Proc.Output())
-		}
-	}
+	checkSurvivors(t, n1, n2, n3, srv, cli, killed)
 
 	// Rejoin: the same ID, the same peers file, the others untouched.
 	pids := []int{n1.Proc.Pid(), n2.Proc.Pid()}
@@ -384,14 +329,7 @@ func netKill(t *testing.T, c *nstest.NetCluster) {
 //
 //	EXN_PERF=1 go test -run TestNetPerf -v ./integration/
 func TestNetPerf(t *testing.T) {
-	if os.Getenv("EXN_PERF") != "1" {
-		t.Skip("set EXN_PERF=1 to measure")
-	}
-	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "ping")
-	secs := 3
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
-		secs = s
-	}
+	secs := perfSecs(t)
 	exnd := nstest.Build(t)
 	c := nstest.StartNetCluster(t, exnd, 51, []int{1, 2})
 	a, b := c.Nodes[0], c.Nodes[1]

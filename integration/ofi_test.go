@@ -74,14 +74,7 @@ func TestOFIFabric(t *testing.T) {
 //
 //	EXN_PERF=1 go test -tags ofi -run TestOFIvsNetPerf -v ./integration/
 func TestOFIvsNetPerf(t *testing.T) {
-	if os.Getenv("EXN_PERF") != "1" {
-		t.Skip("set EXN_PERF=1 to measure")
-	}
-	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "ping")
-	secs := 3
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
-		secs = s
-	}
+	secs := perfSecs(t)
 	exnd := nstest.Build(t)
 	oc := nstest.StartUnderlayCluster(t, exnd, "ofi:tcp", ofiPort, 32, []int{1, 2})
 	nc := nstest.StartUnderlayCluster(t, exnd, "net", nstest.NetPort, 52, []int{1, 2})

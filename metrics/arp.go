@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"strconv"
-
 	"github.com/exn-project/exn/arp"
 	"github.com/exn-project/exn/fabric"
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,8 +10,8 @@ import (
 // "neighbor"), labelled with the node ID. stats is called once per scrape
 // (arp.Table.Stats fits).
 func Neighbors(node fabric.NodeID, stats func() arp.Stats) prometheus.Collector {
-	b := &builder[arp.Stats]{subsystem: "neighbor", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
 	type S = arp.Stats
+	b := nodeBuilder[S]("neighbor", node)
 	b.gauge("entries", "Entries in the neighbour table (IP to MAC to node), learned and static.", func(s *S) float64 { return float64(s.Entries) })
 	b.counter("observed_frames_total", "ARP and NDP frames examined.", func(s *S) uint64 { return s.Observed })
 	b.counter("learned_total", "New entries learned from ARP/NDP.", func(s *S) uint64 { return s.Learned })

@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"strconv"
-
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
@@ -12,8 +10,8 @@ import (
 // Control returns a collector for exnd's control socket counters
 // (control.Server.Stats): connections, requests, and refusals by reason.
 func Control(node fabric.NodeID, stats func() control.ServerStats) prometheus.Collector {
-	b := &builder[control.ServerStats]{subsystem: "control", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
 	type S = control.ServerStats
+	b := nodeBuilder[S]("control", node)
 	b.counter("connections_total", "Control socket connections accepted.", func(s *S) uint64 { return s.Accepted })
 	b.gauge("active_connections", "Control socket connections open now.", func(s *S) float64 { return float64(s.Active) })
 	b.counter("requests_total", "Control request lines answered.", func(s *S) uint64 { return s.Requests })
@@ -25,15 +23,15 @@ func Control(node fabric.NodeID, stats func() control.ServerStats) prometheus.Co
 // connections switched onto EXT-DS, fallbacks to plain TCP and refusals,
 // each by reason.
 func Shim(node fabric.NodeID, stats func() shimsrv.Stats) prometheus.Collector {
-	b := &builder[shimsrv.Stats]{subsystem: "shim", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
 	type S = shimsrv.Stats
+	b := nodeBuilder[S]("shim", node)
 	b.counter("switched_total", "Shimmed connections spliced onto EXT-DS.", func(s *S) uint64 { return s.Switched })
 	b.counterMap("fallbacks_total", "Shimmed connections left as plain TCP, by reason (the decline codes of docs/extds.md).", "reason", func(s *S) map[string]uint64 { return s.Fallbacks })
 	b.counterMap("refused_total", "Shim requests refused, by reason (not_owner, not_listening, bad_request, ...).", "reason", func(s *S) map[string]uint64 { return s.Refused })
 	b.counter("errors_total", "shim-connect/shim-accept operations that failed.", func(s *S) uint64 { return s.Errors })
 	b.gauge("active_connections", "Switched shim connections open now.", func(s *S) float64 { return float64(s.Active) })
 	b.gauge("listeners", "Listener registrations.", func(s *S) float64 { return float64(s.Listens) })
-	b.counterVec("bytes_total", "Bytes spliced, by direction: in (fabric to application), out.", "direction", []labelled[S]{
+	b.counterVec("bytes_total", "Bytes spliced, by direction: in (fabric to application), out.", "direction", []labelled[S, uint64]{
 		{"in", func(s *S) uint64 { return s.BytesIn }},
 		{"out", func(s *S) uint64 { return s.BytesOut }},
 	})
@@ -49,8 +47,8 @@ type AttachStats struct {
 
 // Attach returns a collector for exnd's kernel-bypass lease service.
 func Attach(node fabric.NodeID, stats func() AttachStats) prometheus.Collector {
-	b := &builder[AttachStats]{subsystem: "attach", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
 	type S = AttachStats
+	b := nodeBuilder[S]("attach", node)
 	b.counter("granted_total", "VPID leases granted (extds-attach).", func(s *S) uint64 { return s.Attached })
 	b.counter("detached_total", "Leases given back (extds-detach).", func(s *S) uint64 { return s.Detached })
 	b.counter("reclaimed_total", "Leases ended because the holder let go or died.", func(s *S) uint64 { return s.Reclaimed })

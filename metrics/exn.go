@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"strconv"
-
 	"github.com/exn-project/exn/exn"
 	"github.com/exn-project/exn/fabric"
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,8 +10,8 @@ import (
 // "eth"), labelled with the node ID. stats is called once per scrape
 // (exn.Engine.Stats fits).
 func Engine(node fabric.NodeID, stats func() exn.Stats) prometheus.Collector {
-	b := &builder[exn.Stats]{subsystem: "eth", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
 	type S = exn.Stats
+	b := nodeBuilder[S]("eth", node)
 	dirs := []string{"tx", "rx"}
 	protos := make([]string, exn.NumProtos)
 	for p := range exn.NumProtos {
@@ -33,12 +31,12 @@ func Engine(node fabric.NodeID, stats func() exn.Stats) prometheus.Collector {
 			}
 			return s.RxBytes[p]
 		})
-	drops := make([]labelled[S], 0, exn.NumDropReasons-1)
+	drops := make([]labelled[S, uint64], 0, exn.NumDropReasons-1)
 	for r := exn.DropNone + 1; r < exn.NumDropReasons; r++ {
-		drops = append(drops, labelled[S]{r.String(), func(s *S) uint64 { return s.Drops[r] }})
+		drops = append(drops, labelled[S, uint64]{r.String(), func(s *S) uint64 { return s.Drops[r] }})
 	}
 	b.counterVec("drops_total", "Frames and messages dropped by the engine, by reason.", "reason", drops)
-	b.gaugeVec("slots_in_use", "Registered frame buffers in use: tx (advertised, not yet pulled) and rx (GET in flight or awaiting delivery).", "direction", []labelledGauge[S]{
+	b.gaugeVec("slots_in_use", "Registered frame buffers in use: tx (advertised, not yet pulled) and rx (GET in flight or awaiting delivery).", "direction", []labelled[S, float64]{
 		{"tx", func(s *S) float64 { return float64(s.TxSlotsInUse) }},
 		{"rx", func(s *S) float64 { return float64(s.RxSlotsInUse) }},
 	})
@@ -47,11 +45,11 @@ func Engine(node fabric.NodeID, stats func() exn.Stats) prometheus.Collector {
 	b.gauge("waiting_adverts", "Received adverts queued for a free receive buffer.", func(s *S) float64 { return float64(s.WaitingAdverts) })
 	b.counter("advert_timeouts_total", "Transmit slots reclaimed because their advert was never pulled.", func(s *S) uint64 { return s.AdvertTimeouts })
 	b.counter("adverts_refused_total", "Transmit slots freed by a receiver's refusal of the advert.", func(s *S) uint64 { return s.AdvertsRefused })
-	b.counterVec("refusals_total", "Advert refusals this receiver sent back, by outcome.", "outcome", []labelled[S]{
+	b.counterVec("refusals_total", "Advert refusals this receiver sent back, by outcome.", "outcome", []labelled[S, uint64]{
 		{"sent", func(s *S) uint64 { return s.RefusalsSent }},
 		{"lost", func(s *S) uint64 { return s.RefusalsLost }},
 	})
-	b.counterVec("unmatched_notifications_total", "RMA notifications that matched no transfer, by kind.", "kind", []labelled[S]{
+	b.counterVec("unmatched_notifications_total", "RMA notifications that matched no transfer, by kind.", "kind", []labelled[S, uint64]{
 		{"late_responder", func(s *S) uint64 { return s.LateResponders }},
 		{"unmatched", func(s *S) uint64 { return s.UnmatchedNotify }},
 	})

@@ -10,34 +10,34 @@ import (
 // Fabric returns a collector for one NIC's counters, labelled with its
 // node ID. stats is called once per scrape (fabric.NIC.Stats fits).
 func Fabric(node fabric.NodeID, stats func() fabric.Stats) prometheus.Collector {
-	b := &builder[fabric.Stats]{subsystem: "fabric", constant: prometheus.Labels{"node": strconv.Itoa(int(node))}}
 	type S = fabric.Stats
-	b.counterVec("velo_messages_total", "VELO messages by direction.", "direction", []labelled[S]{
+	b := nodeBuilder[S]("fabric", node)
+	b.counterVec("velo_messages_total", "VELO messages by direction.", "direction", []labelled[S, uint64]{
 		{"tx", func(s *S) uint64 { return s.VELOSent }},
 		{"rx", func(s *S) uint64 { return s.VELORecv }},
 	})
-	b.counterVec("velo_bytes_total", "VELO payload bytes by direction.", "direction", []labelled[S]{
+	b.counterVec("velo_bytes_total", "VELO payload bytes by direction.", "direction", []labelled[S, uint64]{
 		{"tx", func(s *S) uint64 { return s.VELOSentBytes }},
 		{"rx", func(s *S) uint64 { return s.VELORecvBytes }},
 	})
 	b.counter("velo_multicast_messages_total", "VELO multicast messages sent.", func(s *S) uint64 { return s.MulticastSent })
 	b.counter("velo_send_blocked_total", "VELO sends that waited on a full mailbox (back-pressure).", func(s *S) uint64 { return s.SendBlocked })
-	b.counterVec("rma_requests_total", "RMA requests posted by operation.", "op", []labelled[S]{
+	b.counterVec("rma_requests_total", "RMA requests posted by operation.", "op", []labelled[S, uint64]{
 		{"put", func(s *S) uint64 { return s.RMAPut }},
 		{"get", func(s *S) uint64 { return s.RMAGet }},
 	})
 	b.counter("rma_bytes_total", "Bytes moved by RMA requests posted here.", func(s *S) uint64 { return s.RMABytes })
-	b.counterVec("notifications_total", "RMA notifications written, by kind.", "kind", []labelled[S]{
+	b.counterVec("notifications_total", "RMA notifications written, by kind.", "kind", []labelled[S, uint64]{
 		{"requester", func(s *S) uint64 { return s.NotifyRequester }},
 		{"completer", func(s *S) uint64 { return s.NotifyCompleter }},
 		{"responder", func(s *S) uint64 { return s.NotifyResponder }},
 	})
-	b.counterVec("notification_errors_total", "RMA error notifications, by error.", "error", []labelled[S]{
+	b.counterVec("notification_errors_total", "RMA error notifications, by error.", "error", []labelled[S, uint64]{
 		{"access", func(s *S) uint64 { return s.NotifyErrAccess }},
 		{"bounds", func(s *S) uint64 { return s.NotifyErrBounds }},
 		{"peer_down", func(s *S) uint64 { return s.NotifyErrPeerDown }},
 	})
-	b.counterVec("errors_total", "Requests refused or input dropped by the NIC, by reason.", "reason", []labelled[S]{
+	b.counterVec("errors_total", "Requests refused or input dropped by the NIC, by reason.", "reason", []labelled[S, uint64]{
 		{"invalid", func(s *S) uint64 { return s.Invalid }},
 		{"peer_down", func(s *S) uint64 { return s.PeerDown }},
 		{"unknown_node", func(s *S) uint64 { return s.UnknownNode }},

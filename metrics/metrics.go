@@ -3,6 +3,9 @@ package metrics
 import (
 	"net/http"
 	"sort"
+	"strconv"
+
+	"github.com/exn-project/exn/fabric"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -75,6 +78,16 @@ type builder[S any] struct {
 	families  []family[S]
 }
 
+// nodeBuilder starts the collector of one layer on one node: subsystem,
+// the "node" label and any further constant label pairs (name, value).
+func nodeBuilder[S any](subsystem string, node fabric.NodeID, labelPairs ...string) *builder[S] {
+	l := prometheus.Labels{"node": strconv.Itoa(int(node))}
+	for i := 0; i+1 < len(labelPairs); i += 2 {
+		l[labelPairs[i]] = labelPairs[i+1]
+	}
+	return &builder[S]{subsystem: subsystem, constant: l}
+}
+
 func (b *builder[S]) add(name, help string, typ prometheus.ValueType, labelNames []string, samples func(s *S, emit func(v float64, labels ...string))) {
 	b.families = append(b.families, family[S]{
 		desc:    prometheus.NewDesc(prometheus.BuildFQName(Namespace, b.subsystem, name), help, labelNames, b.constant),
@@ -94,14 +107,23 @@ func (b *builder[S]) gauge(name, help string, v func(s *S) float64) {
 }
 
 // labelled is one label value and how to read its sample.
-type labelled[S any] struct {
+type labelled[S any, V uint64 | float64] struct {
 	value string
-	read  func(s *S) uint64
+	read  func(s *S) V
 }
 
 // counterVec adds a counter with one label whose values are fixed.
-func (b *builder[S]) counterVec(name, help, label string, vals []labelled[S]) {
-	b.add(name, help, prometheus.CounterValue, []string{label}, func(s *S, emit func(float64, ...string)) {
+func (b *builder[S]) counterVec(name, help, label string, vals []labelled[S, uint64]) {
+	addVec(b, name, help, label, prometheus.CounterValue, vals)
+}
+
+// gaugeVec adds a gauge with one label whose values are fixed.
+func (b *builder[S]) gaugeVec(name, help, label string, vals []labelled[S, float64]) {
+	addVec(b, name, help, label, prometheus.GaugeValue, vals)
+}
+
+func addVec[S any, V uint64 | float64](b *builder[S], name, help, label string, typ prometheus.ValueType, vals []labelled[S, V]) {
+	b.add(name, help, typ, []string{label}, func(s *S, emit func(float64, ...string)) {
 		for _, lv := range vals {
 			emit(float64(lv.read(s)), lv.value)
 		}
@@ -110,21 +132,6 @@ func (b *builder[S]) counterVec(name, help, label string, vals []labelled[S]) {
 
 func (b *builder[S]) collector(read func() S) prometheus.Collector {
 	return &snapshotCollector[S]{read: read, families: b.families}
-}
-
-// labelledGauge is one label value of a gauge and how to read it.
-type labelledGauge[S any] struct {
-	value string
-	read  func(s *S) float64
-}
-
-// gaugeVec adds a gauge with one label whose values are fixed.
-func (b *builder[S]) gaugeVec(name, help, label string, vals []labelledGauge[S]) {
-	b.add(name, help, prometheus.GaugeValue, []string{label}, func(s *S, emit func(float64, ...string)) {
-		for _, lv := range vals {
-			emit(lv.read(s), lv.value)
-		}
-	})
 }
 
 // counterMap adds a counter with one label whose values are the keys of

@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"strconv"
-
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/tap"
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,17 +11,17 @@ import (
 // fabric to host (frames exnd wrote). stats is called once per scrape
 // (tap.TAP.Stats fits).
 func TAP(node fabric.NodeID, ifname string, stats func() tap.Stats) prometheus.Collector {
-	b := &builder[tap.Stats]{subsystem: "tap", constant: prometheus.Labels{"node": strconv.Itoa(int(node)), "ifname": ifname}}
 	type S = tap.Stats
-	b.counterVec("frames_total", "Frames read from (rx) and written to (tx) the TAP.", "direction", []labelled[S]{
+	b := nodeBuilder[S]("tap", node, "ifname", ifname)
+	b.counterVec("frames_total", "Frames read from (rx) and written to (tx) the TAP.", "direction", []labelled[S, uint64]{
 		{"rx", func(s *S) uint64 { return s.RxFrames }},
 		{"tx", func(s *S) uint64 { return s.TxFrames }},
 	})
-	b.counterVec("bytes_total", "Frame bytes read from (rx) and written to (tx) the TAP.", "direction", []labelled[S]{
+	b.counterVec("bytes_total", "Frame bytes read from (rx) and written to (tx) the TAP.", "direction", []labelled[S, uint64]{
 		{"rx", func(s *S) uint64 { return s.RxBytes }},
 		{"tx", func(s *S) uint64 { return s.TxBytes }},
 	})
-	b.counterVec("errors_total", "TAP read errors (rx) and frames the kernel refused (tx).", "direction", []labelled[S]{
+	b.counterVec("errors_total", "TAP read errors (rx) and frames the kernel refused (tx).", "direction", []labelled[S, uint64]{
 		{"rx", func(s *S) uint64 { return s.RxErrors }},
 		{"tx", func(s *S) uint64 { return s.TxErrors }},
 	})

@@ -1,6 +1,29 @@
-// Package shimsrv serves the LD_PRELOAD shim's control operations inside
-// exnd; the protocol, goroutines and locks are described after this
-// section (shimsrv.go).
+// Package shimsrv is exnd's side of the LD_PRELOAD shim (libextds.so): the
+// control-socket operations through which the shim registers listening
+// sockets and hands over connected TCP sockets, and the splice that moves
+// a switched connection's bytes between an AF_UNIX socketpair end (which
+// the shim dup3's over the application's descriptor) and an extds.Conn.
+//
+// Protocol (version 2; control lines "OP ARGS\n", one JSON response line
+// {"ok":..,"data":..,"error":..}, descriptors as SCM_RIGHTS; no request
+// names a PID: the kernel says who calls, by SO_PEERCRED):
+//
+//	shim-hello 2              → {"version":2}
+//	shim-listen   + socket    → {"port":P}  register the listening socket
+//	shim-unlisten PORT        → {}          drop the caller's gone sockets
+//	shim-connect  + fd        → {"mode":"extds","id":N} + socketpair end
+//	                          | {"mode":"tcp","reason":R}  (no fd)
+//	shim-accept   + fd        → same as shim-connect (claimed out of band)
+//
+// Any failure is {"ok":false,"error":"..."}; the shim then keeps plain
+// TCP. docs/extds.md ("Shim server") has the behaviour in detail.
+//
+// Where things are: shimsrv.go (the Server, its counters and Close),
+// listen.go (the listen registry and its sweeper), switch.go
+// (shim-connect / shim-accept), splice.go (the bytes of a switched
+// connection), owner.go (which registration covers an accept), state.go
+// (registrations across exnd restarts). Each file opens with its
+// goroutines and locks.
 //
 // # Ownership and imports
 //

@@ -186,6 +186,19 @@ func pairUp(t *testing.T, a, b *node, ln net.Listener) (client, server *app) {
 	return client, r.a
 }
 
+// switchedPair makes two nodes, a listener on b served by b's shim server
+// and one connection through it, both apps closed (server first) at the
+// end of the test.
+func switchedPair(t *testing.T) (a, b *node, ln net.Listener, client, server *app) {
+	t.Helper()
+	a, b = newNodes(t)
+	ln = listenTCP(t)
+	b.listen(t, ln)
+	client, server = pairUp(t, a, b, ln)
+	t.Cleanup(func() { server.Close(); client.Close() })
+	return a, b, ln, client, server
+}
+
 func listenTCP(t *testing.T) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -243,12 +256,7 @@ func recvSum(t *testing.T, r io.Reader, n int) [32]byte {
 func TestSwitchedBothWays(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
-	a, b := newNodes(t)
-	ln := listenTCP(t)
-	b.listen(t, ln)
-	client, server := pairUp(t, a, b, ln)
-	defer client.Close()
-	defer server.Close()
+	a, b, _, client, server := switchedPair(t)
 
 	size := 6 << 20
 	if testenv.Small() {
@@ -338,12 +346,7 @@ func TestSwitchedBothWays(t *testing.T) {
 func TestPingPongDelivery(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
-	a, b := newNodes(t)
-	ln := listenTCP(t)
-	b.listen(t, ln)
-	client, server := pairUp(t, a, b, ln)
-	defer client.Close()
-	defer server.Close()
+	a, b, _, client, server := switchedPair(t)
 	const rounds = 200
 	errc := make(chan error, 1)
 	go func() {
@@ -416,12 +419,7 @@ func TestResetPropagates(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b := newNodes(t)
-			ln := listenTCP(t)
-			b.listen(t, ln)
-			client, server := pairUp(t, a, b, ln)
-			defer client.Close()
-			defer server.Close()
+			a, b, _, client, server := switchedPair(t)
 			if _, err := client.Write([]byte("unread by the server")); err != nil {
 				t.Fatal(err)
 			}
@@ -718,12 +716,7 @@ func TestListenLifecycle(t *testing.T) {
 func TestCloseWithActiveConnections(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
-	a, b := newNodes(t)
-	ln := listenTCP(t)
-	b.listen(t, ln)
-	client, server := pairUp(t, a, b, ln)
-	defer client.Close()
-	defer server.Close()
+	a, b, ln, client, server := switchedPair(t)
 	if err := b.srv.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -750,12 +743,7 @@ func TestCloseWithActiveConnections(t *testing.T) {
 // otherwise), so a bulk
 // stream is not limited to the kernel's 208 KiB default in flight.
 func TestSocketBuffers(t *testing.T) {
-	a, b := newNodes(t)
-	ln := listenTCP(t)
-	b.listen(t, ln)
-	client, server := pairUp(t, a, b, ln)
-	defer client.Close()
-	defer server.Close()
+	a, b, _, client, server := switchedPair(t)
 	limit := func(name string) int {
 		raw, err := os.ReadFile("/proc/sys/net/core/" + name)
 		if err != nil {

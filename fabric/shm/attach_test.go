@@ -18,55 +18,6 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// lender returns nic's Lender side.
-func lender(t testing.TB, nic fabric.NIC) Lender {
-	t.Helper()
-	l, ok := nic.(Lender)
-	if !ok {
-		t.Fatalf("%T is not a Lender", nic)
-	}
-	return l
-}
-
-func recvOne(t testing.TB, ctx context.Context, ep fabric.Endpoint) fabric.Message {
-	t.Helper()
-	var b [1]fabric.Message
-	for {
-		n, err := ep.Recv(b[:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			return b[0]
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("wait: %v", err)
-		}
-	}
-}
-
-func sendOne(t testing.TB, ctx context.Context, ep fabric.Endpoint, to fabric.Addr, tag fabric.Tag, payload string) {
-	t.Helper()
-	var m fabric.Message
-	m.Peer, m.Tag = to, tag
-	m.SetPayload([]byte(payload))
-	if _, err := ep.Send(ctx, []fabric.Message{m}); err != nil {
-		t.Fatalf("send to %v: %v", to, err)
-	}
-}
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // TestAttachGrants: grant checks (bad tokens, wrong PID, wrong node, a
 // revoked grant, VPIDs outside the grant, double attach, overlapping
 // grants), then the attached endpoints do VELO and RMA both ways with a
@@ -76,21 +27,9 @@ func TestAttachGrants(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	owner, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	peerNIC, err := Open(fab, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peerNIC.Close()
-	own, err := owner.Open(20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Close()
+	owner := openNIC(t, fab, 1)
+	peerNIC := openNIC(t, fab, 2)
+	own := open1(t, owner, 20)
 	l := lender(t, owner)
 
 	// Grant validation.
@@ -206,11 +145,7 @@ func TestAttachGrants(t *testing.T) {
 	// Traffic between the attached endpoint and node 2.
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	pe, err := peerNIC.Open(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pe.Close()
+	pe := open1(t, peerNIC, 5)
 	sendOne(t, ctx, pe, fabric.Addr{Node: 1, VPID: 32}, 3, "to the app")
 	if m := recvOne(t, ctx, ep); string(m.Payload()) != "to the app" || m.Peer != (fabric.Addr{Node: 2, VPID: 5}) {
 		t.Fatalf("app got %q from %v", m.Payload(), m.Peer)
@@ -418,27 +353,7 @@ func attachHelper(role, fab string) error {
 		}
 		fmt.Println("OK", ep.Addr())
 		ctx := context.Background()
-		buf := make([]fabric.Message, 16)
-		for {
-			n, err := ep.Recv(buf)
-			if err != nil {
-				return err
-			}
-			for i := range buf[:n] {
-				if buf[i].Tag == tagStall {
-					select {}
-				}
-				buf[i].Peer = fabric.Addr{Node: 2, VPID: 5}
-			}
-			if _, err := ep.Send(ctx, buf[:n]); err != nil {
-				return err
-			}
-			if n == 0 {
-				if err := ep.Wait(ctx); err != nil {
-					return err
-				}
-			}
-		}
+		return echo(ctx, ep, fabric.Addr{Node: 2, VPID: 5})
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
@@ -495,21 +410,9 @@ func readLine(t *testing.T, r *bufio.Reader) string {
 func TestAttachChildApp(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	fab := uniqueFabric(t)
-	owner, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	peerNIC, err := Open(fab, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peerNIC.Close()
-	pe, err := peerNIC.Open(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pe.Close()
+	owner := openNIC(t, fab, 1)
+	peerNIC := openNIC(t, fab, 2)
+	pe := open1(t, peerNIC, 5)
 	l := lender(t, owner)
 
 	cmd, out, say := startHelper(t, "app", fab)
@@ -601,16 +504,8 @@ func TestAttachOwnerDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	peerNIC, err := Open(fab, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peerNIC.Close()
-	pe, err := peerNIC.Open(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pe.Close()
+	peerNIC := openNIC(t, fab, 2)
+	pe := open1(t, peerNIC, 5)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	sendOne(t, ctx, pe, ep.Addr(), 1, "x")
@@ -651,11 +546,7 @@ func TestAttachOwnerDies(t *testing.T) {
 	}
 	waitFor(t, "node 2 to see node 1 down", func() bool { return errors.Is(peerNIC.Alive(1), fabric.ErrPeerDown) })
 	// A restarted owner of node 1 rejoins; the stale grant is refused.
-	re, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer re.Close()
+	openNIC(t, fab, 1)
 	if a2, err := Attach(fab, 1, g); err == nil {
 		a2.Close()
 		t.Fatal("a grant of the dead owner attached to its successor")

@@ -151,30 +151,11 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	ep := open1(t, nic, 1)
 	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	recv1 := func() fabric.Message {
-		t.Helper()
-		var b [1]fabric.Message
-		for {
-			n, err := ep.Recv(b[:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 1 {
-				return b[0]
-			}
-			if err := ep.Wait(ctx); err != nil {
-				t.Fatalf("waiting for the child: %v", err)
-			}
-		}
-	}
+	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
 	if m := recv1(); m.Tag != tagRegion {
 		t.Fatalf("first message tag %d", m.Tag)
 	}
@@ -241,16 +222,8 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	fab := uniqueFabric(t)
-	nic, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	nic := openNIC(t, fab, 1)
+	ep := open1(t, nic, 1)
 	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -278,16 +251,8 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 			t.Fatalf("dead node's file left: %s", f)
 		}
 	}
-	again, err := Open(fab, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer again.Close()
-	ep2, err := again.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep2.Close()
+	again := openNIC(t, fab, 2)
+	open1(t, again, 1)
 	if now := bells(); len(now) != 1 || now[0] == old[0] {
 		t.Fatalf("restarted node's doorbell %v (the dead one was %v)", now, old)
 	}
@@ -397,20 +362,7 @@ func TestBellFallback(t *testing.T) {
 	wake := func(from, to fabric.Endpoint) time.Duration {
 		t.Helper()
 		got := make(chan error, 1)
-		go func() {
-			var m [1]fabric.Message
-			for {
-				n, err := to.Recv(m[:])
-				if err != nil || n == 1 {
-					got <- err
-					return
-				}
-				if err := to.Wait(ctx); err != nil {
-					got <- err
-					return
-				}
-			}
-		}()
+		go func() { _, err := awaitOne(ctx, to, to.Recv); got <- err }()
 		waitFor(t, "the consumer to sleep", func() bool {
 			v := to.(*endpoint).v
 			return v.sleepers.Load()+v.bellW.Load() != 0
@@ -424,16 +376,8 @@ func TestBellFallback(t *testing.T) {
 	}
 
 	// 1. A futex-mode NIC and a bell-mode NIC wake each other.
-	ea, err := a.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ea.Close()
-	eb, err := b.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eb.Close()
+	ea := open1(t, a, 1)
+	eb := open1(t, b, 1)
 	for i := 0; i < 5; i++ {
 		if d := wake(ea, eb); d > promptWake {
 			t.Fatalf("bell producer → futex consumer: %v", d)
@@ -481,11 +425,7 @@ func TestBellFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	e4, err := c.Open(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e4.Close()
+	e4 := open1(t, c, 4)
 	os.Remove(e4.(*endpoint).bellPath)
 	failed := wakeStats(t, a).RingFailed
 	wake(ea, e4)
@@ -495,16 +435,6 @@ func TestBellFallback(t *testing.T) {
 	if w := wakeStats(t, c); w.Backstops == 0 {
 		t.Errorf("consumer not woken by its backstop: %+v", w)
 	}
-}
-
-func open1(t testing.TB, nic fabric.NIC, v fabric.VPID) fabric.Endpoint {
-	t.Helper()
-	ep, err := nic.Open(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ep.Close() })
-	return ep
 }
 
 // TestConcurrentWaitsDistinctContexts: two Waits on one endpoint, asleep
@@ -566,20 +496,7 @@ func TestBellOwnNotification(t *testing.T) {
 	defer cancel()
 	for i := 0; i < 5; i++ {
 		got := make(chan error, 1)
-		go func() {
-			var ns [1]fabric.Notification
-			for {
-				n, err := a.PollNotifications(ns[:])
-				if err != nil || n == 1 {
-					got <- err
-					return
-				}
-				if err := a.Wait(ctx); err != nil {
-					got <- err
-					return
-				}
-			}
-		}()
+		go func() { _, err := awaitOne(ctx, a, a.PollNotifications); got <- err }()
 		waitFor(t, "the consumer to sleep", func() bool {
 			v := a.(*endpoint).v
 			return v.sleepers.Load()+v.bellW.Load() != 0

@@ -615,11 +615,7 @@ func TestCABIAttachRefusals(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	bin := buildCPeer(t)
 	fab := uniqueFabric(t)
-	owner, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
+	owner := openNIC(t, fab, 1)
 	c := startCPeer(t, bin)
 	g, err := lender(t, owner).Grant(10, 2, c.pid())
 	if err != nil {
@@ -709,11 +705,7 @@ func TestCABIPeerDies(t *testing.T) {
 
 	// (2) on a fabric of its own: node 2 is TestHelperProcess's child.
 	fab := uniqueFabric(t)
-	owner, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
+	owner := openNIC(t, fab, 1)
 	ep := open1(t, owner, 1)
 	child := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	if m := recvOne(t, ctx, ep); m.Tag != tagRegion {

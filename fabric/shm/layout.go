@@ -21,7 +21,7 @@ const (
 	vpidMagic   = 0x31564d4853584e45 // "ENXSHMV1"
 	fabricMagic = 0x31464d4853584e45 // "ENXSHMF1"
 	// layoutVersion 2: the lease table in the node header and the region
-	// table extended by the leases' region blocks (see attach.go).
+	// table extended by the leases' region blocks (see lease.go).
 	// 3: the VPID header's wait mode, rung and bell-sleeper words (a
 	// consumer may sleep on a doorbell FIFO that version-2 producers would
 	// never ring).
@@ -61,7 +61,7 @@ const (
 	nodeFileSize = nOffRegions + maxTableRegions*regionEntrySize
 )
 
-// Lease table (attach.go): maxLeases entries of leaseEntrySize bytes at
+// Lease table (lease.go): maxLeases entries of leaseEntrySize bytes at
 // nOffLeases, in the node file's header page. Lease s owns region indices
 // leaseRegionLo(s) .. +leaseRegions-1, above the owner's own 1..maxNodeRegions.
 const (

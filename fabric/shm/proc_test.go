@@ -67,30 +67,7 @@ func child(fab string) error {
 	if _, err := ep.Send(ctx, []fabric.Message{m}); err != nil {
 		return err
 	}
-	buf := make([]fabric.Message, 16)
-	for {
-		n, err := ep.Recv(buf)
-		if err != nil {
-			return err
-		}
-		for i := range buf[:n] {
-			switch buf[i].Tag {
-			case tagStop:
-				return nil
-			case tagStall:
-				select {} // hold the full mailbox until SIGKILL
-			}
-			buf[i].Peer = fabric.Addr{Node: 1, VPID: 1}
-		}
-		if _, err := ep.Send(ctx, buf[:n]); err != nil {
-			return err
-		}
-		if n == 0 {
-			if err := ep.Wait(ctx); err != nil {
-				return err
-			}
-		}
-	}
+	return echo(ctx, ep, fabric.Addr{Node: 1, VPID: 1})
 }
 
 // startChild re-executes the test binary to run only the helper test
@@ -120,16 +97,8 @@ func TestTwoProcesses(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	nic, err := Open(fab, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	nic := openNIC(t, fab, 1)
+	ep := open1(t, nic, 1)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"="+fab)
@@ -146,22 +115,7 @@ func TestTwoProcesses(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	recv1 := func() fabric.Message {
-		t.Helper()
-		var b [1]fabric.Message
-		for {
-			n, err := ep.Recv(b[:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 1 {
-				return b[0]
-			}
-			if err := ep.Wait(ctx); err != nil {
-				t.Fatalf("waiting for the child: %v", err)
-			}
-		}
-	}
+	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
 	child := fabric.Addr{Node: 2, VPID: 1}
 
 	// 1. The child announces its region.
@@ -273,21 +227,4 @@ func TestTwoProcesses(t *testing.T) {
 		t.Fatalf("reopen node 2: %v", err)
 	}
 	again.Close()
-}
-
-func pollOne(t testing.TB, ep fabric.Endpoint, ctx context.Context) fabric.Notification {
-	t.Helper()
-	var ns [1]fabric.Notification
-	for {
-		n, err := ep.PollNotifications(ns[:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			return ns[0]
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("waiting for a notification: %v", err)
-		}
-	}
 }

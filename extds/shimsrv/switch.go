@@ -1,0 +1,333 @@
+package shimsrv
+
+// shim-connect / shim-accept: the application hands exnd its connected or
+// accepted TCP socket; exnd upgrades it to EXT-DS (extds.Dialer.Upgrade
+// for a connect, a claim, a peek and extds.Device.AcceptShadow for an
+// accept) and answers with one end of an AF_UNIX socketpair, which the
+// shim dup3's over the application's descriptor, or says "tcp" with the
+// reason and leaves the socket as it was (nothing written into it).
+//
+// Locks: none held across the handshake. enter counts the operation
+// under s.mu so Close can wait for it; the switched connection is entered
+// in s.conns by start (splice.go), under s.mu, only once its splice can
+// run. Each operation is bounded by opTimeout and the caller's context.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/internal/sys"
+)
+
+// SwitchResult is the data of shim-connect and shim-accept: Mode "extds"
+// with the connection's ID (the socketpair end comes with it), or "tcp"
+// with the fallback reason.
+type SwitchResult struct {
+	Mode   string `json:"mode"`
+	ID     uint64 `json:"id,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// enter counts an operation in progress, unless the server is closed.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) (any, *os.File, error) {
+	op := "shim-" + side
+	who, err := s.caller(ctx, op)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(r.Args) != 0 || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 socket descriptor, got %d and %d", op, len(r.Args), len(r.Files))
+	}
+	pid := who.PID
+	if !s.enter() {
+		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
+	}
+	defer s.wg.Done()
+	res, out, err := s.switchSocket(ctx, r.Files[0], who, side)
+	if err != nil {
+		s.errs.Add(1)
+		s.logConn(slog.LevelWarn, "extds shim: "+op+" failed", "pid", pid, "err", err)
+		return nil, nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return res, out, nil
+}
+
+// switchSocket upgrades the application's socket f. f stays owned by the
+// control server (it closes it after the response); exnd works on a dup.
+func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string) (any, *os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	var isTCP, nonblock bool
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr == nil {
+			nonblock, ierr = sys.Nonblocking(int(fd))
+		}
+	}); err != nil {
+		return nil, nil, err
+	}
+	if ierr != nil {
+		return nil, nil, ierr
+	}
+	if !isTCP {
+		return nil, nil, errors.New("descriptor is not a TCP socket")
+	}
+	if side == sideAccept {
+		var la netip.AddrPort
+		if err := rc.Control(func(fd uintptr) { la, ierr = sys.SockName(int(fd)) }); err != nil || ierr != nil {
+			return nil, nil, errors.Join(err, ierr)
+		}
+		if !s.mayAccept(who, la) {
+			// Another user's registration: no claim is made for this
+			// connection, so its client is never told to go ahead.
+			_ = s.refuse(ReasonNotOwner, "shim-accept: port %d is registered by another user", la.Port())
+			s.fallback(ReasonNotOwner)
+			return SwitchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
+		}
+	}
+	// net.FileConn dups f and sets O_NONBLOCK, which lives in the open
+	// file description the application shares: restore it whenever the
+	// application keeps its socket (fallback, error).
+	restore := func() {
+		_ = rc.Control(func(fd uintptr) { _ = sys.SetNonblocking(int(fd), nonblock) })
+	}
+	nc, err := net.FileConn(f)
+	if err != nil {
+		restore()
+		return nil, nil, err
+	}
+	shadow, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		restore()
+		return nil, nil, fmt.Errorf("descriptor is a %T, not a TCP connection", nc)
+	}
+	if shadow.RemoteAddr() == nil {
+		shadow.Close()
+		restore()
+		return nil, nil, errors.New("descriptor is not a connected TCP socket (accept it first)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+
+	var c *extds.Conn
+	if side == sideConnect {
+		c, err = s.dialer.Upgrade(ctx, shadow)
+	} else {
+		c, err = s.accept(ctx, shadow)
+	}
+	if err != nil {
+		shadow.Close()
+		restore()
+		return nil, nil, err
+	}
+	if c.Mode() != extds.ModeEXTDS {
+		why, _ := c.FallbackReason()
+		c.Close() // the dup only
+		restore()
+		s.fallback(why.String())
+		return SwitchResult{Mode: "tcp", Reason: why.String()}, nil, nil
+	}
+	app, mine, err := sys.Socketpair("extds-shim")
+	if err != nil {
+		abort(c)
+		return nil, nil, err
+	}
+	if err := sizeBuffers(app); err != nil {
+		app.Close()
+		mine.Close()
+		abort(c)
+		return nil, nil, err
+	}
+	mc, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		app.Close()
+		abort(c)
+		return nil, nil, err
+	}
+	uc, ok := mc.(*net.UnixConn)
+	if !ok {
+		mc.Close()
+		app.Close()
+		abort(c)
+		return nil, nil, fmt.Errorf("socketpair end is a %T", mc)
+	}
+	if err := setBuffers(uc); err != nil {
+		uc.Close()
+		app.Close()
+		abort(c)
+		return nil, nil, err
+	}
+	urc, err := uc.SyscallConn()
+	if err != nil {
+		uc.Close()
+		app.Close()
+		abort(c)
+		return nil, nil, err
+	}
+	e := &conn{
+		pid: who.PID, uid: who.UID, side: side, c: c, uc: uc, since: time.Now(),
+		local: c.LocalAddr().String(), remote: c.RemoteAddr().String(),
+		kick: make(chan struct{}, 1), urc: urc,
+	}
+	if fp, ok := c.FabricPeer(); ok {
+		e.peer = fp.String()
+	}
+	if !s.start(e) {
+		app.Close()
+		e.uc.Close()
+		abort(c)
+		return nil, nil, errors.New("exnd is shutting down")
+	}
+	s.switched.Add(1)
+	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", who.PID,
+		"uid", who.UID, "local", e.local, "remote", e.remote, "peer", e.peer)
+	return SwitchResult{Mode: "extds", ID: e.id}, app, nil
+}
+
+// setBuffers sets uc's socket buffers to SockBuf: past
+// net.core.wmem_max/rmem_max when exnd has CAP_NET_ADMIN (a stock
+// kernel's 208 KiB limit would otherwise undo the point), capped by them
+// otherwise.
+func setBuffers(uc *net.UnixConn) error {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("socket buffer: %w", err)
+	}
+	return sys.SetSockBuf(rc, SockBuf)
+}
+
+// sizeBuffers sets the socket buffers of the application's end f
+// through a dup (closed again). The dup makes f's open file
+// non-blocking; the shim sets O_NONBLOCK as the application's
+// descriptor had it when it installs the socket.
+func sizeBuffers(f *os.File) error {
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("socketpair end is a %T", nc)
+	}
+	return setBuffers(uc)
+}
+
+func abort(c *extds.Conn) {
+	_ = c.SetLinger(0)
+	_ = c.Close()
+}
+
+// rawFD runs fn on f's descriptor.
+func rawFD(f *os.File, fn func(fd int)) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { fn(int(fd)) })
+}
+
+// accept decides an accepted socket's mode. It claims the connection
+// (extds.Device.Claim: the client's exnd is told to go ahead only now,
+// when a shimmed acceptor with exnd access holds the socket), then peeks
+// the first bytes without consuming them: an EXT-DS hello runs the
+// server handshake, anything else leaves the socket plain TCP with its
+// stream untouched. A client whose IP is not on the fabric cannot send a
+// hello: no wait. Otherwise the wait is the peek timeout plus the claim
+// timeout, extended to the handshake timeout once the client was told to
+// go ahead. Trade-off: a plain client on the fabric of a
+// server-speaks-first protocol waits that long once per connection.
+func (s *Server) accept(ctx context.Context, shadow *net.TCPConn) (*extds.Conn, error) {
+	la, lok := tcpAddrPort(shadow.LocalAddr())
+	ra, rok := tcpAddrPort(shadow.RemoteAddr())
+	if !lok || !rok || !s.dev.OnFabric(ra.Addr()) {
+		return s.dev.AcceptShadow(ctx, shadow, nil)
+	}
+	cl := s.dev.Claim(extds.TupleKey{Local: la, Remote: ra})
+	defer cl.Close()
+	// The client's CLAIM may still be on its way (its exnd sends it after
+	// the TCP handshake and a control round trip): wait as long as the
+	// client would wait for the answer, on top of the peek timeout.
+	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout)
+	if hello, plain := extds.ClassifyPeek(peeked); err == nil && !hello && !plain && cl.Close() {
+		// Agreed: the hello is on its way (or the client gave up at the
+		// same moment and writes its own bytes): wait for them.
+		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.dev.AcceptShadow(ctx, shadow, peeked)
+}
+
+func tcpAddrPort(a net.Addr) (netip.AddrPort, bool) {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return t.AddrPort(), true
+}
+
+// peek waits (bounded by to) for the first bytes of an accepted socket
+// without consuming them: until they are an EXT-DS hello, certainly not
+// one, EOF, or the timeout. It waits in Go's poller (the socket is
+// non-blocking), not in a blocked system call. A timeout with nothing
+// read returns no bytes (plain TCP), or with some, those.
+func (s *Server) peek(shadow *net.TCPConn, to time.Duration) ([]byte, error) {
+	rc, err := shadow.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, extds.HelloPrefixLen)
+	_ = shadow.SetReadDeadline(time.Now().Add(to))
+	defer shadow.SetReadDeadline(time.Time{})
+	var n int
+	var perr error
+	err = rc.Read(func(fd uintptr) bool {
+		k, e := sys.RecvPeek(int(fd), buf)
+		if sys.IsEAGAIN(e) {
+			return false // nothing yet: wait for readability
+		}
+		if e != nil {
+			perr = e
+			return true
+		}
+		n = k
+		if k == 0 {
+			return true // EOF before any byte
+		}
+		hello, plain := extds.ClassifyPeek(buf[:k])
+		return hello || plain // a strict prefix of the magic: wait for more
+	})
+	if perr != nil {
+		return nil, perr
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, err
+	}
+	return buf[:n], nil // a timeout leaves whatever arrived: plain TCP
+}
