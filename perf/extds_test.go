@@ -443,22 +443,8 @@ func BenchmarkExtDS(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	va, vb := nstest.NewNetns(b, "va"), nstest.NewNetns(b, "vb")
-	_, vethB := nstest.Veth(b, va, vb, 12)
-	exnd := nstest.Build(b)
-	fab := nstest.ShmFabric(b)
-	n1 := nstest.StartNode(b, exnd, fab, 11, 1)
-	n2 := nstest.StartNode(b, exnd, fab, 11, 2)
-	// ARP both ways, so exnd's neighbour table (the attached resolver)
-	// knows node 2's address.
-	for _, f := range []func() error{
-		func() error { _, err := nstest.Ping(va, vethB, 2, 56, ""); return err },
-		func() error { _, err := nstest.Ping(n1.NS, n2.IP.String(), 2, 56, ""); return err },
-	} {
-		if err := f(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	p := newPair(b, 12, 11)
+	va, vb, vethB, n1, n2 := p.va, p.vb, p.vethB, p.n1, p.n2
 
 	copyEnv := dsCopyEnv + "=" + os.Getenv(dsCopyEnv)
 	hashEnv := dsHashEnv + "=" + os.Getenv(dsHashEnv)

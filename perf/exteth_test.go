@@ -36,21 +36,8 @@ func BenchmarkExtEth(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip", "iperf3", "sockperf")
 	d := secs()
 
-	va, vb := nstest.NewNetns(b, "va"), nstest.NewNetns(b, "vb")
-	_, vethB := nstest.Veth(b, va, vb, 9)
-	exnd := nstest.Build(b)
-	fab := nstest.ShmFabric(b)
-	n1 := nstest.StartNode(b, exnd, fab, 9, 1)
-	n2 := nstest.StartNode(b, exnd, fab, 9, 2)
-	// Warm up ARP and both paths.
-	for _, f := range []func() error{
-		func() error { _, err := nstest.Ping(va, vethB, 2, 56, ""); return err },
-		func() error { _, err := nstest.Ping(n1.NS, n2.IP.String(), 2, 56, ""); return err },
-	} {
-		if err := f(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	p := newPair(b, 9, 9)
+	va, vb, vethB, n1, n2 := p.va, p.vb, p.vethB, p.n1, p.n2
 
 	type row struct {
 		name, unit   string

@@ -29,20 +29,8 @@ import (
 //	go test -run '^$' -bench Wakeup -benchtime 1x -timeout 15m ./perf/
 func BenchmarkWakeup(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip", "ping", "sockperf", "gcc")
-	va, vb := nstest.NewNetns(b, "va"), nstest.NewNetns(b, "vb")
-	_, vethB := nstest.Veth(b, va, vb, 11)
-	exnd := nstest.Build(b)
-	fab := nstest.ShmFabric(b)
-	n1 := nstest.StartNode(b, exnd, fab, 11, 1)
-	n2 := nstest.StartNode(b, exnd, fab, 11, 2)
-	for _, f := range []func() error{
-		func() error { _, err := nstest.Ping(va, vethB, 2, 56, ""); return err },
-		func() error { _, err := nstest.Ping(n1.NS, n2.IP.String(), 2, 56, ""); return err },
-	} {
-		if err := f(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	p := newPair(b, 11, 11)
+	va, vb, vethB, n1, n2 := p.va, p.vb, p.vethB, p.n1, p.n2
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "load before: %s\n\n", loadavg())
 	fmt.Fprintf(&sb, "| measurement | veth | exn0 (shm) | exn0 / veth | bar |\n|---|---|---|---|---|\n")
