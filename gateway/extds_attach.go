@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // Kernel bypass: application processes attached to this node's EXT-DS
 // (extds.AttachDevice). On the shm fabric exnd lends each such process a

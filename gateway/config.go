@@ -2,7 +2,7 @@
 // validation, and the wiring of fabric NIC, EXT-Eth engine, neighbour
 // table, TAP, control socket and metrics endpoint into one running node.
 // cmd/exnd only calls Main.
-package daemon
+package gateway
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // EXT-DS in exnd: the extds.Device on this node's NIC (VPIDs
 // extds.DefaultBaseVPID .. +15), resolving peer IPs through the neighbour

@@ -8,4 +8,4 @@
 // and its backends through fabric/backend, tap, exn, arp, extds,
 // extds/shimsrv, control, metrics, internal/sys) but nothing under cmd/,
 // and no library package may import it.
-package daemon
+package gateway

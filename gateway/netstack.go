@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // Userspace mode (--netstack): a gVisor netstack (exn/node) takes the
 // TAP's place under the daemon's own engine, so nothing needs root, and

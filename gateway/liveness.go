@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // Liveness: a watcher of the fabric's peer set. At every change the NIC
 // announces (fabric.PeerWatcher: fabric/shm), or every LivenessInterval
