@@ -8,17 +8,19 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 	"github.com/exn-project/exn/tap/taptest"
 )
 
-// withParts replaces the registered parts for one test.
-func withParts(t *testing.T, ps ...part) {
-	saved := parts
-	parts = ps
-	t.Cleanup(func() { parts = saved })
+// withParts makes Start run ps instead of stdParts.
+func withParts(ps ...part) Option {
+	if ps == nil {
+		ps = []part{}
+	}
+	return func(o *options) { o.parts = ps }
 }
 
 // TestPartHook is the contract an optional part (EXT-DS, extds.go) relies
@@ -28,13 +30,13 @@ func withParts(t *testing.T, ps ...part) {
 func TestPartHook(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	closed := 0
-	withParts(t, part{name: "fake", start: func(d *Daemon) (func() error, error) {
+	fake := withParts(part{name: "fake", start: func(d *Daemon) (started, error) {
 		d.conns = func(context.Context) any { return []map[string]any{{"id": 7, "mode": "extds"}} }
 		d.extdsStats = func() extds.Stats { return extds.Stats{ConnsEXTDS: 5, Active: 1} }
-		d.extraHandlers["hello"] = func(_ context.Context, args []string) (any, error) { return "hi " + strings.Join(args, ","), nil }
-		return func() error { closed++; return nil }, nil
+		hello := func(_ context.Context, args []string) (any, error) { return "hi " + strings.Join(args, ","), nil }
+		return started{close: func() error { closed++; return nil }, ops: map[string]control.HandlerFunc{"hello": hello}}, nil
 	}})
-	n := startNode(t, mem.NewCluster(), memConfig(t, 1))
+	n := startNode(t, mem.NewCluster(), memConfig(t, 1), fake)
 	c := dial(t, n.cfg.Control)
 
 	var conns []map[string]any
@@ -69,16 +71,46 @@ func TestPartHook(t *testing.T) {
 func TestPartStartFails(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	closed := false
-	withParts(t,
-		part{name: "first", start: func(d *Daemon) (func() error, error) { return func() error { closed = true; return nil }, nil }},
-		part{name: "broken", start: func(d *Daemon) (func() error, error) { return nil, errors.New("no vpid") }},
+	parts := withParts(
+		part{name: "first", start: func(d *Daemon) (started, error) {
+			return started{close: func() error { closed = true; return nil }}, nil
+		}},
+		part{name: "broken", start: func(d *Daemon) (started, error) { return started{}, errors.New("no vpid") }},
 	)
 	c := mem.NewCluster()
-	_, err := Start(memConfig(t, 1), slog.New(slog.DiscardHandler), WithDevice(taptest.New("exnt", 0)), WithMemCluster(c))
+	_, err := Start(memConfig(t, 1), slog.New(slog.DiscardHandler), WithDevice(taptest.New("exnt", 0)), WithMemCluster(c), parts)
 	if err == nil || !strings.Contains(err.Error(), "start broken: no vpid") || !closed {
 		t.Fatalf("Start = %v, first part closed %v", err, closed)
 	}
 	// The node ID is free again.
-	withParts(t)
-	startNode(t, c, memConfig(t, 1))
+	startNode(t, c, memConfig(t, 1), withParts())
+}
+
+// TestPartDuplicateOp: two parts that serve the same control operation
+// fail Start, naming the operation, and both (each started) are closed.
+func TestPartDuplicateOp(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	closed := 0
+	op := func(context.Context, []string) (any, error) { return nil, nil }
+	mk := func(name string) part {
+		return part{name: name, start: func(d *Daemon) (started, error) {
+			return started{close: func() error { closed++; return nil }, ops: map[string]control.HandlerFunc{"same": op}}, nil
+		}}
+	}
+	_, err := Start(memConfig(t, 1), slog.New(slog.DiscardHandler), WithDevice(taptest.New("exnt", 0)),
+		WithMemCluster(mem.NewCluster()), withParts(mk("a"), mk("b")))
+	if err == nil || !strings.Contains(err.Error(), `start b: control operation "same" registered twice`) || closed != 2 {
+		t.Fatalf("Start = %v, closed %d", err, closed)
+	}
+}
+
+// TestStdPartsOrder pins the start order documented in parts.go.
+func TestStdPartsOrder(t *testing.T) {
+	var names []string
+	for _, p := range stdParts() {
+		names = append(names, p.name)
+	}
+	if got := strings.Join(names, ","); got != "extds,liveness,netstack services" {
+		t.Fatalf("stdParts = %s", got)
+	}
 }
