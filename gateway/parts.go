@@ -2,8 +2,9 @@ package gateway
 
 // The optional parts of a node and the one place they are started.
 //
-// Start (daemon.go) brings a node up in this fixed order, and Close takes
-// it down in reverse:
+// Start (daemon.go) brings a node up in this fixed order; Close (teardown
+// in daemon.go) takes it down front doors first (metrics, control
+// socket), then the parts in reverse, then ping, TAP, engine and NIC:
 //
 //  1. the fabric NIC and VPID 0, the TAP (or the userspace stack of
 //     --netstack, netstack.go) and the engine, then the TAP reader;
