@@ -250,7 +250,7 @@ func TestSafetyRestart(t *testing.T) {
 			}
 			_ = c.nodes[1].Proc.Wait(10 * time.Second)
 			c.nodes[1].Start(outer)
-			// Node 1's fabric liveness (cmd/exnd/internal/daemon/liveness.go)
+			// Node 1's fabric liveness (gateway/liveness.go)
 			// declares node 2 down after a SIGKILL up to about a second
 			// later and invalidates its neighbour entries then; let that
 			// settle before refilling them (a connect inside that window

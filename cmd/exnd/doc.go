@@ -12,7 +12,8 @@
 //
 // # Ownership and imports
 //
-// cmd/exnd owns nothing but main: it calls daemon.Main
-// (cmd/exnd/internal/daemon) and exits with its status. It may import that
-// package and the standard library.
+// cmd/exnd owns nothing but main: it parses the configuration through
+// the gateway library (gateway.Configure), runs one node (gateway.Run)
+// until a signal, and exits with the status. It may import gateway and the
+// standard library.
 package main

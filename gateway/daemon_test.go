@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 import (
 	"context"
@@ -39,10 +39,10 @@ func memConfig(t *testing.T, id fabric.NodeID) Config {
 	}
 }
 
-func startNode(t *testing.T, c *mem.Cluster, cfg Config) *testNode {
+func startNode(t *testing.T, c *mem.Cluster, cfg Config, opts ...Option) *testNode {
 	t.Helper()
 	dev := taptest.New(cfg.Ifname, cfg.MTU)
-	d, err := Start(cfg, slog.New(slog.DiscardHandler), WithDevice(dev), WithMemCluster(c))
+	d, err := Start(cfg, slog.New(slog.DiscardHandler), append([]Option{WithDevice(dev), WithMemCluster(c)}, opts...)...)
 	if err != nil {
 		t.Fatalf("start node %d: %v", cfg.Node, err)
 	}
@@ -117,10 +117,10 @@ func scrapeMetrics(t *testing.T, addr string) string {
 
 func TestDaemonOps(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	withParts(t) // the core daemon alone; parts have their own tests
+	core := withParts() // the core daemon alone; parts have their own tests
 	c := mem.NewCluster()
-	n1 := startNode(t, c, memConfig(t, 1))
-	n2 := startNode(t, c, memConfig(t, 2))
+	n1 := startNode(t, c, memConfig(t, 1), core)
+	n2 := startNode(t, c, memConfig(t, 2), core)
 	c1, c2 := dial(t, n1.cfg.Control), dial(t, n2.cfg.Control)
 
 	t.Run("status", func(t *testing.T) {

@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // Liveness: a watcher of the fabric's peer set. At every change the NIC
 // announces (fabric.PeerWatcher: fabric/shm), or every LivenessInterval
@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/arp"
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -42,10 +43,6 @@ import (
 // within about 0.8 s (docs/wakeup.md). A fabric.PeerWatcher (fabric/shm)
 // is not polled at all.
 var LivenessInterval = 200 * time.Millisecond
-
-func init() {
-	parts = append(parts, part{name: "liveness", start: startLiveness})
-}
 
 // LivenessStats is the reply to the control operation "liveness".
 type LivenessStats struct {
@@ -108,17 +105,18 @@ func newLiveness(nic fabric.NIC, table *arp.Table, self fabric.NodeID, log *slog
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
-func startLiveness(d *Daemon) (func() error, error) {
+// startLiveness is the part "liveness" (parts.go).
+func startLiveness(d *Daemon) (started, error) {
 	l := newLiveness(d.nic, d.arp, d.cfg.Node, d.log.With("part", "liveness"), LivenessInterval)
 	l.poll() // the initial peer set, before the control socket serves it
 	go l.run()
-	d.extraHandlers["liveness"] = func(_ context.Context, args []string) (any, error) {
+	ops := map[string]control.HandlerFunc{"liveness": func(_ context.Context, args []string) (any, error) {
 		if len(args) != 0 {
 			return nil, fmt.Errorf("takes no arguments, have %d", len(args))
 		}
 		return l.Stats(), nil
-	}
-	return l.Close, nil
+	}}
+	return started{close: l.Close, ops: ops}, nil
 }
 
 func (l *liveness) run() {

@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 import (
 	"context"
@@ -13,16 +13,17 @@ import (
 	"syscall"
 )
 
-// Main is exnd's whole life: parse args (and the --config file), check
-// the files they name, then either report the configuration valid
-// (--check-config) or start, wait for SIGINT or SIGTERM (or a fatal
-// error), and shut down. It returns the process exit code: 0, 1 for a
-// failure at run time, 2 for a bad command line or configuration (any
-// error under --check-config).
-func Main(args []string, stderr io.Writer) int {
+// Configure is exnd's command line up to the point of starting: parse
+// args (and the --config file), check the files they name, and under
+// --check-config report the configuration valid. done is true when the
+// process should exit now with code: 0 (help, or --check-config passed),
+// 1 for a failure (a missing file, a backend not built in), 2 for a bad
+// command line or configuration (any error under --check-config). The
+// messages go to stderr.
+func Configure(args []string, stderr io.Writer) (cfg Config, code int, done bool) {
 	cfg, err := Parse(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
-		return 0
+		return cfg, 0, true
 	}
 	if err == nil {
 		_, err = Check(cfg)
@@ -30,16 +31,32 @@ func Main(args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "exnd: %v\n", err)
 		if errors.Is(err, ErrUsage) || cfg.CheckOnly {
-			return 2
+			return cfg, 2, true
 		}
-		return 1
+		return cfg, 1, true
 	}
 	if cfg.CheckOnly {
 		fmt.Fprintf(stderr, "exnd: configuration OK: %s\n", cfg.Summary())
-		return 0
+		return cfg, 0, true
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	return cfg, 0, false
+}
 
+// NewLogger is the text logger exnd writes to w at cfg.LogLevel.
+func NewLogger(w io.Writer, cfg Config) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel}))
+}
+
+// Main is exnd's whole life, as cmd/exnd/main.go wires it: Configure,
+// then Run until SIGINT or SIGTERM (or a fatal error). It returns the
+// process exit code: Configure's, or 0 after a clean shutdown and 1 for a
+// failure at run time.
+func Main(args []string, stderr io.Writer) int {
+	cfg, code, done := Configure(args, stderr)
+	if done {
+		return code
+	}
+	log := NewLogger(stderr, cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, cfg, log); err != nil {

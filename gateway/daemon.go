@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 import (
 	"context"
@@ -49,7 +49,7 @@ type Daemon struct {
 	arp    *arp.Table
 	ping   *fping.Service
 
-	// Filled by optional parts (see parts) before the control socket and
+	// Filled by optional parts (parts.go) before the control socket and
 	// metrics start; nil means the part is absent.
 	//
 	// conns lists EXT-DS connections for the "conns" operation, as the
@@ -63,9 +63,11 @@ type Daemon struct {
 	// attachStats is the kernel-bypass lease service's counters, for
 	// metrics.
 	attachStats func() metrics.AttachStats
-	// extraHandlers are control operations a part adds.
+	// extraHandlers are the control operations the parts return,
+	// registered by startParts (parts.go).
 	extraHandlers map[string]control.HandlerFunc
-	// extraFDHandlers are descriptor-passing operations a part adds.
+	// extraFDHandlers are the descriptor-passing operations the parts
+	// return, registered by startParts.
 	extraFDHandlers map[string]control.FDHandlerFunc
 	// partClosers close the parts, in reverse order of start.
 	partClosers []func() error
@@ -83,25 +85,14 @@ type Daemon struct {
 	closeErr error
 }
 
-// part is an optional subsystem, started after the engine and the fabric
-// ping and before the control socket and metrics. It may set d.conns,
-// d.extdsStats and d.extraHandlers, and returns how to close it (nil if
-// nothing to close). Files of this package add theirs to parts in init.
-type part struct {
-	name  string
-	start func(d *Daemon) (close func() error, err error)
-}
-
-// parts are the optional subsystems, in start order.
-var parts []part
-
 // Option changes how Start builds a node; the defaults are a real TAP and
 // a fabric from Config.Fabric.
 type Option func(*options)
 
 type options struct {
-	dev tap.Device
-	mem backend.Cluster
+	dev   tap.Device
+	mem   backend.Cluster
+	parts []part // nil: stdParts (parts.go); tests replace them
 }
 
 // WithDevice makes the node use dev instead of opening a TAP (tests use a
@@ -177,7 +168,7 @@ func writeAll(frames [][]byte, write func([][]byte) (int, error)) error {
 // closed again.
 func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) {
 	d := &Daemon{cfg: cfg, log: log, errc: make(chan error, 1), started: time.Now(),
-		extraHandlers: map[string]control.HandlerFunc{}}
+		extraHandlers: map[string]control.HandlerFunc{}, extraFDHandlers: map[string]control.FDHandlerFunc{}}
 	for _, o := range opts {
 		o(&d.opts)
 	}
@@ -252,14 +243,12 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 	}
 	d.ping = fping.New(pingEP, log.With("part", "fping"))
 
-	for _, p := range parts {
-		closeFn, err := p.start(d)
-		if err != nil {
-			return nil, fmt.Errorf("start %s: %w", p.name, err)
-		}
-		if closeFn != nil {
-			d.partClosers = append(d.partClosers, closeFn)
-		}
+	parts := d.opts.parts
+	if parts == nil {
+		parts = stdParts()
+	}
+	if err := d.startParts(parts); err != nil {
+		return nil, err
 	}
 	if err := d.startMetrics(); err != nil {
 		return nil, err

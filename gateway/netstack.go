@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // Userspace mode (--netstack): a gVisor netstack (exn/node) takes the
 // TAP's place under the daemon's own engine, so nothing needs root, and
@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/exn/node"
 	"github.com/exn-project/exn/fabric"
 )
@@ -40,9 +41,15 @@ var maxNetstackConns int64 = 4096
 // Timeouts of the userspace-mode services. The handshake timeout is
 // atomic so that tests may shorten it while a daemon runs.
 var (
-	socksHandshakeTimeout atomic.Int64 // nanoseconds; 10 s
+	socksHandshakeTimeout = newAtomicInt64(int64(10 * time.Second)) // nanoseconds
 	dialTimeout           = 10 * time.Second
 )
+
+func newAtomicInt64(v int64) *atomic.Int64 {
+	a := new(atomic.Int64)
+	a.Store(v)
+	return a
+}
 
 // NetstackConfig is the userspace-mode part of Config.
 type NetstackConfig struct {
@@ -85,12 +92,6 @@ type netstackFlags struct {
 	socks            string
 	forward, expose  []string
 	socksSet, netSet bool
-}
-
-func init() {
-	socksHandshakeTimeout.Store(int64(10 * time.Second))
-	repeatable["forward"] = true
-	repeatable["expose"] = true
 }
 
 // addNetstackFlags registers --socks, --forward and --expose on fs.
@@ -252,10 +253,6 @@ func (d *nsDevice) Close() error { return d.n.Close() }
 // Node returns the userspace node.
 func (d *nsDevice) Node() *node.Node { return d.n }
 
-func init() {
-	parts = append(parts, part{name: "netstack services", start: startNetstackServices})
-}
-
 // nsStats are the userspace services' counters.
 type nsStats struct {
 	Accepted  atomic.Uint64 // connections accepted (all services)
@@ -285,24 +282,24 @@ type nsServices struct {
 	forwards, exposes []string // as in NetstackStatus
 }
 
-// startNetstackServices is the part that serves --socks, --forward and
-// --expose. Its closer stops them and then the node, while the engine
+// startNetstackServices is the part "netstack services" (parts.go) that
+// serves --socks, --forward and --expose. Its closer stops them and then the node, while the engine
 // still runs, so the resets of aborted connections reach the fabric.
-func startNetstackServices(d *Daemon) (func() error, error) {
+func startNetstackServices(d *Daemon) (started, error) {
 	if !d.cfg.Netstack {
-		return nil, nil
+		return started{}, nil
 	}
 	dev, ok := d.dev.(*nsDevice)
 	if !ok {
-		return nil, errors.New("--netstack: the device is not the userspace stack")
+		return started{}, errors.New("--netstack: the device is not the userspace stack")
 	}
 	s := &nsServices{log: d.log.With("part", "netstack"), n: dev.n, conns: map[net.Conn]struct{}{},
 		maxConns: maxNetstackConns}
 	s.stats.PeerReset = dev.n.PeerResets
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	fail := func(err error) (func() error, error) {
+	fail := func(err error) (started, error) {
 		s.close()
-		return nil, err
+		return started{}, err
 	}
 	ns := d.cfg.NS
 	if ns.Socks != "" {
@@ -334,14 +331,15 @@ func startNetstackServices(d *Daemon) (func() error, error) {
 		s.exposes = append(s.exposes, strconv.Itoa(int(e.Port))+"="+local)
 		s.log.Info("exposing", "fabric_port", e.Port, "local", local)
 	}
-	d.extraHandlers["netstack"] = func(context.Context, []string) (any, error) { return s.snapshot(), nil }
-	return func() error {
+	closeFn := func() error {
 		s.close()
 		if err := dev.n.Close(); err != nil {
 			return fmt.Errorf("close netstack: %w", err)
 		}
 		return nil
-	}, nil
+	}
+	ops := map[string]control.HandlerFunc{"netstack": func(context.Context, []string) (any, error) { return s.snapshot(), nil }}
+	return started{close: closeFn, ops: ops}, nil
 }
 
 // NetstackStatus is the "netstack" control operation's answer.

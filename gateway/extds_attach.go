@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // Kernel bypass: application processes attached to this node's EXT-DS
 // (extds.AttachDevice). On the shm fabric exnd lends each such process a
@@ -102,23 +102,29 @@ type attachSvc struct {
 	attached, detached, reclaimed, expired, refused, listens atomic.Uint64
 }
 
-// startAttach adds the attach operations to d and, on shm, starts the
-// lease sweeper. The returned service is closed by the EXT-DS part.
+// startAttach makes the lease service and, on shm, starts its lease
+// sweeper. The EXT-DS part returns its handlers and closes it.
 func startAttach(d *Daemon, dev *extds.Device, log *slog.Logger) *attachSvc {
 	s := &attachSvc{d: d, dev: dev, log: log, leases: make(map[fabric.VPID]*appLease), stop: make(chan struct{})}
 	if d.cfg.Fabric.Kind == backend.SHM {
 		s.lend, _ = d.nic.(shm.Lender)
 	}
-	d.extraHandlers["extds-attach"] = s.handleAttach
-	d.extraHandlers["extds-detach"] = s.handleDetach
-	d.extraHandlers["extds-listen"] = s.handleListen
-	d.extraHandlers["extds-unlisten"] = s.handleUnlisten
-	d.extraHandlers["extds-leases"] = s.handleLeases
 	if s.lend != nil {
 		s.wg.Add(1)
 		go s.sweeper()
 	}
 	return s
+}
+
+// handlers are the lease service's control operations.
+func (s *attachSvc) handlers() map[string]control.HandlerFunc {
+	return map[string]control.HandlerFunc{
+		"extds-attach":   s.handleAttach,
+		"extds-detach":   s.handleDetach,
+		"extds-listen":   s.handleListen,
+		"extds-unlisten": s.handleUnlisten,
+		"extds-leases":   s.handleLeases,
+	}
 }
 
 func (s *attachSvc) refuse(format string, args ...any) error {

@@ -2,7 +2,7 @@
 // validation, and the wiring of fabric NIC, EXT-Eth engine, neighbour
 // table, TAP, control socket and metrics endpoint into one running node.
 // cmd/exnd only calls Main.
-package daemon
+package gateway
 
 import (
 	"bufio"
@@ -131,7 +131,8 @@ func (l prefixList) Set(v string) error {
 var notInFile = map[string]bool{"config": true, "check-config": true}
 
 // repeatable are flags a file may give more than once.
-var repeatable = map[string]bool{"addr": true}
+// --forward and --expose are netstack.go's.
+var repeatable = map[string]bool{"addr": true, "forward": true, "expose": true}
 
 // Parse parses and validates exnd's command line (without the program
 // name) and the configuration file it names. Usage and flag errors go to

@@ -1,4 +1,4 @@
-package daemon
+package gateway
 
 // EXT-DS in exnd: the extds.Device on this node's NIC (VPIDs
 // extds.DefaultBaseVPID .. +15), resolving peer IPs through the neighbour
@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/exn-project/exn/metrics"
+	"maps"
 	"net/netip"
 	"os"
 
@@ -20,10 +21,6 @@ import (
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
 )
-
-func init() {
-	parts = append(parts, part{name: "extds", start: startEXTDS})
-}
 
 // shimRingSize is each EXT-DS connection's receive ring in exnd (the
 // sender mirrors it: 2x per connection). The shim's bulk streams arrive
@@ -34,7 +31,8 @@ func init() {
 // credits in 1 MiB steps.
 const shimRingSize = 4 << 20
 
-func startEXTDS(d *Daemon) (func() error, error) {
+// startEXTDS is the part "extds" (parts.go).
+func startEXTDS(d *Daemon) (started, error) {
 	log := d.log.With("part", "extds")
 	res := extds.ResolverFunc(func(ip netip.Addr) (fabric.NodeID, bool) {
 		e, ok := d.arp.Lookup(ip)
@@ -45,7 +43,7 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	})
 	dev, err := extds.NewDevice(d.nic, extds.WithResolver(res), extds.WithLogger(log), extds.WithRingSize(shimRingSize))
 	if err != nil {
-		return nil, err
+		return started{}, err
 	}
 	// The shim hands over sockets the application connected itself, so
 	// the Dialer never dials a shadow connection here (Upgrade only).
@@ -66,22 +64,15 @@ func startEXTDS(d *Daemon) (func() error, error) {
 	}
 	d.extdsStats = dev.Stats
 	d.shimStats = srv.Stats
-	for op, h := range srv.Handlers() {
-		d.extraHandlers[op] = h
-	}
-	d.extraHandlers["shim-stats"] = func(_ context.Context, args []string) (any, error) {
+	ops := srv.Handlers()
+	ops["shim-stats"] = func(_ context.Context, args []string) (any, error) {
 		if len(args) != 0 {
 			return nil, fmt.Errorf("takes no arguments, have %d", len(args))
 		}
 		return srv.Stats(), nil
 	}
-	if d.extraFDHandlers == nil {
-		d.extraFDHandlers = make(map[string]control.FDHandlerFunc)
-	}
-	for op, h := range srv.FDHandlers() {
-		d.extraFDHandlers[op] = h
-	}
 	att := startAttach(d, dev, log.With("sub", "attach")) // extds_attach.go
+	maps.Copy(ops, att.handlers())
 	d.attachStats = func() metrics.AttachStats {
 		st := att.Stats()
 		att.mu.Lock()
@@ -91,7 +82,7 @@ func startEXTDS(d *Daemon) (func() error, error) {
 			Expired: st.Expired, Refused: st.Refused, Listens: st.Listens, Leases: n}
 	}
 	log.Info("EXT-DS ready", "vpids", fmt.Sprintf("%d-%d", dev.VPID(0), dev.VPID(15)))
-	return func() error {
+	closeFn := func() error {
 		// The control socket is closed before the parts: no new shim
 		// request arrives. Switched connections are reset, attached
 		// processes lose their leases, then the Device releases the VPIDs.
@@ -101,5 +92,6 @@ func startEXTDS(d *Daemon) (func() error, error) {
 			return fmt.Errorf("close extds: %w", err)
 		}
 		return nil
-	}, nil
+	}
+	return started{close: closeFn, ops: ops, fdOps: srv.FDHandlers()}, nil
 }
