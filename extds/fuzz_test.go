@@ -1,6 +1,8 @@
 package extds
 
 import (
+	"encoding/binary"
+	"net/netip"
 	"testing"
 
 	"github.com/exn-project/exn/fabric"
@@ -54,6 +56,15 @@ func FuzzDecodeMsg(f *testing.F) {
 			encNLA(&m, peer, d.tag, d.conn, d.nla, d.b)
 		case TagZCWant, TagZCPut:
 			encLen(&m, peer, d.tag, d.conn, d.b)
+		case TagClaim:
+			// claim.go checks the body: what it accepts re-encodes.
+			sport, cport, cip, sip, ok := decodeClaim(d.data)
+			if !ok {
+				return
+			}
+			encClaim(&m, peer, d.conn, netip.AddrPortFrom(cip, cport), netip.AddrPortFrom(sip, sport))
+		case TagClaimRep:
+			encClaimRep(&m, peer, d.conn, binary.LittleEndian.Uint16(d.data), d.data[2], d.data[3])
 		default:
 			t.Fatalf("decoded unknown tag %#x", d.tag)
 		}
