@@ -493,10 +493,6 @@ func (n *NIC) Close() error {
 	return nil
 }
 
-// logFault is n.faults.Warn under the name session.go calls; it goes when
-// session.go (under change for the offloads work) calls n.faults directly.
-func (n *NIC) logFault(msg string, args ...any) { n.faults.Warn(msg, args...) }
-
 // ---- regions ----
 
 // region is registered memory. Users (RMA copies, socket reads and writes
@@ -558,7 +554,7 @@ func (n *NIC) lookupRegion(idx uint32) *region {
 // [nla, nla+length) inside it.
 func (n *NIC) remoteRegion(v fabric.VPID, nla fabric.NLA, length uint64) (*endpoint, *region, fabric.NotifyErr) {
 	ep := n.eps[v].Load()
-	if ep == nil || ep.closed.Load() {
+	if ep == nil || ep.Closed.Load() {
 		return nil, nil, fabric.NErrPeerDown
 	}
 	r, nerr := n.regs.Check(ep, nla, length)

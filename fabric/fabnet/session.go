@@ -239,7 +239,7 @@ func (s *session) run() {
 			s.n.nctr.oversized.Add(1)
 		}
 		s.n.ctr.Corrupt.Add(1)
-		s.n.logFault("fabnet: peer broke the protocol, connection closed", "peer", s.peer, "err", err)
+		s.n.faults.Warn("fabnet: peer broke the protocol, connection closed", "peer", s.peer, "err", err)
 	}
 	s.kill(err)
 	<-wdone
@@ -264,7 +264,7 @@ func (s *session) cleanup() {
 	}
 	s.pmu.Unlock()
 	for i := range fail {
-		fail[i].ep.errorNotify(&fail[i].req, fabric.NErrPeerDown)
+		fail[i].ep.ErrorNotify(&fail[i].req, fabric.NErrPeerDown)
 	}
 	s.wmu.Lock()
 	for _, b := range s.bulk {

@@ -33,7 +33,7 @@ func (s *session) rxGetDone(body []byte) error {
 	if b == nil {
 		return fmt.Errorf("get-done for unknown request %#x: %w", id, errProto)
 	}
-	b.ep.notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
+	b.ep.Notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
 	*b = bulk{}
 	bulkPool.Put(b)
 	return nil
@@ -146,7 +146,7 @@ func (s *session) rxPutData(br *bufio.Reader, p prefix, body []byte) error {
 		delete(s.putFail, id)
 	}
 	if nerr == fabric.NErrNone && notify&fabric.NotifyCompleter != 0 {
-		ep.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: fabric.Addr{Node: s.peer, VPID: p.a}, Len: total, Local: fabric.LastFrame(dst, total)})
+		ep.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: fabric.Addr{Node: s.peer, VPID: p.a}, Len: total, Local: fabric.LastFrame(dst, total)})
 	}
 	var ack [8]byte
 	binary.LittleEndian.PutUint64(ack[:], id)

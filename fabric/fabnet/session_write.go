@@ -155,7 +155,7 @@ func (s *session) finishOut() {
 		}
 		if b := it.b; b != nil {
 			if it.respond {
-				b.ep.notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
+				b.ep.Notify(fabric.Notification{Kind: fabric.KindResponder, Op: fabric.OpGet, Peer: b.requester, Len: b.total, Local: fabric.LastFrame(b.src, b.total)})
 			}
 			*b = bulk{}
 			bulkPool.Put(b)

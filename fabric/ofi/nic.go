@@ -19,7 +19,7 @@ package ofi
 // slots and every MR close; it is started by Open and joined by Close.
 // Locks: n.mu (Open/Close, epochs), peersMu (peer table), regs (region
 // table, localq.Table), rcMu (remote region cache), ctlMu (control queue), per-endpoint
-// mu (mailbox, sources) and nq.mu (notifications), per-pair mu (credits).
+// mu (mailbox, sources) and the core's NotifyQueue lock (notifications), per-pair mu (credits).
 // No lock is held across a libfabric call that can block, and none while a
 // caller waits.
 
@@ -39,6 +39,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
+	"github.com/exn-project/exn/internal/ratelog"
 )
 
 // Sizes of the libfabric objects and progress loop.
@@ -137,7 +138,7 @@ type NIC struct {
 	closed atomic.Bool
 	wg     sync.WaitGroup
 
-	lastLog atomic.Int64
+	faults ratelog.Faults // per-message faults, rate-limited (faultLogInterval)
 }
 
 // peer is another node in the address vector.
@@ -233,6 +234,7 @@ func open(cfg Config) (*NIC, error) {
 		inject:    f.injectSize(),
 	}
 	n.groups.Init("ofi")
+	n.faults.Init(n.log, faultLogInterval)
 	n.regs.Init()
 	if err := n.setupBuffers(); err != nil {
 		n.freeAll()
@@ -621,16 +623,6 @@ func (n *NIC) awaitByeAcks(told []*peer, d time.Duration) {
 	n.log.Warn("ofi close: peers did not acknowledge goodbye in time", "timeout", d)
 }
 
-// logFault logs a per-message fault at most once per faultLogInterval.
-func (n *NIC) logFault(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := n.lastLog.Load()
-	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	n.log.Warn(msg, args...)
-}
-
 // receive parses one packet from libfabric address src.
 func (n *NIC) receive(b []byte, src uint64) {
 	if len(b) < headerSize {
@@ -640,7 +632,7 @@ func (n *NIC) receive(b []byte, src uint64) {
 	h, err := decodeHeader(getHeader(b))
 	if err != nil {
 		n.ctr.Corrupt.Add(1)
-		n.logFault("ofi undecodable packet dropped", "err", err)
+		n.faults.Warn("ofi undecodable packet dropped", "err", err)
 		return
 	}
 	n.peersMu.RLock()
@@ -650,7 +642,7 @@ func (n *NIC) receive(b []byte, src uint64) {
 		// Unknown source address, or a node ID that does not match it:
 		// forged or misconfigured; either way not trusted.
 		n.ctr.Corrupt.Add(1)
-		n.logFault("ofi packet with unverifiable source dropped", "claimed", h.desc.Node, "fi_addr", src)
+		n.faults.Warn("ofi packet with unverifiable source dropped", "claimed", h.desc.Node, "fi_addr", src)
 		return
 	}
 	switch h.typ {
@@ -735,7 +727,7 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 		}
 		nt.Peer = fabric.Addr{Node: src, VPID: h.desc.VPID} // the verified source, not what the packet says
 		if e := n.eps[h.dst].Load(); e != nil {
-			e.notify(nt)
+			e.Notify(nt)
 		}
 	case pHello:
 		// The peer is (again) up: receive already revived it.
@@ -748,7 +740,7 @@ func (n *NIC) handleOpenQ(h header, src fabric.NodeID) {
 	var body [openABody]byte
 	reply := header{typ: pOpenA, desc: fabric.Descriptor{VPID: h.dst}, dst: h.desc.VPID}
 	e := n.eps[h.dst].Load()
-	if e == nil || e.closed.Load() {
+	if e == nil || e.Closed.Load() {
 		body[0] = stNotOpen
 	} else {
 		reply.epoch = e.epoch

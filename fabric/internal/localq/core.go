@@ -1,0 +1,186 @@
+package localq
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/ratelog"
+)
+
+// Core is the part of a fabric.Endpoint that mem, fabnet and ofi share:
+// the notification queue with its overflow accounting, the spin-then-
+// sleep Wait, the closed flag and done channel, registration's checks and
+// the wording of the errors. A backend embeds a Core in its endpoint and
+// keeps what is its own: the mailbox and send path, RMA, the body of
+// Close. The promoted Addr, PollNotifications and Wait methods implement
+// those of fabric.Endpoint (a backend may shadow Wait, as ofi does to
+// drive progress while it spins).
+//
+// Concurrency: every method is safe for concurrent use once Init has
+// returned; Init runs before the endpoint is shared. Done is closed once,
+// by Shut.
+type Core struct {
+	addr   fabric.Addr
+	prefix string // error and log prefix: the backend's name
+	ctr    *fabric.Counters
+	faults *ratelog.Faults
+	mbLen  *atomic.Int32 // the backend's mailbox length, read lock-free
+
+	NQ     NotifyQueue
+	W      Waiter
+	Done   chan struct{} // closed by Shut
+	Closed atomic.Bool
+}
+
+// Init sets up c for the endpoint at addr: prefix starts its errors and
+// log lines ("mem", "fabnet", "ofi"), ctr and faults are the NIC's,
+// mbLen is the mailbox length the readiness check reads, depth sizes the
+// notification queue and spin is Wait's spin budget.
+func (c *Core) Init(addr fabric.Addr, prefix string, ctr *fabric.Counters, faults *ratelog.Faults, mbLen *atomic.Int32, depth int, spin time.Duration) {
+	c.addr, c.prefix, c.ctr, c.faults, c.mbLen = addr, prefix, ctr, faults, mbLen
+	c.Done = make(chan struct{})
+	c.NQ.Init(depth)
+	c.W.Init(spin, c.Ready, &c.Closed, c.Done)
+}
+
+// Addr returns the endpoint's address (fabric.Endpoint).
+func (c *Core) Addr() fabric.Addr { return c.addr }
+
+// ErrClosed is the error of op on a closed endpoint: it wraps
+// net.ErrClosed.
+func (c *Core) ErrClosed(op string) error {
+	return fmt.Errorf("%s: %s on %v: %w", c.prefix, op, c.addr, net.ErrClosed)
+}
+
+// Ready reports, lock-free, whether Recv or PollNotifications may find
+// something.
+func (c *Core) Ready() bool { return c.mbLen.Load() > 0 || c.NQ.Len() > 0 }
+
+// Signal wakes the consumer if it sleeps in Wait. Call it after the item
+// was made visible to Ready.
+func (c *Core) Signal() { c.W.Signal() }
+
+// Shut marks the endpoint closed and closes Done; false if it already
+// was (Close is idempotent: the caller then returns at once).
+func (c *Core) Shut() bool {
+	if c.Closed.Swap(true) {
+		return false
+	}
+	close(c.Done)
+	return true
+}
+
+// Notify queues one notification. It never blocks: a full queue drops it,
+// counts NotifyOverflow and logs (rate-limited); a closed endpoint drops
+// it silently.
+func (c *Core) Notify(nt fabric.Notification) {
+	switch c.NQ.Push(c.ctr, nt) {
+	case Queued:
+		c.Signal()
+	case Full:
+		c.faults.Warn(c.prefix+" notification queue full, dropped", "vpid", c.addr.VPID, "depth", c.NQ.Cap())
+	}
+}
+
+// ErrorNotify writes the requester-side error notification of r.
+func (c *Core) ErrorNotify(r *fabric.RMA, nerr fabric.NotifyErr) {
+	c.Notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Err: nerr, Peer: r.Peer, Len: r.Len, Local: r.Local})
+}
+
+// PollNotifications copies up to len(ns) notifications, oldest first
+// (fabric.Endpoint). It never blocks.
+func (c *Core) PollNotifications(ns []fabric.Notification) (int, error) {
+	k, ok := c.NQ.Poll(ns)
+	if !ok {
+		return 0, c.ErrClosed("poll notifications")
+	}
+	return k, nil
+}
+
+// Wait blocks until Recv or PollNotifications may have something, ctx is
+// done or the endpoint closes (fabric.Endpoint).
+func (c *Core) Wait(ctx context.Context) error {
+	return c.WaitResult(ctx, c.W.Wait(ctx))
+}
+
+// WaitResult turns a Waiter result into Wait's error.
+func (c *Core) WaitResult(ctx context.Context, r WaitResult) error {
+	switch r {
+	case Closed:
+		return c.ErrClosed("wait")
+	case Cancelled:
+		return fmt.Errorf("%s: wait: %w", c.prefix, ctx.Err())
+	}
+	return nil
+}
+
+// CountRecv counts k messages of bytes in all taken out by Recv.
+func (c *Core) CountRecv(k int, bytes uint64) {
+	if k > 0 {
+		c.ctr.VELORecv.Add(uint64(k))
+		c.ctr.VELORecvBytes.Add(bytes)
+	}
+}
+
+// CheckRegister checks a Register size: invalid sizes are counted and
+// wrapped fabric.ErrInvalid.
+func (c *Core) CheckRegister(size int) error {
+	if size <= 0 || uint64(size) > fabric.MaxRegionSize {
+		return c.ctr.CountErr(fmt.Errorf("%s: register %d bytes: %w", c.prefix, size, fabric.ErrInvalid))
+	}
+	return nil
+}
+
+// ErrExhausted is Register's counted error when the NLA's region indices
+// ran out.
+func (c *Core) ErrExhausted() error {
+	return c.ctr.CountErr(fmt.Errorf("%s: register: region indices exhausted: %w", c.prefix, fabric.ErrInvalid))
+}
+
+// ErrNotRegion is Deregister's counted error for a base that is not one
+// of this endpoint's regions.
+func (c *Core) ErrNotRegion(base fabric.NLA) error {
+	return c.ctr.CountErr(fmt.Errorf("%s: deregister %v: not a region of %v: %w", c.prefix, base, c.addr, fabric.ErrInvalid))
+}
+
+// ErrNotLocal is Post's error for a local range outside the endpoint's
+// regions (the caller counts it with the rest of Post's errors).
+func (c *Core) ErrNotLocal(r *fabric.RMA) error {
+	return fmt.Errorf("%s: rma %v local %v len %d: not in a region of %v: %w", c.prefix, r.Op, r.Local, r.Len, c.addr, fabric.ErrInvalid)
+}
+
+// Register is fabric.Endpoint.Register for backends whose regions are
+// plain Go memory: it checks size, allocates the buffer, and publishes
+// mk(idx, buf) in t under owner, atomically with the endpoint not being
+// closed.
+func Register[O comparable, R any](c *Core, t *Table[O, R], owner O, size int, mk func(idx uint32, buf []byte) R) (fabric.Region, error) {
+	if err := c.CheckRegister(size); err != nil {
+		return fabric.Region{}, err
+	}
+	t.Lock()
+	defer t.Unlock()
+	if c.Closed.Load() {
+		return fabric.Region{}, c.ErrClosed("register")
+	}
+	idx, ok := t.ReserveLocked()
+	if !ok {
+		return fabric.Region{}, c.ErrExhausted()
+	}
+	buf := make([]byte, size)
+	t.PutLocked(idx, owner, mk(idx, buf), uint64(size))
+	return fabric.Region{NLA: fabric.MakeNLA(idx, 0), Buf: buf}, nil
+}
+
+// Deregister unpublishes owner's region at base and returns it for the
+// backend to retire; a base that is not owner's is a counted error.
+func Deregister[O comparable, R any](c *Core, t *Table[O, R], owner O, base fabric.NLA) (R, error) {
+	r, ok := t.Remove(owner, base)
+	if !ok {
+		return r, c.ErrNotRegion(base)
+	}
+	return r, nil
+}
