@@ -92,11 +92,8 @@ func (e *endpoint) grantSize() int { return max(1, min(maxGrant, e.mb.Cap()/4)) 
 // a credit: the peer's mailbox has a slot reserved for it.
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
 	ctr := &e.nic.ctr
-	if e.Closed.Load() {
-		return 0, e.ErrClosed("send")
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("fabnet: send: %w", err)
+	if err := e.SendStart(ctx); err != nil {
+		return 0, err
 	}
 	// Messages to one node are queued by sendRemote and the writer is
 	// kicked when the batch moves to another node or ends: one wake-up
@@ -137,8 +134,7 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 			}
 			return i, ctr.CountErr(err)
 		}
-		ctr.VELOSent.Add(1)
-		ctr.VELOSentBytes.Add(uint64(m.Len))
+		e.CountSent(m)
 	}
 	if queued != nil {
 		queued.kick()
@@ -440,18 +436,7 @@ func (e *endpoint) Deregister(base fabric.NLA) error {
 // Post starts RMA requests. Requests to this node complete before Post
 // returns; requests to another node complete asynchronously and report
 // through notifications only.
-func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
-	ctr := &e.nic.ctr
-	for i := range reqs {
-		if e.Closed.Load() {
-			return i, e.ErrClosed("post")
-		}
-		if err := e.post(&reqs[i]); err != nil {
-			return i, ctr.CountErr(err)
-		}
-	}
-	return len(reqs), nil
-}
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
 func (e *endpoint) post(r *fabric.RMA) error {
 	if err := fabric.CheckRMA(r); err != nil {
@@ -523,14 +508,8 @@ func (e *endpoint) postLocal(r *fabric.RMA, local *region) {
 	}
 	remote.release()
 	local.release()
-	e.complete(r, fabric.NErrNone)
-	remoteLast := fabric.LastFrame(r.Remote, r.Len)
-	switch {
-	case r.Op == fabric.OpPut && r.Notify&fabric.NotifyCompleter != 0:
-		peer.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-	case r.Op == fabric.OpGet && r.Notify&fabric.NotifyResponder != 0:
-		peer.Notify(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-	}
+	e.nic.ctr.RMABytes.Add(uint64(r.Len))
+	e.NotifyDone(r, peer.Notify)
 }
 
 // ---- close ----

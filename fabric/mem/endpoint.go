@@ -45,31 +45,14 @@ func newEndpoint(n *nic, v fabric.VPID) *endpoint {
 // ---- VELO ----
 
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
-	ctr := &e.nic.ctr
-	if e.Closed.Load() {
-		return 0, e.ErrClosed("send")
+	return e.Core.Send(ctx, msgs, e.sendOne)
+}
+
+func (e *endpoint) sendOne(ctx context.Context, m *fabric.Message) error {
+	if m.MC {
+		return e.sendMulticast(ctx, m)
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("mem: send: %w", err)
-	}
-	for i := range msgs {
-		m := &msgs[i]
-		if err := fabric.CheckSend(m); err != nil {
-			return i, ctr.CountErr(err)
-		}
-		var err error
-		if m.MC {
-			err = e.sendMulticast(ctx, m)
-		} else {
-			err = e.sendUnicast(ctx, m)
-		}
-		if err != nil {
-			return i, ctr.CountErr(err)
-		}
-		ctr.VELOSent.Add(1)
-		ctr.VELOSentBytes.Add(uint64(m.Len))
-	}
-	return len(msgs), nil
+	return e.sendUnicast(ctx, m)
 }
 
 func (e *endpoint) sendUnicast(ctx context.Context, m *fabric.Message) error {
@@ -193,18 +176,7 @@ func kill(r *region) {
 
 // ---- RMA ----
 
-func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
-	ctr := &e.nic.ctr
-	for i := range reqs {
-		if e.Closed.Load() {
-			return i, e.ErrClosed("post")
-		}
-		if err := e.post(&reqs[i]); err != nil {
-			return i, ctr.CountErr(err)
-		}
-	}
-	return len(reqs), nil
-}
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
 // post runs one request to completion: local checks (returned), remote
 // checks (error notification), the copy, and the Table 3.1 notifications.
@@ -258,24 +230,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	}
 	ctr.RMABytes.Add(uint64(r.Len))
 
-	localLast := fabric.LastFrame(r.Local, r.Len)
-	remoteLast := fabric.LastFrame(r.Remote, r.Len)
-	if r.Notify&fabric.NotifyRequester != 0 {
-		e.Notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
-	}
-	switch r.Op {
-	case fabric.OpPut:
-		if r.Notify&fabric.NotifyCompleter != 0 {
-			peer.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-		}
-	case fabric.OpGet:
-		if r.Notify&fabric.NotifyCompleter != 0 {
-			e.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
-		}
-		if r.Notify&fabric.NotifyResponder != 0 {
-			peer.Notify(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-		}
-	}
+	e.NotifyDone(r, peer.Notify)
 	return nil
 }
 

@@ -124,31 +124,14 @@ func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
 // (ErrPeerDown), ctx is done, or this endpoint or NIC closes
 // (net.ErrClosed).
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
-	ctr := &e.nic.ctr
-	if e.Closed.Load() {
-		return 0, e.ErrClosed("send")
+	return e.Core.Send(ctx, msgs, e.sendOne)
+}
+
+func (e *endpoint) sendOne(ctx context.Context, m *fabric.Message) error {
+	if m.MC {
+		return e.sendMulticast(ctx, m)
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("ofi: send: %w", err)
-	}
-	for i := range msgs {
-		m := &msgs[i]
-		if err := fabric.CheckSend(m); err != nil {
-			return i, ctr.CountErr(err)
-		}
-		var err error
-		if m.MC {
-			err = e.sendMulticast(ctx, m)
-		} else {
-			err = e.sendTo(ctx, m.Peer, m, false)
-		}
-		if err != nil {
-			return i, ctr.CountErr(err)
-		}
-		ctr.VELOSent.Add(1)
-		ctr.VELOSentBytes.Add(uint64(m.Len))
-	}
-	return len(msgs), nil
+	return e.sendTo(ctx, m.Peer, m, false)
 }
 
 // sendMulticast sends m to m.Peer.VPID on every other node; membership is

@@ -306,17 +306,7 @@ func (n *NIC) localRegion(e *endpoint, a fabric.NLA, length uint32) *region {
 
 // Post starts RMA requests in order (see fabric.Endpoint). A request to a
 // region not yet seen costs one query round trip to the target first.
-func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
-	for i := range reqs {
-		if e.Closed.Load() {
-			return i, e.ErrClosed("post")
-		}
-		if err := e.post(&reqs[i]); err != nil {
-			return i, e.nic.ctr.CountErr(err)
-		}
-	}
-	return len(reqs), nil
-}
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
 func (e *endpoint) post(r *fabric.RMA) error {
 	n := e.nic
@@ -449,30 +439,7 @@ func (e *endpoint) loopback(r *fabric.RMA, local *region) {
 		copy(lo, ro)
 	}
 	n.ctr.RMABytes.Add(uint64(r.Len))
-	e.notifyDone(r, t.Notify)
-}
-
-// notifyDone writes the Table 3.1 notifications of a finished request;
-// remote ones go through deliverRemote (a direct call or a pNotify).
-func (e *endpoint) notifyDone(r *fabric.RMA, deliverRemote func(fabric.Notification)) {
-	localLast := fabric.LastFrame(r.Local, r.Len)
-	remoteLast := fabric.LastFrame(r.Remote, r.Len)
-	if r.Notify&fabric.NotifyRequester != 0 {
-		e.Notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
-	}
-	switch r.Op {
-	case fabric.OpPut:
-		if r.Notify&fabric.NotifyCompleter != 0 {
-			deliverRemote(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-		}
-	case fabric.OpGet:
-		if r.Notify&fabric.NotifyCompleter != 0 {
-			e.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
-		}
-		if r.Notify&fabric.NotifyResponder != 0 {
-			deliverRemote(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-		}
-	}
+	e.NotifyDone(r, t.Notify)
 }
 
 // rmaDone finishes op slot i; fail is nil on success.
@@ -498,7 +465,7 @@ func (n *NIC) rmaDone(i int, fail *cqErr) {
 		return
 	}
 	n.ctr.RMABytes.Add(uint64(r.Len))
-	e.notifyDone(&r, func(nt fabric.Notification) {
+	e.NotifyDone(&r, func(nt fabric.Notification) {
 		var body [notifyBody]byte
 		nt.Encode(body[:])
 		n.sendCtl(r.Peer.Node, header{typ: pNotify, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: r.Peer.VPID}, body[:])

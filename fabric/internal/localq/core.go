@@ -184,3 +184,78 @@ func Deregister[O comparable, R any](c *Core, t *Table[O, R], owner O, base fabr
 	}
 	return r, nil
 }
+
+// SendStart is Send's entry check: the endpoint is open and ctx not done.
+func (c *Core) SendStart(ctx context.Context) error {
+	if c.Closed.Load() {
+		return c.ErrClosed("send")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: send: %w", c.prefix, err)
+	}
+	return nil
+}
+
+// CountSent counts one VELO message sent.
+func (c *Core) CountSent(m *fabric.Message) {
+	c.ctr.VELOSent.Add(1)
+	c.ctr.VELOSentBytes.Add(uint64(m.Len))
+}
+
+// Send is fabric.Endpoint.Send for a backend that sends one message at a
+// time: it checks each message (fabric.CheckSend), hands it to one and
+// counts it; errors are counted. one must not keep m.
+func (c *Core) Send(ctx context.Context, msgs []fabric.Message, one func(context.Context, *fabric.Message) error) (int, error) {
+	if err := c.SendStart(ctx); err != nil {
+		return 0, err
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		if err := fabric.CheckSend(m); err != nil {
+			return i, c.ctr.CountErr(err)
+		}
+		if err := one(ctx, m); err != nil {
+			return i, c.ctr.CountErr(err)
+		}
+		c.CountSent(m)
+	}
+	return len(msgs), nil
+}
+
+// Post is fabric.Endpoint.Post: it hands the requests to one in order,
+// stops at the first error (counted) and at Close.
+func (c *Core) Post(reqs []fabric.RMA, one func(*fabric.RMA) error) (int, error) {
+	for i := range reqs {
+		if c.Closed.Load() {
+			return i, c.ErrClosed("post")
+		}
+		if err := one(&reqs[i]); err != nil {
+			return i, c.ctr.CountErr(err)
+		}
+	}
+	return len(reqs), nil
+}
+
+// NotifyDone writes the Table 3.1 notifications of a finished request
+// (fabric.Notify): the local ones here, the remote ones through remote
+// (the peer endpoint's Notify, or a message to it).
+func (c *Core) NotifyDone(r *fabric.RMA, remote func(fabric.Notification)) {
+	localLast := fabric.LastFrame(r.Local, r.Len)
+	remoteLast := fabric.LastFrame(r.Remote, r.Len)
+	if r.Notify&fabric.NotifyRequester != 0 {
+		c.Notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
+	}
+	switch r.Op {
+	case fabric.OpPut:
+		if r.Notify&fabric.NotifyCompleter != 0 {
+			remote(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: c.addr, Len: r.Len, Local: remoteLast})
+		}
+	case fabric.OpGet:
+		if r.Notify&fabric.NotifyCompleter != 0 {
+			c.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
+		}
+		if r.Notify&fabric.NotifyResponder != 0 {
+			remote(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: c.addr, Len: r.Len, Local: remoteLast})
+		}
+	}
+}
