@@ -53,8 +53,8 @@ type NIC struct {
 	ctr  fabric.Counters
 	nctr netCounters
 
-	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
-	groups localq.Groups                 // multicast membership
+	eps    localq.Endpoints[endpoint] // open VPIDs; written under mu
+	groups localq.Groups              // multicast membership
 
 	sessions atomic.Pointer[map[fabric.NodeID]*session] // copy-on-write; replaced under mu
 
@@ -405,16 +405,10 @@ func (n *NIC) tick() {
 // ---- fabric.NIC ----
 
 func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed.Load() {
-		return nil, fmt.Errorf("fabnet: open vpid %d: %w", v, net.ErrClosed)
+	ep, err := localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "fabnet", n.id, v, func() *endpoint { return newEndpoint(n, v) })
+	if err != nil {
+		return nil, err
 	}
-	if n.eps[v].Load() != nil {
-		return nil, n.ctr.CountErr(fmt.Errorf("fabnet: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
-	}
-	ep := newEndpoint(n, v)
-	n.eps[v].Store(ep)
 	return ep, nil
 }
 

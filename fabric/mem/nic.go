@@ -24,9 +24,9 @@ type nic struct {
 	id  fabric.NodeID
 	ctr fabric.Counters
 
-	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
-	groups localq.Groups                 // multicast membership
-	down   chan struct{}                 // closed by Close: wakes blocked senders
+	eps    localq.Endpoints[endpoint] // open VPIDs; written under mu
+	groups localq.Groups              // multicast membership
+	down   chan struct{}              // closed by Close: wakes blocked senders
 	closed atomic.Bool
 
 	mu sync.Mutex // serialises Open, Close
@@ -47,16 +47,10 @@ func newNIC(c *Cluster, id fabric.NodeID) *nic {
 func (n *nic) Node() fabric.NodeID { return n.id }
 
 func (n *nic) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed.Load() {
-		return nil, fmt.Errorf("mem: open vpid %d: %w", v, net.ErrClosed)
+	ep, err := localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "mem", n.id, v, func() *endpoint { return newEndpoint(n, v) })
+	if err != nil {
+		return nil, err
 	}
-	if n.eps[v].Load() != nil {
-		return nil, n.ctr.CountErr(fmt.Errorf("mem: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
-	}
-	ep := newEndpoint(n, v)
-	n.eps[v].Store(ep)
 	return ep, nil
 }
 

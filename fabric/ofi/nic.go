@@ -92,7 +92,7 @@ type NIC struct {
 	ctlDests []*peer // destination of each busy control slot; progMu
 	txDests  []atomic.Pointer[peer]
 
-	eps   [256]atomic.Pointer[endpoint]
+	eps   localq.Endpoints[endpoint]
 	mu    sync.Mutex // Open, Close, epoch
 	epoch uint8
 
@@ -504,18 +504,14 @@ func (n *NIC) Node() fabric.NodeID { return n.id }
 
 // Open claims VPID v on this node.
 func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed.Load() {
-		return nil, fmt.Errorf("ofi: open vpid %d: %w", v, net.ErrClosed)
+	ep, err := localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "ofi", n.id, v, func() *endpoint {
+		n.epoch = (n.epoch + 1) & epochMask // under n.mu
+		return newEndpoint(n, v, n.epoch)
+	})
+	if err != nil {
+		return nil, err
 	}
-	if n.eps[v].Load() != nil {
-		return nil, n.ctr.CountErr(fmt.Errorf("ofi: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
-	}
-	n.epoch = (n.epoch + 1) & epochMask
-	e := newEndpoint(n, v, n.epoch)
-	n.eps[v].Store(e)
-	return e, nil
+	return ep, nil
 }
 
 // Join makes this node a member of g. Membership is checked where a
