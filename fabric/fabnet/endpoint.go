@@ -288,7 +288,7 @@ func (e *endpoint) deliverRemote(s *session, m *fabric.Message, group fabric.Gro
 	}
 	rc.out--
 	mb.reserved--
-	if m.MC && !e.nic.member(group) {
+	if m.MC && !e.nic.groups.Member(group) {
 		// Not (or no longer) a member: the slot goes back to the pool.
 		e.serveLocked()
 		mb.Mu.Unlock()

@@ -115,7 +115,7 @@ func open(cfg Config) (*NIC, error) {
 		hsSem: make(chan struct{}, maxHandshakes),
 	}
 	n.life, n.cancel = context.WithCancel(context.Background())
-	n.groups.Init("fabnet")
+	n.groups.Init("fabnet", &n.ctr, &n.closed)
 	n.regs.Init()
 	n.faults.Init(cfg.Logger, faultLogInterval, "node", n.id)
 	n.sessions.Store(&map[fabric.NodeID]*session{})
@@ -405,21 +405,15 @@ func (n *NIC) tick() {
 // ---- fabric.NIC ----
 
 func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	ep, err := localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "fabnet", n.id, v, func() *endpoint { return newEndpoint(n, v) })
-	if err != nil {
-		return nil, err
-	}
-	return ep, nil
+	return localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "fabnet", n.id, v, func() *endpoint { return newEndpoint(n, v) })
 }
 
 // Join adds this node to group g. Membership is checked by the receiving
 // node when a multicast frame arrives, so a Join is effective for every
 // frame that arrives after it returns.
-func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
+func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(g) }
 
-func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
-
-func (n *NIC) member(g fabric.Group) bool { return n.groups.Member(g) }
+func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(g) }
 
 // Peers lists the nodes with a live session, sorted.
 func (n *NIC) Peers() []fabric.NodeID {

@@ -45,14 +45,7 @@ func newEndpoint(n *nic, v fabric.VPID) *endpoint {
 // ---- VELO ----
 
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
-	return e.Core.Send(ctx, msgs, e.sendOne)
-}
-
-func (e *endpoint) sendOne(ctx context.Context, m *fabric.Message) error {
-	if m.MC {
-		return e.sendMulticast(ctx, m)
-	}
-	return e.sendUnicast(ctx, m)
+	return e.Core.Send(ctx, msgs, e.sendUnicast, e.sendMulticast)
 }
 
 func (e *endpoint) sendUnicast(ctx context.Context, m *fabric.Message) error {
@@ -73,7 +66,7 @@ func (e *endpoint) sendUnicast(ctx context.Context, m *fabric.Message) error {
 func (e *endpoint) sendMulticast(ctx context.Context, m *fabric.Message) error {
 	g := fabric.Group(m.Peer.Node)
 	for _, tn := range e.nic.c.live.Load().list {
-		if tn == e.nic || !tn.member(g) {
+		if tn == e.nic || !tn.groups.Member(g) {
 			continue
 		}
 		dst := tn.eps[m.Peer.VPID].Load()

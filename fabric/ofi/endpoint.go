@@ -124,13 +124,10 @@ func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
 // (ErrPeerDown), ctx is done, or this endpoint or NIC closes
 // (net.ErrClosed).
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
-	return e.Core.Send(ctx, msgs, e.sendOne)
+	return e.Core.Send(ctx, msgs, e.sendUnicast, e.sendMulticast)
 }
 
-func (e *endpoint) sendOne(ctx context.Context, m *fabric.Message) error {
-	if m.MC {
-		return e.sendMulticast(ctx, m)
-	}
+func (e *endpoint) sendUnicast(ctx context.Context, m *fabric.Message) error {
 	return e.sendTo(ctx, m.Peer, m, false)
 }
 
@@ -490,7 +487,7 @@ func (e *endpoint) deliver(h header, src fabric.NodeID, payload []byte) {
 		e.nic.faults.Warn("ofi velo message without credit account dropped", "from", from, "vpid", e.addr.VPID)
 		return
 	}
-	if h.typ == pMcast && !e.nic.member(h.group) {
+	if h.typ == pMcast && !e.nic.groups.Member(h.group) {
 		// Not a member: consumed at once, so the sender's credit returns.
 		e.consumeLocked(s)
 		e.mu.Unlock()

@@ -96,7 +96,7 @@ type NIC struct {
 	mu    sync.Mutex // Open, Close, epoch
 	epoch uint8
 
-	groups localq.Groups
+	groups localq.Groups // multicast membership
 
 	peersMu sync.RWMutex
 	peers   map[fabric.NodeID]*peer
@@ -233,7 +233,7 @@ func open(cfg Config) (*NIC, error) {
 		bgWake:    make(chan struct{}, 1),
 		inject:    f.injectSize(),
 	}
-	n.groups.Init("ofi")
+	n.groups.Init("ofi", &n.ctr, &n.closed)
 	n.faults.Init(n.log, faultLogInterval)
 	n.regs.Init()
 	if err := n.setupBuffers(); err != nil {
@@ -504,25 +504,19 @@ func (n *NIC) Node() fabric.NodeID { return n.id }
 
 // Open claims VPID v on this node.
 func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	ep, err := localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "ofi", n.id, v, func() *endpoint {
+	return localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "ofi", n.id, v, func() *endpoint {
 		n.epoch = (n.epoch + 1) & epochMask // under n.mu
 		return newEndpoint(n, v, n.epoch)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return ep, nil
 }
 
 // Join makes this node a member of g. Membership is checked where a
 // multicast lands (senders fan out to every node), so it takes effect at
 // once for every sender.
-func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
+func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(g) }
 
 // Leave removes this node from g; Broadcast cannot be left.
-func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
-
-func (n *NIC) member(g fabric.Group) bool { return n.groups.Member(g) }
+func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(g) }
 
 // Peers lists the peers currently up.
 func (n *NIC) Peers() []fabric.NodeID {

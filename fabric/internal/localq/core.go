@@ -203,9 +203,9 @@ func (c *Core) CountSent(m *fabric.Message) {
 }
 
 // Send is fabric.Endpoint.Send for a backend that sends one message at a
-// time: it checks each message (fabric.CheckSend), hands it to one and
-// counts it; errors are counted. one must not keep m.
-func (c *Core) Send(ctx context.Context, msgs []fabric.Message, one func(context.Context, *fabric.Message) error) (int, error) {
+// time: it checks each message (fabric.CheckSend), hands it to unicast or
+// (m.MC) multicast and counts it; errors are counted. Neither may keep m.
+func (c *Core) Send(ctx context.Context, msgs []fabric.Message, unicast, multicast func(context.Context, *fabric.Message) error) (int, error) {
 	if err := c.SendStart(ctx); err != nil {
 		return 0, err
 	}
@@ -213,6 +213,10 @@ func (c *Core) Send(ctx context.Context, msgs []fabric.Message, one func(context
 		m := &msgs[i]
 		if err := fabric.CheckSend(m); err != nil {
 			return i, c.ctr.CountErr(err)
+		}
+		one := unicast
+		if m.MC {
+			one = multicast
 		}
 		if err := one(ctx, m); err != nil {
 			return i, c.ctr.CountErr(err)

@@ -17,7 +17,10 @@ type Endpoints[E any] [256]atomic.Pointer[E]
 // under mu it refuses a closed NIC (net.ErrClosed) and a VPID in use
 // (fabric.ErrInUse, counted in ctr), else publishes mk() under v. prefix
 // starts the errors ("mem", ...).
-func Open[E any](eps *Endpoints[E], mu *sync.Mutex, closed *atomic.Bool, ctr *fabric.Counters, prefix string, node fabric.NodeID, v fabric.VPID, mk func() *E) (*E, error) {
+func Open[E any, P interface {
+	*E
+	fabric.Endpoint
+}](eps *Endpoints[E], mu *sync.Mutex, closed *atomic.Bool, ctr *fabric.Counters, prefix string, node fabric.NodeID, v fabric.VPID, mk func() P) (fabric.Endpoint, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	if closed.Load() {
@@ -27,6 +30,6 @@ func Open[E any](eps *Endpoints[E], mu *sync.Mutex, closed *atomic.Bool, ctr *fa
 		return nil, ctr.CountErr(fmt.Errorf("%s: open vpid %d on node %d: %w", prefix, v, node, fabric.ErrInUse))
 	}
 	e := mk()
-	eps[v].Store(e)
+	eps[v].Store((*E)(e))
 	return e, nil
 }
