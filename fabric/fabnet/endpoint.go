@@ -67,6 +67,9 @@ type mailbox struct {
 // freeLocked is what is neither queued nor reserved.
 func (mb *mailbox) freeLocked() int { return mb.Cap() - mb.NLocked() - mb.reserved }
 
+// roomLocked says whether a local sender may take a slot.
+func (mb *mailbox) roomLocked() bool { return mb.freeLocked() > 0 }
+
 type endpoint struct {
 	localq.Core // Addr, PollNotifications, Wait; notifications, closed state
 
@@ -236,38 +239,7 @@ func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message
 // deliverLocal puts m into dst's mailbox on this node, blocking while the
 // slots not reserved for peers are full.
 func (e *endpoint) deliverLocal(ctx context.Context, dst *endpoint, m *fabric.Message) error {
-	mb := &dst.mb
-	counted := false
-	for {
-		mb.Mu.Lock()
-		if mb.ClosedLocked() {
-			mb.Mu.Unlock()
-			return errVPIDGone
-		}
-		if mb.freeLocked() > 0 {
-			mb.PutLocked(e.addr, m)
-			mb.Mu.Unlock()
-			dst.Signal()
-			return nil
-		}
-		space := mb.SpaceLocked()
-		mb.Mu.Unlock()
-		if !counted {
-			e.nic.ctr.SendBlocked.Add(1)
-			counted = true
-		}
-		select {
-		case <-space:
-		case <-dst.Done:
-			return errVPIDGone
-		case <-e.Done:
-			return e.ErrClosed("send")
-		case <-e.nic.down:
-			return e.ErrClosed("send")
-		case <-ctx.Done():
-			return fmt.Errorf("fabnet: send to %v: %w", dst.addr, ctx.Err())
-		}
-	}
+	return e.Deliver(ctx, &dst.Core, &dst.mb.Mailbox, m, dst.mb.roomLocked, errVPIDGone, nil, e.nic.down)
 }
 
 // deliverRemote takes a VELO message the peer of s sent with a credit.

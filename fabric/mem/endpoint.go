@@ -90,40 +90,7 @@ func isPeerDown(err error) bool { return err == errPeerGone }
 
 // deliver puts one message into dst's mailbox, blocking while it is full.
 func (e *endpoint) deliver(ctx context.Context, dst *endpoint, m *fabric.Message) error {
-	mb := &dst.mb
-	counted := false
-	for {
-		mb.Mu.Lock()
-		if mb.ClosedLocked() {
-			mb.Mu.Unlock()
-			return errPeerGone
-		}
-		if mb.NLocked() < mb.Cap() {
-			mb.PutLocked(e.addr, m)
-			mb.Mu.Unlock()
-			dst.Signal()
-			return nil
-		}
-		space := mb.SpaceLocked()
-		mb.Mu.Unlock()
-		if !counted {
-			e.nic.ctr.SendBlocked.Add(1)
-			counted = true
-		}
-		select {
-		case <-space:
-		case <-dst.Done:
-			return errPeerGone
-		case <-dst.nic.down:
-			return errPeerGone
-		case <-e.Done:
-			return e.ErrClosed("send")
-		case <-e.nic.down:
-			return e.ErrClosed("send")
-		case <-ctx.Done():
-			return fmt.Errorf("mem: send to %v: %w", dst.addr, ctx.Err())
-		}
-	}
+	return e.Deliver(ctx, &dst.Core, &dst.mb, m, nil, errPeerGone, dst.nic.down, e.nic.down)
 }
 
 func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {

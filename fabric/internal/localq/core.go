@@ -263,3 +263,46 @@ func (c *Core) NotifyDone(r *fabric.RMA, remote func(fabric.Notification)) {
 		}
 	}
 }
+
+// Deliver copies m from c's endpoint into the mailbox mb of the endpoint
+// dst on the same node, blocking while it has no room: room (called with
+// mb.Mu held; nil: any free slot) says whether a local sender may take a
+// slot. A blocked send is counted once in SendBlocked. It returns gone if
+// dst closes or its node goes down (dstDown; nil if it cannot), c's
+// ErrClosed if c's endpoint closes or its node goes down (selfDown), and
+// ctx's error.
+func (c *Core) Deliver(ctx context.Context, dst *Core, mb *Mailbox, m *fabric.Message, room func() bool, gone error, dstDown, selfDown <-chan struct{}) error {
+	counted := false
+	for {
+		mb.Mu.Lock()
+		if mb.ClosedLocked() {
+			mb.Mu.Unlock()
+			return gone
+		}
+		if room == nil && mb.NLocked() < mb.Cap() || room != nil && room() {
+			mb.PutLocked(c.addr, m)
+			mb.Mu.Unlock()
+			dst.Signal()
+			return nil
+		}
+		space := mb.SpaceLocked()
+		mb.Mu.Unlock()
+		if !counted {
+			c.ctr.SendBlocked.Add(1)
+			counted = true
+		}
+		select {
+		case <-space:
+		case <-dst.Done:
+			return gone
+		case <-dstDown:
+			return gone
+		case <-c.Done:
+			return c.ErrClosed("send")
+		case <-selfDown:
+			return c.ErrClosed("send")
+		case <-ctx.Done():
+			return fmt.Errorf("%s: send to %v: %w", c.prefix, dst.addr, ctx.Err())
+		}
+	}
+}
