@@ -349,20 +349,10 @@ func (e *endpoint) dropPeer(s *session) {
 	mb.Mu.Unlock()
 }
 
+// Recv frees slots: it wakes local senders and grants credits to waiting
+// peers (serveLocked).
 func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
-	mb := &e.mb
-	mb.Mu.Lock()
-	if mb.ClosedLocked() {
-		mb.Mu.Unlock()
-		return 0, e.ErrClosed("recv")
-	}
-	k, bytes := mb.TakeLocked(msgs)
-	if k > 0 {
-		e.serveLocked()
-	}
-	mb.Mu.Unlock()
-	e.CountRecv(k, bytes)
-	return k, nil
+	return e.Core.Recv(&e.mb.Mailbox, msgs, e.serveLocked)
 }
 
 // ---- notifications ----

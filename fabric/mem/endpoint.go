@@ -94,19 +94,7 @@ func (e *endpoint) deliver(ctx context.Context, dst *endpoint, m *fabric.Message
 }
 
 func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
-	mb := &e.mb
-	mb.Mu.Lock()
-	if mb.ClosedLocked() {
-		mb.Mu.Unlock()
-		return 0, e.ErrClosed("recv")
-	}
-	k, bytes := mb.TakeLocked(msgs)
-	if k > 0 {
-		mb.WakeLocked()
-	}
-	mb.Mu.Unlock()
-	e.CountRecv(k, bytes)
-	return k, nil
+	return e.Core.Recv(&e.mb, msgs, e.mb.WakeLocked)
 }
 
 // ---- registration ----

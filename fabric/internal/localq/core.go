@@ -306,3 +306,21 @@ func (c *Core) Deliver(ctx context.Context, dst *Core, mb *Mailbox, m *fabric.Me
 		}
 	}
 }
+
+// Recv is fabric.Endpoint.Recv over mb: it copies up to len(msgs)
+// messages out and counts them; freed runs with mb.Mu held when slots
+// were freed (wake senders, grant credits). It never blocks.
+func (c *Core) Recv(mb *Mailbox, msgs []fabric.Message, freed func()) (int, error) {
+	mb.Mu.Lock()
+	if mb.ClosedLocked() {
+		mb.Mu.Unlock()
+		return 0, c.ErrClosed("recv")
+	}
+	k, bytes := mb.TakeLocked(msgs)
+	if k > 0 {
+		freed()
+	}
+	mb.Mu.Unlock()
+	c.CountRecv(k, bytes)
+	return k, nil
+}

@@ -1,10 +1,12 @@
 // Package localq is the endpoint core the in-process-queue backends
 // (fabric/mem, fabric/fabnet, fabric/ofi) share: Core (embedded in each
-// backend's endpoint: notification queue and its overflow accounting,
-// PollNotifications, the spin-then-sleep Wait, closed flag and done
-// channel, registration checks, the errors' wording), the bounded
-// Mailbox mem and fabnet receive into, the region table and the
-// multicast group bitmap. It knows nothing of transports; each backend
+// backend's endpoint: the Send and Post loops with their accounting,
+// notification queue and its overflow accounting, PollNotifications,
+// the spin-then-sleep Wait, closed flag and done channel, registration
+// checks, the completion notifications of Table 3.1, the errors'
+// wording), the bounded Mailbox mem and fabnet receive into (with
+// Core.Recv and the blocking Core.Deliver), Open's VPID table, the region
+// table and the multicast group bitmap. It knows nothing of transports; each backend
 // keeps only what is its own: its send path and back-pressure (credits in
 // fabnet and ofi), ofi's growing mailbox, RMA, and the body of Close.
 //
