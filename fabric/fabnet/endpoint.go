@@ -385,12 +385,7 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 // any more (a transfer reading or writing it from the network finishes
 // its current chunk first).
 func (e *endpoint) Deregister(base fabric.NLA) error {
-	r, err := localq.Deregister(&e.Core, &e.nic.regs, e, base)
-	if err != nil {
-		return err
-	}
-	r.kill()
-	return nil
+	return localq.Deregister(&e.Core, &e.nic.regs, e, base, (*region).kill)
 }
 
 // ---- RMA ----

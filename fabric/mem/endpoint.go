@@ -107,12 +107,7 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 }
 
 func (e *endpoint) Deregister(base fabric.NLA) error {
-	r, err := localq.Deregister(&e.Core, &e.nic.regs, e, base)
-	if err != nil {
-		return err
-	}
-	kill(r)
-	return nil
+	return localq.Deregister(&e.Core, &e.nic.regs, e, base, kill)
 }
 
 // kill waits for copies in flight on r and marks it dead.

@@ -129,12 +129,7 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 // Deregister releases a region by its base NLA. Own requests in flight on
 // it finish first; remote requests afterwards get an error notification.
 func (e *endpoint) Deregister(base fabric.NLA) error {
-	r, err := localq.Deregister(&e.Core, &e.nic.regs, e, base)
-	if err != nil {
-		return err
-	}
-	e.nic.release(r)
-	return nil
+	return localq.Deregister(&e.Core, &e.nic.regs, e, base, e.nic.release)
 }
 
 func (n *NIC) deregisterAll(e *endpoint) {

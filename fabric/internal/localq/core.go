@@ -175,14 +175,16 @@ func Register[O comparable, R any](c *Core, t *Table[O, R], owner O, size int, m
 	return fabric.Region{NLA: fabric.MakeNLA(idx, 0), Buf: buf}, nil
 }
 
-// Deregister unpublishes owner's region at base and returns it for the
-// backend to retire; a base that is not owner's is a counted error.
-func Deregister[O comparable, R any](c *Core, t *Table[O, R], owner O, base fabric.NLA) (R, error) {
+// Deregister unpublishes owner's region at base and hands it to retire
+// (which returns once nothing uses it any more); a base that is not
+// owner's is a counted error.
+func Deregister[O comparable, R any](c *Core, t *Table[O, R], owner O, base fabric.NLA, retire func(R)) error {
 	r, ok := t.Remove(owner, base)
 	if !ok {
-		return r, c.ErrNotRegion(base)
+		return c.ErrNotRegion(base)
 	}
-	return r, nil
+	retire(r)
+	return nil
 }
 
 // SendStart is Send's entry check: the endpoint is open and ctx not done.
