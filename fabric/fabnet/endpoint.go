@@ -396,14 +396,10 @@ func (e *endpoint) Deregister(base fabric.NLA) error {
 func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
 func (e *endpoint) post(r *fabric.RMA) error {
-	if err := fabric.CheckRMA(r); err != nil {
+	local, err := localq.PostLocal(&e.Core, &e.nic.regs, e, r)
+	if err != nil {
 		return err
 	}
-	local, lerr := e.nic.regs.Check(e, r.Local, uint64(r.Len))
-	if lerr != fabric.NErrNone {
-		return e.ErrNotLocal(r)
-	}
-	e.nic.ctr.RMAPosted[r.Op].Add(1)
 	if r.Peer.Node == e.addr.Node {
 		e.postLocal(r, local)
 		return nil

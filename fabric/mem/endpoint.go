@@ -124,15 +124,11 @@ func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(req
 // post runs one request to completion: local checks (returned), remote
 // checks (error notification), the copy, and the Table 3.1 notifications.
 func (e *endpoint) post(r *fabric.RMA) error {
-	if err := fabric.CheckRMA(r); err != nil {
+	local, err := localq.PostLocal(&e.Core, &e.nic.regs, e, r)
+	if err != nil {
 		return err
 	}
-	local, lerr := e.nic.regs.Check(e, r.Local, uint64(r.Len))
-	if lerr != fabric.NErrNone {
-		return e.ErrNotLocal(r)
-	}
 	ctr := &e.nic.ctr
-	ctr.RMAPosted[r.Op].Add(1)
 
 	remote, peer, nerr := e.resolveRemote(r)
 	if nerr != fabric.NErrNone {

@@ -310,7 +310,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	}
 	local := n.localRegion(e, r.Local, r.Len)
 	if local == nil {
-		return fmt.Errorf("ofi: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
+		return e.ErrNotLocal(r)
 	}
 	n.ctr.RMAPosted[r.Op].Add(1)
 	if r.Peer.Node == n.id {

@@ -326,3 +326,19 @@ func (c *Core) Recv(mb *Mailbox, msgs []fabric.Message, freed func()) (int, erro
 	c.CountRecv(k, bytes)
 	return k, nil
 }
+
+// PostLocal is the start of every request Post takes: the request is
+// well formed (fabric.CheckRMA) and its local range lies in one of
+// owner's regions in t (else ErrNotLocal); then it counts as posted.
+func PostLocal[O comparable, R any](c *Core, t *Table[O, R], owner O, r *fabric.RMA) (R, error) {
+	var zero R
+	if err := fabric.CheckRMA(r); err != nil {
+		return zero, err
+	}
+	local, nerr := t.Check(owner, r.Local, uint64(r.Len))
+	if nerr != fabric.NErrNone {
+		return zero, c.ErrNotLocal(r)
+	}
+	c.ctr.RMAPosted[r.Op].Add(1)
+	return local, nil
+}
