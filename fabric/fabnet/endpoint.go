@@ -11,22 +11,21 @@ package fabnet
 //	Post ─┬─ own node:  inline copy between acquired regions, notifications
 //	      └─ remote:    pending slab + PUT bulk item / GET request frame;
 //	                    notifications when the ack / last chunk arrives
-//	Wait: localq.Waiter: check the atomic lengths, then park (waitSpin
-//	      is 0 here, unlike mem: see its comment). The notification
-//	      queue (localq.NotifyQueue) and the region table (nic.regs,
-//	      localq.Table) have their own locks.
+//	Notifications, PollNotifications, Wait, Register's checks: the shared
+//	      endpoint core (localq.Core: notification queue, spin-then-sleep
+//	      waiter, closed flag and done channel). The notification queue
+//	      and the region table (nic.regs, localq.Table) have their own
+//	      locks.
 //
-// Mailbox accounting (mb.mu): n queued + reserved (credits granted to
-// peers and not yet spent) never exceeds len(ring); local senders may use
-// only what is neither queued nor reserved. mb.mu also guards rx (credit
-// state per peer session) and waiters (peers owed a grant).
+// Mailbox accounting (mb.Mu): queued + reserved (credits granted to
+// peers and not yet spent) never exceeds the ring (localq.Mailbox);
+// local senders may use only what is neither queued nor reserved. mb.Mu
+// also guards reserved, rx (credit state per peer session) and waiters
+// (peers owed a grant).
 
 import (
 	"context"
 	"fmt"
-	"net"
-	"sync"
-	"sync/atomic"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
@@ -56,52 +55,38 @@ type rxCredit struct {
 	waiting bool
 }
 
+// mailbox is the shared ring plus fabnet's credit accounting; all of it
+// under Mu.
 type mailbox struct {
-	mu       sync.Mutex
-	ring     []fabric.Message
-	head, n  int
+	localq.Mailbox
 	reserved int
-	closed   bool
-	space    chan struct{}
 	rx       map[*session]*rxCredit
 	waiters  []*session
-	length   atomic.Int32
 }
 
+// freeLocked is what is neither queued nor reserved.
+func (mb *mailbox) freeLocked() int { return mb.Cap() - mb.NLocked() - mb.reserved }
+
+// roomLocked says whether a local sender may take a slot.
+func (mb *mailbox) roomLocked() bool { return mb.freeLocked() > 0 }
+
 type endpoint struct {
+	localq.Core // Addr, PollNotifications, Wait; notifications, closed state
+
 	nic  *NIC
 	addr fabric.Addr
 	mb   mailbox
-	nq   localq.NotifyQueue
-
-	w      localq.Waiter
-	done   chan struct{}
-	closed atomic.Bool
 }
 
 func newEndpoint(n *NIC, v fabric.VPID) *endpoint {
-	e := &endpoint{
-		nic:  n,
-		addr: fabric.Addr{Node: n.id, VPID: v},
-		mb:   mailbox{ring: make([]fabric.Message, n.cfg.MailboxSlots), rx: make(map[*session]*rxCredit)},
-		done: make(chan struct{}),
-	}
-	e.nq.Init(n.cfg.NotifyDepth)
-	e.w.Init(waitSpin, e.ready, &e.closed, e.done)
+	e := &endpoint{nic: n, addr: fabric.Addr{Node: n.id, VPID: v}}
+	e.mb.Init(n.cfg.MailboxSlots)
+	e.mb.rx = make(map[*session]*rxCredit)
+	e.Core.Init(e.addr, "fabnet", &n.ctr, &n.faults, e.mb.Length(), n.cfg.NotifyDepth, waitSpin)
 	return e
 }
 
-func (e *endpoint) Addr() fabric.Addr { return e.addr }
-
-func (e *endpoint) errClosed(op string) error {
-	return fmt.Errorf("fabnet: %s on %v: %w", op, e.addr, net.ErrClosed)
-}
-
-func (e *endpoint) signal() { e.w.Signal() }
-
-func (e *endpoint) ready() bool { return e.mb.length.Load() > 0 || e.nq.Len() > 0 }
-
-func (e *endpoint) grantSize() int { return max(1, min(maxGrant, len(e.mb.ring)/4)) }
+func (e *endpoint) grantSize() int { return max(1, min(maxGrant, e.mb.Cap()/4)) }
 
 // ---- VELO send ----
 
@@ -110,11 +95,8 @@ func (e *endpoint) grantSize() int { return max(1, min(maxGrant, len(e.mb.ring)/
 // a credit: the peer's mailbox has a slot reserved for it.
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
 	ctr := &e.nic.ctr
-	if e.closed.Load() {
-		return 0, e.errClosed("send")
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("fabnet: send: %w", err)
+	if err := e.SendStart(ctx); err != nil {
+		return 0, err
 	}
 	// Messages to one node are queued by sendRemote and the writer is
 	// kicked when the batch moves to another node or ends: one wake-up
@@ -155,8 +137,7 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 			}
 			return i, ctr.CountErr(err)
 		}
-		ctr.VELOSent.Add(1)
-		ctr.VELOSentBytes.Add(uint64(m.Len))
+		e.CountSent(m)
 	}
 	if queued != nil {
 		queued.kick()
@@ -236,10 +217,10 @@ func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message
 		case <-ch:
 		case <-s.dead:
 			return errSessDown
-		case <-e.done:
-			return e.errClosed("send")
+		case <-e.Done:
+			return e.ErrClosed("send")
 		case <-e.nic.down:
-			return e.errClosed("send")
+			return e.ErrClosed("send")
 		case <-ctx.Done():
 			return fmt.Errorf("fabnet: send to %v: %w", m.Peer, ctx.Err())
 		}
@@ -258,51 +239,7 @@ func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message
 // deliverLocal puts m into dst's mailbox on this node, blocking while the
 // slots not reserved for peers are full.
 func (e *endpoint) deliverLocal(ctx context.Context, dst *endpoint, m *fabric.Message) error {
-	mb := &dst.mb
-	counted := false
-	for {
-		mb.mu.Lock()
-		if mb.closed {
-			mb.mu.Unlock()
-			return errVPIDGone
-		}
-		if mb.n+mb.reserved < len(mb.ring) {
-			dst.putLocked(e.addr, m)
-			mb.mu.Unlock()
-			dst.signal()
-			return nil
-		}
-		if mb.space == nil {
-			mb.space = make(chan struct{})
-		}
-		space := mb.space
-		mb.mu.Unlock()
-		if !counted {
-			e.nic.ctr.SendBlocked.Add(1)
-			counted = true
-		}
-		select {
-		case <-space:
-		case <-dst.done:
-			return errVPIDGone
-		case <-e.done:
-			return e.errClosed("send")
-		case <-e.nic.down:
-			return e.errClosed("send")
-		case <-ctx.Done():
-			return fmt.Errorf("fabnet: send to %v: %w", dst.addr, ctx.Err())
-		}
-	}
-}
-
-// putLocked appends m from src to the ring; the caller checked room.
-func (e *endpoint) putLocked(src fabric.Addr, m *fabric.Message) {
-	mb := &e.mb
-	s := &mb.ring[(mb.head+mb.n)%len(mb.ring)]
-	s.Peer, s.MC, s.Tag, s.Len = src, m.MC, m.Tag, m.Len
-	copy(s.Data[:m.Len], m.Data[:m.Len])
-	mb.n++
-	mb.length.Store(int32(mb.n))
+	return e.Deliver(ctx, &dst.Core, &dst.mb.Mailbox, m, dst.mb.roomLocked, errVPIDGone, nil, e.nic.down)
 }
 
 // deliverRemote takes a VELO message the peer of s sent with a credit.
@@ -310,11 +247,12 @@ func (e *endpoint) putLocked(src fabric.Addr, m *fabric.Message) {
 // before the peer learnt this VPID closed), then it is dropped.
 func (e *endpoint) deliverRemote(s *session, m *fabric.Message, group fabric.Group, fenced bool) error {
 	mb := &e.mb
-	mb.mu.Lock()
+	mb.Mu.Lock()
 	rc := mb.rx[s]
-	if mb.closed || rc == nil || rc.out == 0 {
-		mb.mu.Unlock()
-		if fenced || mb.closed {
+	if mb.ClosedLocked() || rc == nil || rc.out == 0 {
+		closed := mb.ClosedLocked()
+		mb.Mu.Unlock()
+		if fenced || closed {
 			e.nic.nctr.staleVELO.Add(1)
 			return nil
 		}
@@ -322,15 +260,15 @@ func (e *endpoint) deliverRemote(s *session, m *fabric.Message, group fabric.Gro
 	}
 	rc.out--
 	mb.reserved--
-	if m.MC && !e.nic.member(group) {
+	if m.MC && !e.nic.groups.Member(group) {
 		// Not (or no longer) a member: the slot goes back to the pool.
 		e.serveLocked()
-		mb.mu.Unlock()
+		mb.Mu.Unlock()
 		return nil
 	}
-	e.putLocked(m.Peer, m)
-	mb.mu.Unlock()
-	e.signal()
+	mb.PutLocked(m.Peer, m)
+	mb.Mu.Unlock()
+	e.Signal()
 	return nil
 }
 
@@ -338,9 +276,9 @@ func (e *endpoint) deliverRemote(s *session, m *fabric.Message, group fabric.Gro
 // free, else a place in the waiters queue. False if the endpoint closed.
 func (e *endpoint) creditRequest(s *session) bool {
 	mb := &e.mb
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	if mb.closed {
+	mb.Mu.Lock()
+	defer mb.Mu.Unlock()
+	if mb.ClosedLocked() {
 		return false
 	}
 	rc := mb.rx[s]
@@ -348,7 +286,7 @@ func (e *endpoint) creditRequest(s *session) bool {
 		rc = &rxCredit{}
 		mb.rx[s] = rc
 	}
-	if free := len(mb.ring) - mb.n - mb.reserved; free > 0 && !rc.waiting {
+	if free := mb.freeLocked(); free > 0 && !rc.waiting {
 		e.grantLocked(s, rc, free)
 		return true
 	}
@@ -372,12 +310,9 @@ func (e *endpoint) grantLocked(s *session, rc *rxCredit, free int) {
 // serveLocked hands free slots to local senders and waiting peers.
 func (e *endpoint) serveLocked() {
 	mb := &e.mb
-	if mb.space != nil {
-		close(mb.space)
-		mb.space = nil
-	}
+	mb.WakeLocked()
 	for len(mb.waiters) > 0 {
-		free := len(mb.ring) - mb.n - mb.reserved
+		free := mb.freeLocked()
 		if free <= 0 {
 			return
 		}
@@ -397,7 +332,7 @@ func (e *endpoint) serveLocked() {
 // dropPeer releases everything a dead session held on this mailbox.
 func (e *endpoint) dropPeer(s *session) {
 	mb := &e.mb
-	mb.mu.Lock()
+	mb.Mu.Lock()
 	if rc := mb.rx[s]; rc != nil {
 		mb.reserved -= rc.out
 		delete(mb.rx, s)
@@ -407,131 +342,50 @@ func (e *endpoint) dropPeer(s *session) {
 				break
 			}
 		}
-		if !mb.closed {
+		if !mb.ClosedLocked() {
 			e.serveLocked()
 		}
 	}
-	mb.mu.Unlock()
+	mb.Mu.Unlock()
 }
 
+// Recv frees slots: it wakes local senders and grants credits to waiting
+// peers (serveLocked).
 func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
-	mb := &e.mb
-	mb.mu.Lock()
-	if mb.closed {
-		mb.mu.Unlock()
-		return 0, e.errClosed("recv")
-	}
-	k := min(len(msgs), mb.n)
-	var bytes uint64
-	for i := 0; i < k; i++ {
-		s := &mb.ring[mb.head]
-		d := &msgs[i]
-		d.Peer, d.MC, d.Tag, d.Len = s.Peer, s.MC, s.Tag, s.Len
-		copy(d.Data[:s.Len], s.Data[:s.Len])
-		bytes += uint64(s.Len)
-		if mb.head++; mb.head == len(mb.ring) {
-			mb.head = 0
-		}
-	}
-	mb.n -= k
-	mb.length.Store(int32(mb.n))
-	if k > 0 {
-		e.serveLocked()
-	}
-	mb.mu.Unlock()
-	if k > 0 {
-		e.nic.ctr.VELORecv.Add(uint64(k))
-		e.nic.ctr.VELORecvBytes.Add(bytes)
-	}
-	return k, nil
+	return e.Core.Recv(&e.mb.Mailbox, msgs, e.serveLocked)
 }
 
 // ---- notifications ----
 
-// notify queues one notification; it never blocks (overflow is dropped
-// and counted), and a closed endpoint drops it silently.
-func (e *endpoint) notify(n fabric.Notification) {
-	switch e.nq.Push(&e.nic.ctr, n) {
-	case localq.Queued:
-		e.signal()
-	case localq.Full:
-		e.nic.faults.Warn("fabnet notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
-	}
-}
-
-func (e *endpoint) errorNotify(r *fabric.RMA, nerr fabric.NotifyErr) {
-	e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Err: nerr, Peer: r.Peer, Len: r.Len, Local: r.Local})
-}
-
 // complete writes the requester-side notifications of a finished request.
 func (e *endpoint) complete(r *fabric.RMA, nerr fabric.NotifyErr) {
 	if nerr != fabric.NErrNone {
-		e.errorNotify(r, nerr)
+		e.ErrorNotify(r, nerr)
 		return
 	}
 	e.nic.ctr.RMABytes.Add(uint64(r.Len))
 	last := fabric.LastFrame(r.Local, r.Len)
 	if r.Notify&fabric.NotifyRequester != 0 {
-		e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: last})
+		e.Notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: last})
 	}
 	if r.Op == fabric.OpGet && r.Notify&fabric.NotifyCompleter != 0 {
-		e.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: last})
+		e.Notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: last})
 	}
-}
-
-func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
-	k, ok := e.nq.Poll(ns)
-	if !ok {
-		return 0, e.errClosed("poll notifications")
-	}
-	return k, nil
-}
-
-// ---- waiting ----
-
-func (e *endpoint) Wait(ctx context.Context) error {
-	switch e.w.Wait(ctx) {
-	case localq.Closed:
-		return e.errClosed("wait")
-	case localq.Cancelled:
-		return fmt.Errorf("fabnet: wait: %w", ctx.Err())
-	}
-	return nil
 }
 
 // ---- registration ----
 
 func (e *endpoint) Register(size int) (fabric.Region, error) {
-	ctr := &e.nic.ctr
-	if size <= 0 || uint64(size) > fabric.MaxRegionSize {
-		return fabric.Region{}, ctr.CountErr(fmt.Errorf("fabnet: register %d bytes: %w", size, fabric.ErrInvalid))
-	}
-	n := e.nic
-	n.regs.Lock()
-	defer n.regs.Unlock()
-	if e.closed.Load() {
-		return fabric.Region{}, e.errClosed("register")
-	}
-	idx, ok := n.regs.ReserveLocked()
-	if !ok {
-		return fabric.Region{}, ctr.CountErr(fmt.Errorf("fabnet: register: region indices exhausted: %w", fabric.ErrInvalid))
-	}
-	r := &region{idx: idx, owner: e, buf: make([]byte, size)}
-	n.regs.PutLocked(idx, e, r, uint64(size))
-	return fabric.Region{NLA: fabric.MakeNLA(r.idx, 0), Buf: r.buf}, nil
+	return localq.Register(&e.Core, &e.nic.regs, e, size, func(idx uint32, buf []byte) *region {
+		return &region{idx: idx, owner: e, buf: buf}
+	})
 }
 
 // Deregister releases a region; it returns once no transfer touches it
 // any more (a transfer reading or writing it from the network finishes
 // its current chunk first).
 func (e *endpoint) Deregister(base fabric.NLA) error {
-	n := e.nic
-	r, ok := n.regs.Remove(e, base)
-	if !ok {
-		return n.ctr.CountErr(fmt.Errorf("fabnet: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
-	}
-	r.kill()
-	return nil
+	return localq.Deregister(&e.Core, &e.nic.regs, e, base, (*region).kill)
 }
 
 // ---- RMA ----
@@ -539,40 +393,25 @@ func (e *endpoint) Deregister(base fabric.NLA) error {
 // Post starts RMA requests. Requests to this node complete before Post
 // returns; requests to another node complete asynchronously and report
 // through notifications only.
-func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
-	ctr := &e.nic.ctr
-	for i := range reqs {
-		if e.closed.Load() {
-			return i, e.errClosed("post")
-		}
-		if err := e.post(&reqs[i]); err != nil {
-			return i, ctr.CountErr(err)
-		}
-	}
-	return len(reqs), nil
-}
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
 func (e *endpoint) post(r *fabric.RMA) error {
-	if err := fabric.CheckRMA(r); err != nil {
+	local, err := localq.PostLocal(&e.Core, &e.nic.regs, e, r)
+	if err != nil {
 		return err
 	}
-	local, lerr := e.nic.regs.Check(e, r.Local, uint64(r.Len))
-	if lerr != fabric.NErrNone {
-		return fmt.Errorf("fabnet: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
-	}
-	e.nic.ctr.RMAPosted[r.Op].Add(1)
 	if r.Peer.Node == e.addr.Node {
 		e.postLocal(r, local)
 		return nil
 	}
 	s, err := e.nic.lookup(r.Peer.Node)
 	if err != nil {
-		e.errorNotify(r, fabric.NErrPeerDown)
+		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
 	id, ok := s.alloc(e, r, local)
 	if !ok {
-		e.errorNotify(r, fabric.NErrPeerDown)
+		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
 	if r.Op == fabric.OpPut {
@@ -602,16 +441,16 @@ func (e *endpoint) post(r *fabric.RMA) error {
 func (e *endpoint) postLocal(r *fabric.RMA, local *region) {
 	peer, remote, nerr := e.nic.remoteRegion(r.Peer.VPID, r.Remote, uint64(r.Len))
 	if nerr != fabric.NErrNone {
-		e.errorNotify(r, nerr)
+		e.ErrorNotify(r, nerr)
 		return
 	}
 	if !local.acquire() {
-		e.errorNotify(r, fabric.NErrAccess)
+		e.ErrorNotify(r, fabric.NErrAccess)
 		return
 	}
 	if !remote.acquire() {
 		local.release()
-		e.errorNotify(r, fabric.NErrAccess)
+		e.ErrorNotify(r, fabric.NErrAccess)
 		return
 	}
 	lo, ro := local.buf[r.Local.Offset():][:r.Len], remote.buf[r.Remote.Offset():][:r.Len]
@@ -622,14 +461,8 @@ func (e *endpoint) postLocal(r *fabric.RMA, local *region) {
 	}
 	remote.release()
 	local.release()
-	e.complete(r, fabric.NErrNone)
-	remoteLast := fabric.LastFrame(r.Remote, r.Len)
-	switch {
-	case r.Op == fabric.OpPut && r.Notify&fabric.NotifyCompleter != 0:
-		peer.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-	case r.Op == fabric.OpGet && r.Notify&fabric.NotifyResponder != 0:
-		peer.notify(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-	}
+	e.nic.ctr.RMABytes.Add(uint64(r.Len))
+	e.NotifyDone(r, peer.Notify)
 }
 
 // ---- close ----
@@ -639,15 +472,12 @@ func (e *endpoint) postLocal(r *fabric.RMA, local *region) {
 // after transfers in flight finish their chunk, its own blocked calls
 // return net.ErrClosed.
 func (e *endpoint) Close() error {
-	if e.closed.Swap(true) {
+	if !e.Shut() {
 		return nil
 	}
-	close(e.done)
 	v := e.addr.VPID
-	e.mb.mu.Lock()
-	e.mb.closed = true
-	e.mb.n = 0
-	e.mb.length.Store(0)
+	e.mb.Mu.Lock()
+	e.mb.CloseLocked()
 	for s := range e.mb.rx {
 		if !s.isDead() {
 			s.sentClosed[v].Add(1)
@@ -658,12 +488,8 @@ func (e *endpoint) Close() error {
 	clear(e.mb.rx)
 	e.mb.waiters = nil
 	e.mb.reserved = 0
-	if e.mb.space != nil {
-		close(e.mb.space)
-		e.mb.space = nil
-	}
-	e.mb.mu.Unlock()
-	e.nq.Close()
+	e.mb.Mu.Unlock()
+	e.NQ.Close()
 
 	n := e.nic
 	for _, r := range n.regs.RemoveOwner(e) {

@@ -98,13 +98,16 @@ func FuzzReadLoop(f *testing.F) {
 			}
 		}
 		mb := &e5.mb
-		mb.mu.Lock()
-		bad := mb.n > len(mb.ring) || mb.reserved < 0 || len(mb.rx) != 0
-		mb.n, mb.head = 0, 0
-		mb.length.Store(0)
-		mb.mu.Unlock()
+		mb.Mu.Lock()
+		n := mb.NLocked()
+		bad := n > mb.Cap() || mb.reserved < 0 || len(mb.rx) != 0
+		var drop [16]fabric.Message
+		for mb.NLocked() > 0 {
+			mb.TakeLocked(drop[:])
+		}
+		mb.Mu.Unlock()
 		if bad {
-			t.Fatalf("mailbox accounting broken: n %d reserved %d rx %d", mb.n, mb.reserved, len(mb.rx))
+			t.Fatalf("mailbox accounting broken: n %d reserved %d rx %d", n, mb.reserved, len(mb.rx))
 		}
 		var ns [64]fabric.Notification
 		for k, _ := ep5.PollNotifications(ns[:]); k > 0; k, _ = ep5.PollNotifications(ns[:]) {

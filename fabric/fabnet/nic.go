@@ -53,8 +53,8 @@ type NIC struct {
 	ctr  fabric.Counters
 	nctr netCounters
 
-	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
-	groups localq.Groups                 // multicast membership
+	eps    localq.Endpoints[endpoint] // open VPIDs; written under mu
+	groups localq.Groups              // multicast membership
 
 	sessions atomic.Pointer[map[fabric.NodeID]*session] // copy-on-write; replaced under mu
 
@@ -115,7 +115,7 @@ func open(cfg Config) (*NIC, error) {
 		hsSem: make(chan struct{}, maxHandshakes),
 	}
 	n.life, n.cancel = context.WithCancel(context.Background())
-	n.groups.Init("fabnet")
+	n.groups.Init("fabnet", &n.ctr, &n.closed)
 	n.regs.Init()
 	n.faults.Init(cfg.Logger, faultLogInterval, "node", n.id)
 	n.sessions.Store(&map[fabric.NodeID]*session{})
@@ -405,27 +405,15 @@ func (n *NIC) tick() {
 // ---- fabric.NIC ----
 
 func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed.Load() {
-		return nil, fmt.Errorf("fabnet: open vpid %d: %w", v, net.ErrClosed)
-	}
-	if n.eps[v].Load() != nil {
-		return nil, n.ctr.CountErr(fmt.Errorf("fabnet: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
-	}
-	ep := newEndpoint(n, v)
-	n.eps[v].Store(ep)
-	return ep, nil
+	return localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "fabnet", n.id, v, func() *endpoint { return newEndpoint(n, v) })
 }
 
 // Join adds this node to group g. Membership is checked by the receiving
 // node when a multicast frame arrives, so a Join is effective for every
 // frame that arrives after it returns.
-func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
+func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(g) }
 
-func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
-
-func (n *NIC) member(g fabric.Group) bool { return n.groups.Member(g) }
+func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(g) }
 
 // Peers lists the nodes with a live session, sorted.
 func (n *NIC) Peers() []fabric.NodeID {
@@ -493,10 +481,6 @@ func (n *NIC) Close() error {
 	return nil
 }
 
-// logFault is n.faults.Warn under the name session.go calls; it goes when
-// session.go (under change for the offloads work) calls n.faults directly.
-func (n *NIC) logFault(msg string, args ...any) { n.faults.Warn(msg, args...) }
-
 // ---- regions ----
 
 // region is registered memory. Users (RMA copies, socket reads and writes
@@ -558,7 +542,7 @@ func (n *NIC) lookupRegion(idx uint32) *region {
 // [nla, nla+length) inside it.
 func (n *NIC) remoteRegion(v fabric.VPID, nla fabric.NLA, length uint64) (*endpoint, *region, fabric.NotifyErr) {
 	ep := n.eps[v].Load()
-	if ep == nil || ep.closed.Load() {
+	if ep == nil || ep.Closed.Load() {
 		return nil, nil, fabric.NErrPeerDown
 	}
 	r, nerr := n.regs.Check(ep, nla, length)

@@ -24,9 +24,9 @@ type nic struct {
 	id  fabric.NodeID
 	ctr fabric.Counters
 
-	eps    [256]atomic.Pointer[endpoint] // open VPIDs; written under mu
-	groups localq.Groups                 // multicast membership
-	down   chan struct{}                 // closed by Close: wakes blocked senders
+	eps    localq.Endpoints[endpoint] // open VPIDs; written under mu
+	groups localq.Groups              // multicast membership
+	down   chan struct{}              // closed by Close: wakes blocked senders
 	closed atomic.Bool
 
 	mu sync.Mutex // serialises Open, Close
@@ -38,7 +38,7 @@ type nic struct {
 
 func newNIC(c *Cluster, id fabric.NodeID) *nic {
 	n := &nic{c: c, id: id, down: make(chan struct{})}
-	n.groups.Init("mem")
+	n.groups.Init("mem", &n.ctr, &n.closed)
 	n.regs.Init()
 	n.faults.Init(c.opts.log, faultLogInterval, "node", id)
 	return n
@@ -47,24 +47,12 @@ func newNIC(c *Cluster, id fabric.NodeID) *nic {
 func (n *nic) Node() fabric.NodeID { return n.id }
 
 func (n *nic) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed.Load() {
-		return nil, fmt.Errorf("mem: open vpid %d: %w", v, net.ErrClosed)
-	}
-	if n.eps[v].Load() != nil {
-		return nil, n.ctr.CountErr(fmt.Errorf("mem: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
-	}
-	ep := newEndpoint(n, v)
-	n.eps[v].Store(ep)
-	return ep, nil
+	return localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "mem", n.id, v, func() *endpoint { return newEndpoint(n, v) })
 }
 
-func (n *nic) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
+func (n *nic) Join(g fabric.Group) error { return n.groups.Join(g) }
 
-func (n *nic) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
-
-func (n *nic) member(g fabric.Group) bool { return n.groups.Member(g) }
+func (n *nic) Leave(g fabric.Group) error { return n.groups.Leave(g) }
 
 func (n *nic) Peers() []fabric.NodeID {
 	t := n.c.live.Load()

@@ -12,11 +12,12 @@ package ofi
 //	progress ──► deliver: mailbox ring (endpoint.mu), keyed source account
 //	Recv ──► copy out, count consumption per source; every credits/2
 //	         consumed go back as one pCredit (credMu orders the returns)
-//	notify ──► notification ring (localq.NotifyQueue), overflow dropped
-//	         and counted
+//	notify, PollNotifications, Register's checks: the shared endpoint
+//	      core (localq.Core: notification queue, overflow dropped and
+//	      counted; closed flag and done channel)
 //	Wait: drive progress (NIC.poll, progress.go) for waitSpin, checking
-//	      the atomic lengths, then publish sleeping and park on wake;
-//	      producers signal only a sleeping consumer.
+//	      the atomic lengths, then park in the core's waiter
+//	      (localq.Waiter.Park); producers signal only a sleeping consumer.
 //
 // Loopback (a target on this node) takes the same path without libfabric:
 // control packets are dispatched inline and messages go straight into the
@@ -25,7 +26,6 @@ package ofi
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -80,6 +80,8 @@ type creditDue struct {
 }
 
 type endpoint struct {
+	localq.Core // Addr, PollNotifications; notifications, closed state
+
 	nic   *NIC
 	addr  fabric.Addr
 	epoch uint8
@@ -97,15 +99,8 @@ type endpoint struct {
 	credMu  sync.Mutex // serialises credit returns so they leave in order
 	credOut []creditDue
 
-	nq localq.NotifyQueue
-
 	pairsMu sync.RWMutex
 	pairs   map[fabric.Addr]*pair
-
-	sleeping atomic.Bool   // Wait is (about to be) parked on wake
-	wake     chan struct{} // capacity 1
-	done     chan struct{}
-	closed   atomic.Bool
 }
 
 func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
@@ -116,31 +111,10 @@ func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
 		ring:  make([]slot, n.cfg.MailboxSlots),
 		srcs:  make(map[fabric.Addr]*source),
 		pairs: make(map[fabric.Addr]*pair),
-		done:  make(chan struct{}),
-		wake:  make(chan struct{}, 1),
 	}
-	e.nq.Init(n.cfg.NotifyDepth)
+	e.Core.Init(e.addr, "ofi", &n.ctr, &n.faults, &e.length, n.cfg.NotifyDepth, waitSpin)
 	return e
 }
-
-func (e *endpoint) Addr() fabric.Addr { return e.addr }
-
-func (e *endpoint) errClosed(op string) error {
-	return fmt.Errorf("ofi: %s on %v: %w", op, e.addr, net.ErrClosed)
-}
-
-// signal wakes Wait if it is parked; call it after the item is visible to
-// ready.
-func (e *endpoint) signal() {
-	if e.sleeping.Load() {
-		select {
-		case e.wake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (e *endpoint) ready() bool { return e.length.Load() > 0 || e.nq.Len() > 0 }
 
 // ---- VELO send ----
 
@@ -150,31 +124,11 @@ func (e *endpoint) ready() bool { return e.length.Load() > 0 || e.nq.Len() > 0 }
 // (ErrPeerDown), ctx is done, or this endpoint or NIC closes
 // (net.ErrClosed).
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
-	ctr := &e.nic.ctr
-	if e.closed.Load() {
-		return 0, e.errClosed("send")
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("ofi: send: %w", err)
-	}
-	for i := range msgs {
-		m := &msgs[i]
-		if err := fabric.CheckSend(m); err != nil {
-			return i, ctr.CountErr(err)
-		}
-		var err error
-		if m.MC {
-			err = e.sendMulticast(ctx, m)
-		} else {
-			err = e.sendTo(ctx, m.Peer, m, false)
-		}
-		if err != nil {
-			return i, ctr.CountErr(err)
-		}
-		ctr.VELOSent.Add(1)
-		ctr.VELOSentBytes.Add(uint64(m.Len))
-	}
-	return len(msgs), nil
+	return e.Core.Send(ctx, msgs, e.sendUnicast, e.sendMulticast)
+}
+
+func (e *endpoint) sendUnicast(ctx context.Context, m *fabric.Message) error {
+	return e.sendTo(ctx, m.Peer, m, false)
 }
 
 // sendMulticast sends m to m.Peer.VPID on every other node; membership is
@@ -325,10 +279,10 @@ func (e *endpoint) block(ctx context.Context, pr *pair, p *peer, ch, down <-chan
 	case <-ch:
 	case <-down:
 		return fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
-	case <-e.done:
-		return e.errClosed("send")
+	case <-e.Done:
+		return e.ErrClosed("send")
 	case <-e.nic.done:
-		return e.errClosed("send")
+		return e.ErrClosed("send")
 	case <-ctx.Done():
 		return fmt.Errorf("ofi: send to %v: %w", pr.dst, ctx.Err())
 	}
@@ -446,11 +400,11 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 			}
 			return nil
 		}
-		if !isAgain(err) || n.closed.Load() || e.closed.Load() {
+		if !isAgain(err) || n.closed.Load() || e.Closed.Load() {
 			p.leave()
 			release()
-			if e.closed.Load() || n.closed.Load() {
-				return e.errClosed("send")
+			if e.Closed.Load() || n.closed.Load() {
+				return e.ErrClosed("send")
 			}
 			n.peerDown(p, err.Error())
 			return fmt.Errorf("ofi: velo send to node %d: %v: %w", p.node, err, fabric.ErrPeerDown)
@@ -493,10 +447,10 @@ func (n *NIC) takeSlot(ctx context.Context, e *endpoint, p *peer) (int32, error)
 		return slot, nil
 	case <-down:
 		return 0, fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
-	case <-e.done:
-		return 0, e.errClosed("send")
+	case <-e.Done:
+		return 0, e.ErrClosed("send")
 	case <-n.done:
-		return 0, e.errClosed("send")
+		return 0, e.ErrClosed("send")
 	case <-ctx.Done():
 		return 0, fmt.Errorf("ofi: send: %w", ctx.Err())
 	}
@@ -530,10 +484,10 @@ func (e *endpoint) deliver(h header, src fabric.NodeID, payload []byte) {
 	if s == nil {
 		e.mu.Unlock()
 		e.nic.ctr.Corrupt.Add(1)
-		e.nic.logFault("ofi velo message without credit account dropped", "from", from, "vpid", e.addr.VPID)
+		e.nic.faults.Warn("ofi velo message without credit account dropped", "from", from, "vpid", e.addr.VPID)
 		return
 	}
-	if h.typ == pMcast && !e.nic.member(h.group) {
+	if h.typ == pMcast && !e.nic.groups.Member(h.group) {
 		// Not a member: consumed at once, so the sender's credit returns.
 		e.consumeLocked(s)
 		e.mu.Unlock()
@@ -550,7 +504,7 @@ func (e *endpoint) deliver(h header, src fabric.NodeID, payload []byte) {
 	e.cnt++
 	e.length.Store(int32(e.cnt))
 	e.mu.Unlock()
-	e.signal()
+	e.Signal()
 }
 
 func (e *endpoint) growLocked() {
@@ -579,7 +533,7 @@ func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
 	e.mu.Lock()
 	if e.mbClosed {
 		e.mu.Unlock()
-		return 0, e.errClosed("recv")
+		return 0, e.ErrClosed("recv")
 	}
 	k := min(len(msgs), e.cnt)
 	var bytes uint64
@@ -600,10 +554,7 @@ func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
 	e.length.Store(int32(e.cnt))
 	due := len(e.credDue) > 0
 	e.mu.Unlock()
-	if k > 0 {
-		e.nic.ctr.VELORecv.Add(uint64(k))
-		e.nic.ctr.VELORecvBytes.Add(bytes)
-	}
+	e.CountRecv(k, bytes)
 	if due {
 		e.flushCredits()
 	}
@@ -631,35 +582,15 @@ func (e *endpoint) flushCredits() {
 
 // ---- notifications ----
 
-// notify queues one notification; never blocks. A full queue drops it and
-// counts NotifyOverflow; a closed endpoint drops it silently.
-func (e *endpoint) notify(nt fabric.Notification) {
-	switch e.nq.Push(&e.nic.ctr, nt) {
-	case localq.Queued:
-		e.signal()
-	case localq.Full:
-		e.nic.logFault("ofi notification queue full, dropped", "vpid", e.addr.VPID, "depth", e.nq.Cap())
-	}
-}
-
-// PollNotifications copies up to len(ns) notifications, oldest first.
-func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
-	k, ok := e.nq.Poll(ns)
-	if !ok {
-		return 0, e.errClosed("poll notifications")
-	}
-	return k, nil
-}
-
 // Wait blocks until Recv or PollNotifications may have something, ctx is
 // done or the endpoint closes. It first drives the NIC's progress itself
 // for waitSpin (polling the CQ, so a busy exchange never parks), then
 // parks until a producer signals it.
 func (e *endpoint) Wait(ctx context.Context) error {
-	if e.closed.Load() {
-		return e.errClosed("wait")
+	if e.Closed.Load() {
+		return e.ErrClosed("wait")
 	}
-	if e.ready() {
+	if e.Ready() {
 		return nil
 	}
 	n := e.nic
@@ -669,34 +600,20 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		if !n.poll() {
 			runtime.Gosched()
 		}
-		if e.ready() {
+		if e.Ready() {
 			n.unspin()
 			return nil
 		}
-		if e.closed.Load() {
+		if e.Closed.Load() {
 			n.unspin()
-			return e.errClosed("wait")
+			return e.ErrClosed("wait")
 		}
 		if time.Since(start) > waitSpin {
 			break
 		}
 	}
 	n.unspin()
-	e.sleeping.Store(true)
-	defer e.sleeping.Store(false)
-	// Re-check after publishing sleeping: a producer that queued before
-	// seeing the flag is caught here; one that queues after sends a wake.
-	if e.ready() {
-		return nil
-	}
-	select {
-	case <-e.wake:
-		return nil
-	case <-e.done:
-		return e.errClosed("wait")
-	case <-ctx.Done():
-		return fmt.Errorf("ofi: wait: %w", ctx.Err())
-	}
+	return e.WaitResult(ctx, e.W.Park(ctx))
 }
 
 // ---- close ----
@@ -705,10 +622,9 @@ func (e *endpoint) Wait(ctx context.Context) error {
 // senders blocked on it get ErrPeerDown (pClosed), its regions are
 // deregistered, and the VPID can be opened again. Idempotent.
 func (e *endpoint) Close() error {
-	if e.closed.Swap(true) {
+	if !e.Shut() {
 		return nil
 	}
-	close(e.done)
 	n := e.nic
 	n.mu.Lock()
 	n.eps[e.addr.VPID].CompareAndSwap(e, nil)
@@ -726,7 +642,7 @@ func (e *endpoint) Close() error {
 	}
 	clear(e.srcs)
 	e.mu.Unlock()
-	e.nq.Close()
+	e.NQ.Close()
 
 	n.deregisterAll(e)
 	for _, node := range nodes {

@@ -19,7 +19,7 @@ package ofi
 // slots and every MR close; it is started by Open and joined by Close.
 // Locks: n.mu (Open/Close, epochs), peersMu (peer table), regs (region
 // table, localq.Table), rcMu (remote region cache), ctlMu (control queue), per-endpoint
-// mu (mailbox, sources) and nq.mu (notifications), per-pair mu (credits).
+// mu (mailbox, sources) and the core's NotifyQueue lock (notifications), per-pair mu (credits).
 // No lock is held across a libfabric call that can block, and none while a
 // caller waits.
 
@@ -39,6 +39,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
+	"github.com/exn-project/exn/internal/ratelog"
 )
 
 // Sizes of the libfabric objects and progress loop.
@@ -91,11 +92,11 @@ type NIC struct {
 	ctlDests []*peer // destination of each busy control slot; progMu
 	txDests  []atomic.Pointer[peer]
 
-	eps   [256]atomic.Pointer[endpoint]
+	eps   localq.Endpoints[endpoint]
 	mu    sync.Mutex // Open, Close, epoch
 	epoch uint8
 
-	groups localq.Groups
+	groups localq.Groups // multicast membership
 
 	peersMu sync.RWMutex
 	peers   map[fabric.NodeID]*peer
@@ -137,7 +138,7 @@ type NIC struct {
 	closed atomic.Bool
 	wg     sync.WaitGroup
 
-	lastLog atomic.Int64
+	faults ratelog.Faults // per-message faults, rate-limited (faultLogInterval)
 }
 
 // peer is another node in the address vector.
@@ -232,7 +233,8 @@ func open(cfg Config) (*NIC, error) {
 		bgWake:    make(chan struct{}, 1),
 		inject:    f.injectSize(),
 	}
-	n.groups.Init("ofi")
+	n.groups.Init("ofi", &n.ctr, &n.closed)
+	n.faults.Init(n.log, faultLogInterval)
 	n.regs.Init()
 	if err := n.setupBuffers(); err != nil {
 		n.freeAll()
@@ -502,29 +504,19 @@ func (n *NIC) Node() fabric.NodeID { return n.id }
 
 // Open claims VPID v on this node.
 func (n *NIC) Open(v fabric.VPID) (fabric.Endpoint, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed.Load() {
-		return nil, fmt.Errorf("ofi: open vpid %d: %w", v, net.ErrClosed)
-	}
-	if n.eps[v].Load() != nil {
-		return nil, n.ctr.CountErr(fmt.Errorf("ofi: open vpid %d on node %d: %w", v, n.id, fabric.ErrInUse))
-	}
-	n.epoch = (n.epoch + 1) & epochMask
-	e := newEndpoint(n, v, n.epoch)
-	n.eps[v].Store(e)
-	return e, nil
+	return localq.Open(&n.eps, &n.mu, &n.closed, &n.ctr, "ofi", n.id, v, func() *endpoint {
+		n.epoch = (n.epoch + 1) & epochMask // under n.mu
+		return newEndpoint(n, v, n.epoch)
+	})
 }
 
 // Join makes this node a member of g. Membership is checked where a
 // multicast lands (senders fan out to every node), so it takes effect at
 // once for every sender.
-func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(&n.ctr, g, n.closed.Load()) }
+func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(g) }
 
 // Leave removes this node from g; Broadcast cannot be left.
-func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(&n.ctr, g, n.closed.Load()) }
-
-func (n *NIC) member(g fabric.Group) bool { return n.groups.Member(g) }
+func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(g) }
 
 // Peers lists the peers currently up.
 func (n *NIC) Peers() []fabric.NodeID {
@@ -621,16 +613,6 @@ func (n *NIC) awaitByeAcks(told []*peer, d time.Duration) {
 	n.log.Warn("ofi close: peers did not acknowledge goodbye in time", "timeout", d)
 }
 
-// logFault logs a per-message fault at most once per faultLogInterval.
-func (n *NIC) logFault(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := n.lastLog.Load()
-	if now-last < int64(faultLogInterval) || !n.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	n.log.Warn(msg, args...)
-}
-
 // receive parses one packet from libfabric address src.
 func (n *NIC) receive(b []byte, src uint64) {
 	if len(b) < headerSize {
@@ -640,7 +622,7 @@ func (n *NIC) receive(b []byte, src uint64) {
 	h, err := decodeHeader(getHeader(b))
 	if err != nil {
 		n.ctr.Corrupt.Add(1)
-		n.logFault("ofi undecodable packet dropped", "err", err)
+		n.faults.Warn("ofi undecodable packet dropped", "err", err)
 		return
 	}
 	n.peersMu.RLock()
@@ -650,7 +632,7 @@ func (n *NIC) receive(b []byte, src uint64) {
 		// Unknown source address, or a node ID that does not match it:
 		// forged or misconfigured; either way not trusted.
 		n.ctr.Corrupt.Add(1)
-		n.logFault("ofi packet with unverifiable source dropped", "claimed", h.desc.Node, "fi_addr", src)
+		n.faults.Warn("ofi packet with unverifiable source dropped", "claimed", h.desc.Node, "fi_addr", src)
 		return
 	}
 	switch h.typ {
@@ -735,7 +717,7 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 		}
 		nt.Peer = fabric.Addr{Node: src, VPID: h.desc.VPID} // the verified source, not what the packet says
 		if e := n.eps[h.dst].Load(); e != nil {
-			e.notify(nt)
+			e.Notify(nt)
 		}
 	case pHello:
 		// The peer is (again) up: receive already revived it.
@@ -748,7 +730,7 @@ func (n *NIC) handleOpenQ(h header, src fabric.NodeID) {
 	var body [openABody]byte
 	reply := header{typ: pOpenA, desc: fabric.Descriptor{VPID: h.dst}, dst: h.desc.VPID}
 	e := n.eps[h.dst].Load()
-	if e == nil || e.closed.Load() {
+	if e == nil || e.Closed.Load() {
 		body[0] = stNotOpen
 	} else {
 		reply.epoch = e.epoch

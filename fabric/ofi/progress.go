@@ -90,7 +90,7 @@ func (n *NIC) step() bool {
 		n.handleCQErr(b)
 		work = true
 	case err != nil:
-		n.logFault("ofi cq read failed", "err", err)
+		n.faults.Warn("ofi cq read failed", "err", err)
 	}
 	for i := range got {
 		c, length, src, rerr := b.entry(i)
@@ -260,7 +260,7 @@ func (n *NIC) sendCtl(dst fabric.NodeID, h header, body []byte) {
 		if sent {
 			n.ctlMu.Unlock()
 			if down != nil {
-				n.logFault("ofi control send failed", "peer", dst, "err", err)
+				n.faults.Warn("ofi control send failed", "peer", dst, "err", err)
 				n.peerDown(down, err.Error())
 			}
 			return
@@ -337,7 +337,7 @@ func (n *NIC) drainCtl() bool {
 		pk := &q[i]
 		ok, down, err := n.injectCtl(pk.dst, pk.hdr, pk.body[:pk.n])
 		if down != nil {
-			n.logFault("ofi control send failed", "peer", pk.dst, "err", err)
+			n.faults.Warn("ofi control send failed", "peer", pk.dst, "err", err)
 			downs = append(downs, down)
 		}
 		if ok {
@@ -368,7 +368,7 @@ func (n *NIC) drainCtl() bool {
 			if isAgain(err) {
 				break
 			}
-			n.logFault("ofi control send failed", "peer", pk.dst, "err", err)
+			n.faults.Warn("ofi control send failed", "peer", pk.dst, "err", err)
 			downs = append(downs, p)
 			sent++
 			continue
@@ -413,7 +413,7 @@ func (n *NIC) complete(c opctx, length int, src uint64, b *cqBatch, i int) {
 // slot is not lost.
 func (n *NIC) repostLater(i int, err error) {
 	if !isAgain(err) {
-		n.logFault("ofi receive repost failed", "slot", i, "err", err)
+		n.faults.Warn("ofi receive repost failed", "slot", i, "err", err)
 	}
 	n.ctlMu.Lock()
 	n.jobs = append(n.jobs, func() {
@@ -438,7 +438,7 @@ func (n *NIC) handleCQErr(b *cqBatch) {
 		// A receive fails only when the endpoint is being closed or a
 		// message did not fit (a peer speaking another protocol).
 		n.ctr.Corrupt.Add(1)
-		n.logFault("ofi receive failed", "err", e.detail)
+		n.faults.Warn("ofi receive failed", "err", e.detail)
 		if !n.closed.Load() {
 			i := c.index()
 			if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
@@ -461,6 +461,6 @@ func (n *NIC) handleCQErr(b *cqBatch) {
 	case ctxRMA:
 		n.rmaDone(c.index(), &e)
 	default:
-		n.logFault("ofi error completion without context", "err", e.detail)
+		n.faults.Warn("ofi error completion without context", "err", e.detail)
 	}
 }

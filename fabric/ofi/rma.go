@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // region is registered memory.
@@ -91,17 +92,17 @@ type rmaOp struct {
 // fresh region index.
 func (e *endpoint) Register(size int) (fabric.Region, error) {
 	n := e.nic
-	if size <= 0 || uint64(size) > fabric.MaxRegionSize {
-		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("ofi: register %d bytes: %w", size, fabric.ErrInvalid))
+	if err := e.CheckRegister(size); err != nil {
+		return fabric.Region{}, err
 	}
-	if e.closed.Load() {
-		return fabric.Region{}, e.errClosed("register")
+	if e.Closed.Load() {
+		return fabric.Region{}, e.ErrClosed("register")
 	}
 	n.regs.Lock()
 	idx, ok := n.regs.ReserveLocked()
 	n.regs.Unlock()
 	if !ok {
-		return fabric.Region{}, n.ctr.CountErr(fmt.Errorf("ofi: register: region indices exhausted: %w", fabric.ErrInvalid))
+		return fabric.Region{}, e.ErrExhausted()
 	}
 	m, err := mmapMem(size)
 	if err != nil {
@@ -111,14 +112,14 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 	r.mr, err = n.f.mrReg(m, regionAccess, uint64(idx))
 	if err != nil {
 		m.free()
-		n.logFault("ofi memory registration failed", "size", size, "err", err)
+		n.faults.Warn("ofi memory registration failed", "size", size, "err", err)
 		return fabric.Region{}, fmt.Errorf("ofi: register %d bytes: %w", size, err)
 	}
 	n.regs.Lock()
-	if e.closed.Load() {
+	if e.Closed.Load() {
 		n.regs.Unlock()
 		n.runJob(func() { r.mr.close(); m.free() })
-		return fabric.Region{}, e.errClosed("register")
+		return fabric.Region{}, e.ErrClosed("register")
 	}
 	n.regs.PutLocked(idx, e, r, uint64(size))
 	n.regs.Unlock()
@@ -128,13 +129,7 @@ func (e *endpoint) Register(size int) (fabric.Region, error) {
 // Deregister releases a region by its base NLA. Own requests in flight on
 // it finish first; remote requests afterwards get an error notification.
 func (e *endpoint) Deregister(base fabric.NLA) error {
-	n := e.nic
-	r, ok := n.regs.Remove(e, base)
-	if !ok {
-		return n.ctr.CountErr(fmt.Errorf("ofi: deregister %v: not a region of %v: %w", base, e.addr, fabric.ErrInvalid))
-	}
-	n.release(r)
-	return nil
+	return localq.Deregister(&e.Core, &e.nic.regs, e, base, e.nic.release)
 }
 
 func (n *NIC) deregisterAll(e *endpoint) {
@@ -306,17 +301,7 @@ func (n *NIC) localRegion(e *endpoint, a fabric.NLA, length uint32) *region {
 
 // Post starts RMA requests in order (see fabric.Endpoint). A request to a
 // region not yet seen costs one query round trip to the target first.
-func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
-	for i := range reqs {
-		if e.closed.Load() {
-			return i, e.errClosed("post")
-		}
-		if err := e.post(&reqs[i]); err != nil {
-			return i, e.nic.ctr.CountErr(err)
-		}
-	}
-	return len(reqs), nil
-}
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
 func (e *endpoint) post(r *fabric.RMA) error {
 	n := e.nic
@@ -325,7 +310,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	}
 	local := n.localRegion(e, r.Local, r.Len)
 	if local == nil {
-		return fmt.Errorf("ofi: rma %v local %v len %d: not in a region of %v: %w", r.Op, r.Local, r.Len, e.addr, fabric.ErrInvalid)
+		return e.ErrNotLocal(r)
 	}
 	n.ctr.RMAPosted[r.Op].Add(1)
 	if r.Peer.Node == n.id {
@@ -336,7 +321,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	p := n.peer(r.Peer.Node)
 	if p == nil {
 		local.inflight.Add(-1)
-		e.errorNotify(r, fabric.NErrPeerDown)
+		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
 	ans, rr, nerr := e.resolve(p, r.Peer.VPID, r.Remote.Region())
@@ -348,21 +333,21 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	}
 	if nerr != fabric.NErrNone {
 		local.inflight.Add(-1)
-		e.errorNotify(r, nerr)
+		e.ErrorNotify(r, nerr)
 		return nil
 	}
 	rk := rkey{r.Peer.Node, r.Remote.Region()}
 	var slot int32
 	select {
 	case slot = <-n.opFree:
-	case <-e.done:
+	case <-e.Done:
 		local.inflight.Add(-1)
 		n.unpinRemote(rk)
-		return e.errClosed("post")
+		return e.ErrClosed("post")
 	case <-n.done:
 		local.inflight.Add(-1)
 		n.unpinRemote(rk)
-		return e.errClosed("post")
+		return e.ErrClosed("post")
 	}
 	op := &n.ops[slot]
 	*op = rmaOp{ep: e, req: *r, local: local, remote: rk, peer: p}
@@ -376,7 +361,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 		n.opFree <- slot
 		local.inflight.Add(-1)
 		n.unpinRemote(rk)
-		e.errorNotify(r, fabric.NErrPeerDown)
+		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
 	defer p.leave()
@@ -392,9 +377,9 @@ func (e *endpoint) post(r *fabric.RMA) error {
 			local.inflight.Add(-1)
 			n.unpinRemote(rk)
 			if !isAgain(err) {
-				n.logFault("ofi rma issue failed", "op", r.Op, "peer", r.Peer, "err", err)
+				n.faults.Warn("ofi rma issue failed", "op", r.Op, "peer", r.Peer, "err", err)
 			}
-			e.errorNotify(r, fabric.NErrPeerDown)
+			e.ErrorNotify(r, fabric.NErrPeerDown)
 			return nil
 		}
 		// The provider's queue is full: progress drains it.
@@ -423,22 +408,22 @@ func (e *endpoint) loopback(r *fabric.RMA, local *region) {
 	n := e.nic
 	t := n.eps[r.Peer.VPID].Load()
 	if t == nil {
-		e.errorNotify(r, fabric.NErrPeerDown)
+		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return
 	}
 	rr, _ := n.regs.Lookup(r.Remote.Region())
 	if rr == nil || rr.owner != t || r.Remote.Region() == 0 {
-		e.errorNotify(r, fabric.NErrAccess)
+		e.ErrorNotify(r, fabric.NErrAccess)
 		return
 	}
 	if !fabric.CheckRange(r.Remote, uint64(r.Len), uint64(rr.size)) {
-		e.errorNotify(r, fabric.NErrBounds)
+		e.ErrorNotify(r, fabric.NErrBounds)
 		return
 	}
 	rr.inflight.Add(1)
 	defer rr.inflight.Add(-1)
 	if rr.dead.Load() {
-		e.errorNotify(r, fabric.NErrAccess)
+		e.ErrorNotify(r, fabric.NErrAccess)
 		return
 	}
 	lo := local.mem.bytes()[r.Local.Offset():][:r.Len]
@@ -449,34 +434,7 @@ func (e *endpoint) loopback(r *fabric.RMA, local *region) {
 		copy(lo, ro)
 	}
 	n.ctr.RMABytes.Add(uint64(r.Len))
-	e.notifyDone(r, t.notify)
-}
-
-// notifyDone writes the Table 3.1 notifications of a finished request;
-// remote ones go through deliverRemote (a direct call or a pNotify).
-func (e *endpoint) notifyDone(r *fabric.RMA, deliverRemote func(fabric.Notification)) {
-	localLast := fabric.LastFrame(r.Local, r.Len)
-	remoteLast := fabric.LastFrame(r.Remote, r.Len)
-	if r.Notify&fabric.NotifyRequester != 0 {
-		e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
-	}
-	switch r.Op {
-	case fabric.OpPut:
-		if r.Notify&fabric.NotifyCompleter != 0 {
-			deliverRemote(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-		}
-	case fabric.OpGet:
-		if r.Notify&fabric.NotifyCompleter != 0 {
-			e.notify(fabric.Notification{Kind: fabric.KindCompleter, Op: r.Op, Peer: r.Peer, Len: r.Len, Local: localLast})
-		}
-		if r.Notify&fabric.NotifyResponder != 0 {
-			deliverRemote(fabric.Notification{Kind: fabric.KindResponder, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast})
-		}
-	}
-}
-
-func (e *endpoint) errorNotify(r *fabric.RMA, nerr fabric.NotifyErr) {
-	e.notify(fabric.Notification{Kind: fabric.KindRequester, Op: r.Op, Err: nerr, Peer: r.Peer, Len: r.Len, Local: r.Local})
+	e.NotifyDone(r, t.Notify)
 }
 
 // rmaDone finishes op slot i; fail is nil on success.
@@ -497,12 +455,12 @@ func (n *NIC) rmaDone(i int, fail *cqErr) {
 		if up, _ := p.state(); !up || isConnErr(fail.code) {
 			nerr = fabric.NErrPeerDown
 		}
-		n.logFault("ofi rma failed", "op", r.Op, "peer", r.Peer, "err", fail.detail)
-		e.errorNotify(&r, nerr)
+		n.faults.Warn("ofi rma failed", "op", r.Op, "peer", r.Peer, "err", fail.detail)
+		e.ErrorNotify(&r, nerr)
 		return
 	}
 	n.ctr.RMABytes.Add(uint64(r.Len))
-	e.notifyDone(&r, func(nt fabric.Notification) {
+	e.NotifyDone(&r, func(nt fabric.Notification) {
 		var body [notifyBody]byte
 		nt.Encode(body[:])
 		n.sendCtl(r.Peer.Node, header{typ: pNotify, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: r.Peer.VPID}, body[:])
@@ -550,7 +508,7 @@ func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, *remo
 		case <-rr.done:
 		case <-down:
 			return regAnswer{}, nil, fabric.NErrPeerDown
-		case <-e.done:
+		case <-e.Done:
 			return regAnswer{}, nil, fabric.NErrPeerDown
 		case <-t.C:
 			n.forget(k)
@@ -582,7 +540,7 @@ func (n *NIC) handleRegQ(h header, src fabric.NodeID, idx uint32, cookie uint64)
 	n.regs.Lock()
 	r, _ := n.regs.LookupLocked(idx)
 	switch {
-	case e == nil || e.closed.Load():
+	case e == nil || e.Closed.Load():
 		a.status = stNotOpen
 	case r == nil || r.owner != e || r.dead.Load():
 		a.status = stNoRegion

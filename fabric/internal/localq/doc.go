@@ -1,12 +1,23 @@
-// Package localq holds the pieces the in-process-queue backends (fabric/mem,
-// fabric/fabnet, fabric/ofi) share: the bounded notification queue, the
-// spin-then-sleep Wait, the region table and the multicast group bitmap.
-// It knows nothing of transports; each backend keeps its own error
-// wrapping (the callers turn the results below into their own errors) and
-// its own mailbox, whose back-pressure differs per backend.
+// Package localq is the endpoint core the in-process-queue backends
+// (fabric/mem, fabric/fabnet, fabric/ofi) share: Core (embedded in each
+// backend's endpoint: the Send and Post loops with their accounting,
+// notification queue and its overflow accounting, PollNotifications,
+// the spin-then-sleep Wait, closed flag and done channel, registration
+// checks, the completion notifications of Table 3.1, the errors'
+// wording), the bounded Mailbox mem and fabnet receive into (with
+// Core.Recv and the blocking Core.Deliver), Open's VPID table, the region
+// table and the multicast group bitmap. It knows nothing of transports; each backend
+// keeps only what is its own: its send path and back-pressure (credits in
+// fabnet and ofi), ofi's growing mailbox, RMA, and the body of Close.
 //
 // Locking discipline:
 //
+//	Core: no lock of its own; its parts below have theirs. Closed and
+//	    Done change once, in Shut.
+//	Mailbox: Mu guards the ring, the closed flag and the space channel
+//	    (*Locked methods need it held); the length is mirrored in an
+//	    atomic for Core.Ready. A backend may guard its own accounting
+//	    (fabnet's credits) with the same Mu.
 //	NotifyQueue: its own mutex guards the ring and the closed flag; the
 //	    length is mirrored in an atomic for lock-free readiness checks.
 //	    Push never blocks: a full queue drops and counts NotifyOverflow.

@@ -8,16 +8,19 @@ import (
 	"github.com/exn-project/exn/fabric"
 )
 
-// Groups is a NIC's multicast membership bitmap. The zero value is
-// unusable; call Init.
+// Groups is a NIC's multicast membership bitmap; its Join and Leave are
+// the NIC's (fabric.NIC). The zero value is unusable; call Init.
 type Groups struct {
 	bits   atomic.Uint64
 	prefix string // error prefix: the backend's name
+	ctr    *fabric.Counters
+	closed *atomic.Bool
 }
 
-// Init joins Broadcast; prefix starts every error ("mem", "fabnet", ...).
-func (g *Groups) Init(prefix string) {
-	g.prefix = prefix
+// Init joins Broadcast; prefix starts every error ("mem", "fabnet", ...),
+// invalid requests are counted in ctr, and closed is the NIC's state.
+func (g *Groups) Init(prefix string, ctr *fabric.Counters, closed *atomic.Bool) {
+	g.prefix, g.ctr, g.closed = prefix, ctr, closed
 	g.bits.Store(1 << fabric.Broadcast)
 }
 
@@ -28,13 +31,12 @@ func (g *Groups) check(grp fabric.Group) error {
 	return nil
 }
 
-// Join adds grp (fabric.NIC.Join); closed is the NIC's state. Invalid
-// requests are counted in ctr.
-func (g *Groups) Join(ctr *fabric.Counters, grp fabric.Group, closed bool) error {
+// Join adds grp (fabric.NIC.Join).
+func (g *Groups) Join(grp fabric.Group) error {
 	if err := g.check(grp); err != nil {
-		return ctr.CountErr(err)
+		return g.ctr.CountErr(err)
 	}
-	if closed {
+	if g.closed.Load() {
 		return fmt.Errorf("%s: join: %w", g.prefix, net.ErrClosed)
 	}
 	g.bits.Or(1 << grp)
@@ -42,14 +44,14 @@ func (g *Groups) Join(ctr *fabric.Counters, grp fabric.Group, closed bool) error
 }
 
 // Leave removes grp (fabric.NIC.Leave); Broadcast cannot be left.
-func (g *Groups) Leave(ctr *fabric.Counters, grp fabric.Group, closed bool) error {
+func (g *Groups) Leave(grp fabric.Group) error {
 	if err := g.check(grp); err != nil {
-		return ctr.CountErr(err)
+		return g.ctr.CountErr(err)
 	}
 	if grp == fabric.Broadcast {
-		return ctr.CountErr(fmt.Errorf("%s: leave broadcast group: %w", g.prefix, fabric.ErrInvalid))
+		return g.ctr.CountErr(fmt.Errorf("%s: leave broadcast group: %w", g.prefix, fabric.ErrInvalid))
 	}
-	if closed {
+	if g.closed.Load() {
 		return fmt.Errorf("%s: leave: %w", g.prefix, net.ErrClosed)
 	}
 	g.bits.And(^(uint64(1) << grp))

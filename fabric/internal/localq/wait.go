@@ -76,6 +76,13 @@ func (w *Waiter) Wait(ctx context.Context) WaitResult {
 			return Closed
 		}
 	}
+	return w.Park(ctx)
+}
+
+// Park is the sleeping half of Wait, for a backend that spins its own way
+// first (ofi drives progress): it publishes sleeping, re-checks ready and
+// parks until a Signal, Close or ctx.
+func (w *Waiter) Park(ctx context.Context) WaitResult {
 	w.sleeping.Store(true)
 	defer w.sleeping.Store(false)
 	// Re-check after publishing sleeping: a producer that queued before
