@@ -13,8 +13,8 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// Issue #15: unmodified netperf against netserver (built from
-// ../shared/tools/netperf by `make netperf`), every test of
+// Issue #15: unmodified netperf against netserver (built by `make
+// netperf` from the source the Makefile's NETPERF_SRC names), every test of
 // nstest.NetperfTests, over exn0 on the shm and net fabrics and through
 // libextds.so at both ends. Each run lasts netperfSecs (netperf -l) and
 // must give a sane result (nstest.NetperfResult.Sane: one result line, no

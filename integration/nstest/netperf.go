@@ -1,7 +1,7 @@
 package nstest
 
-// netperf and netserver (the seed's benchmark, built from
-// ../shared/tools/netperf by `make netperf` into build/netperf/) run
+// netperf and netserver (the seed's benchmark, built by `make netperf`
+// from the Makefile's NETPERF_SRC into build/netperf/) run
 // unmodified inside the test's namespaces: netserver in the foreground
 // (-D) as a Proc of the test, so it and the child it forks per test are
 // killed by process group at cleanup, and netperf bounded by -l and a
