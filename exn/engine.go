@@ -34,6 +34,7 @@ package exn
 import (
 	"context"
 	"fmt"
+	"github.com/exn-project/exn/internal/vnet"
 	"log/slog"
 	"net"
 	"sync"
@@ -156,7 +157,7 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 			return nil, fmt.Errorf("exn: new: Offload %#x needs an OffloadLink: %w", cfg.Offload, errConfig)
 		}
 		e.caps, e.olink = cfg.Offload&capAll, ol
-		e.slotMax = max(e.maxFrame, MaxGSOFrame)
+		e.slotMax = max(e.maxFrame, vnet.MaxGSOFrame)
 	}
 	e.refuseCtx, e.refuseCancel = context.WithCancel(context.Background())
 	copy(e.mac[:], cfg.MACPrefix.MAC(e.self))

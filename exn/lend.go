@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/exn-project/exn/internal/vnet"
 	"unsafe"
 
 	"github.com/exn-project/exn/fabric"
@@ -35,7 +36,7 @@ var ErrNotLent = errors.New("exn: frame is not in a lent buffer")
 
 // Lend lends up to len(bufs) free transmit slots: bufs[i] is set to slot
 // memory of the engine's largest frame (MTU+EthHeaderLen bytes, or
-// MaxGSOFrame if that is larger and Config.Offload is set; capacity the
+// vnet.MaxGSOFrame if that is larger and Config.Offload is set; capacity the
 // same) for i < n. It takes only slots that are free now; if none is
 // and wait is true it blocks for one (that wait is the transmit
 // back-pressure), until ctx is done or the engine is closed
@@ -171,7 +172,7 @@ func (e *Engine) TransmitLent(ctx context.Context, frames [][]byte) (int, error)
 // (tx-offload-malformed). A rendezvous frame goes with its metadata to a
 // peer that announced the capability it needs; otherwise the engine
 // completes its checksum in place, or segments a super-frame (up to
-// MaxGSOFrame) in software into eager frames of the MTU. offs may be
+// vnet.MaxGSOFrame) in software into eager frames of the MTU. offs may be
 // shorter than frames, or nil.
 //
 // It returns n, the number of frames consumed: frames[:n] belong to the
@@ -197,8 +198,8 @@ func (e *Engine) TransmitLentOffload(ctx context.Context, frames [][]byte, offs 
 		limit := e.maxFrame
 		if i < len(offs) && offs[i] != (Offload{}) {
 			o = &offs[i]
-			if o.GSOType != GSONone {
-				limit = MaxGSOFrame
+			if o.GSOType != vnet.GSONone {
+				limit = vnet.MaxGSOFrame
 			}
 		}
 		peer, proto, reason := e.classify(f, limit)
@@ -206,7 +207,7 @@ func (e *Engine) TransmitLentOffload(ctx context.Context, frames [][]byte, offs 
 			switch {
 			case !o.check(f, e.maxFrame, false):
 				reason = DropTxOffload
-			case o.Flags&OffloadDataValid != 0:
+			case o.Flags&vnet.DataValid != 0:
 				// The kernel verified it; a peer's kernel verifies it
 				// again rather than trust the claim across the fabric.
 				o = nil
@@ -216,7 +217,7 @@ func (e *Engine) TransmitLentOffload(ctx context.Context, frames [][]byte, offs 
 		if proto == ProtoRendezvous {
 			caps = e.peerCaps(peer.Node)
 		}
-		split := reason == DropNone && o != nil && o.GSOType != GSONone && caps&o.needs() != o.needs()
+		split := reason == DropNone && o != nil && o.GSOType != vnet.GSONone && caps&o.needs() != o.needs()
 		need := 0
 		switch {
 		case reason != DropNone:
@@ -254,8 +255,8 @@ func (e *Engine) TransmitLentOffload(ctx context.Context, frames [][]byte, offs 
 			}
 			continue
 		}
-		if o != nil && o.Flags&OffloadNeedsCsum != 0 && caps&CapCsum == 0 {
-			completeCsum(f, int(o.CsumStart), int(o.CsumOffset))
+		if o != nil && o.Flags&vnet.NeedsCsum != 0 && caps&CapCsum == 0 {
+			vnet.CompleteCsum(f, int(o.CsumStart), int(o.CsumOffset))
 			e.ctr.txCsumSW.Add(1)
 			o = nil
 		}

@@ -19,43 +19,27 @@ package exn
 
 import (
 	"encoding/binary"
+	"github.com/exn-project/exn/internal/vnet"
 )
 
 // Offload is the per-frame meaning of a virtio-net header. Its fields
 // match the kernel's struct virtio_net_hdr (and tap.VnetHdr), so the two
 // convert into each other.
 type Offload struct {
-	Flags      uint8  // OffloadNeedsCsum, OffloadDataValid
-	GSOType    uint8  // GSONone, GSOTCPv4, GSOTCPv6, GSOUDPL4, | GSOECN
+	Flags      uint8  // vnet.NeedsCsum, vnet.DataValid
+	GSOType    uint8  // vnet.GSONone, vnet.GSOTCPv4, vnet.GSOTCPv6, vnet.GSOUDPL4, | vnet.GSOECN
 	HdrLen     uint16 // length of the headers (a hint; recomputed here)
 	GSOSize    uint16 // payload bytes per segment
 	CsumStart  uint16 // where the checksummed bytes start
 	CsumOffset uint16 // where the checksum goes, from CsumStart
 }
 
-// Offload flags and GSO types (virtio_net.h).
-const (
-	OffloadNeedsCsum = 1 // checksum partial: the pseudo-header sum is in place
-	OffloadDataValid = 2 // the TAP's claim that the checksum was verified
-
-	GSONone  = 0
-	GSOTCPv4 = 1
-	GSOTCPv6 = 4
-	GSOUDPL4 = 5
-	GSOECN   = 0x80
-)
-
-// MaxGSOFrame is the largest super-frame the engine carries with offload:
-// the kernel's legacy GSO limit (64 KiB, GSO_LEGACY_MAX_SIZE) plus room
-// for the Ethernet header, rounded to the 64-byte slot granule.
-const MaxGSOFrame = 64<<10 + 64
-
 // Capability bits a node announces in its hello (caps.go). Zero: frames
 // arrive complete, as from an engine without offload.
 const (
 	CapCsum = 1 << 0 // takes needs-checksum frames
-	CapTSO  = 1 << 1 // takes TCP super-frames (GSOTCPv4, GSOTCPv6, ECN)
-	CapUSO  = 1 << 2 // takes UDP super-frames (GSOUDPL4)
+	CapTSO  = 1 << 1 // takes TCP super-frames (vnet.GSOTCPv4, vnet.GSOTCPv6, ECN)
+	CapUSO  = 1 << 2 // takes UDP super-frames (vnet.GSOUDPL4)
 	capAll  = CapCsum | CapTSO | CapUSO
 )
 
@@ -139,17 +123,17 @@ func parseL4(f []byte) (h l4, ok bool) {
 // match the GSO type, a checksum window on its TCP or UDP header, a
 // payload and a segment size, and an IP length that covers the frame
 // exactly. wire is true for metadata from the fabric, which may not
-// carry OffloadDataValid (a peer's claim is not trusted as a kernel's).
+// carry vnet.DataValid (a peer's claim is not trusted as a kernel's).
 // maxFrame bounds a frame without GSO. It does not allocate.
 func (o *Offload) check(f []byte, maxFrame int, wire bool) bool {
-	allowed := uint8(OffloadNeedsCsum | OffloadDataValid)
+	allowed := uint8(vnet.NeedsCsum | vnet.DataValid)
 	if wire {
-		allowed = OffloadNeedsCsum
+		allowed = vnet.NeedsCsum
 	}
-	if o.Flags&^allowed != 0 || o.Flags == OffloadNeedsCsum|OffloadDataValid {
+	if o.Flags&^allowed != 0 || o.Flags == vnet.NeedsCsum|vnet.DataValid {
 		return false
 	}
-	if o.Flags&OffloadNeedsCsum != 0 {
+	if o.Flags&vnet.NeedsCsum != 0 {
 		end := int(o.CsumStart) + int(o.CsumOffset) + 2
 		if int(o.CsumStart) < EthHeaderLen || end > len(f) {
 			return false
@@ -157,11 +141,11 @@ func (o *Offload) check(f []byte, maxFrame int, wire bool) bool {
 	} else if o.CsumStart != 0 || o.CsumOffset != 0 {
 		return false
 	}
-	gso := o.GSOType &^ GSOECN
-	if gso == GSONone {
-		return o.GSOType == GSONone && o.GSOSize == 0 && len(f) <= maxFrame && int(o.HdrLen) <= len(f)
+	gso := o.GSOType &^ vnet.GSOECN
+	if gso == vnet.GSONone {
+		return o.GSOType == vnet.GSONone && o.GSOSize == 0 && len(f) <= maxFrame && int(o.HdrLen) <= len(f)
 	}
-	if len(f) > MaxGSOFrame || o.Flags != OffloadNeedsCsum || o.GSOSize == 0 {
+	if len(f) > vnet.MaxGSOFrame || o.Flags != vnet.NeedsCsum || o.GSOSize == 0 {
 		return false
 	}
 	h, ok := parseL4(f)
@@ -169,12 +153,12 @@ func (o *Offload) check(f []byte, maxFrame int, wire bool) bool {
 		return false
 	}
 	switch gso {
-	case GSOTCPv4, GSOTCPv6:
-		if h.proto != protoTCP || h.v6 != (gso == GSOTCPv6) || o.CsumOffset != 16 {
+	case vnet.GSOTCPv4, vnet.GSOTCPv6:
+		if h.proto != protoTCP || h.v6 != (gso == vnet.GSOTCPv6) || o.CsumOffset != 16 {
 			return false
 		}
-	case GSOUDPL4:
-		if h.proto != protoUDP || o.GSOType&GSOECN != 0 || o.CsumOffset != 6 {
+	case vnet.GSOUDPL4:
+		if h.proto != protoUDP || o.GSOType&vnet.GSOECN != 0 || o.CsumOffset != 6 {
 			return false
 		}
 	default:
@@ -186,48 +170,16 @@ func (o *Offload) check(f []byte, maxFrame int, wire bool) bool {
 
 // needs is the capability a peer needs to take o as it is.
 func (o *Offload) needs() uint8 {
-	switch o.GSOType &^ GSOECN {
-	case GSOTCPv4, GSOTCPv6:
+	switch o.GSOType &^ vnet.GSOECN {
+	case vnet.GSOTCPv4, vnet.GSOTCPv6:
 		return CapCsum | CapTSO
-	case GSOUDPL4:
+	case vnet.GSOUDPL4:
 		return CapCsum | CapUSO
 	}
-	if o.Flags&OffloadNeedsCsum != 0 {
+	if o.Flags&vnet.NeedsCsum != 0 {
 		return CapCsum
 	}
 	return 0
-}
-
-// csumAdd adds b to a ones' complement sum (not folded).
-func csumAdd(sum uint32, b []byte) uint32 {
-	n := len(b) &^ 1
-	for i := 0; i < n; i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)&1 != 0 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	return sum
-}
-
-func csumFold(sum uint32) uint16 {
-	for sum > 0xFFFF {
-		sum = sum>>16 + sum&0xFFFF
-	}
-	return uint16(sum)
-}
-
-// completeCsum finishes a needs-checksum frame in place, as the kernel's
-// skb_checksum_help does: the field holds the pseudo-header sum, the
-// bytes from CsumStart to the end are summed over it, and the complement
-// replaces it (0 is sent as 0xFFFF). o must have passed check.
-func completeCsum(f []byte, start, offset int) {
-	at := start + offset
-	c := ^csumFold(csumAdd(0, f[start:]))
-	if c == 0 {
-		c = 0xFFFF
-	}
-	binary.BigEndian.PutUint16(f[at:], c)
 }
 
 // pseudoSum is the pseudo-header sum of a TCP or UDP segment of l4len
@@ -235,9 +187,9 @@ func completeCsum(f []byte, start, offset int) {
 func pseudoSum(f []byte, h *l4, l4len int) uint32 {
 	var sum uint32
 	if h.v6 {
-		sum = csumAdd(0, f[h.ipOff+8:h.ipOff+40])
+		sum = vnet.CsumAdd(0, f[h.ipOff+8:h.ipOff+40])
 	} else {
-		sum = csumAdd(0, f[h.ipOff+12:h.ipOff+20])
+		sum = vnet.CsumAdd(0, f[h.ipOff+12:h.ipOff+20])
 	}
 	return sum + uint32(h.proto) + uint32(l4len)
 }
@@ -275,7 +227,7 @@ func segment(dst, f []byte, o *Offload, k int) int {
 		binary.BigEndian.PutUint16(ip[4:6], binary.BigEndian.Uint16(ip[4:6])+uint16(k))
 		ip[10], ip[11] = 0, 0
 		ihl := h.l4Off - h.ipOff
-		binary.BigEndian.PutUint16(ip[10:12], ^csumFold(csumAdd(0, ip[:ihl])))
+		binary.BigEndian.PutUint16(ip[10:12], ^vnet.CsumFold(vnet.CsumAdd(0, ip[:ihl])))
 	}
 	t := s[h.l4Off:]
 	var at int
@@ -294,7 +246,7 @@ func segment(dst, f []byte, o *Offload, k int) int {
 		at = 6
 	}
 	t[at], t[at+1] = 0, 0
-	binary.BigEndian.PutUint16(t[at:], csumFold(pseudoSum(s, &h, l4len)))
-	completeCsum(s, h.l4Off, at)
+	binary.BigEndian.PutUint16(t[at:], vnet.CsumFold(pseudoSum(s, &h, l4len)))
+	vnet.CompleteCsum(s, h.l4Off, at)
 	return n
 }

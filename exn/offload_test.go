@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"github.com/exn-project/exn/internal/vnet"
 	"log/slog"
 	"net"
 	"sync/atomic"
@@ -42,7 +43,7 @@ func superTCP(dst, src net.HardwareAddr, v6 bool, pay []byte, mss int) ([]byte, 
 		ip[8], ip[9] = 64, protoTCP
 		copy(ip[12:16], []byte{10, 0, 0, 1})
 		copy(ip[16:20], []byte{10, 0, 0, 2})
-		binary.BigEndian.PutUint16(ip[10:12], ^csumFold(csumAdd(0, ip[:20])))
+		binary.BigEndian.PutUint16(ip[10:12], ^vnet.CsumFold(vnet.CsumAdd(0, ip[:20])))
 	}
 	t := f[l4:]
 	binary.BigEndian.PutUint16(t[0:2], 5001)
@@ -53,12 +54,12 @@ func superTCP(dst, src net.HardwareAddr, v6 bool, pay []byte, mss int) ([]byte, 
 	binary.BigEndian.PutUint16(t[14:16], 512)
 	copy(f[l4+20:], pay)
 	h, _ := parseL4(f)
-	binary.BigEndian.PutUint16(t[16:18], csumFold(pseudoSum(f, &h, len(f)-l4)))
-	typ := uint8(GSOTCPv4)
+	binary.BigEndian.PutUint16(t[16:18], vnet.CsumFold(pseudoSum(f, &h, len(f)-l4)))
+	typ := uint8(vnet.GSOTCPv4)
 	if v6 {
-		typ = GSOTCPv6
+		typ = vnet.GSOTCPv6
 	}
-	return f, Offload{Flags: OffloadNeedsCsum, GSOType: typ, HdrLen: uint16(l4 + 20), GSOSize: uint16(mss),
+	return f, Offload{Flags: vnet.NeedsCsum, GSOType: typ, HdrLen: uint16(l4 + 20), GSOSize: uint16(mss),
 		CsumStart: uint16(l4), CsumOffset: 16}
 }
 
@@ -74,10 +75,10 @@ func checkSegment(tb testing.TB, f []byte) (seq uint32, flags byte, pay []byte) 
 	if h.ipOff+h.ipTotal != len(f) {
 		tb.Fatalf("IP length %d, frame %d", h.ipTotal, len(f))
 	}
-	if !h.v6 && csumFold(csumAdd(0, f[h.ipOff:h.l4Off])) != 0xFFFF {
+	if !h.v6 && vnet.CsumFold(vnet.CsumAdd(0, f[h.ipOff:h.l4Off])) != 0xFFFF {
 		tb.Fatalf("bad IPv4 header checksum")
 	}
-	if csumFold(pseudoSum(f, &h, len(f)-h.l4Off)+csumAdd(0, f[h.l4Off:])) != 0xFFFF {
+	if vnet.CsumFold(pseudoSum(f, &h, len(f)-h.l4Off)+vnet.CsumAdd(0, f[h.l4Off:])) != 0xFFFF {
 		tb.Fatalf("bad TCP checksum")
 	}
 	t := f[h.l4Off:]
@@ -152,8 +153,8 @@ func TestOffloadNegotiation(t *testing.T) {
 		// the claim: the receiving kernel verifies it.
 		plain, po := superTCP(b.eng.MAC(), a.eng.MAC(), v6, pay[:1000], 0)
 		h, _ := parseL4(plain)
-		completeCsum(plain, h.l4Off, 16)
-		lendSend(t, a.eng, plain, Offload{Flags: OffloadDataValid})
+		vnet.CompleteCsum(plain, h.l4Off, 16)
+		lendSend(t, a.eng, plain, Offload{Flags: vnet.DataValid})
 		got = b.link.wait(t, 3, 5*time.Second)
 		if !bytes.Equal(got[2], plain) || b.link.offs[2] != (Offload{}) {
 			t.Fatalf("DATA_VALID frame delivered with %+v (offload of the source %+v)", b.link.offs[2], po)
@@ -188,7 +189,7 @@ func TestOffloadOldPeer(t *testing.T) {
 	reassembled(t, got[n:], pay, mss)
 	// A plain frame with a partial checksum, by rendezvous: completed.
 	small, so := superTCP(b.eng.MAC(), a.eng.MAC(), false, pay[:1200], 0)
-	so.GSOType, so.GSOSize = GSONone, 0
+	so.GSOType, so.GSOSize = vnet.GSONone, 0
 	lendSend(t, a.eng, small, so)
 	got = b.link.wait(t, 2*n+1, 5*time.Second)
 	if _, _, p := checkSegment(t, got[2*n]); !bytes.Equal(p, pay[:1200]) {
@@ -218,17 +219,17 @@ func TestOffloadBad(t *testing.T) {
 
 	bad := []Offload{
 		{Flags: 4},
-		{Flags: OffloadNeedsCsum | OffloadDataValid},
-		{Flags: OffloadNeedsCsum, CsumStart: 4, CsumOffset: 16},
-		{Flags: OffloadNeedsCsum, CsumStart: uint16(len(f) - 1), CsumOffset: 0},
+		{Flags: vnet.NeedsCsum | vnet.DataValid},
+		{Flags: vnet.NeedsCsum, CsumStart: 4, CsumOffset: 16},
+		{Flags: vnet.NeedsCsum, CsumStart: uint16(len(f) - 1), CsumOffset: 0},
 		{CsumStart: 34},
-		{GSOType: 9, Flags: OffloadNeedsCsum, GSOSize: 100, CsumStart: 34, CsumOffset: 16},
-		{GSOType: GSOTCPv6, Flags: OffloadNeedsCsum, GSOSize: 1448, CsumStart: 34, CsumOffset: 16},
-		{GSOType: GSOUDPL4, Flags: OffloadNeedsCsum, GSOSize: 1448, CsumStart: 34, CsumOffset: 6},
-		{GSOType: GSOTCPv4, Flags: OffloadNeedsCsum, GSOSize: 0, CsumStart: 34, CsumOffset: 16},
-		{GSOType: GSOTCPv4, Flags: OffloadNeedsCsum, GSOSize: 1500, CsumStart: 34, CsumOffset: 16},
-		{GSOType: GSOTCPv4, GSOSize: 1448, CsumStart: 34, CsumOffset: 16},
-		{GSOType: GSOTCPv4, Flags: OffloadNeedsCsum, GSOSize: 1448, CsumStart: 34, CsumOffset: 6},
+		{GSOType: 9, Flags: vnet.NeedsCsum, GSOSize: 100, CsumStart: 34, CsumOffset: 16},
+		{GSOType: vnet.GSOTCPv6, Flags: vnet.NeedsCsum, GSOSize: 1448, CsumStart: 34, CsumOffset: 16},
+		{GSOType: vnet.GSOUDPL4, Flags: vnet.NeedsCsum, GSOSize: 1448, CsumStart: 34, CsumOffset: 6},
+		{GSOType: vnet.GSOTCPv4, Flags: vnet.NeedsCsum, GSOSize: 0, CsumStart: 34, CsumOffset: 16},
+		{GSOType: vnet.GSOTCPv4, Flags: vnet.NeedsCsum, GSOSize: 1500, CsumStart: 34, CsumOffset: 16},
+		{GSOType: vnet.GSOTCPv4, GSOSize: 1448, CsumStart: 34, CsumOffset: 16},
+		{GSOType: vnet.GSOTCPv4, Flags: vnet.NeedsCsum, GSOSize: 1448, CsumStart: 34, CsumOffset: 6},
 	}
 	for _, bo := range bad {
 		lendSend(t, a.eng, f, bo)
@@ -246,12 +247,12 @@ func TestOffloadBad(t *testing.T) {
 		a.encodeX(b)
 		return b
 	}
-	at.send(t, msg(plain.nic.Node(), tagAdvertX, x(o, len(f))))                                                           // not announced
-	at.send(t, msg(b.nic.Node(), tagAdvertX, x(o, len(f))[:20]))                                                          // short
-	at.send(t, msg(b.nic.Node(), tagAdvertX, x(Offload{Flags: OffloadDataValid}, len(f)-5000)))                           // a claim we do not take
-	at.send(t, msg(b.nic.Node(), tagAdvertX, x(Offload{Flags: OffloadNeedsCsum, CsumStart: 40, CsumOffset: 2000}, 1000))) // window past the frame
+	at.send(t, msg(plain.nic.Node(), tagAdvertX, x(o, len(f))))                                                         // not announced
+	at.send(t, msg(b.nic.Node(), tagAdvertX, x(o, len(f))[:20]))                                                        // short
+	at.send(t, msg(b.nic.Node(), tagAdvertX, x(Offload{Flags: vnet.DataValid}, len(f)-5000)))                           // a claim we do not take
+	at.send(t, msg(b.nic.Node(), tagAdvertX, x(Offload{Flags: vnet.NeedsCsum, CsumStart: 40, CsumOffset: 2000}, 1000))) // window past the frame
 	bo := o
-	bo.GSOType = GSOTCPv6
+	bo.GSOType = vnet.GSOTCPv6
 	at.send(t, msg(b.nic.Node(), tagAdvertX, x(bo, len(f)))) // type does not match the frame
 	eventually(t, "forged adverts counted", func() bool {
 		return plain.eng.Stats().Drops[DropOffloadForged] == 1 && b.eng.Stats().Drops[DropOffloadForged] == 4
@@ -283,8 +284,8 @@ func TestSegmentUDP(t *testing.T) {
 	binary.BigEndian.PutUint16(u[4:6], uint16(8+len(pay)))
 	copy(u[8:], pay)
 	h, _ := parseL4(f)
-	binary.BigEndian.PutUint16(u[6:8], csumFold(pseudoSum(f, &h, 8+len(pay))))
-	o = Offload{Flags: OffloadNeedsCsum, GSOType: GSOUDPL4, GSOSize: 1200, CsumStart: EthHeaderLen + 40, CsumOffset: 6}
+	binary.BigEndian.PutUint16(u[6:8], vnet.CsumFold(pseudoSum(f, &h, 8+len(pay))))
+	o = Offload{Flags: vnet.NeedsCsum, GSOType: vnet.GSOUDPL4, GSOSize: 1200, CsumStart: EthHeaderLen + 40, CsumOffset: 6}
 	if !o.check(f, 1514, true) {
 		t.Fatal("valid UDP super-frame refused")
 	}
@@ -293,7 +294,7 @@ func TestSegmentUDP(t *testing.T) {
 	for k := range segments(f, &o) {
 		s := seg[:segment(seg, f, &o, k)]
 		h, _ := parseL4(s)
-		if csumFold(pseudoSum(s, &h, len(s)-h.l4Off)+csumAdd(0, s[h.l4Off:])) != 0xFFFF {
+		if vnet.CsumFold(pseudoSum(s, &h, len(s)-h.l4Off)+vnet.CsumAdd(0, s[h.l4Off:])) != 0xFFFF {
 			t.Fatalf("segment %d: bad UDP checksum", k)
 		}
 		if int(binary.BigEndian.Uint16(s[h.l4Off+4:])) != len(s)-h.l4Off || h.ipOff+h.ipTotal != len(s) {
@@ -318,8 +319,8 @@ func FuzzOffload(f *testing.F) {
 		return b[16:]
 	}
 	f.Add(enc(so), sf)
-	f.Add(enc(Offload{Flags: OffloadNeedsCsum, CsumStart: 34, CsumOffset: 16}), sf[:200])
-	f.Add(enc(Offload{GSOType: GSOTCPv6 | GSOECN, Flags: 1, GSOSize: 1, CsumStart: 54, CsumOffset: 16}), sf)
+	f.Add(enc(Offload{Flags: vnet.NeedsCsum, CsumStart: 34, CsumOffset: 16}), sf[:200])
+	f.Add(enc(Offload{GSOType: vnet.GSOTCPv6 | vnet.GSOECN, Flags: 1, GSOSize: 1, CsumStart: 54, CsumOffset: 16}), sf)
 	f.Fuzz(func(t *testing.T, hdr, frame []byte) {
 		if len(hdr) < 10 {
 			return
@@ -334,9 +335,9 @@ func FuzzOffload(f *testing.F) {
 			return
 		}
 		f := append([]byte(nil), frame...)
-		if o.GSOType == GSONone {
-			if o.Flags&OffloadNeedsCsum != 0 {
-				completeCsum(f, int(o.CsumStart), int(o.CsumOffset))
+		if o.GSOType == vnet.GSONone {
+			if o.Flags&vnet.NeedsCsum != 0 {
+				vnet.CompleteCsum(f, int(o.CsumStart), int(o.CsumOffset))
 			}
 			return
 		}
@@ -348,7 +349,7 @@ func FuzzOffload(f *testing.F) {
 			if !ok || len(s) > 1514 || h.ipOff+h.ipTotal != len(s) {
 				t.Fatalf("segment %d: %d bytes, parses %v", k, len(s), ok)
 			}
-			if csumFold(pseudoSum(s, &h, len(s)-h.l4Off)+csumAdd(0, s[h.l4Off:])) != 0xFFFF {
+			if vnet.CsumFold(pseudoSum(s, &h, len(s)-h.l4Off)+vnet.CsumAdd(0, s[h.l4Off:])) != 0xFFFF {
 				t.Fatalf("segment %d: bad checksum", k)
 			}
 			total += len(s) - h.hdrEnd

@@ -39,9 +39,9 @@ package exn
 // stays a peer without offload.
 //
 // An offload advert (tag 0x04, 26 bytes) is an advert (bytes 0..15, same
-// meaning and checks, but a super-frame may be up to MaxGSOFrame long)
+// meaning and checks, but a super-frame may be up to vnet.MaxGSOFrame long)
 // followed by the frame's virtio-net header meaning (offload.go), little-
-// endian: 16 flags (only OffloadNeedsCsum may be set), 17 GSO type,
+// endian: 16 flags (only vnet.NeedsCsum may be set), 17 GSO type,
 // 18..19 header length, 20..21 GSO segment size, 22..23 checksum start,
 // 24..25 checksum offset. It goes only to a peer whose hello announced
 // the capability the frame needs; the receiver checks the fields against
@@ -54,6 +54,7 @@ package exn
 
 import (
 	"encoding/binary"
+	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/fabric"
 )
@@ -94,7 +95,7 @@ func (a *advert) encodeX(b []byte) {
 
 // decodeAdvertX parses an offload advert. The fields are checked against
 // the frame once it is pulled (Offload.check); here only the shape and
-// the length: up to maxFrame, or MaxGSOFrame for a super-frame.
+// the length: up to maxFrame, or vnet.MaxGSOFrame for a super-frame.
 func decodeAdvertX(p []byte, maxFrame int) (advert, DropReason) {
 	if len(p) != advertXLen {
 		return advert{}, DropOffloadForged
@@ -106,8 +107,8 @@ func decodeAdvertX(p []byte, maxFrame int) (advert, DropReason) {
 		CsumStart:  binary.LittleEndian.Uint16(p[22:24]),
 		CsumOffset: binary.LittleEndian.Uint16(p[24:26]),
 	}
-	if o.GSOType != GSONone {
-		maxFrame = max(maxFrame, MaxGSOFrame)
+	if o.GSOType != vnet.GSONone {
+		maxFrame = max(maxFrame, vnet.MaxGSOFrame)
 	}
 	a, reason := decodeAdvert(p[:advertLen], maxFrame)
 	a.off = o

@@ -3,6 +3,7 @@ package tap
 import (
 	"errors"
 	"fmt"
+	"github.com/exn-project/exn/internal/vnet"
 	"io"
 	"log/slog"
 	"net"
@@ -356,8 +357,8 @@ func (w *writeOp) run(fd uintptr) bool {
 	for w.n < len(w.frames) {
 		f := w.frames[w.n]
 		limit := w.maxLen
-		if w.hdrs != nil && w.hdrs[w.n].GSOType != GSONone {
-			limit = MaxGSOFrame
+		if w.hdrs != nil && w.hdrs[w.n].GSOType != vnet.GSONone {
+			limit = vnet.MaxGSOFrame
 		}
 		if len(f) < HeaderLen || len(f) > limit {
 			w.err = fmt.Errorf("frame of %d bytes not in %d..%d: %w", len(f), HeaderLen, limit, ErrFrameSize)

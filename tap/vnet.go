@@ -18,6 +18,7 @@ package tap
 
 import (
 	"encoding/binary"
+	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/internal/sys"
 )
@@ -34,35 +35,18 @@ type VnetHdr struct {
 	CsumOffset uint16
 }
 
-// Header flags and GSO types (virtio_net.h).
-const (
-	VnetNeedsCsum = 1
-	VnetDataValid = 2
-
-	GSONone  = 0
-	GSOTCPv4 = 1
-	GSOTCPv6 = 4
-	GSOUDPL4 = 5
-	GSOECN   = 0x80
-)
-
-// MaxGSOFrame is the largest super-frame WriteVnet takes and the size
-// ReadVnet's buffers need: the kernel's legacy GSO limit (64 KiB) plus
-// room for the Ethernet header (exn.MaxGSOFrame is the same).
-const MaxGSOFrame = 64<<10 + 64
-
 // OffloadDevice is a Device that passes the virtio-net header (a TAP
 // opened with Config.Offload).
 type OffloadDevice interface {
 	Device
 	// ReadVnet is Read that also returns each frame's header in hdrs[i]:
-	// a frame may need its checksum completed (VnetNeedsCsum) or be a
-	// super-frame of up to MaxGSOFrame bytes (GSOType), which buffers
+	// a frame may need its checksum completed (vnet.NeedsCsum) or be a
+	// super-frame of up to vnet.MaxGSOFrame bytes (GSOType), which buffers
 	// must hold. It reads at most len(hdrs) frames.
 	ReadVnet(bufs [][]byte, sizes []int, hdrs []VnetHdr) (int, error)
 	// WriteVnet is Write with a header per frame (hdrs[i] for
 	// frames[i]; at most len(hdrs) frames). A super-frame may be up to
-	// MaxGSOFrame bytes. The kernel checks the header and refuses a bad
+	// vnet.MaxGSOFrame bytes. The kernel checks the header and refuses a bad
 	// one (the frame is counted in TxErrors and skipped as in Write).
 	WriteVnet(frames [][]byte, hdrs []VnetHdr) (int, error)
 	// Offloads is the TUN_F_* bits the kernel took at Open.
@@ -119,15 +103,15 @@ func (h *VnetHdr) encode(b *[sys.VnetHdrLen]byte) {
 // known reports whether h has only flags and GSO types this package
 // knows, with a checksum window inside a frame of n bytes.
 func (h *VnetHdr) known(n int) bool {
-	if h.Flags&^(VnetNeedsCsum|VnetDataValid) != 0 {
+	if h.Flags&^(vnet.NeedsCsum|vnet.DataValid) != 0 {
 		return false
 	}
-	switch h.GSOType &^ GSOECN {
-	case GSONone, GSOTCPv4, GSOTCPv6, GSOUDPL4:
+	switch h.GSOType &^ vnet.GSOECN {
+	case vnet.GSONone, vnet.GSOTCPv4, vnet.GSOTCPv6, vnet.GSOUDPL4:
 	default:
 		return false
 	}
-	return h.Flags&VnetNeedsCsum == 0 || int(h.CsumStart)+int(h.CsumOffset)+2 <= n
+	return h.Flags&vnet.NeedsCsum == 0 || int(h.CsumStart)+int(h.CsumOffset)+2 <= n
 }
 
 // header handles the header read with frame f (n bytes, n ≤ len(f));
@@ -147,34 +131,12 @@ func (r *readOp) header(f []byte, n int) bool {
 		r.hdrs[r.n] = h
 		return true
 	}
-	if h.GSOType != GSONone {
+	if h.GSOType != vnet.GSONone {
 		r.gso++
 		return false
 	}
-	if h.Flags&VnetNeedsCsum != 0 {
-		completeCsum(f[:n], int(h.CsumStart), int(h.CsumOffset))
+	if h.Flags&vnet.NeedsCsum != 0 {
+		vnet.CompleteCsum(f[:n], int(h.CsumStart), int(h.CsumOffset))
 	}
 	return true
-}
-
-// completeCsum fills in a partial checksum as the kernel's
-// skb_checksum_help does: the field holds the pseudo-header sum, the
-// bytes from start on are summed over it, the complement replaces it.
-func completeCsum(f []byte, start, offset int) {
-	var sum uint32
-	b := f[start:]
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)&1 != 0 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xFFFF {
-		sum = sum>>16 + sum&0xFFFF
-	}
-	c := ^uint16(sum)
-	if c == 0 {
-		c = 0xFFFF
-	}
-	binary.BigEndian.PutUint16(f[start+offset:], c)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"github.com/exn-project/exn/internal/vnet"
 	"net"
 	"net/netip"
 	"os"
@@ -118,7 +119,7 @@ func TestVnetKernel(t *testing.T) {
 	if _, err := out.Write(p); err != nil {
 		t.Fatal(err)
 	}
-	bufs, sizes, hdrs := [][]byte{make([]byte, tap.MaxGSOFrame)}, []int{0}, []tap.VnetHdr{{}}
+	bufs, sizes, hdrs := [][]byte{make([]byte, vnet.MaxGSOFrame)}, []int{0}, []tap.VnetHdr{{}}
 	for {
 		n, err := d.ReadVnet(bufs, sizes, hdrs)
 		if err != nil || n != 1 {
@@ -128,7 +129,7 @@ func TestVnetKernel(t *testing.T) {
 		if len(f) < 42 || f[23] != 17 || !bytes.Equal(f[42:], p) {
 			continue // not ours (the kernel's own chatter)
 		}
-		if h := hdrs[0]; h.Flags != tap.VnetNeedsCsum || h.CsumStart != 34 || h.CsumOffset != 6 || h.GSOType != tap.GSONone {
+		if h := hdrs[0]; h.Flags != vnet.NeedsCsum || h.CsumStart != 34 || h.CsumOffset != 6 || h.GSOType != vnet.GSONone {
 			t.Fatalf("header %+v: want a partial UDP checksum at 34+6", h)
 		}
 		break
@@ -165,7 +166,7 @@ func TestVnetKernel(t *testing.T) {
 	}
 	partial := mk([]byte("partial"))
 	udpSum(partial, false)
-	if err := write(partial, tap.VnetHdr{Flags: tap.VnetNeedsCsum, CsumStart: 34, CsumOffset: 6}); err != nil {
+	if err := write(partial, tap.VnetHdr{Flags: vnet.NeedsCsum, CsumStart: 34, CsumOffset: 6}); err != nil {
 		t.Fatal(err)
 	}
 	if got := recv(2 * time.Second); string(got) != "partial" {
@@ -178,7 +179,7 @@ func TestVnetKernel(t *testing.T) {
 	}
 	sf := mk(big)
 	udpSum(sf, false)
-	if err := write(sf, tap.VnetHdr{Flags: tap.VnetNeedsCsum, GSOType: tap.GSOUDPL4, GSOSize: 1000, HdrLen: 42, CsumStart: 34, CsumOffset: 6}); err != nil {
+	if err := write(sf, tap.VnetHdr{Flags: vnet.NeedsCsum, GSOType: vnet.GSOUDPL4, GSOSize: 1000, HdrLen: 42, CsumStart: 34, CsumOffset: 6}); err != nil {
 		t.Fatalf("UDP super-frame: %v", err)
 	}
 	var got []byte
@@ -190,7 +191,7 @@ func TestVnetKernel(t *testing.T) {
 	}
 	// A header the kernel refuses: counted, the TAP keeps working.
 	errs := d.Stats().TxErrors
-	if err := write(good, tap.VnetHdr{Flags: tap.VnetNeedsCsum, CsumStart: 34, CsumOffset: 200}); err == nil {
+	if err := write(good, tap.VnetHdr{Flags: vnet.NeedsCsum, CsumStart: 34, CsumOffset: 200}); err == nil {
 		t.Fatal("checksum window past the frame accepted")
 	}
 	if d.Stats().TxErrors != errs+1 {
@@ -207,7 +208,7 @@ func TestVnetPlainTAP(t *testing.T) {
 	testenv.RequirePrivileged(t)
 	d, _ := openTAP(t, defaultCfg)
 	f := udpFrame(peerMAC, localMAC, peerIP, localIP, 1, 2, []byte("x"))
-	if _, err := d.WriteVnet([][]byte{f}, []tap.VnetHdr{{Flags: tap.VnetNeedsCsum, CsumStart: 34, CsumOffset: 6}}); err == nil {
+	if _, err := d.WriteVnet([][]byte{f}, []tap.VnetHdr{{Flags: vnet.NeedsCsum, CsumStart: 34, CsumOffset: 6}}); err == nil {
 		t.Fatal("header on a plain TAP accepted")
 	}
 	if d.Offloads() != 0 {
