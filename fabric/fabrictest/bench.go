@@ -70,10 +70,16 @@ func benchSendRecv(b *testing.B, f Factory) {
 	}
 }
 
-// echo receives on ep and sends every message back to its source until ep
-// is closed.
+// echo runs Echo for a benchmark's goroutine and marks it done.
 func echo(ep fabric.Endpoint, wg *sync.WaitGroup) {
 	defer wg.Done()
+	Echo(ep)
+}
+
+// Echo receives on ep and sends every message back to its source until
+// an operation on ep fails (it is closed): the echo side of every
+// ping-pong benchmark, in this process or in a child.
+func Echo(ep fabric.Endpoint) {
 	buf := make([]fabric.Message, rateBatch)
 	ctx := context.Background()
 	for {
@@ -93,8 +99,6 @@ func echo(ep fabric.Endpoint, wg *sync.WaitGroup) {
 	}
 }
 
-// benchPingPong measures one-way latency as half the round trip of a 120 B
-// message bounced between two goroutines on two nodes.
 func benchPingPong(b *testing.B, f Factory) {
 	nics := f(b, 2)
 	a, e := open(b, nics[0], 1), open(b, nics[1], 1)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/ofi"
 )
 
@@ -60,23 +61,7 @@ func TestHelperOFIEcho(t *testing.T) {
 		os.Stdin.Read(b)
 		ep.Close()
 	}()
-	buf := make([]fabric.Message, 64)
-	ctx := context.Background()
-	for {
-		k, err := ep.Recv(buf)
-		if err != nil {
-			return
-		}
-		if k == 0 {
-			if ep.Wait(ctx) != nil {
-				return
-			}
-			continue
-		}
-		if _, err := ep.Send(ctx, buf[:k]); err != nil {
-			return
-		}
-	}
+	fabrictest.Echo(ep)
 }
 
 // BenchmarkPingPong2Proc measures VELO one-way latency (half the round
