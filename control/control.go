@@ -54,8 +54,9 @@ type Request struct {
 }
 
 // FDHandlerFunc answers a request that may carry file descriptors and may
-// return one (out), which is sent with the response and then closed.
-type FDHandlerFunc func(ctx context.Context, req *Request) (v any, out *os.File, err error)
+// return up to MaxFDs of them (out, in order), which are sent with the
+// response and then closed.
+type FDHandlerFunc func(ctx context.Context, req *Request) (v any, out []*os.File, err error)
 
 // HandlerFunc answers one request. args excludes the operation name. The
 // returned value is encoded as JSON in the response's data field.
@@ -320,9 +321,7 @@ func (s *Server) serveCtx(ctx context.Context, c net.Conn) {
 			resp, out := s.dispatch(ctx, line, req)
 			closeFiles(req.Files)
 			werr := s.reply(uc, c, resp, out)
-			if out != nil {
-				out.Close()
-			}
+			closeFiles(out)
 			if werr != nil {
 				return
 			}
@@ -348,19 +347,43 @@ func (s *Server) serveCtx(ctx context.Context, c net.Conn) {
 	}
 }
 
-// reply writes one response line, with out attached as SCM_RIGHTS.
-func (s *Server) reply(uc *net.UnixConn, c net.Conn, resp Response, out *os.File) error {
+// reply writes one response line, with out attached as SCM_RIGHTS. The
+// descriptors are read through SyscallConn, never Fd(), which would make
+// a shared non-blocking descriptor blocking for its other holders.
+func (s *Server) reply(uc *net.UnixConn, c net.Conn, resp Response, out []*os.File) error {
 	b, err := json.Marshal(resp)
 	if err != nil {
 		b = []byte(`{"ok":false,"error":"encode response"}`)
 	}
 	b = append(b, '\n')
-	if out == nil || uc == nil {
+	if len(out) == 0 || uc == nil {
 		_, err = c.Write(b)
 		return err
 	}
-	_, _, err = uc.WriteMsgUnix(b, syscall.UnixRights(int(out.Fd())), nil)
+	fds := make([]int, 0, len(out))
+	for _, f := range out {
+		fd, err := rawFD(f)
+		if err != nil {
+			return err
+		}
+		fds = append(fds, fd)
+	}
+	_, _, err = uc.WriteMsgUnix(b, syscall.UnixRights(fds...), nil)
 	return err
+}
+
+// rawFD is f's descriptor without changing its mode (valid while f is
+// open).
+func rawFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
 
 func parseRights(oob []byte) ([]*os.File, error) {
@@ -390,7 +413,7 @@ func closeFiles(fs []*os.File) {
 	}
 }
 
-func (s *Server) dispatch(ctx context.Context, line string, req *Request) (Response, *os.File) {
+func (s *Server) dispatch(ctx context.Context, line string, req *Request) (Response, []*os.File) {
 	fields := strings.Fields(line)
 	if len(fields) == 0 {
 		s.ctr.refuse(ReasonBadRequest)
@@ -402,7 +425,7 @@ func (s *Server) dispatch(ctx context.Context, line string, req *Request) (Respo
 	s.mu.Unlock()
 	var (
 		v   any
-		out *os.File
+		out []*os.File
 		err error
 	)
 	switch {
@@ -414,18 +437,17 @@ func (s *Server) dispatch(ctx context.Context, line string, req *Request) (Respo
 		s.ctr.refuse(ReasonBadRequest)
 		return Response{Error: fmt.Sprintf("request: unknown operation %q", fields[0])}, nil
 	}
+	if err == nil && len(out) > MaxFDs {
+		err = fmt.Errorf("%s: %d descriptors to return, at most %d", req.Op, len(out), MaxFDs)
+	}
 	if err != nil {
 		s.ctr.refuse(ReasonFailed)
-		if out != nil {
-			out.Close()
-		}
+		closeFiles(out)
 		return Response{Error: err.Error()}, nil
 	}
 	data, err := json.Marshal(v)
 	if err != nil {
-		if out != nil {
-			out.Close()
-		}
+		closeFiles(out)
 		return Response{Error: fmt.Sprintf("encode response: %v", err)}, nil
 	}
 	return Response{OK: true, Data: data}, out
@@ -461,9 +483,20 @@ func (c *Client) Call(ctx context.Context, out any, op string, args ...string) e
 }
 
 // CallFD is Call with file descriptors: files go with the request line
-// (SCM_RIGHTS; the caller keeps its copies), and a descriptor the server
-// returns comes back as a file the caller owns.
+// (SCM_RIGHTS; the caller keeps its copies), and the first descriptor the
+// server returns comes back as a file the caller owns (others are
+// closed; CallFDs returns them all).
 func (c *Client) CallFD(ctx context.Context, out any, files []*os.File, op string, args ...string) (*os.File, error) {
+	got, err := c.CallFDs(ctx, out, files, op, args...)
+	if len(got) == 0 {
+		return nil, err
+	}
+	closeFiles(got[1:])
+	return got[0], err
+}
+
+// CallFDs is CallFD returning every descriptor of the response, in order.
+func (c *Client) CallFDs(ctx context.Context, out any, files []*os.File, op string, args ...string) ([]*os.File, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if dl, ok := ctx.Deadline(); ok {
@@ -491,25 +524,26 @@ func (c *Client) CallFD(ctx context.Context, out any, files []*os.File, op strin
 	}
 	var resp Response
 	if err := json.Unmarshal(raw, &resp); err != nil {
-		closeFiles([]*os.File{f})
+		closeFiles(f)
 		return nil, fmt.Errorf("control %s: bad response: %w", op, err)
 	}
 	if !resp.OK {
-		closeFiles([]*os.File{f})
+		closeFiles(f)
 		return nil, fmt.Errorf("control %s: %s", op, resp.Error)
 	}
 	if out != nil && len(resp.Data) > 0 {
 		if err := json.Unmarshal(resp.Data, out); err != nil {
-			closeFiles([]*os.File{f})
+			closeFiles(f)
 			return nil, fmt.Errorf("control %s: bad data: %w", op, err)
 		}
 	}
 	return f, nil
 }
 
-// readLine reads one response line and the descriptor sent with it.
-func (c *Client) readLine() ([]byte, *os.File, error) {
-	var f *os.File
+// readLine reads one response line and the descriptors sent with it (at
+// most MaxFDs; more are closed).
+func (c *Client) readLine() ([]byte, []*os.File, error) {
+	var f []*os.File
 	oob := make([]byte, syscall.CmsgSpace(MaxFDs*4))
 	for {
 		if i := bytes.IndexByte(c.buf, '\n'); i >= 0 {
@@ -522,8 +556,8 @@ func (c *Client) readLine() ([]byte, *os.File, error) {
 		if oobn > 0 {
 			got, _ := parseRights(oob[:oobn])
 			for _, g := range got {
-				if f == nil {
-					f = g
+				if len(f) < MaxFDs {
+					f = append(f, g)
 				} else {
 					g.Close()
 				}
@@ -531,11 +565,11 @@ func (c *Client) readLine() ([]byte, *os.File, error) {
 		}
 		c.buf = append(c.buf, tmp[:max(n, 0)]...)
 		if err != nil {
-			closeFiles([]*os.File{f})
+			closeFiles(f)
 			return nil, nil, err
 		}
 		if len(c.buf) > 1<<20 {
-			closeFiles([]*os.File{f})
+			closeFiles(f)
 			return nil, nil, errors.New("response too long")
 		}
 	}

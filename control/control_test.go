@@ -138,7 +138,7 @@ func TestFilePassing(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	s, path := startServer(t)
-	s.HandleFD("relay", func(_ context.Context, req *Request) (any, *os.File, error) {
+	s.HandleFD("relay", func(_ context.Context, req *Request) (any, []*os.File, error) {
 		if len(req.Files) != 1 {
 			return nil, nil, fmt.Errorf("want 1 fd, got %d", len(req.Files))
 		}
@@ -151,7 +151,7 @@ func TestFilePassing(t *testing.T) {
 		}
 		w.Write([]byte("returned pipe"))
 		w.Close()
-		return "done", r, nil
+		return "done", []*os.File{r}, nil
 	})
 	c, err := Dial(context.Background(), path)
 	if err != nil {

@@ -158,9 +158,17 @@ var errNoAnswer = errors.New("extds: no valid handshake answer")
 // upgrade runs the client side over raw. On an error raw is not closed;
 // errNoAnswer means the hello was written.
 func (d *Dialer) upgrade(ctx context.Context, raw net.Conn, address string) (*Conn, error) {
+	c, _, err := d.upgradeDirect(ctx, raw, address, nil)
+	return c, err
+}
+
+// upgradeDirect is upgrade with a direct offer when open is not nil
+// (direct.go): the result is then either a *Conn or, when the server made
+// a direct connection and open took it, its DirectInfo.
+func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string, open func(DirectInfo) error) (*Conn, *DirectInfo, error) {
 	dev := d.Device
 	if dev == nil {
-		return tcpConn(raw, nil), nil
+		return tcpConn(raw, nil), nil, nil
 	}
 	res := d.Resolver
 	if res == nil {
@@ -174,10 +182,10 @@ func (d *Dialer) upgrade(ctx context.Context, raw net.Conn, address string) (*Co
 		ok = false
 	}
 	if !ok {
-		return dev.fallback(raw, nil, FallbackNoRoute), nil
+		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
 	if dev.negative(address) {
-		return dev.fallback(raw, nil, FallbackCached), nil
+		return dev.fallback(raw, nil, FallbackCached), nil, nil
 	}
 	lport, _ := portOf(raw.LocalAddr())
 	// Out-of-band agreement keyed by the 4-tuple (claim.go): nothing is
@@ -185,45 +193,48 @@ func (d *Dialer) upgrade(ctx context.Context, raw net.Conn, address string) (*Co
 	la, lok := addrPortOf(raw.LocalAddr())
 	ra, rok := addrPortOf(raw.RemoteAddr())
 	if !lok || !rok {
-		return dev.fallback(raw, nil, FallbackNoRoute), nil
+		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
 	why, agreed, err := dev.offer(ctx, node, la, ra)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 		dev.rlog.warn("extds: cannot claim, using tcp", "err", err)
-		return dev.fallback(raw, nil, FallbackNoRoute), nil
+		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
 	if !agreed {
 		if why == FallbackNoClaim {
 			dev.setNegative(address) // a listener whose acceptor does not claim: TCP for a while
 		}
-		return dev.fallback(raw, nil, why), nil
+		return dev.fallback(raw, nil, why), nil, nil
 	}
 	c, err := dev.newConn(lport, raw)
 	if err != nil {
 		dev.rlog.warn("extds: cannot attach connection, using tcp", "err", err)
-		return dev.fallback(raw, nil, FallbackNoRoute), nil
+		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
-	_, err = c.clientHandshake(ctx, raw, node)
+	_, di, err := c.clientHandshake(ctx, raw, node, open)
 	switch {
+	case err == nil && di != nil:
+		c.discard()
+		return nil, di, nil
 	case err == nil:
 		c.start()
-		return c, nil
+		return c, nil, nil
 	case errors.Is(err, errPeerNoFab):
 		c.discard()
 		_ = raw.SetDeadline(time.Time{})
-		return dev.fallback(raw, nil, FallbackPeerNoFab), nil
+		return dev.fallback(raw, nil, FallbackPeerNoFab), nil, nil
 	case ctx.Err() != nil:
 		c.discard()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	c.discard()
 	dev.ctr.handshakeErr.Add(1)
 	dev.rlog.warn("extds: handshake failed", "addr", address, "err", err)
 	dev.setNegative(address)
-	return nil, fmt.Errorf("%w: %w", errNoAnswer, err)
+	return nil, nil, fmt.Errorf("%w: %w", errNoAnswer, err)
 }
 
 // abandon shuts a stream down in both directions (the socket, not just

@@ -149,7 +149,7 @@ func (c *Conn) watchShadow() {
 
 var errPeerNoFab = errors.New("peer cannot attach to the fabric")
 
-func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID) (hello, error) {
+func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(DirectInfo) error) (hello, *DirectInfo, error) {
 	dl := time.Now().Add(c.cfg.handshakeTO)
 	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
 		dl = t
@@ -159,35 +159,48 @@ func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.No
 	defer stop()
 	var b [helloLen]byte
 	lh := c.localHello()
+	if open != nil {
+		lh.flags = flagDirect
+	}
 	lh.encode(b[:], magicHello)
 	if _, err := raw.Write(b[:]); err != nil {
-		return hello{}, err
+		return hello{}, nil, err
 	}
 	if _, err := io.ReadFull(raw, b[:]); err != nil {
-		return hello{}, err
+		return hello{}, nil, err
 	}
 	h, err := decodeHello(b[:], magicReply)
 	if err != nil {
-		return h, err
+		return h, nil, err
 	}
 	if h.status == statusNoFab {
-		return h, errPeerNoFab
+		return h, nil, errPeerNoFab
 	}
 	if h.node != node {
-		return h, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
+		return h, nil, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
 	}
-	if err := c.establish(h); err != nil {
-		return h, err
+	var di *DirectInfo
+	if h.status == statusDirect {
+		if open == nil {
+			return h, nil, fmt.Errorf("direct reply to a hello that did not offer it: %w", errHandshake)
+		}
+		di = &DirectInfo{Node: h.node, Token: h.conn, ID: uint64(h.ring), Ring: h.ringSize}
+		if err := open(*di); err != nil {
+			return h, nil, fmt.Errorf("open direct buffer: %w", err)
+		}
+	} else if err := c.establish(h); err != nil {
+		return h, nil, err
 	}
 	var a [ackLen]byte
 	encodeAck(a[:], h.conn)
 	if _, err := raw.Write(a[:]); err != nil {
-		return h, err
+		return h, nil, err
 	}
 	if !stop() && ctx.Err() != nil {
-		return h, ctx.Err() // the watcher has set (or is setting) a past deadline
+		return h, nil, ctx.Err() // the watcher has set (or is setting) a past deadline
 	}
-	return h, nil
+	_ = raw.SetDeadline(time.Time{})
+	return h, di, nil
 }
 
 // serverHandshake returns the accepted connection, or nil when the socket
@@ -216,7 +229,7 @@ func (l *Listener) serverHandshake(raw net.Conn) *Conn {
 		raw.Close()
 		return nil
 	}
-	c, err := d.serverHello(raw, l.port, &b)
+	c, _, err := d.serverHello(raw, l.port, &b, nil)
 	if err != nil {
 		raw.Close()
 		return nil
@@ -259,12 +272,17 @@ func ClassifyPeek(b []byte) (hello, plain bool) {
 //     stream is unusable, so AcceptShadow shuts shadow down in both
 //     directions; the caller still closes it.
 func (d *Device) AcceptShadow(ctx context.Context, shadow net.Conn, peeked []byte) (*Conn, error) {
+	c, _, err := d.acceptShadow(ctx, shadow, peeked, nil)
+	return c, err
+}
+
+func (d *Device) acceptShadow(ctx context.Context, shadow net.Conn, peeked []byte, create func() (DirectInfo, error)) (*Conn, *DirectInfo, error) {
 	if hello, _ := ClassifyPeek(peeked); !hello {
-		return d.fallback(shadow, nil, FallbackPlainPeer), nil
+		return d.fallback(shadow, nil, FallbackPlainPeer), nil, nil
 	}
-	fail := func(err error) (*Conn, error) {
+	fail := func(err error) (*Conn, *DirectInfo, error) {
 		abandon(shadow)
-		return nil, &net.OpError{Op: "accept", Net: "extds", Source: shadow.LocalAddr(), Addr: shadow.RemoteAddr(), Err: err}
+		return nil, nil, &net.OpError{Op: "accept", Net: "extds", Source: shadow.LocalAddr(), Addr: shadow.RemoteAddr(), Err: err}
 	}
 	port, ok := portOf(shadow.LocalAddr())
 	if !ok {
@@ -282,9 +300,16 @@ func (d *Device) AcceptShadow(ctx context.Context, shadow net.Conn, peeked []byt
 		d.ctr.handshakeErr.Add(1)
 		return fail(err)
 	}
-	c, err := d.serverHello(shadow, port, &b)
+	c, di, err := d.serverHello(shadow, port, &b, create)
 	if err != nil {
 		return fail(err)
+	}
+	if di != nil {
+		if !stop() && ctx.Err() != nil {
+			return fail(ctx.Err())
+		}
+		_ = shadow.SetDeadline(time.Time{})
+		return nil, di, nil
 	}
 	if !stop() && ctx.Err() != nil {
 		c.abortAny()
@@ -293,14 +318,14 @@ func (d *Device) AcceptShadow(ctx context.Context, shadow net.Conn, peeked []byt
 	if c.fb == nil {
 		c.start()
 	}
-	return c, nil
+	return c, nil, nil
 }
 
 // serverHello finishes the server handshake once the whole hello is in b:
 // attach, reply, read the ack. It returns a connection in ModeEXTDS (not
 // yet started), in ModeTCP when this node cannot attach (the client was
 // told), or an error (raw is then not closed).
-func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte) (*Conn, error) {
+func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte, create func() (DirectInfo, error)) (*Conn, *DirectInfo, error) {
 	h, err := decodeHello(b[:], magicHello)
 	if err == nil && h.status != statusOK {
 		err = fmt.Errorf("hello with status %d: %w", h.status, errHandshake)
@@ -308,7 +333,12 @@ func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte) (*Con
 	if err != nil {
 		d.ctr.handshakeErr.Add(1)
 		d.rlog.warn("extds: bad hello", "from", raw.RemoteAddr(), "err", err)
-		return nil, err
+		return nil, nil, err
+	}
+	if h.flags&flagDirect != 0 && create != nil {
+		if di, ok, err := d.serverDirect(raw, b, create); ok || err != nil {
+			return nil, di, err
+		}
 	}
 	c, err := d.newConn(port, raw)
 	if err == nil {
@@ -322,10 +352,10 @@ func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte) (*Con
 		r.status = statusNoFab
 		r.encode(b[:], magicReply)
 		if _, err := raw.Write(b[:]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		_ = raw.SetDeadline(time.Time{})
-		return d.fallback(raw, nil, FallbackPeerNoFab), nil
+		return d.fallback(raw, nil, FallbackPeerNoFab), nil, nil
 	}
 	lh := c.localHello()
 	lh.encode(b[:], magicReply)
@@ -335,10 +365,10 @@ func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte) (*Con
 			err = decodeAck(a[:], c.id)
 		}
 		if err == nil {
-			return c, nil
+			return c, nil, nil
 		}
 	}
 	d.ctr.handshakeErr.Add(1)
 	c.discard()
-	return nil, err
+	return nil, nil, err
 }

@@ -235,6 +235,10 @@ const (
 	wireVersion  = 1
 	statusOK     = 0
 	statusNoFab  = 1 // server is EXT-DS aware but cannot attach: plain TCP
+	// statusDirect: the server made a direct connection's shared buffer
+	// (docs/direct.md); the reply names it: node, conn = the buffer's
+	// token, ring = its 64-bit ID, ring size = bytes per direction.
+	statusDirect = 2
 	maxRingSize  = 64 << 20
 	minRingSize  = 4 << 10
 	minEagerWin  = fragData
@@ -243,11 +247,16 @@ const (
 	magicReply   = "EXDR"
 	magicAck     = "EXDA"
 	flagsDefault = 0
+	// flagDirect in a hello's byte 9: the client can take a direct
+	// connection (its application runs under the shim on a fabric whose
+	// memory it can map).
+	flagDirect = 1
 )
 
 // hello is the handshake record both sides send (the reply reuses it).
 type hello struct {
 	status   uint8
+	flags    uint8 // hello only: flagDirect
 	node     fabric.NodeID
 	vpid     fabric.VPID
 	conn     uint32
@@ -262,7 +271,7 @@ func (h *hello) encode(b []byte, magic string) {
 	b[5] = h.status
 	binary.LittleEndian.PutUint16(b[6:], uint16(h.node))
 	b[8] = byte(h.vpid)
-	b[9] = 0
+	b[9] = h.flags
 	binary.LittleEndian.PutUint32(b[10:], h.conn)
 	binary.LittleEndian.PutUint64(b[14:], uint64(h.ring))
 	binary.LittleEndian.PutUint32(b[22:], h.ringSize)
@@ -286,12 +295,6 @@ func decodeHello(b []byte, magic string) (hello, error) {
 		return h, fmt.Errorf("version %d, want %d: %w", b[4], wireVersion, errHandshake)
 	}
 	h.status = b[5]
-	if h.status != statusOK {
-		if h.status != statusNoFab {
-			return h, fmt.Errorf("status %d: %w", h.status, errHandshake)
-		}
-		return h, nil
-	}
 	h.node = fabric.NodeID(binary.LittleEndian.Uint16(b[6:]))
 	h.vpid = fabric.VPID(b[8])
 	h.conn = binary.LittleEndian.Uint32(b[10:])
@@ -299,7 +302,26 @@ func decodeHello(b []byte, magic string) (hello, error) {
 	h.ringSize = binary.LittleEndian.Uint32(b[22:])
 	h.eagerWin = binary.LittleEndian.Uint32(b[26:])
 	switch {
-	case b[9] != 0 || b[30] != 0 || b[31] != 0:
+	case h.status == statusNoFab:
+		return hello{status: statusNoFab}, nil
+	case h.status == statusDirect && magic == magicReply:
+		switch {
+		case b[8] != 0 || b[9] != 0 || h.eagerWin != 0 || b[30] != 0 || b[31] != 0:
+			return h, fmt.Errorf("direct reply: reserved bytes set: %w", errHandshake)
+		case h.conn == 0 || h.ring == 0:
+			return h, fmt.Errorf("direct reply: zero token or id: %w", errHandshake)
+		case h.ringSize < minRingSize || h.ringSize > maxRingSize || h.ringSize&(h.ringSize-1) != 0:
+			return h, fmt.Errorf("direct reply: ring size %d: %w", h.ringSize, errHandshake)
+		}
+		return h, nil
+	case h.status != statusOK:
+		return h, fmt.Errorf("status %d: %w", h.status, errHandshake)
+	}
+	if magic == magicHello {
+		h.flags = b[9]
+	}
+	switch {
+	case b[9]&^flagDirect != 0 || (magic != magicHello && b[9] != 0) || b[30] != 0 || b[31] != 0:
 		return h, fmt.Errorf("reserved bytes set: %w", errHandshake)
 	case h.conn == 0:
 		return h, fmt.Errorf("connection id 0: %w", errHandshake)

@@ -45,7 +45,7 @@ type listenReg struct {
 // port, from the kernel). The registration belongs to the caller's uid
 // and lives while that socket does (see sweepDead); exnd does not keep
 // the descriptor, so a listener the application closes really closes.
-func (s *Server) listen(ctx context.Context, r *control.Request) (any, *os.File, error) {
+func (s *Server) listen(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 	const op = "shim-listen"
 	who, err := s.caller(ctx, op)
 	if err != nil {

@@ -193,10 +193,10 @@ func (s *Server) Handlers() map[string]control.HandlerFunc {
 func (s *Server) FDHandlers() map[string]control.FDHandlerFunc {
 	return map[string]control.FDHandlerFunc{
 		"shim-listen": s.listen,
-		"shim-connect": func(ctx context.Context, r *control.Request) (any, *os.File, error) {
+		"shim-connect": func(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 			return s.switchFD(ctx, r, sideConnect)
 		},
-		"shim-accept": func(ctx context.Context, r *control.Request) (any, *os.File, error) {
+		"shim-accept": func(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 			return s.switchFD(ctx, r, sideAccept)
 		},
 	}

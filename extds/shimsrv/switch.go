@@ -47,7 +47,7 @@ func (s *Server) enter() bool {
 	return true
 }
 
-func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) (any, *os.File, error) {
+func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) (any, []*os.File, error) {
 	op := "shim-" + side
 	who, err := s.caller(ctx, op)
 	if err != nil {
@@ -72,7 +72,7 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 
 // switchSocket upgrades the application's socket f. f stays owned by the
 // control server (it closes it after the response); exnd works on a dup.
-func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string) (any, *os.File, error) {
+func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string) (any, []*os.File, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, nil, err
@@ -205,7 +205,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	s.switched.Add(1)
 	s.logConn(slog.LevelDebug, "extds shim: switched", "id", e.id, "side", side, "pid", who.PID,
 		"uid", who.UID, "local", e.local, "remote", e.remote, "peer", e.peer)
-	return SwitchResult{Mode: "extds", ID: e.id}, app, nil
+	return SwitchResult{Mode: "extds", ID: e.id}, []*os.File{app}, nil
 }
 
 // setBuffers sets uc's socket buffers to SockBuf: past

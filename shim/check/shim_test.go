@@ -118,7 +118,7 @@ func newFake(t *testing.T, mode string) *fakeExnd {
 		f.record("shim-hello", args)
 		return map[string]int{"version": 2}, nil
 	})
-	f.srv.HandleFD("shim-listen", func(ctx context.Context, req *control.Request) (any, *os.File, error) {
+	f.srv.HandleFD("shim-listen", func(ctx context.Context, req *control.Request) (any, []*os.File, error) {
 		f.record("shim-listen", req.Args)
 		if _, ok := control.PeerFrom(ctx); !ok || len(req.Args) != 0 || len(req.Files) != 1 {
 			return nil, nil, errors.New("want the listening socket and no arguments")
@@ -133,7 +133,7 @@ func newFake(t *testing.T, mode string) *fakeExnd {
 		return struct{}{}, nil
 	})
 	for _, op := range []string{"shim-connect", "shim-accept"} {
-		f.srv.HandleFD(op, func(_ context.Context, req *control.Request) (any, *os.File, error) {
+		f.srv.HandleFD(op, func(_ context.Context, req *control.Request) (any, []*os.File, error) {
 			f.record(op, req.Args)
 			if len(req.Files) != 1 || len(req.Args) != 0 {
 				return nil, nil, errors.New("want one descriptor and no arguments")
@@ -162,7 +162,7 @@ func newFake(t *testing.T, mode string) *fakeExnd {
 			}
 			f.splice(tcp.(*net.TCPConn), uc.(*net.UnixConn))
 			f.switched.Add(1)
-			return shimReply{Mode: "extds", ID: f.nextID.Add(1)}, os.NewFile(uintptr(fds[1]), "fake-app-end"), nil
+			return shimReply{Mode: "extds", ID: f.nextID.Add(1)}, []*os.File{os.NewFile(uintptr(fds[1]), "fake-app-end")}, nil
 		})
 	}
 	if err := f.srv.Listen(f.path); err != nil {

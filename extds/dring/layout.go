@@ -1,0 +1,88 @@
+package dring
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Layout version 1 (docs/direct.md, "The connection buffer").
+const (
+	Magic   = 0x44445845 // "EXDD" little-endian
+	Version = 1
+
+	// HeaderSize is the page before the two rings.
+	HeaderSize = 4096
+	// MinRing and MaxRing bound the ring size per direction (a power of
+	// two), as extds bounds its rings.
+	MinRing = 4 << 10
+	MaxRing = 64 << 20
+	// DefaultRing: 1 MiB per direction keeps a single stream's writer
+	// from waiting on its reader at iperf3 rates (docs/direct.md) while
+	// a connection costs 2 MiB of tmpfs, touched lazily.
+	DefaultRing = 1 << 20
+
+	offMagic   = 0
+	offVersion = 4
+	offRing    = 8
+	offSize    = 16
+	offRelay   = 64 // + 4·side
+
+	ctlBase = 1024 // control block of direction d at ctlBase + ctlSize·d
+	ctlSize = 1024
+
+	cTail     = 0
+	cFin      = 8
+	cProdWait = 12
+	cProdLock = 16
+	cRst      = 20
+	cHead     = 128
+	cConsWait = 136
+	cConsLock = 140
+	cRdClosed = 144
+)
+
+// ErrCorrupt: a buffer's header or cursors break the layout's invariants
+// (forged or damaged by the other side).
+var ErrCorrupt = errors.New("dring: corrupt connection buffer")
+
+// FileSize is the size of a buffer whose rings hold ring bytes each.
+func FileSize(ring int) int { return HeaderSize + 2*ring }
+
+// CheckRing reports whether ring is a valid ring size.
+func CheckRing(ring int) error {
+	if ring < MinRing || ring > MaxRing || ring&(ring-1) != 0 {
+		return fmt.Errorf("ring size %d: want a power of two in %d..%d", ring, MinRing, MaxRing)
+	}
+	return nil
+}
+
+// initHeader writes a fresh header into mem (zeroed, of FileSize(ring)).
+func initHeader(mem []byte, ring int) {
+	binary.LittleEndian.PutUint32(mem[offMagic:], Magic)
+	binary.LittleEndian.PutUint32(mem[offVersion:], Version)
+	binary.LittleEndian.PutUint32(mem[offRing:], uint32(ring))
+	binary.LittleEndian.PutUint64(mem[offSize:], uint64(FileSize(ring)))
+}
+
+// checkHeader validates a mapped header against the file's real size and
+// returns the ring size.
+func checkHeader(mem []byte, fileSize int64) (int, error) {
+	if len(mem) < HeaderSize {
+		return 0, fmt.Errorf("%d bytes: %w", len(mem), ErrCorrupt)
+	}
+	if m := binary.LittleEndian.Uint32(mem[offMagic:]); m != Magic {
+		return 0, fmt.Errorf("magic %#x: %w", m, ErrCorrupt)
+	}
+	if v := binary.LittleEndian.Uint32(mem[offVersion:]); v != Version {
+		return 0, fmt.Errorf("layout version %d, want %d: %w", v, Version, ErrCorrupt)
+	}
+	ring := int(binary.LittleEndian.Uint32(mem[offRing:]))
+	if err := CheckRing(ring); err != nil {
+		return 0, fmt.Errorf("%v: %w", err, ErrCorrupt)
+	}
+	if sz := binary.LittleEndian.Uint64(mem[offSize:]); sz != uint64(FileSize(ring)) || fileSize != int64(FileSize(ring)) {
+		return 0, fmt.Errorf("size %d (file %d), want %d: %w", sz, fileSize, FileSize(ring), ErrCorrupt)
+	}
+	return ring, nil
+}
