@@ -26,7 +26,7 @@ const MaxLine = 4096
 const DefaultPath = "/run/exn/exnd.sock"
 
 // MaxFDs is the most file descriptors one request may carry.
-const MaxFDs = 4
+const MaxFDs = 8
 
 // Server limits, with why.
 const (

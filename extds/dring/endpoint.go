@@ -1,0 +1,464 @@
+package dring
+
+// Endpoint: one side of a direct connection driven from Go.
+//
+// Stages: Write copies into the outbound ring (direction side) under the
+// shared prod_lock and publishes tail; Read copies out of the inbound
+// ring (direction 1−side) under cons_lock and publishes head. Each rings
+// the peer's bell only when the peer has parked waiters (docs/direct.md,
+// "Wake-up protocol"), spins SpinBudget, then parks its goroutine in Go's
+// netpoller on its own bell.
+//
+// Locks: rdMu and wrMu serialise this process's readers and writers (so
+// at most one goroutine per role parks, and the shared futex locks are
+// taken by one goroutine of this process at a time); live is held for
+// reading by every call that touches the mapping or a descriptor, and
+// for writing by Close, which unmaps and closes: Close first sets a past
+// read deadline on the bells, which makes parked calls return
+// net.ErrClosed, then waits for them.
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/exn-project/exn/internal/sys"
+)
+
+// SpinBudget is how long a call polls the ring before it parks: the same
+// 20 µs as extds' connSpinBudget (docs/wakeup.md), so a ping-pong peer
+// that answers within it is met without a system call.
+const SpinBudget = 20 * time.Microsecond
+
+// Errors of a connection (wrapped in the calls' errors).
+var (
+	// ErrReset: either side or an exnd reset the connection.
+	ErrReset = errors.New("dring: connection reset")
+	// ErrPeerClosed: the peer's reader is gone; a write cannot be read.
+	ErrPeerClosed = errors.New("dring: peer closed for reading")
+)
+
+type ctl struct {
+	tail, head                   *atomic.Uint64
+	fin, prodWait, prodLock, rst *atomic.Uint32
+	consWait, consLock, rdClosed *atomic.Uint32
+}
+
+func ctlAt(mem []byte, d int) (c ctl, err error) {
+	base := ctlBase + ctlSize*d
+	u64 := func(off int) *atomic.Uint64 {
+		p, e := sys.Uint64At(mem, base+off)
+		err = errors.Join(err, e)
+		return p
+	}
+	u32 := func(off int) *atomic.Uint32 {
+		p, e := sys.Uint32At(mem, base+off)
+		err = errors.Join(err, e)
+		return p
+	}
+	c = ctl{
+		tail: u64(cTail), fin: u32(cFin), prodWait: u32(cProdWait), prodLock: u32(cProdLock), rst: u32(cRst),
+		head: u64(cHead), consWait: u32(cConsWait), consLock: u32(cConsLock), rdClosed: u32(cRdClosed),
+	}
+	return c, err
+}
+
+// Endpoint is side 0 (connecting) or 1 (accepting) of a direct
+// connection. Read, Write, CloseWrite, CloseRead, Reset, SetRelay and
+// Counters are safe for concurrent use; Read calls are serialised among
+// themselves, and Write calls likewise.
+type Endpoint struct {
+	side       int
+	ring       uint64
+	mem        []byte
+	tx, rx     ctl
+	txData     []byte
+	rxData     []byte
+	relay      *atomic.Uint32
+	fs         *Files
+	dataRC     syscall.RawConn // my data bell, in the netpoller
+	spaceRC    syscall.RawConn // my space bell
+	peerData   int
+	peerSpace  int
+	myData     int
+	mySpace    int
+	rdMu, wrMu sync.Mutex
+	live       sync.RWMutex
+	closed     atomic.Bool
+	corrupt    atomic.Bool
+	drainBuf   [64]byte
+	drainBufW  [64]byte
+}
+
+// Attach maps fs (which it takes over, also on error) as side side.
+func Attach(fs *Files, side int) (_ *Endpoint, err error) {
+	if side != 0 && side != 1 {
+		fs.Close()
+		return nil, fmt.Errorf("dring: side %d", side)
+	}
+	defer func() {
+		if err != nil {
+			fs.Close()
+		}
+	}()
+	size, err := sys.FileSize(fs.Buf)
+	if err != nil {
+		return nil, err
+	}
+	if size < HeaderSize || size > int64(FileSize(MaxRing)) {
+		return nil, fmt.Errorf("file of %d bytes: %w", size, ErrCorrupt)
+	}
+	mem, err := sys.MapShared(fs.Buf, int(size))
+	if err != nil {
+		return nil, err
+	}
+	ring, err := checkHeader(mem, size)
+	if err != nil {
+		sys.Unmap(mem)
+		return nil, err
+	}
+	e := &Endpoint{side: side, ring: uint64(ring), mem: mem, fs: fs}
+	fail := func(err error) (*Endpoint, error) {
+		sys.Unmap(mem)
+		return nil, err
+	}
+	if e.tx, err = ctlAt(mem, side); err != nil {
+		return fail(err)
+	}
+	if e.rx, err = ctlAt(mem, 1-side); err != nil {
+		return fail(err)
+	}
+	if e.relay, err = sys.Uint32At(mem, offRelay+4*side); err != nil {
+		return fail(err)
+	}
+	e.txData = mem[HeaderSize+side*ring : HeaderSize+(side+1)*ring]
+	e.rxData = mem[HeaderSize+(1-side)*ring : HeaderSize+(2-side)*ring]
+	for _, b := range []struct {
+		f  *os.File
+		rc *syscall.RawConn
+		fd *int
+	}{{fs.Data[side], &e.dataRC, &e.myData}, {fs.Space[side], &e.spaceRC, &e.mySpace}} {
+		if *b.rc, err = b.f.SyscallConn(); err != nil {
+			return fail(err)
+		}
+		if err := (*b.rc).Control(func(fd uintptr) { *b.fd = int(fd) }); err != nil {
+			return fail(err)
+		}
+		if err := b.f.SetReadDeadline(time.Time{}); err != nil {
+			return fail(fmt.Errorf("dring: bell %w: %v", sys.ErrNotPollable, err))
+		}
+	}
+	for _, b := range []struct {
+		f  *os.File
+		fd *int
+	}{{fs.Data[1-side], &e.peerData}, {fs.Space[1-side], &e.peerSpace}} {
+		rc, err := b.f.SyscallConn()
+		if err != nil {
+			return fail(err)
+		}
+		if err := rc.Control(func(fd uintptr) { *b.fd = int(fd) }); err != nil {
+			return fail(err)
+		}
+	}
+	return e, nil
+}
+
+// Ring is the ring size per direction.
+func (e *Endpoint) Ring() int { return int(e.ring) }
+
+// fill reads the inbound ring's fill level, checking it.
+func (e *Endpoint) fill() (tail, head uint64, err error) {
+	tail = e.rx.tail.Load()
+	head = e.rx.head.Load()
+	if tail-head > e.ring {
+		return tail, head, e.fail()
+	}
+	return tail, head, nil
+}
+
+// space reads the outbound ring's free bytes, checking it.
+func (e *Endpoint) space() (tail, free uint64, err error) {
+	head := e.tx.head.Load()
+	tail = e.tx.tail.Load()
+	if tail-head > e.ring {
+		return tail, 0, e.fail()
+	}
+	return tail, e.ring - (tail - head), nil
+}
+
+// fail marks a corrupt buffer: reset, so both sides stop.
+func (e *Endpoint) fail() error {
+	e.corrupt.Store(true)
+	e.tx.rst.Store(1)
+	e.rx.rst.Store(1)
+	e.ringPeer()
+	return fmt.Errorf("cursors out of range: %w", ErrCorrupt)
+}
+
+func (e *Endpoint) reset() bool { return e.tx.rst.Load() != 0 || e.rx.rst.Load() != 0 }
+
+func (e *Endpoint) ringPeer() {
+	_ = sys.RingBell(e.peerData)
+	_ = sys.RingBell(e.peerSpace)
+}
+
+func opErr(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return &net.OpError{Op: op, Net: "extds-direct", Err: err}
+}
+
+// Read copies inbound bytes into p: at least one, waiting for them; 0,
+// io.EOF after the peer's fin; ErrReset, ErrCorrupt or net.ErrClosed
+// (wrapped in *net.OpError).
+func (e *Endpoint) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	e.rdMu.Lock()
+	defer e.rdMu.Unlock()
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		return 0, opErr("read", net.ErrClosed)
+	}
+	lock(e.rx.consLock)
+	defer unlock(e.rx.consLock)
+	for {
+		tail, head, err := e.fill()
+		if err != nil {
+			return 0, opErr("read", err)
+		}
+		if n := tail - head; n > 0 {
+			k := copyOut(p, e.rxData, head, min(n, uint64(len(p))))
+			e.rx.head.Store(head + uint64(k))
+			if e.rx.prodWait.Load() > 0 {
+				_ = sys.RingBell(e.peerSpace)
+			}
+			if uint64(k) < n && e.rx.consWait.Load() > 0 {
+				_ = sys.RingBell(e.myData) // baton: another reader of this side is parked
+			}
+			return k, nil
+		}
+		if e.reset() {
+			return 0, opErr("read", ErrReset)
+		}
+		if e.rx.fin.Load() != 0 {
+			if t, _, _ := e.fill(); t != tail {
+				continue // bytes published before fin
+			}
+			return 0, io.EOF
+		}
+		if err := e.park(e.rx.consWait, e.dataRC, e.drainBuf[:], func() bool {
+			t, h, err := e.fill()
+			return err != nil || t != h || e.rx.fin.Load() != 0 || e.reset()
+		}); err != nil {
+			return 0, opErr("read", err)
+		}
+	}
+}
+
+// Write copies all of p into the outbound ring, waiting for space. It
+// fails with ErrPeerClosed, ErrReset, ErrCorrupt or net.ErrClosed, and
+// after CloseWrite.
+func (e *Endpoint) Write(p []byte) (int, error) {
+	e.wrMu.Lock()
+	defer e.wrMu.Unlock()
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		return 0, opErr("write", net.ErrClosed)
+	}
+	lock(e.tx.prodLock)
+	defer unlock(e.tx.prodLock)
+	done := 0
+	for done < len(p) {
+		if e.tx.fin.Load() != 0 {
+			return done, opErr("write", net.ErrClosed)
+		}
+		if e.reset() {
+			return done, opErr("write", ErrReset)
+		}
+		if e.tx.rdClosed.Load() != 0 {
+			return done, opErr("write", ErrPeerClosed)
+		}
+		tail, free, err := e.space()
+		if err != nil {
+			return done, opErr("write", err)
+		}
+		if free > 0 {
+			k := copyIn(e.txData, tail, p[done:done+int(min(free, uint64(len(p)-done)))])
+			e.tx.tail.Store(tail + uint64(k))
+			done += k
+			if e.tx.consWait.Load() > 0 {
+				_ = sys.RingBell(e.peerData)
+			}
+			continue
+		}
+		if err := e.park(e.tx.prodWait, e.spaceRC, e.drainBufW[:], func() bool {
+			_, f, err := e.space()
+			return err != nil || f > 0 || e.reset() || e.tx.rdClosed.Load() != 0
+		}); err != nil {
+			return done, opErr("write", err)
+		}
+	}
+	return done, nil
+}
+
+// park waits until ready() holds: spin SpinBudget, then announce the
+// waiter in count, re-check, and sleep in the netpoller on the bell rc.
+func (e *Endpoint) park(count *atomic.Uint32, rc syscall.RawConn, buf []byte, ready func() bool) error {
+	for t0 := time.Now(); time.Since(t0) < SpinBudget; {
+		if ready() {
+			return nil
+		}
+		if e.closed.Load() {
+			return net.ErrClosed
+		}
+	}
+	count.Add(1)
+	defer count.Add(^uint32(0))
+	if ready() {
+		return nil
+	}
+	woke := false
+	err := rc.Read(func(fd uintptr) bool {
+		if woke {
+			return true
+		}
+		n, _ := sys.DrainBell(int(fd), buf)
+		if n > 0 || ready() {
+			woke = true
+			return true
+		}
+		return false
+	})
+	if e.closed.Load() {
+		return net.ErrClosed
+	}
+	return err
+}
+
+// copyOut copies n bytes at stream offset off of ring r into p.
+func copyOut(p, r []byte, off, n uint64) int {
+	size := uint64(len(r))
+	i := off & (size - 1)
+	k := copy(p[:n], r[i:])
+	if uint64(k) < n {
+		k += copy(p[k:n], r[:n-uint64(k)])
+	}
+	return k
+}
+
+// copyIn copies p into ring r at stream offset off.
+func copyIn(r []byte, off uint64, p []byte) int {
+	size := uint64(len(r))
+	i := off & (size - 1)
+	k := copy(r[i:], p)
+	if k < len(p) {
+		k += copy(r, p[k:])
+	}
+	return k
+}
+
+// lock takes a shared futex lock word (0 free, 1 held, 2 held with
+// waiters), as shim/dring.c does.
+func lock(w *atomic.Uint32) {
+	if w.CompareAndSwap(0, 1) {
+		return
+	}
+	for w.Swap(2) != 0 {
+		_ = sys.FutexWait(w, 2, 0)
+	}
+}
+
+func unlock(w *atomic.Uint32) {
+	if w.Swap(0) == 2 {
+		_, _ = sys.FutexWake(w, 1)
+	}
+}
+
+// CloseWrite stores fin: the peer reads EOF after the bytes written.
+func (e *Endpoint) CloseWrite() {
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		return
+	}
+	e.tx.fin.Store(1)
+	if e.tx.consWait.Load() > 0 {
+		_ = sys.RingBell(e.peerData)
+	}
+}
+
+// CloseRead stores rd_closed: the peer's writes fail.
+func (e *Endpoint) CloseRead() {
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		return
+	}
+	e.rx.rdClosed.Store(1)
+	if e.rx.prodWait.Load() > 0 {
+		_ = sys.RingBell(e.peerSpace)
+	}
+}
+
+// Reset stores rst on both directions and wakes both sides.
+func (e *Endpoint) Reset() {
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		return
+	}
+	e.tx.rst.Store(1)
+	e.rx.rst.Store(1)
+	e.ringPeer()
+	_ = sys.RingBell(e.myData)
+	_ = sys.RingBell(e.mySpace)
+}
+
+// SetRelay stores relay[side]: this side's processes use their socket as
+// a plain one from now on (exnd relays it).
+func (e *Endpoint) SetRelay() {
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if !e.closed.Load() {
+		e.relay.Store(1)
+	}
+}
+
+// Counters returns the bytes this side has written and read (the
+// cursors: they count what the programs moved, not only exnd).
+func (e *Endpoint) Counters() (sent, received uint64) {
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		return 0, 0
+	}
+	return e.tx.tail.Load(), e.rx.head.Load()
+}
+
+// Close makes blocked calls return net.ErrClosed, waits for them, and
+// unmaps the buffer and closes the files. Idempotent.
+func (e *Endpoint) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	// Wake this process's parked calls with a past deadline on the bells
+	// (not by closing them: a call may still ring a bell's descriptor
+	// until it returns, and a closed descriptor's number can be reused).
+	past := time.Unix(1, 0)
+	_ = e.fs.Data[e.side].SetReadDeadline(past)
+	_ = e.fs.Space[e.side].SetReadDeadline(past)
+	e.live.Lock()
+	defer e.live.Unlock()
+	return errors.Join(e.fs.Close(), sys.Unmap(e.mem))
+}
