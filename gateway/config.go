@@ -58,7 +58,11 @@ type Config struct {
 	// Offload opens the TAP with IFF_VNET_HDR and checksum/TSO/USO
 	// offloads (--offload, default true; docs/ext-eth.md "Offloads").
 	Offload bool
-	Metrics string // host:port to serve /metrics on, "" for none
+	// EXTDSDirect lets shimmed programs on an shm fabric exchange bytes
+	// through a shared buffer, without exnd in the data path
+	// (--extds-direct, default true; docs/direct.md).
+	EXTDSDirect bool
+	Metrics     string // host:port to serve /metrics on, "" for none
 	Control string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
 	ControlAccess control.Policy
@@ -157,6 +161,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.EagerThreshold, "eager-threshold", DefaultEagerThreshold, "largest frame in `bytes` sent eagerly over VELO; larger ones use rendezvous")
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
+	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "on an shm fabric, let two programs under libextds.so move their bytes through a shared buffer, with exnd out of the data path (false: exnd relays every byte)")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
 	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")
 	fs.StringVar(&c.File, "config", "", "read settings from `FILE` ('name = value' lines; flags override it)")

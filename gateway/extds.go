@@ -11,15 +11,17 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"github.com/exn-project/exn/metrics"
 	"maps"
 	"net/netip"
 	"os"
 
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/backend"
+	"github.com/exn-project/exn/metrics"
 )
 
 // shimRingSize is each EXT-DS connection's receive ring in exnd (the
@@ -52,6 +54,13 @@ func startEXTDS(d *Daemon) (started, error) {
 	var sopts []shimsrv.Option
 	if d.cfg.Control != "" {
 		sopts = append(sopts, shimsrv.WithStateFile(d.cfg.Control+".listeners"))
+	}
+	if d.cfg.EXTDSDirect && d.cfg.Fabric.Kind == backend.SHM {
+		// The fabric's files are in /dev/shm (fabric/shm): so are a direct
+		// connection's, and every node of the fabric can open them.
+		sopts = append(sopts, shimsrv.WithDirect(shimsrv.DirectConfig{
+			Fabric: d.cfg.Fabric.Arg, Dir: "/dev/shm", Node: d.cfg.Node, Ring: dring.DefaultRing,
+		}))
 	}
 	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"), sopts...)
 	d.conns = func(ctx context.Context) any {

@@ -91,7 +91,7 @@ type ConnInfo struct {
 
 // Stats are the shim server's counters.
 type Stats struct {
-	Switched  uint64            `json:"switched"`  // connections spliced onto EXT-DS
+	Switched  uint64            `json:"switched"`  // connections put onto EXT-DS (relayed or direct)
 	Fallbacks map[string]uint64 `json:"fallbacks"` // answered "tcp", by extds.FallbackReason
 	Errors    uint64            `json:"errors"`    // shim-connect/accept that failed
 	Refused   map[string]uint64 `json:"refused"`   // requests refused, by reason (Reason*)
@@ -103,6 +103,14 @@ type Stats struct {
 	// Direct counts writes to applications made straight from the EXT-DS
 	// receive loop, without a goroutine hand-off (see deliver).
 	Direct uint64 `json:"direct"`
+	// Direct connections (docs/direct.md): made, open now, handed to the
+	// relay after exec, and the bytes the programs moved (from the
+	// buffers' cursors: live connections are read at the snapshot).
+	DirectConns    uint64 `json:"direct_conns"`
+	DirectActive   int    `json:"direct_active"`
+	DirectRelays   uint64 `json:"direct_relays"`
+	DirectBytesIn  uint64 `json:"direct_bytes_in"`
+	DirectBytesOut uint64 `json:"direct_bytes_out"`
 }
 
 // Server serves the shim's operations for one Device.
@@ -127,10 +135,16 @@ type Server struct {
 	listens map[listenKey]*listenReg
 	conns   map[uint64]*conn
 	nextID  uint64
+	// Direct connections (direct.go); directCfg nil: relay only.
+	directCfg *DirectConfig
+	dconns    map[uint64]*dconn
+	dnext     uint64
 
 	switched, errs, resets atomic.Uint64
 	bytesIn, bytesOut      atomic.Uint64
 	direct                 atomic.Uint64
+	directConns, relays    atomic.Uint64
+	directIn, directOut    atomic.Uint64
 	fallbacks              sync.Map // reason string → *atomic.Uint64
 	refused                sync.Map // reason string → *atomic.Uint64
 	logWin, logN           atomic.Int64
@@ -148,6 +162,7 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 	s := &Server{
 		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
 		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn), listenAdded: make(chan struct{}, 1),
+		dconns: make(map[uint64]*dconn),
 	}
 	for _, o := range opts {
 		o(s)
@@ -199,6 +214,7 @@ func (s *Server) FDHandlers() map[string]control.FDHandlerFunc {
 		"shim-accept": func(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 			return s.switchFD(ctx, r, sideAccept)
 		},
+		"shim-relay": s.relay,
 	}
 }
 
@@ -309,9 +325,20 @@ func (s *Server) Stats() Stats {
 		st.Refused[k.(string)] = v.(*atomic.Uint64).Load()
 		return true
 	})
+	st.DirectConns, st.DirectRelays = s.directConns.Load(), s.relays.Load()
+	st.DirectBytesIn, st.DirectBytesOut = s.directIn.Load(), s.directOut.Load()
 	s.mu.Lock()
-	st.Active, st.Listens = len(s.conns), len(s.listens)
+	st.Active, st.Listens, st.DirectActive = len(s.conns), len(s.listens), len(s.dconns)
+	for _, dc := range s.dconns {
+		out, in := dc.ep.Counters()
+		st.DirectBytesIn += in
+		st.DirectBytesOut += out
+	}
 	s.mu.Unlock()
+	// Switched and the byte totals count every EXT-DS connection, relayed
+	// or direct; the Direct* fields are the direct share.
+	st.BytesIn += st.DirectBytesIn
+	st.BytesOut += st.DirectBytesOut
 	return st
 }
 
@@ -341,6 +368,7 @@ func (s *Server) Close() error {
 		s.resetApp(e)
 		abort(e.c)
 	}
+	s.closeDirect()
 	s.wg.Wait()
 	return nil
 }

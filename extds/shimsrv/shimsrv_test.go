@@ -45,6 +45,12 @@ var loopback = netip.MustParseAddr("127.0.0.1")
 // to the other node, so loopback TCP sockets look like fabric peers.
 func newNodes(t *testing.T, opts ...Option) (a, b *node) {
 	t.Helper()
+	return newNodesPer(t, func(fabric.NodeID) []Option { return opts })
+}
+
+// newNodesPer is newNodes with options per node ID.
+func newNodesPer(t *testing.T, optsFor func(id fabric.NodeID) []Option) (a, b *node) {
+	t.Helper()
 	cl := mem.NewCluster()
 	mk := func(id, peer fabric.NodeID) *node {
 		n := &node{}
@@ -56,7 +62,7 @@ func newNodes(t *testing.T, opts ...Option) (a, b *node) {
 			extds.WithHandshakeTimeout(500*time.Millisecond)); err != nil {
 			t.Fatal(err)
 		}
-		n.srv = New(n.dev, nil, nil, opts...)
+		n.srv = New(n.dev, nil, nil, optsFor(id)...)
 		n.cs = control.NewServer(nil)
 		n.srv.Register(n.cs)
 		n.path = filepath.Join(t.TempDir(), fmt.Sprintf("n%d.sock", id))
@@ -611,7 +617,7 @@ func TestBadRequests(t *testing.T) {
 		{"shim-unlisten", []string{"0"}, nil, "bad port"},
 		{"shim-unlisten", []string{"65536"}, nil, "bad port"},
 		{"shim-connect", nil, nil, "1 socket descriptor"},
-		{"shim-connect", []string{pid}, []*os.File{us1}, "no arguments"},
+		{"shim-connect", []string{pid}, []*os.File{us1}, "no argument or"},
 		{"shim-connect", nil, []*os.File{pr}, "socket"},
 		{"shim-connect", nil, []*os.File{us1}, "not a TCP socket"},
 		{"shim-connect", nil, []*os.File{us1, us2}, "1 socket descriptor"},

@@ -24,6 +24,7 @@ import (
 
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
 	"github.com/exn-project/exn/internal/sys"
 )
 
@@ -31,8 +32,11 @@ import (
 // with the connection's ID (the socketpair end comes with it), or "tcp"
 // with the fallback reason.
 type SwitchResult struct {
-	Mode   string `json:"mode"`
-	ID     uint64 `json:"id,omitempty"`
+	Mode string `json:"mode"`
+	ID   uint64 `json:"id,omitempty"`
+	// Side and Ring: mode "direct" only (docs/direct.md).
+	Side   *int   `json:"side,omitempty"`
+	Ring   int    `json:"ring,omitempty"`
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -53,15 +57,18 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(r.Args) != 0 || len(r.Files) != 1 {
-		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 socket descriptor, got %d and %d", op, len(r.Args), len(r.Files))
+	// The one optional argument, "direct": the shim can take a direct
+	// connection (docs/direct.md); without it exnd relays.
+	direct := len(r.Args) == 1 && r.Args[0] == "direct"
+	if (len(r.Args) != 0 && !direct) || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no argument or \"direct\" and 1 socket descriptor, got %d and %d", op, len(r.Args), len(r.Files))
 	}
 	pid := who.PID
 	if !s.enter() {
 		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
 	}
 	defer s.wg.Done()
-	res, out, err := s.switchSocket(ctx, r.Files[0], who, side)
+	res, out, err := s.switchSocket(ctx, r.Files[0], who, side, direct && s.directCfg != nil)
 	if err != nil {
 		s.errs.Add(1)
 		s.logConn(slog.LevelWarn, "extds shim: "+op+" failed", "pid", pid, "err", err)
@@ -72,7 +79,7 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 
 // switchSocket upgrades the application's socket f. f stays owned by the
 // control server (it closes it after the response); exnd works on a dup.
-func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string) (any, []*os.File, error) {
+func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string, direct bool) (any, []*os.File, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, nil, err
@@ -132,16 +139,47 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
 
-	var c *extds.Conn
-	if side == sideConnect {
+	var (
+		c     *extds.Conn
+		di    *extds.DirectInfo
+		fs    *dring.Files
+		dname string
+	)
+	switch {
+	case side == sideConnect && direct:
+		c, di, err = s.dialer.UpgradeDirect(ctx, shadow, s.directOpen(&fs))
+	case side == sideConnect:
 		c, err = s.dialer.Upgrade(ctx, shadow)
-	} else {
-		c, err = s.accept(ctx, shadow)
+	case direct:
+		c, di, err = s.accept(ctx, shadow, s.directCreate(&fs, &dname))
+		if dname != "" {
+			// Made by us: the client has opened the files (it acked) or
+			// never will. Either way the names go now.
+			if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
+				s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", rerr)
+			}
+		}
+	default:
+		c, _, err = s.accept(ctx, shadow, nil)
+	}
+	if err != nil || di == nil {
+		if fs != nil {
+			fs.Close()
+		}
 	}
 	if err != nil {
 		shadow.Close()
 		restore()
 		return nil, nil, err
+	}
+	if di != nil {
+		res, out, err := s.switchDirect(fs, di, shadow, who, side)
+		shadow.Close() // exnd's dup; the program's descriptor becomes V
+		if err != nil {
+			restore()
+			return nil, nil, err
+		}
+		return res, out, nil
 	}
 	if c.Mode() != extds.ModeEXTDS {
 		why, _ := c.FallbackReason()
@@ -261,11 +299,12 @@ func rawFD(f *os.File, fn func(fd int)) error {
 // timeout, extended to the handshake timeout once the client was told to
 // go ahead. Trade-off: a plain client on the fabric of a
 // server-speaks-first protocol waits that long once per connection.
-func (s *Server) accept(ctx context.Context, shadow *net.TCPConn) (*extds.Conn, error) {
+func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() (extds.DirectInfo, error)) (*extds.Conn, *extds.DirectInfo, error) {
 	la, lok := tcpAddrPort(shadow.LocalAddr())
 	ra, rok := tcpAddrPort(shadow.RemoteAddr())
 	if !lok || !rok || !s.dev.OnFabric(ra.Addr()) {
-		return s.dev.AcceptShadow(ctx, shadow, nil)
+		c, err := s.dev.AcceptShadow(ctx, shadow, nil)
+		return c, nil, err
 	}
 	cl := s.dev.Claim(extds.TupleKey{Local: la, Remote: ra})
 	defer cl.Close()
@@ -279,9 +318,13 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn) (*extds.Conn, 
 		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return s.dev.AcceptShadow(ctx, shadow, peeked)
+	if create == nil {
+		c, err := s.dev.AcceptShadow(ctx, shadow, peeked)
+		return c, nil, err
+	}
+	return s.dev.AcceptShadowDirect(ctx, shadow, peeked, create)
 }
 
 func tcpAddrPort(a net.Addr) (netip.AddrPort, bool) {

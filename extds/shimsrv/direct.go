@@ -1,0 +1,338 @@
+package shimsrv
+
+// Direct connections (docs/direct.md): when both programs run under the
+// shim on one shm fabric, exnd hands each of them the connection's
+// shared buffer and bells and steps out of the data path.
+//
+// exnd's part after the hand-over, per connection (one goroutine, owned
+// by the Server, s.wg): watch reads E, exnd's end of the socketpair whose
+// other end V is the program's descriptor. The shim never writes V while
+// the connection is direct, so watch normally sleeps in the netpoller
+// until the last copy of V closes (close, exit, SIGKILL: TCP's last
+// close), then stores fin and rd_closed for this side and ends the
+// connection. Bytes that do arrive on E (a program writing V behind the
+// shim's back, or one relayed after exec) go into the outbound ring, so
+// nothing is lost either way. After shim-relay (exec), a second
+// goroutine, relayOut, copies the inbound ring to E.
+//
+// Locks: s.mu guards s.dconns and s.dnext; a dconn's fields are fixed
+// once it is entered, except relaying (atomic). The Endpoint does its own
+// locking (extds/dring).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/sys"
+)
+
+// DirectConfig enables direct connections: the shm fabric's name and
+// directory, this node, and the ring size per direction.
+type DirectConfig struct {
+	Fabric string
+	Dir    string
+	Node   fabric.NodeID
+	Ring   int
+}
+
+// WithDirect lets the server make and take direct connections.
+func WithDirect(c DirectConfig) Option { return func(s *Server) { s.directCfg = &c } }
+
+// dconn is one direct connection, from this side.
+type dconn struct {
+	id       uint64
+	pid      int
+	uid      uint32
+	side     string
+	ep       *dring.Endpoint
+	uc       *net.UnixConn // E
+	vIno     uint64        // V's inode: shim-relay finds the connection by it
+	local    string
+	remote   string
+	peer     string
+	since    time.Time
+	relaying atomic.Bool
+}
+
+// directOpen is the connecting side's open hook: the accepting exnd made
+// the files; open them and keep them for switchDirect.
+func (s *Server) directOpen(out **dring.Files) func(extds.DirectInfo) error {
+	return func(di extds.DirectInfo) error {
+		fs, err := dring.Open(s.directCfg.Dir, dring.Name(s.directCfg.Fabric, di.Node, di.ID))
+		if err != nil {
+			return err
+		}
+		*out = fs
+		return nil
+	}
+}
+
+// directCreate is the accepting side's create hook.
+func (s *Server) directCreate(out **dring.Files, name *string) func() (extds.DirectInfo, error) {
+	return func() (extds.DirectInfo, error) {
+		s.mu.Lock()
+		s.dnext++
+		id := s.dnext
+		s.mu.Unlock()
+		id = id<<16 | uint64(time.Now().UnixNano()&0xFFFF) // unique across exnd restarts too
+		*name = dring.Name(s.directCfg.Fabric, s.directCfg.Node, id)
+		fs, err := dring.Create(s.directCfg.Dir, *name, s.directCfg.Ring)
+		if err != nil {
+			return extds.DirectInfo{}, err
+		}
+		*out = fs
+		return extds.DirectInfo{Node: s.directCfg.Node, Token: uint32(id) | 1, ID: id, Ring: uint32(s.directCfg.Ring)}, nil
+	}
+}
+
+// switchDirect hands a direct connection's descriptors to the program:
+// V, the buffer, its data and space bells, the peer's data and space
+// bells (docs/direct.md). It takes fs over.
+func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string) (any, []*os.File, error) {
+	si := 0
+	if side == sideAccept {
+		si = 1
+	}
+	// The program's copies first (dups: fs goes to exnd's endpoint).
+	var out []*os.File
+	fail := func(err error) (any, []*os.File, error) {
+		for _, f := range out {
+			f.Close()
+		}
+		fs.Close()
+		return nil, nil, err
+	}
+	app, mine, err := sys.Socketpair("extds-direct")
+	if err != nil {
+		return fail(err)
+	}
+	out = append(out, app)
+	for _, f := range []*os.File{fs.Buf, fs.Data[si], fs.Space[si], fs.Data[1-si], fs.Space[1-si]} {
+		d, err := dupFile(f)
+		if err != nil {
+			mine.Close()
+			return fail(err)
+		}
+		out = append(out, d)
+	}
+	var st unix.Stat_t
+	if err := rawStat(app, &st); err != nil {
+		mine.Close()
+		return fail(err)
+	}
+	mc, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return fail(err)
+	}
+	uc, ok := mc.(*net.UnixConn)
+	if !ok {
+		mc.Close()
+		return fail(fmt.Errorf("socketpair end is a %T", mc))
+	}
+	ep, err := dring.Attach(fs, si)
+	if err != nil {
+		uc.Close()
+		for _, f := range out {
+			f.Close()
+		}
+		return nil, nil, err
+	}
+	dc := &dconn{
+		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: st.Ino,
+		local: shadow.LocalAddr().String(), remote: shadow.RemoteAddr().String(),
+		peer: fmt.Sprint(di.Node), since: time.Now(),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ep.Close()
+		uc.Close()
+		for _, f := range out {
+			f.Close()
+		}
+		return nil, nil, errors.New("exnd is shutting down")
+	}
+	s.nextID++
+	dc.id = s.nextID
+	s.dconns[dc.id] = dc
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.watch(dc)
+	s.directConns.Add(1)
+	s.switched.Add(1)
+	s.logConn(slog.LevelDebug, "extds shim: direct", "id", dc.id, "side", side, "pid", who.PID,
+		"uid", who.UID, "local", dc.local, "remote", dc.remote, "peer", dc.peer, "ring", ep.Ring())
+	return SwitchResult{Mode: "direct", ID: dc.id, Side: &si, Ring: ep.Ring()}, out, nil
+}
+
+// dupFile duplicates f's descriptor (close-on-exec) without touching its
+// mode (f.Fd() would make a non-blocking descriptor blocking).
+func dupFile(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("dup: %w", derr)
+	}
+	return os.NewFile(uintptr(nfd), f.Name()), nil
+}
+
+func rawStat(f *os.File, st *unix.Stat_t) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Fstat(int(fd), st) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// watch is exnd's goroutine for a direct connection: E → outbound ring
+// until the program's last descriptor closes, then fin, rd_closed, end.
+func (s *Server) watch(dc *dconn) {
+	defer s.wg.Done()
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	for {
+		n, err := dc.uc.Read(*buf)
+		if n > 0 {
+			if _, werr := dc.ep.Write((*buf)[:n]); werr != nil {
+				// The peer is gone or reset: the program's socket must
+				// see it too.
+				dc.uc.CloseRead()
+				s.resets.Add(1)
+				break
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.logConn(slog.LevelDebug, "extds shim: direct socket", "id", dc.id, "err", err)
+			}
+			break
+		}
+	}
+	dc.ep.CloseWrite()
+	dc.ep.CloseRead()
+	s.endDirect(dc)
+}
+
+// relayOut copies the inbound ring to E for a side handed over by
+// shim-relay.
+func (s *Server) relayOut(dc *dconn) {
+	defer s.wg.Done()
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	for {
+		n, err := dc.ep.Read(*buf)
+		if n > 0 {
+			if _, werr := dc.uc.Write((*buf)[:n]); werr != nil {
+				dc.ep.CloseRead()
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				dc.uc.CloseWrite()
+			} else {
+				dc.uc.Close() // a reset: the program's reads fail
+			}
+			return
+		}
+	}
+}
+
+// endDirect drops dc: its byte counts go into the totals.
+func (s *Server) endDirect(dc *dconn) {
+	s.mu.Lock()
+	_, ok := s.dconns[dc.id]
+	delete(s.dconns, dc.id)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	sent, recvd := dc.ep.Counters()
+	s.directOut.Add(sent)
+	s.directIn.Add(recvd)
+	dc.uc.Close()
+	dc.ep.Close()
+}
+
+// relay is shim-relay: the program is about to exec with a direct
+// descriptor open; from now on exnd moves this side's bytes over V.
+func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File, error) {
+	const op = "shim-relay"
+	who, err := s.caller(ctx, op)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(r.Args) != 0 || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 descriptor, got %d and %d", op, len(r.Args), len(r.Files))
+	}
+	var st unix.Stat_t
+	if err := rawStat(r.Files[0], &st); err != nil {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: %v", op, err)
+	}
+	s.mu.Lock()
+	var dc *dconn
+	for _, c := range s.dconns {
+		if c.vIno == st.Ino {
+			dc = c
+			break
+		}
+	}
+	if dc == nil {
+		s.mu.Unlock()
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: not a direct connection of this exnd", op)
+	}
+	if dc.uid != who.UID && !privileged(who) {
+		s.mu.Unlock()
+		return nil, nil, s.refuse(ReasonNotOwner, "%s: connection %d belongs to another user", op, dc.id)
+	}
+	start := !dc.relaying.Swap(true)
+	if start {
+		s.wg.Add(1)
+	}
+	s.mu.Unlock()
+	if start {
+		dc.ep.SetRelay()
+		go s.relayOut(dc)
+		s.relays.Add(1)
+	}
+	return struct{}{}, nil, nil
+}
+
+// closeDirect ends every direct connection (Close): reset, so both
+// programs see ECONNRESET rather than a stream that stops.
+func (s *Server) closeDirect() {
+	s.mu.Lock()
+	dcs := make([]*dconn, 0, len(s.dconns))
+	for _, dc := range s.dconns {
+		dcs = append(dcs, dc)
+	}
+	s.mu.Unlock()
+	for _, dc := range dcs {
+		dc.ep.Reset()
+		dc.uc.Close() // watch ends, and with it the connection
+	}
+}

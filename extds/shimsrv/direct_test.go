@@ -1,0 +1,203 @@
+package shimsrv
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// directApp is what a program under the shim holds for a direct
+// connection: V (its descriptor) and the attached buffer.
+type directApp struct {
+	v   *net.UnixConn
+	ep  *dring.Endpoint
+	res SwitchResult
+}
+
+func (d *directApp) Close() {
+	d.ep.Close()
+	d.v.Close()
+}
+
+// newDirectNodes starts two nodes whose shim servers make direct
+// connections in one directory, as two exnds on one shm fabric.
+func newDirectNodes(t *testing.T) (a, b *node, dir string) {
+	dir = t.TempDir()
+	a, b = newNodesPer(t, func(id fabric.NodeID) []Option {
+		return []Option{WithDirect(DirectConfig{Fabric: "t", Dir: dir, Node: id, Ring: dring.MinRing * 4})}
+	})
+	return a, b, dir
+}
+
+// switchDirect hands tc over with "direct" and attaches what comes back
+// as the shim does (docs/direct.md, "What the program gets").
+func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp {
+	t.Helper()
+	f, err := tc.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res SwitchResult
+	out, err := n.cl.CallFDs(t.Context(), &res, []*os.File{f}, op, "direct")
+	f.Close()
+	if err != nil {
+		t.Fatalf("%s: %v", op, err)
+	}
+	if res.Mode != "direct" || res.Side == nil || len(out) != 6 || res.Ring != dring.MinRing*4 {
+		for _, f := range out {
+			f.Close()
+		}
+		t.Fatalf("%s: answer %+v with %d descriptors, want direct and 6", op, res, len(out))
+	}
+	tc.Close() // the shim's dup3 of V over it
+	si := *res.Side
+	fs := &dring.Files{Buf: out[1]}
+	fs.Data[si], fs.Space[si], fs.Data[1-si], fs.Space[1-si] = out[2], out[3], out[4], out[5]
+	ep, err := dring.Attach(fs, si)
+	if err != nil {
+		out[0].Close()
+		t.Fatal(err)
+	}
+	vc, err := net.FileConn(out[0])
+	out[0].Close()
+	if err != nil {
+		ep.Close()
+		t.Fatal(err)
+	}
+	return &directApp{v: vc.(*net.UnixConn), ep: ep, res: res}
+}
+
+func directPair(t *testing.T) (a, b *node, dir string, client, server *directApp) {
+	t.Helper()
+	a, b, dir = newDirectNodes(t)
+	ln := listenTCP(t)
+	b.listen(t, ln)
+	ch := make(chan *directApp, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- nil
+			return
+		}
+		ch <- b.switchDirect(t, "shim-accept", c.(*net.TCPConn))
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	client = a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
+	if server = <-ch; server == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return a, b, dir, client, server
+}
+
+func TestDirectBothWays(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, b, dir, client, server := directPair(t)
+	if *client.res.Side != 0 || *server.res.Side != 1 {
+		t.Fatalf("sides %d/%d, want 0/1", *client.res.Side, *server.res.Side)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Errorf("files left after the handshake: %v", left)
+	}
+	const n = 300_000
+	data := randBytes(n, 7)
+	errc := make(chan error, 2)
+	go send(client.ep, data, errc)
+	go send(server.ep, data, errc)
+	for _, r := range []io.Reader{server.ep, client.ep} {
+		if got, want := recvSum(t, r, n), recvSum(t, bytes.NewReader(data), n); got != want {
+			t.Fatal("stream differs")
+		}
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, nd := range []*node{a, b} {
+		st := nd.srv.Stats()
+		if st.DirectConns != 1 || st.DirectActive != 1 || st.Switched != 1 || st.DirectBytesIn != n || st.DirectBytesOut != n || st.BytesIn != n {
+			t.Errorf("stats %+v", st)
+		}
+	}
+}
+
+// The program's last close of V is TCP's last close: exnd stores fin and
+// rd_closed, so the peer reads EOF and its writes fail.
+func TestDirectLastClose(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, _, _, client, server := directPair(t)
+	if _, err := client.ep.Write([]byte("bye")); err != nil {
+		t.Fatal(err)
+	}
+	client.Close()
+	got, err := io.ReadAll(server.ep)
+	if err != nil || string(got) != "bye" {
+		t.Fatalf("read %q, %v; want bye, EOF", got, err)
+	}
+	if _, err := server.ep.Write([]byte("x")); !errors.Is(err, dring.ErrPeerClosed) {
+		t.Fatalf("write after the peer's close: %v", err)
+	}
+	waitFor(t, "the connection to end in exnd", func() bool { return a.srv.Stats().DirectActive == 0 })
+}
+
+// shim-relay (before exec): the client side's V becomes a plain socket
+// that exnd relays; the server side stays direct.
+func TestDirectRelay(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, _, _, client, server := directPair(t)
+	f, err := client.v.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cl.Call(t.Context(), nil, "shim-relay"); err == nil {
+		t.Fatal("shim-relay without a descriptor accepted")
+	}
+	_, err = a.cl.CallFDs(t.Context(), nil, []*os.File{f}, "shim-relay")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.v.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(server.ep, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("server read %q, %v", buf, err)
+	}
+	if _, err := server.ep.Write([]byte("pong")); err != nil {
+		t.Fatal(err)
+	}
+	client.v.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(client.v, buf); err != nil || string(buf) != "pong" {
+		t.Fatalf("client read %q, %v", buf, err)
+	}
+	if st := a.srv.Stats(); st.DirectRelays != 1 {
+		t.Errorf("relays %d, want 1", st.DirectRelays)
+	}
+}
+
+// exnd stopping resets its direct connections: both programs get an
+// error, neither hangs.
+func TestDirectResetOnClose(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, _, _, client, server := directPair(t)
+	a.srv.Close()
+	for _, d := range []*directApp{client, server} {
+		if _, err := d.ep.Read(make([]byte, 1)); !errors.Is(err, dring.ErrReset) {
+			t.Fatalf("read after exnd stopped: %v, want ErrReset", err)
+		}
+	}
+}
