@@ -230,11 +230,11 @@ func encNLA(fm *fabric.Message, peer fabric.Addr, tag fabric.Tag, conn uint32, n
 // Handshake records.
 
 const (
-	helloLen     = 32
-	ackLen       = 8
-	wireVersion  = 1
-	statusOK     = 0
-	statusNoFab  = 1 // server is EXT-DS aware but cannot attach: plain TCP
+	helloLen    = 32
+	ackLen      = 8
+	wireVersion = 1
+	statusOK    = 0
+	statusNoFab = 1 // server is EXT-DS aware but cannot attach: plain TCP
 	// statusDirect: the server made a direct connection's shared buffer
 	// (docs/direct.md); the reply names it: node, conn = the buffer's
 	// token, ring = its 64-bit ID, ring size = bytes per direction.

@@ -63,7 +63,7 @@ type Config struct {
 	// (--extds-direct, default true; docs/direct.md).
 	EXTDSDirect bool
 	Metrics     string // host:port to serve /metrics on, "" for none
-	Control string // control socket path, "" for none
+	Control     string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
 	ControlAccess control.Policy
 	LogLevel      slog.Level
