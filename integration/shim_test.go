@@ -126,6 +126,7 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 	var s struct {
 		EXTDS map[string]any `json:"extds"`
 		TAP   map[string]any `json:"tap"`
+		Shim  map[string]any `json:"shim"`
 	}
 	if err := json.Unmarshal([]byte(out), &s); err != nil {
 		t.Fatalf("stats: %v: %s", err, out)
@@ -137,7 +138,10 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 	if s.EXTDS == nil {
 		t.Fatalf("node %d: no EXT-DS counters in stats: %s", i+1, out)
 	}
-	return shimCounters{ExtdsRx: num(s.EXTDS, "rx_bytes"), ConnsEXTDS: num(s.EXTDS, "conns_extds"),
+	// A direct connection (docs/direct.md) bypasses exnd's EXT-DS device:
+	// its bytes and connections are the shim server's direct counters.
+	return shimCounters{ExtdsRx: num(s.EXTDS, "rx_bytes") + num(s.Shim, "direct_bytes_in"),
+		ConnsEXTDS: num(s.EXTDS, "conns_extds") + num(s.Shim, "direct_conns"),
 		ConnsTCP: num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
 		TxVELO: num(s.EXTDS, "tx_velo_bytes"), TxRMA: num(s.EXTDS, "tx_rma_bytes"),
 		RingFull: num(s.EXTDS, "ring_full_fallbacks"), CreditWaits: num(s.EXTDS, "credit_waits")}
