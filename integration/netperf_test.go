@@ -137,10 +137,12 @@ func scrapeEXTDS(t *testing.T, n *nstest.Node) extdsCounts {
 		}
 	}
 	return extdsCounts{
-		byReason:      reasons,
-		conns:         sample(t, fams, "exn_extds_connections_total", "mode=extds"),
+		byReason: reasons,
+		// Direct connections (docs/direct.md) bypass exnd's EXT-DS
+		// device: the shim server counts them and their bytes.
+		conns:         sample(t, fams, "exn_extds_connections_total", "mode=extds") + sample(t, fams, "exn_shim_direct_total"),
 		fallbacks:     sample(t, fams, "exn_extds_connections_total", "mode=tcp"),
-		rxBytes:       sample(t, fams, "exn_extds_rx_bytes_total"),
+		rxBytes:       sample(t, fams, "exn_extds_rx_bytes_total") + sample(t, fams, "exn_shim_direct_bytes_total", "direction=in"),
 		handshakeErrs: sample(t, fams, "exn_extds_handshake_errors_total"),
 	}
 }

@@ -123,6 +123,7 @@ func (c *safetyCluster) counters(t *testing.T) safetyCounters {
 		s.switched += c.metric(t, i, "exn_shim_switched_total")
 		s.fallbacks += c.metric(t, i, "exn_shim_fallbacks_total")
 		s.extdsRx += c.metric(t, i, "exn_extds_rx_bytes_total")
+		s.extdsRx += c.metric(t, i, "exn_shim_direct_bytes_total", "direction=\"in\"") // direct connections
 	}
 	return s
 }

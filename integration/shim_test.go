@@ -142,7 +142,7 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 	// its bytes and connections are the shim server's direct counters.
 	return shimCounters{ExtdsRx: num(s.EXTDS, "rx_bytes") + num(s.Shim, "direct_bytes_in"),
 		ConnsEXTDS: num(s.EXTDS, "conns_extds") + num(s.Shim, "direct_conns"),
-		ConnsTCP: num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
+		ConnsTCP:   num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
 		TxVELO: num(s.EXTDS, "tx_velo_bytes"), TxRMA: num(s.EXTDS, "tx_rma_bytes"),
 		RingFull: num(s.EXTDS, "ring_full_fallbacks"), CreditWaits: num(s.EXTDS, "credit_waits")}
 }
