@@ -92,8 +92,20 @@ type Endpoint struct {
 	live       sync.RWMutex
 	closed     atomic.Bool
 	corrupt    atomic.Bool
-	drainBuf   [64]byte
-	drainBufW  [64]byte
+	// The two waits, made once at Attach so that parking allocates
+	// nothing: what each waits for, and its netpoller callback.
+	rd, wr waiter
+}
+
+// waiter is one role's park state (reader or writer); only the goroutine
+// holding that role's mutex uses it.
+type waiter struct {
+	count *atomic.Uint32
+	rc    syscall.RawConn
+	ready func() bool
+	cb    func(fd uintptr) bool
+	woke  bool
+	buf   [64]byte
 }
 
 // Attach maps fs (which it takes over, also on error) as side side.
@@ -166,7 +178,27 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 			return fail(err)
 		}
 	}
+	e.rd = waiter{count: e.rx.consWait, rc: e.dataRC, ready: e.readable}
+	e.wr = waiter{count: e.tx.prodWait, rc: e.spaceRC, ready: e.writable}
+	for _, w := range []*waiter{&e.rd, &e.wr} {
+		w.cb = func(fd uintptr) bool {
+			if n, _ := sys.DrainBell(int(fd), w.buf[:]); n > 0 || w.ready() {
+				w.woke = true
+			}
+			return w.woke
+		}
+	}
 	return e, nil
+}
+
+func (e *Endpoint) readable() bool {
+	t, h, err := e.fill()
+	return err != nil || t != h || e.rx.fin.Load() != 0 || e.reset()
+}
+
+func (e *Endpoint) writable() bool {
+	_, f, err := e.space()
+	return err != nil || f > 0 || e.reset() || e.tx.rdClosed.Load() != 0
 }
 
 // Ring is the ring size per direction.
@@ -256,10 +288,7 @@ func (e *Endpoint) Read(p []byte) (int, error) {
 			}
 			return 0, io.EOF
 		}
-		if err := e.park(e.rx.consWait, e.dataRC, e.drainBuf[:], func() bool {
-			t, h, err := e.fill()
-			return err != nil || t != h || e.rx.fin.Load() != 0 || e.reset()
-		}); err != nil {
+		if err := e.park(&e.rd); err != nil {
 			return 0, opErr("read", err)
 		}
 	}
@@ -302,44 +331,31 @@ func (e *Endpoint) Write(p []byte) (int, error) {
 			}
 			continue
 		}
-		if err := e.park(e.tx.prodWait, e.spaceRC, e.drainBufW[:], func() bool {
-			_, f, err := e.space()
-			return err != nil || f > 0 || e.reset() || e.tx.rdClosed.Load() != 0
-		}); err != nil {
+		if err := e.park(&e.wr); err != nil {
 			return done, opErr("write", err)
 		}
 	}
 	return done, nil
 }
 
-// park waits until ready() holds: spin SpinBudget, then announce the
-// waiter in count, re-check, and sleep in the netpoller on the bell rc.
-func (e *Endpoint) park(count *atomic.Uint32, rc syscall.RawConn, buf []byte, ready func() bool) error {
+// park waits until w.ready() holds: spin SpinBudget, then announce the
+// waiter in w.count, re-check, and sleep in the netpoller on its bell.
+func (e *Endpoint) park(w *waiter) error {
 	for t0 := time.Now(); time.Since(t0) < SpinBudget; {
-		if ready() {
+		if w.ready() {
 			return nil
 		}
 		if e.closed.Load() {
 			return net.ErrClosed
 		}
 	}
-	count.Add(1)
-	defer count.Add(^uint32(0))
-	if ready() {
+	w.count.Add(1)
+	defer w.count.Add(^uint32(0))
+	if w.ready() {
 		return nil
 	}
-	woke := false
-	err := rc.Read(func(fd uintptr) bool {
-		if woke {
-			return true
-		}
-		n, _ := sys.DrainBell(int(fd), buf)
-		if n > 0 || ready() {
-			woke = true
-			return true
-		}
-		return false
-	})
+	w.woke = false
+	err := w.rc.Read(w.cb)
 	if e.closed.Load() {
 		return net.ErrClosed
 	}
