@@ -266,3 +266,47 @@ func TestSafetyRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestSafetyRestartBeforeAccept scripts the last probe/accept
+// disagreement: exnd on the server's node restarts between the client's
+// connect (its probe and claim go to the old exnd) and the server's
+// accept (it asks the new one). The client's claim is never answered, so
+// it goes on as plain TCP and writes its request; the new exnd, which
+// restored the listener from its state file, peeks that request and
+// leaves the accepted socket plain. The request must succeed with every
+// byte intact, and both fallbacks be counted with their reasons.
+func TestSafetyRestartBeforeAccept(t *testing.T) {
+	c := startSafety(t, 62, [2]string{"all", "all"})
+	gate := filepath.Join(filepath.Dir(c.prog), "gate")
+	_, port := c.server(t, "gated", 1, c.shim(1, "FORKSRV_GATE="+gate))
+	noClaim := c.metric(t, 0, "exn_shim_fallbacks_total", `reason="no_claim"`)
+	cli := c.nodes[0].NS.StartEnv(t, c.shim(0), c.prog, "client", c.nodes[1].IP.String(), port, strconv.Itoa(256<<10), "1")
+	if err := nstest.Eventually(10*time.Second, func() error {
+		if c.metric(t, 0, "exn_shim_fallbacks_total", `reason="no_claim"`) <= noClaim {
+			return fmt.Errorf("the client's connect has not fallen back yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v: %s", err, cli.Output())
+	}
+	if err := c.nodes[1].Proc.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.nodes[1].Proc.Wait(10 * time.Second)
+	c.nodes[1].Start(t)
+	plain := c.metric(t, 1, "exn_shim_fallbacks_total", `reason="plain_client"`)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Wait(60 * time.Second); err != nil || !strings.Contains(cli.Output(), "ok 1 requests") {
+		t.Fatalf("client: %v: %s\nexnd 2: %s", err, cli.Output(), tailStr(c.nodes[1].Proc.Output()))
+	}
+	if err := nstest.Eventually(10*time.Second, func() error {
+		if c.metric(t, 1, "exn_shim_fallbacks_total", `reason="plain_client"`) <= plain {
+			return fmt.Errorf("the new exnd counted no plain_client fallback for the accept")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,7 +1,7 @@
 /*
  * forksrv: the server shapes of issue #18 for integration/safety_test.go.
  *
- *   forksrv server IP PORT WORKERS MODE   MODE: setuid | exec-plain | exec-off
+ *   forksrv server IP PORT WORKERS MODE   MODE: setuid | exec-plain | exec-off | gated
  *   forksrv worker FD                     (exec'd by exec-* modes)
  *   forksrv client IP PORT SIZE COUNT
  *
@@ -11,6 +11,9 @@
  * to nobody (65534) before accepting, still under the shim. exec-plain /
  * exec-off: each worker execs this program without LD_PRELOAD, or with
  * EXTDS_MODE=off, keeping the listener (the probe/accept disagreements).
+ * gated: each worker stays root and accepts only once the file named by
+ * $FORKSRV_GATE exists (at most 60 s), so a test can restart exnd between
+ * a client's connect (its probe) and the server's accept.
  * A worker reads exactly "GET n\n" and answers n pattern bytes, then
  * closes; anything else is answered "BAD" (a foreign byte in the stream
  * shows up as a failed request). The client checks every byte.
@@ -42,6 +45,13 @@ static int readline(int fd, char *buf, int max)
 	}
 	buf[n] = 0;
 	return n;
+}
+
+static void gate(void)
+{
+	const char *g = getenv("FORKSRV_GATE");
+	for (int i = 0; g && i < 6000 && access(g, F_OK) != 0; i++)
+		usleep(10000);
 }
 
 static void serve(int lfd)
@@ -154,6 +164,10 @@ int main(int argc, char **argv)
 				perror("setuid nobody");
 				_exit(1);
 			}
+			serve(s);
+		}
+		if (!strcmp(mode, "gated")) {
+			gate();
 			serve(s);
 		}
 		char fd[16];
