@@ -209,16 +209,32 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 		}
 		return dev.fallback(raw, nil, why), nil, nil
 	}
+	if open != nil {
+		di, err := dev.clientDirect(ctx, raw, node, open)
+		switch {
+		case err == nil && di != nil:
+			return nil, di, nil
+		case err == nil:
+			// The server asked for the ordinary hello: go on below.
+		case errors.Is(err, errPeerNoFab):
+			_ = raw.SetDeadline(time.Time{})
+			return dev.fallback(raw, nil, FallbackPeerNoFab), nil, nil
+		case ctx.Err() != nil:
+			return nil, nil, ctx.Err()
+		default:
+			dev.ctr.handshakeErr.Add(1)
+			dev.rlog.warn("extds: direct handshake failed", "addr", address, "err", err)
+			dev.setNegative(address)
+			return nil, nil, fmt.Errorf("%w: %w", errNoAnswer, err)
+		}
+	}
 	c, err := dev.newConn(lport, raw)
 	if err != nil {
 		dev.rlog.warn("extds: cannot attach connection, using tcp", "err", err)
 		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
-	_, di, err := c.clientHandshake(ctx, raw, node, open)
+	_, err = c.clientHandshake(ctx, raw, node)
 	switch {
-	case err == nil && di != nil:
-		c.discard()
-		return nil, di, nil
 	case err == nil:
 		c.start()
 		return c, nil, nil

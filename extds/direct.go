@@ -6,21 +6,27 @@ package extds
 // file holds only the agreement, in the shadow handshake (handshake.go):
 //
 //	client                                    server
-//	hello, flags = flagDirect  ─────────────→ create() makes the buffer
+//	offer: hello, flags = flagDirect,
+//	       node only (no ring yet) ────────→ create() makes the buffer
 //	                           ←───────────── reply, status = statusDirect,
 //	                                           node, token, ID, ring size
 //	open(info) maps it; ack {token} ────────→ done: both return DirectInfo
 //
 // A server that cannot or will not make one (no create hook, create
-// fails) answers the ordinary reply and the connection is an EXT-DS Conn
-// as before; a client that did not offer never gets a direct reply (it
-// would be a handshake error). Neither side writes anything into the
-// shadow connection after the ack: it is the application's from there.
+// fails) answers statusNeedRing; the client then registers its ring and
+// the ordinary handshake follows (one round trip more, only then), and
+// the connection is an EXT-DS Conn as before. So a direct connection
+// costs no EXT-DS ring in either exnd. A client that did not offer never
+// gets a direct reply (it would be a handshake error). Neither side
+// writes anything into the shadow connection after the ack: it is the
+// application's from there.
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"time"
 
 	"github.com/exn-project/exn/fabric"
 )
@@ -61,29 +67,93 @@ func (d *Device) AcceptShadowDirect(ctx context.Context, shadow net.Conn, peeked
 	return d.acceptShadow(ctx, shadow, peeked, create)
 }
 
-// serverDirect answers a hello that offers a direct connection. ok false
-// with a nil error: create failed and the caller goes on with the
-// ordinary reply (nothing was written).
-func (d *Device) serverDirect(raw net.Conn, b *[helloLen]byte, create func() (DirectInfo, error)) (*DirectInfo, bool, error) {
-	di, err := create()
-	if err != nil {
-		d.rlog.warn("extds: cannot make a direct connection, using the relay", "err", err)
-		return nil, false, nil
-	}
-	r := hello{status: statusDirect, node: d.att.Node(), conn: di.Token, ring: fabric.NLA(di.ID), ringSize: di.Ring}
-	r.encode(b[:], magicReply)
-	if _, err := raw.Write(b[:]); err != nil {
+// serverDirect answers a direct offer: with a direct connection if
+// create makes one (the result is then its DirectInfo after the client's
+// ack), otherwise with statusNeedRing, and then it reads and returns the
+// client's ordinary hello.
+func (d *Device) serverDirect(raw net.Conn, b *[helloLen]byte, create func() (DirectInfo, error)) (hello, *DirectInfo, error) {
+	fail := func(err error) (hello, *DirectInfo, error) {
 		d.ctr.handshakeErr.Add(1)
-		return nil, true, err
+		return hello{}, nil, err
+	}
+	if create != nil {
+		di, err := create()
+		if err == nil {
+			r := hello{status: statusDirect, node: d.att.Node(), conn: di.Token, ring: fabric.NLA(di.ID), ringSize: di.Ring}
+			r.encode(b[:], magicReply)
+			if _, err := raw.Write(b[:]); err != nil {
+				return fail(err)
+			}
+			var a [ackLen]byte
+			if _, err := io.ReadFull(raw, a[:]); err != nil {
+				return fail(err)
+			}
+			if err := decodeAck(a[:], di.Token); err != nil {
+				return fail(err)
+			}
+			return hello{}, &di, nil
+		}
+		d.rlog.warn("extds: cannot make a direct connection, using the relay", "err", err)
+	}
+	(&hello{status: statusNeedRing}).encode(b[:], magicReply)
+	if _, err := raw.Write(b[:]); err != nil {
+		return fail(err)
+	}
+	if _, err := io.ReadFull(raw, b[:]); err != nil {
+		return fail(err)
+	}
+	h, err := decodeHello(b[:], magicHello)
+	if err == nil && (h.status != statusOK || h.ring == 0) {
+		err = fmt.Errorf("second hello is not an ordinary one: %w", errHandshake)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return h, nil, nil
+}
+
+// clientDirect sends a direct offer and reads the answer: a DirectInfo
+// (opened with open and acked), or (nil, nil) when the server asks for
+// the ordinary hello, or errPeerNoFab.
+func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(DirectInfo) error) (*DirectInfo, error) {
+	stop := handshakeDeadline(ctx, raw, d.cfg.handshakeTO)
+	defer stop()
+	var b [helloLen]byte
+	(&hello{flags: flagDirect, node: d.att.Node()}).encode(b[:], magicHello)
+	if _, err := raw.Write(b[:]); err != nil {
+		return nil, err
+	}
+	if _, err := io.ReadFull(raw, b[:]); err != nil {
+		return nil, err
+	}
+	h, err := decodeHello(b[:], magicReply)
+	if err != nil {
+		return nil, err
+	}
+	switch h.status {
+	case statusNoFab:
+		return nil, errPeerNoFab
+	case statusNeedRing:
+		return nil, nil
+	case statusDirect:
+	default:
+		return nil, fmt.Errorf("reply status %d to a direct offer: %w", h.status, errHandshake)
+	}
+	if h.node != node {
+		return nil, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
+	}
+	di := &DirectInfo{Node: h.node, Token: h.conn, ID: uint64(h.ring), Ring: h.ringSize}
+	if err := open(*di); err != nil {
+		return nil, fmt.Errorf("open direct buffer: %w", err)
 	}
 	var a [ackLen]byte
-	if _, err := io.ReadFull(raw, a[:]); err != nil {
-		d.ctr.handshakeErr.Add(1)
-		return nil, true, err
+	encodeAck(a[:], h.conn)
+	if _, err := raw.Write(a[:]); err != nil {
+		return nil, err
 	}
-	if err := decodeAck(a[:], di.Token); err != nil {
-		d.ctr.handshakeErr.Add(1)
-		return nil, true, err
+	if !stop() && ctx.Err() != nil {
+		return nil, ctx.Err()
 	}
-	return &di, true, nil
+	_ = raw.SetDeadline(time.Time{})
+	return di, nil
 }

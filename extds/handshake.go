@@ -149,58 +149,55 @@ func (c *Conn) watchShadow() {
 
 var errPeerNoFab = errors.New("peer cannot attach to the fabric")
 
-func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(DirectInfo) error) (hello, *DirectInfo, error) {
-	dl := time.Now().Add(c.cfg.handshakeTO)
-	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
-		dl = t
-	}
-	_ = raw.SetDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Unix(1, 0)) })
+func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID) (hello, error) {
+	stop := handshakeDeadline(ctx, raw, c.cfg.handshakeTO)
 	defer stop()
 	var b [helloLen]byte
 	lh := c.localHello()
-	if open != nil {
-		lh.flags = flagDirect
-	}
 	lh.encode(b[:], magicHello)
 	if _, err := raw.Write(b[:]); err != nil {
-		return hello{}, nil, err
+		return hello{}, err
 	}
 	if _, err := io.ReadFull(raw, b[:]); err != nil {
-		return hello{}, nil, err
+		return hello{}, err
 	}
 	h, err := decodeHello(b[:], magicReply)
 	if err != nil {
-		return h, nil, err
+		return h, err
 	}
-	if h.status == statusNoFab {
-		return h, nil, errPeerNoFab
+	switch h.status {
+	case statusNoFab:
+		return h, errPeerNoFab
+	case statusOK:
+	default:
+		return h, fmt.Errorf("reply status %d to an ordinary hello: %w", h.status, errHandshake)
 	}
 	if h.node != node {
-		return h, nil, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
+		return h, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
 	}
-	var di *DirectInfo
-	if h.status == statusDirect {
-		if open == nil {
-			return h, nil, fmt.Errorf("direct reply to a hello that did not offer it: %w", errHandshake)
-		}
-		di = &DirectInfo{Node: h.node, Token: h.conn, ID: uint64(h.ring), Ring: h.ringSize}
-		if err := open(*di); err != nil {
-			return h, nil, fmt.Errorf("open direct buffer: %w", err)
-		}
-	} else if err := c.establish(h); err != nil {
-		return h, nil, err
+	if err := c.establish(h); err != nil {
+		return h, err
 	}
 	var a [ackLen]byte
 	encodeAck(a[:], h.conn)
 	if _, err := raw.Write(a[:]); err != nil {
-		return h, nil, err
+		return h, err
 	}
 	if !stop() && ctx.Err() != nil {
-		return h, nil, ctx.Err() // the watcher has set (or is setting) a past deadline
+		return h, ctx.Err() // the watcher has set (or is setting) a past deadline
 	}
-	_ = raw.SetDeadline(time.Time{})
-	return h, di, nil
+	return h, nil
+}
+
+// handshakeDeadline bounds raw's I/O by timeout and ctx; stop reports
+// (as context.AfterFunc's stop) whether ctx had not yet ended.
+func handshakeDeadline(ctx context.Context, raw net.Conn, timeout time.Duration) (stop func() bool) {
+	dl := time.Now().Add(timeout)
+	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
+		dl = t
+	}
+	_ = raw.SetDeadline(dl)
+	return context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Unix(1, 0)) })
 }
 
 // serverHandshake returns the accepted connection, or nil when the socket
@@ -335,8 +332,10 @@ func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte, creat
 		d.rlog.warn("extds: bad hello", "from", raw.RemoteAddr(), "err", err)
 		return nil, nil, err
 	}
-	if h.flags&flagDirect != 0 && create != nil {
-		if di, ok, err := d.serverDirect(raw, b, create); ok || err != nil {
+	if h.flags&flagDirect != 0 && h.ring == 0 {
+		// A direct offer: make one, or ask for the ordinary hello.
+		var di *DirectInfo
+		if h, di, err = d.serverDirect(raw, b, create); di != nil || err != nil {
 			return nil, di, err
 		}
 	}

@@ -35,11 +35,16 @@ package extds
 //
 // Handshake (shadow TCP connection, fixed 32-byte records, little-endian):
 //
-//	hello  client→server: "EXDS" ver u8 flags u8 node u16 vpid u8 0 u8
+//	hello  client→server: "EXDS" ver u8 status u8 node u16 vpid u8 flags u8
 //	                      conn u32 ring NLA u64 ring size u32 eager window u32
 //	reply  server→client: "EXDR" ver u8 status u8 node u16 vpid u8 0 u8
 //	                      conn u32 ring NLA u64 ring size u32 eager window u32
 //	ack    client→server: "EXDA" conn u32 (the server's conn ID), 8 bytes
+//
+// A direct offer (direct.go) is a hello with flags = flagDirect and only
+// the node set; its answers are a reply with status statusDirect (node,
+// conn = token, ring = the buffer's ID, ring size) or statusNeedRing
+// (all else zero: send the ordinary hello), or statusNoFab.
 
 import (
 	"encoding/binary"
@@ -239,6 +244,9 @@ const (
 	// (docs/direct.md); the reply names it: node, conn = the buffer's
 	// token, ring = its 64-bit ID, ring size = bytes per direction.
 	statusDirect = 2
+	// statusNeedRing answers a direct offer the server will not take:
+	// send the ordinary hello (with a ring) next.
+	statusNeedRing = 3
 	maxRingSize  = 64 << 20
 	minRingSize  = 4 << 10
 	minEagerWin  = fragData
@@ -301,9 +309,22 @@ func decodeHello(b []byte, magic string) (hello, error) {
 	h.ring = fabric.NLA(binary.LittleEndian.Uint64(b[14:]))
 	h.ringSize = binary.LittleEndian.Uint32(b[22:])
 	h.eagerWin = binary.LittleEndian.Uint32(b[26:])
+	zeroRest := b[8] == 0 && b[9] == 0 && h.conn == 0 && h.ring == 0 && h.ringSize == 0 && h.eagerWin == 0 && b[30] == 0 && b[31] == 0
 	switch {
 	case h.status == statusNoFab:
 		return hello{status: statusNoFab}, nil
+	case h.status == statusNeedRing && magic == magicReply:
+		if !zeroRest || h.node != 0 {
+			return h, fmt.Errorf("need-ring reply: reserved bytes set: %w", errHandshake)
+		}
+		return hello{status: statusNeedRing}, nil
+	case h.status == statusOK && magic == magicHello && b[9] == flagDirect && h.ring == 0:
+		// A direct offer: node only (the client has no ring yet).
+		if b[8] != 0 || h.conn != 0 || h.ringSize != 0 || h.eagerWin != 0 || b[30] != 0 || b[31] != 0 {
+			return h, fmt.Errorf("direct offer: reserved bytes set: %w", errHandshake)
+		}
+		h.flags = flagDirect
+		return h, nil
 	case h.status == statusDirect && magic == magicReply:
 		switch {
 		case b[8] != 0 || b[9] != 0 || h.eagerWin != 0 || b[30] != 0 || b[31] != 0:

@@ -201,3 +201,62 @@ func TestDirectResetOnClose(t *testing.T) {
 		}
 	}
 }
+
+// A client that asks for direct meets an acceptor that does not (no
+// "direct" argument): the server asks for the ordinary hello and both
+// ends are relayed EXT-DS connections, the bytes intact.
+func TestDirectDeclinedIsRelay(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, b, _ := newDirectNodes(t)
+	ln := listenTCP(t)
+	b.listen(t, ln)
+	ch := make(chan *app, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- nil
+			return
+		}
+		s, err := b.switchConn(t, "shim-accept", c.(*net.TCPConn))
+		if err != nil {
+			c.Close()
+		}
+		ch <- s
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res SwitchResult
+	out, err := a.cl.CallFDs(t.Context(), &res, []*os.File{f}, "shim-connect", "direct")
+	f.Close()
+	if err != nil || res.Mode != "extds" || len(out) != 1 {
+		t.Fatalf("shim-connect direct: %+v, %d fds, %v; want the relay", res, len(out), err)
+	}
+	c.Close()
+	cl, err := net.FileConn(out[0])
+	out[0].Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	srv := <-ch
+	if srv == nil || srv.res.Mode != "extds" {
+		t.Fatalf("accept: %+v", srv)
+	}
+	defer srv.Close()
+	if _, err := cl.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(srv, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	if st := a.srv.Stats(); st.DirectConns != 0 || st.Switched != 1 {
+		t.Errorf("client stats %+v", st)
+	}
+}
