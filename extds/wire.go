@@ -247,14 +247,14 @@ const (
 	// statusNeedRing answers a direct offer the server will not take:
 	// send the ordinary hello (with a ring) next.
 	statusNeedRing = 3
-	maxRingSize  = 64 << 20
-	minRingSize  = 4 << 10
-	minEagerWin  = fragData
-	maxEagerWin  = 16 << 20
-	magicHello   = "EXDS"
-	magicReply   = "EXDR"
-	magicAck     = "EXDA"
-	flagsDefault = 0
+	maxRingSize    = 64 << 20
+	minRingSize    = 4 << 10
+	minEagerWin    = fragData
+	maxEagerWin    = 16 << 20
+	magicHello     = "EXDS"
+	magicReply     = "EXDR"
+	magicAck       = "EXDA"
+	flagsDefault   = 0
 	// flagDirect in a hello's byte 9: the client can take a direct
 	// connection (its application runs under the shim on a fabric whose
 	// memory it can map).
