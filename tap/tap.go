@@ -306,23 +306,11 @@ type readOp struct {
 	gso   uint64 // GSODropped
 	err   error
 	vnet  bool
-	// drained: the last Read ended on EAGAIN after frames, so the queue
-	// was empty then. The next Read waits for readability before its
-	// first read(2) instead of making one that would most likely fail:
-	// every frame queued since raised an edge in the poller (tun wakes
-	// its readers per frame), so the wait returns at once if one came.
-	// It saves one read(2) per wake-up; under iperf3 a third of the reads
-	// were these EAGAINs (docs/offload-profile.md).
-	drained bool
-	hdr     [sys.VnetHdrLen]byte
-	fn      func(fd uintptr) bool
+	hdr   [sys.VnetHdrLen]byte
+	fn    func(fd uintptr) bool
 }
 
 func (r *readOp) run(fd uintptr) bool {
-	if r.drained {
-		r.drained = false
-		return false // wait for readability, then read
-	}
 	for r.n < r.want {
 		var m int
 		var err error
@@ -333,7 +321,6 @@ func (r *readOp) run(fd uintptr) bool {
 		}
 		switch {
 		case err == sys.EAGAIN:
-			r.drained = r.n > 0
 			return r.n > 0 // park in the poller only if nothing was read
 		case err == sys.EINTR:
 			continue
