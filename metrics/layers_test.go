@@ -47,6 +47,7 @@ func TestEngineCollector(t *testing.T) {
 	s.OutstandingAdverts, s.PendingGets, s.WaitingAdverts = 7, 8, 9
 	s.AdvertTimeouts, s.AdvertsRefused, s.RefusalsSent, s.RefusalsLost = 10, 11, 12, 13
 	s.LateResponders, s.UnmatchedNotify, s.TxSlotWaits = 14, 15, 16
+	s.Hellos, s.TxOffloaded, s.RxOffloaded, s.TxCsumSW, s.TxGSOSplit, s.TxGSOSegs = 17, 18, 19, 20, 21, 22
 	reg := check(t, []string{
 		`exn_eth_frames_total{direction="tx",node="3",proto="eager"} 4`,
 		`exn_eth_bytes_total{direction="tx",node="3",proto="eager"} 400`,
@@ -67,6 +68,12 @@ func TestEngineCollector(t *testing.T) {
 		`exn_eth_refusals_total{node="3",outcome="lost"} 13`,
 		`exn_eth_unmatched_notifications_total{kind="late_responder",node="3"} 14`,
 		`exn_eth_tx_slot_waits_total{node="3"} 16`,
+		`exn_eth_hellos_total{node="3"} 17`,
+		`exn_eth_offload_frames_total{direction="tx",node="3"} 18`,
+		`exn_eth_offload_frames_total{direction="rx",node="3"} 19`,
+		`exn_eth_tx_csum_software_total{node="3"} 20`,
+		`exn_eth_tx_gso_split_total{node="3"} 21`,
+		`exn_eth_tx_gso_segments_total{node="3"} 22`,
 	}, Engine(3, func() exn.Stats { return s }))
 	// Every reason but "none" is a series, and no other.
 	if n, err := testutil.GatherAndCount(reg, "exn_eth_drops_total"); err != nil || n != int(exn.NumDropReasons)-1 {
@@ -85,6 +92,8 @@ func TestTAPCollector(t *testing.T) {
 	c.TxBytes.Add(300)
 	c.TxErrors.Add(1)
 	c.ShortBuffer.Add(4)
+	c.BadVnet.Add(5)
+	c.GSODropped.Add(6)
 	check(t, []string{
 		`exn_tap_frames_total{direction="rx",ifname="exn0",node="1"} 2`,
 		`exn_tap_bytes_total{direction="rx",ifname="exn0",node="1"} 200`,
@@ -93,6 +102,8 @@ func TestTAPCollector(t *testing.T) {
 		`exn_tap_errors_total{direction="tx",ifname="exn0",node="1"} 1`,
 		`exn_tap_errors_total{direction="rx",ifname="exn0",node="1"} 0`,
 		`exn_tap_short_buffer_drops_total{ifname="exn0",node="1"} 4`,
+		`exn_tap_bad_vnet_drops_total{ifname="exn0",node="1"} 5`,
+		`exn_tap_gso_drops_total{ifname="exn0",node="1"} 6`,
 	}, TAP(1, "exn0", c.Snapshot))
 }
 

@@ -26,5 +26,7 @@ func TAP(node fabric.NodeID, ifname string, stats func() tap.Stats) prometheus.C
 		{"tx", func(s *S) uint64 { return s.TxErrors }},
 	})
 	b.counter("short_buffer_drops_total", "Frames dropped because they were longer than the read buffer.", func(s *S) uint64 { return s.ShortBuffer })
+	b.counter("bad_vnet_drops_total", "Frames dropped because their virtio-net header was short or not understood.", func(s *S) uint64 { return s.BadVnet })
+	b.counter("gso_drops_total", "Super-frames dropped by a read without virtio-net headers.", func(s *S) uint64 { return s.GSODropped })
 	return b.collector(stats)
 }
