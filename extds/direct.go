@@ -157,3 +157,9 @@ func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.Nod
 	_ = raw.SetDeadline(time.Time{})
 	return di, nil
 }
+
+// PeerAlive reports whether the fabric considers node alive (nil) or
+// down (an error wrapping fabric.ErrPeerDown or the fabric's reason): the
+// liveness a direct connection's owner checks, since no EXT-DS Conn of
+// this Device watches its peer.
+func (d *Device) PeerAlive(node fabric.NodeID) error { return d.att.Alive(node) }

@@ -63,9 +63,17 @@ type dconn struct {
 	local    string
 	remote   string
 	peer     string
+	node     fabric.NodeID // the peer's node
 	since    time.Time
 	relaying atomic.Bool
 }
+
+// directLivenessPeriod is how often the peer nodes of open direct
+// connections are checked: the shm fabric's own idle liveness period
+// (fabric/shm, idleLivenessPeriod), and only while a direct connection
+// is open. A peer node that died with its program (nobody left to store
+// fin) must not leave this side's program waiting forever.
+const directLivenessPeriod = time.Second
 
 // directOpen is the connecting side's open hook: the accepting exnd made
 // the files; open them and keep them for switchDirect.
@@ -154,7 +162,7 @@ func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net
 	dc := &dconn{
 		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: st.Ino,
 		local: shadow.LocalAddr().String(), remote: shadow.RemoteAddr().String(),
-		peer: fmt.Sprint(di.Node), since: time.Now(),
+		peer: fmt.Sprint(di.Node), node: di.Node, since: time.Now(),
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -170,6 +178,11 @@ func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net
 	dc.id = s.nextID
 	s.dconns[dc.id] = dc
 	s.wg.Add(1)
+	if !s.livenessOn {
+		s.livenessOn = true
+		s.wg.Add(1)
+		go s.directLiveness()
+	}
 	s.mu.Unlock()
 	go s.watch(dc)
 	s.directConns.Add(1)
@@ -320,6 +333,43 @@ func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File
 		s.relays.Add(1)
 	}
 	return struct{}{}, nil, nil
+}
+
+// directLiveness resets the direct connections whose peer node the
+// fabric declares down. It runs while direct connections exist and ends
+// (livenessOn false) when the last one has gone: no timer while idle.
+func (s *Server) directLiveness() {
+	defer s.wg.Done()
+	t := time.NewTicker(directLivenessPeriod)
+	defer t.Stop()
+	var dcs []*dconn
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if len(s.dconns) == 0 {
+			s.livenessOn = false
+			s.mu.Unlock()
+			return
+		}
+		dcs = dcs[:0]
+		for _, dc := range s.dconns {
+			dcs = append(dcs, dc)
+		}
+		s.mu.Unlock()
+		for _, dc := range dcs {
+			if err := s.dev.PeerAlive(dc.node); err != nil {
+				s.logConn(slog.LevelInfo, "extds shim: direct connection's peer node is down, reset", "id", dc.id, "peer", dc.peer, "err", err)
+				s.resets.Add(1)
+				dc.ep.Reset()
+				dc.uc.Close() // watch ends the connection
+			}
+		}
+		clear(dcs)
+	}
 }
 
 // closeDirect ends every direct connection (Close): reset, so both

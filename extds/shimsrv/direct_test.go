@@ -260,3 +260,16 @@ func TestDirectDeclinedIsRelay(t *testing.T) {
 		t.Errorf("client stats %+v", st)
 	}
 }
+
+// The peer's node dies (its exnd and its program with it: nobody there
+// stores fin): this side's exnd resets the connection once the fabric
+// declares the node down, so the program gets an error, not a hang.
+func TestDirectPeerNodeDown(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, b, _, client, _ := directPair(t)
+	b.nic.Close() // the node's fabric presence goes; its exnd never resets anything
+	if _, err := client.ep.Read(make([]byte, 1)); !errors.Is(err, dring.ErrReset) {
+		t.Fatalf("read with the peer node down: %v, want ErrReset", err)
+	}
+	waitFor(t, "the connection to end in exnd", func() bool { return a.srv.Stats().DirectActive == 0 })
+}

@@ -139,6 +139,8 @@ type Server struct {
 	directCfg *DirectConfig
 	dconns    map[uint64]*dconn
 	dnext     uint64
+	// livenessOn: the directLiveness goroutine runs (direct.go).
+	livenessOn bool
 
 	switched, errs, resets atomic.Uint64
 	bytesIn, bytesOut      atomic.Uint64
