@@ -126,6 +126,9 @@ func TestDirectBothWays(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if cs := a.srv.Conns(); len(cs) != 1 || cs[0].Mode != "direct" || cs[0].BytesIn != n || cs[0].BytesOut != n {
+		t.Errorf("conns %+v", cs)
+	}
 	for _, nd := range []*node{a, b} {
 		st := nd.srv.Stats()
 		if st.DirectConns != 1 || st.DirectActive != 1 || st.Switched != 1 || st.DirectBytesIn != n || st.DirectBytesOut != n || st.BytesIn != n {

@@ -77,7 +77,7 @@ func WithSweepInterval(d time.Duration) Option { return func(s *Server) { s.swee
 // ConnInfo describes one switched connection (exnctl conns).
 type ConnInfo struct {
 	ID         uint64    `json:"id"`
-	Mode       string    `json:"mode"` // always "extds": fallbacks stay the shim's plain sockets
+	Mode       string    `json:"mode"` // "extds" (relayed by exnd) or "direct" (docs/direct.md); fallbacks stay the shim's plain sockets
 	Side       string    `json:"side"` // "connect" or "accept"
 	Local      string    `json:"local"`
 	Remote     string    `json:"remote"`
@@ -307,6 +307,13 @@ func (s *Server) Conns() []ConnInfo {
 		out = append(out, ConnInfo{
 			ID: e.id, Mode: extds.ModeEXTDS.String(), Side: e.side, Local: e.local, Remote: e.remote,
 			FabricPeer: e.peer, PID: e.pid, UID: e.uid, BytesIn: e.in.Load(), BytesOut: e.out.Load(), Since: e.since,
+		})
+	}
+	for _, dc := range s.dconns {
+		sent, recvd := dc.ep.Counters()
+		out = append(out, ConnInfo{
+			ID: dc.id, Mode: "direct", Side: dc.side, Local: dc.local, Remote: dc.remote,
+			FabricPeer: dc.peer, PID: dc.pid, UID: dc.uid, BytesIn: recvd, BytesOut: sent, Since: dc.since,
 		})
 	}
 	return out
