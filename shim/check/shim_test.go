@@ -43,7 +43,7 @@ func build(t testing.TB) (lib, prog string) {
 			return
 		}
 		for _, args := range [][]string{
-			{"-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), "-ldl"},
+			{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"},
 			{"-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), filepath.Join(src, "test", "shimtest.c")},
 		} {
 			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
