@@ -379,7 +379,9 @@ enum ctl_op { CTL_OP_HELLO, CTL_OP_LISTEN, CTL_OP_UNLISTEN, CTL_OP_CONNECT, CTL_
 
 #define SHIM_VERSION "2"
 
-/* Encode request op (arg: the port of shim-unlisten) into buf: its length, or -1. */
+/* Encode request op (arg: the port of shim-unlisten; for shim-connect and
+ * shim-accept, nonzero asks for a direct connection) into buf: its
+ * length, or -1. */
 static int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 {
 	int n;
@@ -396,10 +398,10 @@ static int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 		n = snprintf(buf, size, "shim-unlisten %u\n", arg);
 		break;
 	case CTL_OP_CONNECT:
-		n = snprintf(buf, size, "shim-connect\n");
+		n = snprintf(buf, size, arg ? "shim-connect direct\n" : "shim-connect\n");
 		break;
 	case CTL_OP_ACCEPT:
-		n = snprintf(buf, size, "shim-accept\n");
+		n = snprintf(buf, size, arg ? "shim-accept direct\n" : "shim-accept\n");
 		break;
 	case CTL_OP_RELAY: /* carries V (docs/direct.md, "exec") */
 		n = snprintf(buf, size, "shim-relay\n");

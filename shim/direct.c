@@ -4,12 +4,12 @@
  * do_switch; the buffer itself is shim/dring.c.
  *
  * State: g_dc, one record per direct connection mapped in this process
- * (the dring view, three hidden CLOEXEC descriptors placed high: V's dup,
- * my bell, peer bell), shared by every descriptor of the dup family
+ * (the dring view, five hidden CLOEXEC descriptors placed high: V's dup,
+ * my data and space bells, the peer's), shared by every descriptor of the dup family
  * (fdent.dc, counted in refs); the last descriptor's close unmaps it and
  * closes the hidden ones, so E hangs up exactly when the application's
  * last V closes. g_dep: epoll registrations of direct descriptors (each
- * with a hidden dup of the bell in that epoll set). Both are plain
+ * with hidden dups of the two bells in that epoll set). Both are plain
  * memory, inherited by fork like the descriptors; changed under the
  * table lock, never held across a blocking call. The data path takes no
  * lock of the shim: dring.c serialises producers and consumers itself.
@@ -36,7 +36,7 @@ struct dconn {
 };
 
 struct depreg {
-	int epfd, fd, hbell; /* fd < 0: free */
+	int epfd, fd, hbell[2]; /* fd < 0: free; dups of my data and space bell */
 	struct epoll_event ev; /* the application's */
 	int disabled;          /* EPOLLONESHOT fired */
 	uint64_t last_in, last_out; /* EPOLLET: cursor state last reported */
@@ -127,8 +127,10 @@ static int hide_fd(int fd, int keep)
 static void dep_free_locked(int i)
 {
 	struct depreg *r = &g_dep[i];
-	real_epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell, NULL);
-	real_close(r->hbell);
+	for (int k = 0; k < 2; k++) {
+		real_epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell[k], NULL);
+		real_close(r->hbell[k]);
+	}
 	r->fd = -1;
 	g_ndep--;
 }
@@ -146,8 +148,10 @@ static void direct_drop_locked(int fd, struct fdent *e)
 		return;
 	dring_detach(&c->d);
 	real_close(c->d.v);
-	real_close(c->d.bell);
-	real_close(c->d.peer_bell);
+	real_close(c->d.dbell);
+	real_close(c->d.sbell);
+	real_close(c->d.peer_dbell);
+	real_close(c->d.peer_sbell);
 	memset(c, 0, sizeof *c);
 	g_ndc--;
 }
@@ -163,8 +167,9 @@ static void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
 
 /*
  * Switch fd to exnd's answer r with descriptors ufd (docs/direct.md):
- * relay (one socketpair end) or direct (V, buffer, my bell, peer bell).
- * Consumes ufd. 0, or -1 with errno (fd untouched).
+ * relay (one socketpair end) or direct (V, buffer, my data bell, my space
+ * bell, peer data bell, peer space bell). Consumes ufd. 0, or -1 with
+ * errno (fd untouched).
  */
 static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock)
 {
@@ -174,7 +179,10 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 		close_fds(ufd);
 		return do_switch(fd, v, cloexec, nonblock, r->id);
 	}
-	if (ufd[1] < 0 || ufd[2] < 0 || ufd[3] < 0 || r->side > 1 || r->ring > EXDD_RING_MAX || !ent(fd)) {
+	int bad = r->side > 1 || r->ring > EXDD_RING_MAX || !ent(fd);
+	for (int i = 1; i < 6; i++)
+		bad |= ufd[i] < 0;
+	if (bad) {
 		close_fds(ufd);
 		errno = EPROTO;
 		return -1;
@@ -194,11 +202,16 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 		return -1;
 	}
 	struct dconn *c = &g_dc[slot];
-	int hv = hide_fd(ufd[0], 1), hb = hide_fd(ufd[2], 0), hp = hide_fd(ufd[3], 0);
-	ufd[2] = ufd[3] = -1;
-	int e = hv < 0 || hb < 0 || hp < 0 ? EMFILE : 0;
+	int hv = hide_fd(ufd[0], 1), hb[4], e = hv < 0 ? EMFILE : 0;
+	for (int i = 0; i < 4; i++) {
+		hb[i] = hide_fd(ufd[2 + i], 0);
+		if (hb[i] < 0)
+			e = EMFILE;
+		else
+			ufd[2 + i] = -1;
+	}
 	if (!e) {
-		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, hp, hv);
+		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, hv);
 		e = a < 0 ? -a : 0;
 	} else {
 		real_close(ufd[1]);
@@ -216,10 +229,9 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 		close_fds(ufd);
 		if (hv >= 0)
 			real_close(hv);
-		if (hb >= 0)
-			real_close(hb);
-		if (hp >= 0)
-			real_close(hp);
+		for (int i = 0; i < 4; i++)
+			if (hb[i] >= 0)
+				real_close(hb[i]);
 		lock();
 		memset(c, 0, sizeof *c);
 		unlock();
@@ -500,7 +512,7 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 	if (!nd)
 		return real_ppoll(fds, n, tmo, mask);
 	int saved = errno;
-	size_t kn = n + (size_t)nd;
+	size_t kn = n + 2 * (size_t)nd;
 	struct pollfd stackbuf[POLL_STACK], *k = stackbuf;
 	if (kn > POLL_STACK) {
 		k = mmap(NULL, kn * sizeof *k, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -540,10 +552,14 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 			struct dconn *c = dcof(fds[i].fd);
 			if (!c)
 				continue;
-			k[i].fd = ready || !block ? -1 : c->d.bell;
+			int in = fds[i].events & (POLLIN | POLLRDNORM | POLLRDHUP), out = fds[i].events & (POLLOUT | POLLWRNORM);
+			k[i].fd = ready || !block ? -1 : in || !out ? c->d.dbell : c->d.sbell;
 			k[i].events = POLLIN;
-			if (!ready && block)
+			if (!ready && block) {
+				if (in && out)
+					k[j++] = (struct pollfd){c->d.sbell, POLLIN, 0};
 				k[j++] = (struct pollfd){c->d.v, POLLIN, 0};
+			}
 		}
 		struct timespec left, *lp = NULL;
 		if (ready || !block) {
@@ -741,18 +757,25 @@ static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *re
 			unlock();
 			return 1;
 		}
-		int hb = hide_fd(c->d.bell, 1);
+		int hb[2] = {hide_fd(c->d.dbell, 1), hide_fd(c->d.sbell, 1)}, k;
 		struct epoll_event bev = {EPOLLIN | (ev->events & EPOLLEXCLUSIVE), {.u64 = DEP_TAG | (uint64_t)slot}};
-		if (hb < 0 || real_epoll_ctl(epfd, EPOLL_CTL_ADD, hb, &bev) < 0) {
+		for (k = 0; k < 2; k++)
+			if (hb[k] < 0 || real_epoll_ctl(epfd, EPOLL_CTL_ADD, hb[k], &bev) < 0)
+				break;
+		if (k < 2) {
 			int e = errno;
-			if (hb >= 0)
-				real_close(hb);
+			for (int q = 0; q < 2; q++) {
+				if (q < k)
+					real_epoll_ctl(epfd, EPOLL_CTL_DEL, hb[q], NULL);
+				if (hb[q] >= 0)
+					real_close(hb[q]);
+			}
 			real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
 			unlock();
 			errno = e;
 			return 1;
 		}
-		g_dep[slot] = (struct depreg){epfd, fd, hb, *ev, 0, ~0ull, ~0ull};
+		g_dep[slot] = (struct depreg){epfd, fd, {hb[0], hb[1]}, *ev, 0, ~0ull, ~0ull};
 		g_ndep++;
 		*ret = 0;
 	} else if (slot < 0) {

@@ -4,28 +4,23 @@
  * their cursors in shared memory. See dring.h for the contract.
  *
  * Data path: a producer copies into its outbound ring, publishes tail
- * (seq_cst, after the data) and, only if the consumer said it is parked
- * (exchange(cons_wait, 0) == 1), writes one byte to the peer's bell; a
- * consumer does the same with head and prod_wait. A waiter spins for
- * EXDD_SPIN_NS, then stores its wait word (seq_cst), re-checks, and parks
- * in poll({my bell, V}): the Dekker pair "store wait word, load cursor" /
- * "store cursor, exchange wait word" guarantees that one of the two sides
- * sees the other. V is in every park so that exnd's death (V hangs up)
- * and the relay after exec (relay[S], V readable) end the wait.
+ * (seq_cst, after the data) and, only if consumers are parked
+ * (cons_wait > 0, a count), writes one byte to the peer's data bell; a
+ * consumer does the same with head, prod_wait and the peer's space bell.
+ * A waiter spins for EXDD_SPIN_NS, then counts itself in (seq_cst add),
+ * re-checks, and parks in poll({my data or space bell, V}): the Dekker
+ * pair "add to the count, load the cursor" / "store the cursor, load the
+ * count" guarantees that one of the two sees the other. V is in every
+ * park so that exnd's death (V hangs up) and the relay after exec
+ * (relay[S], V readable) end the wait. Two bells per side, so a reader
+ * never drains a byte meant for a writer; the baton (a waiter that leaves
+ * work behind while others of its kind are parked rings its own bell)
+ * covers two waiters of one kind, since the first to drain empties the
+ * FIFO before the other's poll looks.
  *
  * Nothing in the mapping is trusted: every cursor load checks
  * tail - head <= R (unsigned), every index is reduced mod R, and a
  * violation fails the connection (EIO here, rst for both sides).
- *
- * One bell, many waiters. A side may have several waiters at once: a
- * reader and a writer (threads or forked processes; waiters of one kind
- * are serialised by cons_lock/prod_lock) and callers of poll/epoll. A
- * bell byte wakes all of them, but the first to drain it empties the FIFO
- * and the others' poll goes back to sleep: the byte may have been meant
- * for one of them. So each parked waiter is counted (cons_nwait,
- * prod_nwait: words docs/direct.md leaves unused, touched only by this
- * side), and a waiter that drained the bell rings it again when a waiter
- * of the other kind is parked and its condition holds.
  *
  * System calls go through syscall(2): the shim interposes poll, read,
  * write, getsockopt, close... on V's number, and must not see its own.
@@ -35,6 +30,7 @@
 #include "dring.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -50,12 +46,13 @@
 _Static_assert(sizeof(struct dring_ctl) == 1024, "control block is 1024 bytes");
 _Static_assert(offsetof(struct dring_ctl, head) == 128, "head at +128");
 _Static_assert(offsetof(struct dring_ctl, rd_closed) == 144, "rd_closed at +144");
-_Static_assert(offsetof(struct dring_ctl, prod_nwait) == 24 && offsetof(struct dring_ctl, cons_nwait) == 148,
-	       "waiter counts in the control block's unused words");
+_Static_assert(offsetof(struct dring_ctl, prod_wait) == 12 && offsetof(struct dring_ctl, cons_wait) == 136,
+	       "wait counts");
 
 #define LD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
-#define XCHG(p, v) __atomic_exchange_n((p), (v), __ATOMIC_SEQ_CST)
+#define LD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
 
 #define HDR_MAGIC 0
 #define HDR_VERSION 4
@@ -88,10 +85,10 @@ static inline void relax(void)
 #endif
 }
 
-int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, int bell, int peer_bell, int v)
+int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int bells[4], int v)
 {
 	memset(d, 0, sizeof *d);
-	d->bell = d->peer_bell = d->v = -1;
+	d->dbell = d->sbell = d->peer_dbell = d->peer_sbell = d->v = -1;
 	struct stat st;
 	size_t len = EXDD_HDR + 2 * (size_t)ring;
 	if ((side != 0 && side != 1) || ring < EXDD_RING_MIN || ring > EXDD_RING_MAX || (ring & (ring - 1)) ||
@@ -118,8 +115,15 @@ int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, int bell, i
 	d->in = (struct dring_ctl *)(b + 1024 + 1024 * (1 - side));
 	d->outdata = b + EXDD_HDR + (size_t)side * ring;
 	d->indata = b + EXDD_HDR + (size_t)(1 - side) * ring;
-	d->bell = bell;
-	d->peer_bell = peer_bell;
+	d->dbell = bells[0];
+	d->sbell = bells[1];
+	d->peer_dbell = bells[2];
+	d->peer_sbell = bells[3];
+	for (int i = 0; i < 4; i++) {
+		long fl = bells[i] >= 0 ? syscall(SYS_fcntl, bells[i], F_GETFL) : -1;
+		if (fl >= 0 && !(fl & O_NONBLOCK))
+			syscall(SYS_fcntl, bells[i], F_SETFL, fl | O_NONBLOCK);
+	}
 	d->v = v;
 	return 0;
 }
@@ -137,8 +141,10 @@ void dring_rst(struct dring *d)
 {
 	ST(&d->in->rst, 1);
 	ST(&d->out->rst, 1);
-	ring_fd(d->peer_bell);
-	ring_fd(d->bell); /* other waiters of this side (threads, forked children) */
+	ring_fd(d->peer_dbell);
+	ring_fd(d->peer_sbell);
+	ring_fd(d->dbell); /* other waiters of this side (threads, forked children) */
+	ring_fd(d->sbell);
 }
 
 static int fail(struct dring *d)
@@ -160,8 +166,8 @@ int dring_error(struct dring *d)
 void dring_fin(struct dring *d)
 {
 	ST(&d->out->fin, 1);
-	if (XCHG(&d->out->cons_wait, 0))
-		ring_fd(d->peer_bell);
+	if (LD_SC(&d->out->cons_wait))
+		ring_fd(d->peer_dbell);
 }
 
 void dring_shut_rd(struct dring *d) { d->rd_shut = 1; }
@@ -169,14 +175,14 @@ void dring_shut_rd(struct dring *d) { d->rd_shut = 1; }
 void dring_rd_closed(struct dring *d)
 {
 	ST(&d->in->rd_closed, 1);
-	if (XCHG(&d->in->prod_wait, 0))
-		ring_fd(d->peer_bell);
+	if (LD_SC(&d->in->prod_wait))
+		ring_fd(d->peer_sbell);
 }
 
-void dring_drain(struct dring *d)
+void dring_drain(int bell)
 {
 	char b[64];
-	while (syscall(SYS_read, d->bell, b, sizeof b) > 0)
+	while (syscall(SYS_read, bell, b, sizeof b) > 0)
 		;
 }
 
@@ -235,28 +241,27 @@ unsigned dring_ready(struct dring *d)
 
 unsigned dring_arm(struct dring *d, unsigned events)
 {
-	if (events & EV_IN) {
-		__atomic_add_fetch(&d->in->cons_nwait, 1, __ATOMIC_SEQ_CST);
-		ST(&d->in->cons_wait, 1);
-	}
-	if (events & EV_OUT) {
-		__atomic_add_fetch(&d->out->prod_nwait, 1, __ATOMIC_SEQ_CST);
-		ST(&d->out->prod_wait, 1);
-	}
+	if (events & EV_IN)
+		ADD(&d->in->cons_wait, 1);
+	if (events & EV_OUT)
+		ADD(&d->out->prod_wait, 1);
 	return dring_ready(d);
 }
 
-static int wait_over(struct dring *d, int w);
-static void pass_on(struct dring *d);
+static void baton(struct dring *d, int w);
 
 void dring_disarm(struct dring *d, unsigned events)
 {
-	if (events & EV_IN)
-		__atomic_sub_fetch(&d->in->cons_nwait, 1, __ATOMIC_SEQ_CST);
-	if (events & EV_OUT)
-		__atomic_sub_fetch(&d->out->prod_nwait, 1, __ATOMIC_SEQ_CST);
-	dring_drain(d);
-	pass_on(d);
+	if (events & EV_IN) {
+		ADD(&d->in->cons_wait, -1u);
+		dring_drain(d->dbell);
+		baton(d, 0);
+	}
+	if (events & EV_OUT) {
+		ADD(&d->out->prod_wait, -1u);
+		dring_drain(d->sbell);
+		baton(d, 1);
+	}
 }
 
 /* ---- waiting ---- */
@@ -278,13 +283,14 @@ static int wait_over(struct dring *d, int w)
 	return out_space(d) != 0;
 }
 
-/* After draining my bell: ring it again if another waiter of this side
- * is parked and may go on (it may have lost the race for the byte). The
- * caller is not counted any more. */
-static void pass_on(struct dring *d)
+/* The baton: after draining my bell of kind w, ring it again if another
+ * waiter of that kind is parked and may go on (it may have lost the race
+ * for the byte). The caller is not counted any more. */
+static void baton(struct dring *d, int w)
 {
-	if ((LD(&d->in->cons_nwait) && wait_over(d, W_READ)) || (LD(&d->out->prod_nwait) && wait_over(d, W_WRITE)))
-		ring_fd(d->bell);
+	if (w == W_READ ? LD_SC(&d->in->cons_wait) && wait_over(d, W_READ)
+			: LD_SC(&d->out->prod_wait) && wait_over(d, W_WRITE))
+		ring_fd(w == W_READ ? d->dbell : d->sbell);
 }
 
 struct waitst {
@@ -317,13 +323,13 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 		    (tv.tv_sec || tv.tv_usec))
 			ws->deadline = t0 + (int64_t)tv.tv_sec * 1000000000 + (int64_t)tv.tv_usec * 1000;
 	}
-	uint32_t *nwait = w == W_READ ? &d->in->cons_nwait : &d->out->prod_nwait;
-	__atomic_add_fetch(nwait, 1, __ATOMIC_SEQ_CST);
+	uint32_t *nwait = w == W_READ ? &d->in->cons_wait : &d->out->prod_wait;
+	ADD(nwait, 1);
 	int r = park(d, w, ws);
-	__atomic_sub_fetch(nwait, 1, __ATOMIC_SEQ_CST);
+	ADD(nwait, -1u);
 	if (r == 1) {
-		dring_drain(d);
-		pass_on(d);
+		dring_drain(w == W_READ ? d->dbell : d->sbell);
+		baton(d, w);
 		r = 0;
 	}
 	return r;
@@ -333,10 +339,6 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 static int park(struct dring *d, int w, struct waitst *ws)
 {
 	for (;;) {
-		if (w == W_READ)
-			ST(&d->in->cons_wait, 1);
-		else
-			ST(&d->out->prod_wait, 1);
 		if (wait_over(d, w))
 			return 0;
 		struct timespec ts, *tp = NULL;
@@ -348,7 +350,7 @@ static int park(struct dring *d, int w, struct waitst *ws)
 			ts.tv_nsec = left % 1000000000;
 			tp = &ts;
 		}
-		struct pollfd p[2] = {{d->bell, POLLIN, 0}, {d->v, POLLIN, 0}};
+		struct pollfd p[2] = {{w == W_READ ? d->dbell : d->sbell, POLLIN, 0}, {d->v, POLLIN, 0}};
 		long r = syscall(SYS_ppoll, p, d->v >= 0 ? 2 : 1, tp, NULL, (size_t)8);
 		if (r < 0) {
 			if (errno == EINTR)
@@ -497,11 +499,12 @@ ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int f
 		uint64_t t = LD(&d->out->tail);
 		ring_copy(d->outdata, d->ring, t, &c, n, 1);
 		ST(&d->out->tail, t + n);
-		if (XCHG(&d->out->cons_wait, 0))
-			ring_fd(d->peer_bell);
+		if (LD_SC(&d->out->cons_wait))
+			ring_fd(d->peer_dbell);
 		done += n;
 	}
 	lk_release(&d->out->prod_lock);
+	baton(d, W_WRITE); /* space left for another parked writer */
 	if (done > 0) /* what is in the ring is delivered, also by a relay */
 		return (ssize_t)done;
 	return err;
@@ -559,12 +562,14 @@ ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int fl
 		if (flags & DRING_PEEK)
 			break;
 		ST(&d->in->head, h + n);
-		if (XCHG(&d->in->prod_wait, 0))
-			ring_fd(d->peer_bell);
+		if (LD_SC(&d->in->prod_wait))
+			ring_fd(d->peer_sbell);
 		if (!(flags & DRING_WAITALL))
 			break;
 	}
 	lk_release(&d->in->cons_lock);
+	if (!(flags & DRING_PEEK))
+		baton(d, W_READ); /* bytes left for another parked reader */
 	if (done > 0)
 		return (ssize_t)done;
 	return err;

@@ -62,14 +62,12 @@ struct dring_ctl {
 	uint32_t prod_wait;
 	uint32_t prod_lock;
 	uint32_t rst;
-	uint32_t prod_nwait; /* +24, shim extension: producers of d parked now (side-local) */
-	uint8_t pad0[128 - 28];
+	uint8_t pad0[128 - 24];
 	uint64_t head;
 	uint32_t cons_wait;
 	uint32_t cons_lock;
 	uint32_t rd_closed;
-	uint32_t cons_nwait; /* +148, shim extension: consumers of d parked now (side-local) */
-	uint8_t pad1[1024 - 128 - 24];
+	uint8_t pad1[1024 - 128 - 20];
 };
 
 struct dring {
@@ -80,7 +78,9 @@ struct dring {
 	struct dring_ctl *out;    /* direction S: I produce */
 	struct dring_ctl *in;     /* direction 1-S: I consume */
 	uint8_t *outdata, *indata;
-	int bell, peer_bell, v;   /* my bell (read end), the peer's bell, V */
+	int dbell, sbell;         /* my data bell (readers park), my space bell (writers park) */
+	int peer_dbell, peer_sbell; /* the peer's: rung to wake its readers / writers */
+	int v;                    /* V */
 	int failed;               /* this process saw a forged cursor: EIO */
 	int rd_shut;              /* shutdown(SHUT_RD) in this process */
 };
@@ -90,9 +90,10 @@ struct dring {
  * in [EXDD_RING_MIN, EXDD_RING_MAX], the header's size and fstat's both
  * 4096 + 2R), map it shared and fill d. bufd is closed in every case; the
  * three other descriptors are recorded, not duplicated (the caller keeps
- * them open as long as d is used). 0 or -EINVAL/-ENOMEM/...
+ * them open as long as d is used; the bells get O_NONBLOCK). 0 or
+ * -EINVAL/-ENOMEM/...
  */
-DRING_API int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, int bell, int peer_bell, int v);
+DRING_API int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int bells[4], int v);
 
 /* Unmap. The descriptors are the caller's to close. */
 DRING_API void dring_detach(struct dring *d);
@@ -141,23 +142,20 @@ DRING_API int dring_relayed(const struct dring *d);
 DRING_API unsigned dring_ready(struct dring *d);
 
 /*
- * Arm the waits for events (POLLIN: cons_wait, POLLOUT: prod_wait) so that
- * the peer rings my bell, count this caller as parked, and return the
+ * Arm the waits for events (POLLIN: cons_wait += 1, POLLOUT: prod_wait
+ * += 1) so that the peer rings my data / space bell, and return the
  * readiness re-checked after arming: if it intersects events, do not
  * park. Every dring_arm is followed by one dring_disarm with the same
  * events, whether the caller parked or not.
  */
 DRING_API unsigned dring_arm(struct dring *d, unsigned events);
 
-/*
- * After a park armed with dring_arm: uncount, empty my bell, and if
- * another waiter of this side is parked for a condition that holds now,
- * ring my bell again for it (see dring.c, "One bell, many waiters").
- */
+/* After a park armed with dring_arm: uncount, empty the bells of events,
+ * and pass the baton (docs/direct.md) to another parked waiter. */
 DRING_API void dring_disarm(struct dring *d, unsigned events);
 
-/* Empty my bell (non-blocking reads until EAGAIN). */
-DRING_API void dring_drain(struct dring *d);
+/* Empty a bell (non-blocking reads until EAGAIN). */
+DRING_API void dring_drain(int bell);
 
 /* Pending socket error for SO_ERROR: ECONNRESET, EIO, or 0. */
 DRING_API int dring_error(struct dring *d);

@@ -24,7 +24,8 @@
  * on every path that does not itself fail.
  *
  * Environment: EXTDS_CONTROL (default /run/exn/exnd.sock),
- * EXTDS_MODE=off|auto|force (default auto), EXTDS_DEBUG=1.
+ * EXTDS_MODE=off|auto|force (default auto), EXTDS_DIRECT=0 (relay, do not
+ * ask for direct connections), EXTDS_DEBUG=1.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -83,6 +84,7 @@ enum { MODE_OFF, MODE_AUTO, MODE_FORCE };
 
 static int g_mode = MODE_AUTO;
 static int g_debug;
+static int g_direct = 1; /* ask exnd for direct connections (EXTDS_DIRECT=0: relay) */
 static char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)] = "/run/exn/exnd.sock";
 static volatile int g_ready;   /* init done */
 static volatile int g_hello;   /* 0 unknown, 1 exnd speaks shim v2, -1 it does not */
@@ -253,6 +255,8 @@ static void init(void)
 		g_mode = MODE_OFF;
 	else if (m && !strcmp(m, "force"))
 		g_mode = MODE_FORCE;
+	const char *dr = getenv("EXTDS_DIRECT");
+	g_direct = !(dr && !strcmp(dr, "0"));
 	const char *d = getenv("EXTDS_DEBUG");
 	g_debug = d && *d && strcmp(d, "0");
 	const char *p = getenv("EXTDS_CONTROL");
@@ -468,7 +472,7 @@ static int ctl_send(int s, const char *line, int fd)
 	return 0;
 }
 
-#define CTL_MAXFD 4 /* a direct answer: V, buffer, my bell, peer bell (docs/direct.md) */
+#define CTL_MAXFD 8 /* control.MaxFDs; a direct answer has 6 (docs/direct.md) */
 
 static void close_fds(int *fds)
 {
@@ -493,7 +497,7 @@ static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 	for (;;) {
 		struct iovec iov = {buf + len, size - 1 - len};
 		union {
-			char b[CMSG_SPACE(8 * sizeof(int))];
+			char b[CMSG_SPACE(16 * sizeof(int))];
 			struct cmsghdr align;
 		} u;
 		struct msghdr mh;
@@ -802,7 +806,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
 		goto tcp;
 	}
-	switch (ctl_call(CTL_OP_CONNECT, 0, fd, buf, sizeof buf, &resp, ufd)) {
+	switch (ctl_call(CTL_OP_CONNECT, (unsigned)g_direct, fd, buf, sizeof buf, &resp, ufd)) {
 	case CTL_NOCONN:
 		dbg("connect fd %d: no exnd, plain TCP", fd);
 		goto tcp;
@@ -922,7 +926,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		char buf[4096];
 		struct ctl_resp resp;
 		int ufd[CTL_MAXFD];
-		int c = ctl_call(CTL_OP_ACCEPT, 0, fd, buf, sizeof buf, &resp, ufd);
+		int c = ctl_call(CTL_OP_ACCEPT, (unsigned)g_direct, fd, buf, sizeof buf, &resp, ufd);
 		if (c == CTL_NOCONN) {
 			dbg("accept fd %d: no exnd, plain TCP", fd);
 			errno = saved;

@@ -135,8 +135,10 @@ func newFake(t *testing.T, mode string) *fakeExnd {
 	for _, op := range []string{"shim-connect", "shim-accept"} {
 		f.srv.HandleFD(op, func(_ context.Context, req *control.Request) (any, *os.File, error) {
 			f.record(op, req.Args)
-			if len(req.Files) != 1 || len(req.Args) != 0 {
-				return nil, nil, errors.New("want one descriptor and no arguments")
+			// "direct" asks for a direct connection (docs/direct.md); this
+			// fake relays, as an exnd that cannot do direct does.
+			if len(req.Files) != 1 || len(req.Args) > 1 || (len(req.Args) == 1 && req.Args[0] != "direct") {
+				return nil, nil, errors.New("want one descriptor and no argument but direct")
 			}
 			switch f.mode.Load().(string) {
 			case "tcp":

@@ -1,7 +1,8 @@
 /*
  * dring_test: the connection buffer of docs/direct.md (shim/dring.c)
  * between forked processes. The main process plays exnd: it creates the
- * buffer file (unlinked), the two bell FIFOs and the two V/E socketpairs
+ * buffer file (unlinked), the four bell FIFOs (data and space bell per
+ * side, opened blocking: dring_attach sets O_NONBLOCK) and the two V/E socketpairs
  * exactly as docs/direct.md says, keeps E0/E1, and forks the two sides.
  * Run by shim/check (TestDringC). Prints "ok NAME" per test, exits 1 on
  * the first failure with the reason.
@@ -61,7 +62,7 @@ static long ms_now(void)
 struct conn {
 	uint32_t ring;
 	int buf;       /* the buffer file, unlinked */
-	int fifo[2];   /* side s's bell, O_RDWR|O_NONBLOCK */
+	int fifo[2][2]; /* side s's data [0] and space [1] bell, O_RDWR */
 	int v[2], e[2]; /* V and E of each side */
 	uint8_t *map;  /* exnd's own mapping */
 };
@@ -86,11 +87,13 @@ static void conn_make(struct conn *c, uint32_t ring)
 	memcpy(c->map, h32, sizeof h32);
 	memcpy(c->map + 16, &sz, 8);
 	for (int s = 0; s < 2; s++) {
-		snprintf(path, sizeof path, "%s/bell%d", g_dir, s);
-		CHECK(mkfifo(path, 0600) == 0, "%s", strerror(errno));
-		c->fifo[s] = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-		CHECK(c->fifo[s] >= 0);
-		unlink(path);
+		for (int k = 0; k < 2; k++) {
+			snprintf(path, sizeof path, "%s/%c%d", g_dir, "ds"[k], s);
+			CHECK(mkfifo(path, 0600) == 0, "%s", strerror(errno));
+			c->fifo[s][k] = open(path, O_RDWR | O_CLOEXEC);
+			CHECK(c->fifo[s][k] >= 0);
+			unlink(path);
+		}
 		int sv[2];
 		CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 		c->v[s] = sv[0];
@@ -103,7 +106,8 @@ static void conn_free(struct conn *c)
 	munmap(c->map, EXDD_HDR + 2 * (size_t)c->ring);
 	close(c->buf);
 	for (int s = 0; s < 2; s++) {
-		close(c->fifo[s]);
+		close(c->fifo[s][0]);
+		close(c->fifo[s][1]);
 		if (c->v[s] >= 0)
 			close(c->v[s]);
 		if (c->e[s] >= 0)
@@ -118,7 +122,8 @@ static void side_attach(struct conn *c, int s, struct dring *d)
 {
 	int b = dup(c->buf);
 	CHECK(b >= 0);
-	int r = dring_attach(d, b, s, c->ring, c->fifo[s], c->fifo[1 - s], c->v[s]);
+	int bells[4] = {c->fifo[s][0], c->fifo[s][1], c->fifo[1 - s][0], c->fifo[1 - s][1]};
+	int r = dring_attach(d, b, s, c->ring, bells, c->v[s]);
 	CHECK(r == 0, "attach: %s", strerror(-r));
 	CHECK(fcntl(b, F_GETFD) < 0 && errno == EBADF, "attach must close the buffer fd");
 }
@@ -298,7 +303,7 @@ static void semantics_a(struct conn *c, struct dring *d, void *arg)
 	CHECK(dring_write(d, buf, 1, DRING_NONBLOCK) == -EAGAIN);
 	CHECK(!(dring_ready(d) & POLLOUT));
 	/* tell side 1 to drain; poll on my bell wakes when space appears */
-	struct pollfd p = {d->bell, POLLIN, 0};
+	struct pollfd p = {d->sbell, POLLIN, 0};
 	long t0 = ms_now();
 	for (;;) {
 		unsigned m = dring_arm(d, POLLOUT);
@@ -312,7 +317,7 @@ static void semantics_a(struct conn *c, struct dring *d, void *arg)
 	/* epoll on the bell: wakes when data arrives */
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 42};
-	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, d->bell, &ev) == 0);
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, d->dbell, &ev) == 0);
 	for (;;) {
 		unsigned m = dring_arm(d, POLLIN);
 		struct epoll_event out;
@@ -420,9 +425,9 @@ static void forger(struct conn *c, struct dring *d, void *arg)
 	CHECK(dring_write(d, "0123456789", 10, 0) == 10);
 	usleep(50000);
 	__atomic_store_n(&d->out->tail, d->out->head + d->ring + 1, __ATOMIC_SEQ_CST);
-	if (__atomic_exchange_n(&d->out->cons_wait, 0, __ATOMIC_SEQ_CST)) {
+	if (__atomic_load_n(&d->out->cons_wait, __ATOMIC_SEQ_CST)) {
 		char b = 1;
-		CHECK(write(d->peer_bell, &b, 1) == 1);
+		CHECK(write(d->peer_dbell, &b, 1) == 1);
 	}
 }
 
@@ -451,9 +456,10 @@ static void test_attach(void)
 	struct conn c;
 	conn_make(&c, 4096);
 	struct dring d;
+	const int nob[4] = {-1, -1, -1, -1};
 	int bad[][2] = {{0, 4096 + 1}, {2, 4096}, {0, 8192}, {0, 2048}};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-		CHECK(dring_attach(&d, dup(c.buf), bad[i][0], (uint32_t)bad[i][1], -1, -1, -1) == -EINVAL, "case %zu", i);
+		CHECK(dring_attach(&d, dup(c.buf), bad[i][0], (uint32_t)bad[i][1], nob, -1) == -EINVAL, "case %zu", i);
 	/* header fields */
 	uint32_t keep;
 	for (int off = 0; off < 24; off += 4) {
@@ -462,18 +468,18 @@ static void test_attach(void)
 		memcpy(&keep, c.map + off, 4);
 		uint32_t x = keep ^ 0x100;
 		memcpy(c.map + off, &x, 4);
-		CHECK(dring_attach(&d, dup(c.buf), 0, 4096, -1, -1, -1) == -EINVAL, "header word %d", off);
+		CHECK(dring_attach(&d, dup(c.buf), 0, 4096, nob, -1) == -EINVAL, "header word %d", off);
 		memcpy(c.map + off, &keep, 4);
 	}
 	/* a file of the wrong size */
 	CHECK(ftruncate(c.buf, 8192) == 0);
-	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, -1, -1, -1) == -EINVAL);
+	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, nob, -1) == -EINVAL);
 	CHECK(ftruncate(c.buf, EXDD_HDR + 2 * 4096) == 0);
-	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, -1, -1, -1) == 0);
+	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, nob, -1) == 0);
 	dring_detach(&d);
 	int sv[2];
 	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-	CHECK(dring_attach(&d, sv[0], 0, 4096, -1, -1, -1) == -EINVAL, "not a regular file");
+	CHECK(dring_attach(&d, sv[0], 0, 4096, nob, -1) == -EINVAL, "not a regular file");
 	CHECK(fcntl(sv[0], F_GETFD) < 0, "closed on failure too");
 	close(sv[1]);
 	conn_free(&c);
@@ -520,13 +526,13 @@ static void test_death(int how)
 		__atomic_store_n(&ctl(&c, 0)->rst, 1, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&ctl(&c, 1)->rst, 1, __ATOMIC_SEQ_CST);
 		char b = 1;
-		CHECK(write(c.fifo[0], &b, 1) == 1);
+		CHECK(write(c.fifo[0][0], &b, 1) == 1 && write(c.fifo[0][1], &b, 1) == 1);
 	} else {
 		__atomic_store_n(&ctl(&c, 1)->fin, 1, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&ctl(&c, 0)->rd_closed, 1, __ATOMIC_SEQ_CST);
-		if (__atomic_exchange_n(&ctl(&c, 0)->prod_wait, 0, __ATOMIC_SEQ_CST)) {
+		if (__atomic_load_n(&ctl(&c, 0)->prod_wait, __ATOMIC_SEQ_CST)) {
 			char b = 1;
-			CHECK(write(c.fifo[0], &b, 1) == 1);
+			CHECK(write(c.fifo[0][1], &b, 1) == 1);
 		}
 	}
 	reap(pa, "writer");
