@@ -16,7 +16,7 @@
  *     take it), or that has an escape or a non-ASCII byte, is rejected;
  *     other unknown keys are skipped;
  *   - types: ok true/false/null; error string/null; data object/null;
- *     version, port, id non-negative integers that fit 64 bits (no
+ *     version, port, id, side, ring non-negative integers that fit 64 bits (no
  *     fraction or exponent) or null; mode, reason strings or null; mode
  *     with an escape is rejected (Go would unescape it);
  *   - a repeated key: the last one counts (null leaves the value), a
@@ -29,7 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 
-enum { CTL_MODE_NONE = 0, CTL_MODE_TCP = 1, CTL_MODE_EXTDS = 2, CTL_MODE_OTHER = 3 };
+enum { CTL_MODE_NONE = 0, CTL_MODE_TCP = 1, CTL_MODE_EXTDS = 2, CTL_MODE_OTHER = 3, CTL_MODE_DIRECT = 4 };
 
 struct ctl_resp {
 	int ok;                /* "ok":true */
@@ -37,6 +37,8 @@ struct ctl_resp {
 	uint64_t version;      /* data.version, 0 if absent */
 	uint64_t port;         /* data.port */
 	uint64_t id;           /* data.id */
+	uint64_t side;         /* data.side (mode "direct": 0 connecting, 1 accepting) */
+	uint64_t ring;         /* data.ring (mode "direct": bytes per direction) */
 	int reason_plain;      /* reason holds data.reason exactly (no escape, ASCII, fits) */
 	char reason[32];       /* data.reason, "" if absent */
 };
@@ -289,19 +291,20 @@ static int jp_obj(struct jp *j, const char *const *keys, int nkeys, int (*fn)(st
 	}
 }
 
-static const char *const data_keys[] = {"version", "port", "id", "mode", "reason"};
+static const char *const data_keys[] = {"version", "port", "id", "mode", "reason", "side", "ring"};
 
 static int data_member(struct jp *j, int i, struct ctl_resp *r)
 {
 	if (jp_is_null(j))
 		return 0;
-	if (i <= 2) {
+	if (i <= 2 || i >= 5) {
 		uint64_t v;
 		int in;
 		jp_ws(j);
 		if (jp_num(j, &v, &in) < 0 || !in)
 			return -1;
-		*(i == 0 ? &r->version : i == 1 ? &r->port : &r->id) = v;
+		uint64_t *dst[] = {&r->version, &r->port, &r->id, NULL, NULL, &r->side, &r->ring};
+		*dst[i] = v;
 		return 0;
 	}
 	if (i == 3) {
@@ -321,6 +324,8 @@ static int data_member(struct jp *j, int i, struct ctl_resp *r)
 			r->mode = CTL_MODE_EXTDS;
 		else if (strcmp(m, "tcp") == 0)
 			r->mode = CTL_MODE_TCP;
+		else if (strcmp(m, "direct") == 0)
+			r->mode = CTL_MODE_DIRECT;
 		else
 			r->mode = CTL_MODE_OTHER;
 		return 0;
@@ -349,12 +354,12 @@ static int top_member(struct jp *j, int i, struct ctl_resp *r)
 		return jp_is_null(j) ? 0 : jp_str(j, NULL, 0, NULL);
 	/* data: a new one replaces the old entirely */
 	r->mode = CTL_MODE_NONE;
-	r->version = r->port = r->id = 0;
+	r->version = r->port = r->id = r->side = r->ring = 0;
 	r->reason[0] = 0;
 	r->reason_plain = 1;
 	if (jp_is_null(j))
 		return 0;
-	return jp_obj(j, data_keys, 5, data_member, r);
+	return jp_obj(j, data_keys, 7, data_member, r);
 }
 
 /* Decode the response line s[0..n) into r. 0, or -1 if it is not one this decoder accepts. */
@@ -370,11 +375,13 @@ static int ctl_parse(const char *s, size_t n, struct ctl_resp *r)
 }
 
 /* Requests (docs/shim.md, "Control protocol"). */
-enum ctl_op { CTL_OP_HELLO, CTL_OP_LISTEN, CTL_OP_UNLISTEN, CTL_OP_CONNECT, CTL_OP_ACCEPT };
+enum ctl_op { CTL_OP_HELLO, CTL_OP_LISTEN, CTL_OP_UNLISTEN, CTL_OP_CONNECT, CTL_OP_ACCEPT, CTL_OP_RELAY };
 
 #define SHIM_VERSION "2"
 
-/* Encode request op (arg: the port of shim-unlisten) into buf: its length, or -1. */
+/* Encode request op (arg: the port of shim-unlisten; for shim-connect and
+ * shim-accept, nonzero asks for a direct connection) into buf: its
+ * length, or -1. */
 static int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 {
 	int n;
@@ -391,10 +398,13 @@ static int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 		n = snprintf(buf, size, "shim-unlisten %u\n", arg);
 		break;
 	case CTL_OP_CONNECT:
-		n = snprintf(buf, size, "shim-connect\n");
+		n = snprintf(buf, size, arg ? "shim-connect direct\n" : "shim-connect\n");
 		break;
 	case CTL_OP_ACCEPT:
-		n = snprintf(buf, size, "shim-accept\n");
+		n = snprintf(buf, size, arg ? "shim-accept direct\n" : "shim-accept\n");
+		break;
+	case CTL_OP_RELAY: /* carries V (docs/direct.md, "exec") */
+		n = snprintf(buf, size, "shim-relay\n");
 		break;
 	default:
 		return -1;

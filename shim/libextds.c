@@ -24,12 +24,14 @@
  * on every path that does not itself fail.
  *
  * Environment: EXTDS_CONTROL (default /run/exn/exnd.sock),
- * EXTDS_MODE=off|auto|force (default auto), EXTDS_DEBUG=1.
+ * EXTDS_MODE=off|auto|force (default auto), EXTDS_DIRECT=0 (relay, do not
+ * ask for direct connections), EXTDS_DEBUG=1.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <netinet/tcp.h>
@@ -82,6 +84,7 @@ enum { MODE_OFF, MODE_AUTO, MODE_FORCE };
 
 static int g_mode = MODE_AUTO;
 static int g_debug;
+static int g_direct = 1; /* ask exnd for direct connections (EXTDS_DIRECT=0: relay) */
 static char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)] = "/run/exn/exnd.sock";
 static volatile int g_ready;   /* init done */
 static volatile int g_hello;   /* 0 unknown, 1 exnd speaks shim v2, -1 it does not */
@@ -105,6 +108,8 @@ enum {
 	F_NODELAY = 1 << 4,
 	F_CORK = 1 << 5,
 	F_KEEPALIVE = 1 << 6,
+	F_DIRECT = 1 << 7,   /* direct connection (docs/direct.md): fdent.dc */
+	F_NB = 1 << 8,       /* F_DIRECT: O_NONBLOCK, cached for the data path */
 };
 
 union addr {
@@ -122,6 +127,7 @@ struct fdent {
 	int32_t nreg;       /* epoll records for this fd */
 	uint64_t ino, dev;  /* F_SWITCHED: identity of the unix socket */
 	uint64_t id;        /* F_SWITCHED: exnd's connection id */
+	int32_t dc;         /* F_DIRECT: index + 1 in direct.c's g_dc */
 	int32_t maxseg, tos;
 	union addr local, peer;
 	socklen_t llen, plen;
@@ -171,6 +177,14 @@ static inline int fdflags(int fd)
 	struct fdent *e = ent(fd);
 	return e ? __atomic_load_n(&e->flags, __ATOMIC_RELAXED) : 0;
 }
+
+/* direct.c */
+static void direct_drop_locked(int fd, struct fdent *e);
+static void direct_epfd_closed_locked(int epfd);
+static void direct_ref_locked(struct fdent *e);
+static void direct_resolve(void);
+static void direct_init(void);
+static void direct_setfl(int fd, long fl);
 
 /* ---- debug ---- */
 
@@ -222,6 +236,7 @@ static void resolve(void)
 	RESOLVE(sendmsg);
 	RESOLVE(recvfrom);
 	RESOLVE(recvmsg);
+	direct_resolve();
 }
 
 static void init(void)
@@ -240,6 +255,8 @@ static void init(void)
 		g_mode = MODE_OFF;
 	else if (m && !strcmp(m, "force"))
 		g_mode = MODE_FORCE;
+	const char *dr = getenv("EXTDS_DIRECT");
+	g_direct = !(dr && !strcmp(dr, "0"));
 	const char *d = getenv("EXTDS_DEBUG");
 	g_debug = d && *d && strcmp(d, "0");
 	const char *p = getenv("EXTDS_CONTROL");
@@ -262,6 +279,7 @@ static void init(void)
 		}
 		for (int i = 0; i < EP_POOL; i++)
 			g_ep[i].fd = -1;
+		direct_init();
 	}
 	__atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
 	unlock();
@@ -319,6 +337,8 @@ static void clear_locked(int fd)
 	if (!e)
 		return;
 	ep_drop_fd_locked(fd);
+	if (e->flags & F_DIRECT)
+		direct_drop_locked(fd, e);
 	memset(e, 0, sizeof *e);
 }
 
@@ -452,19 +472,32 @@ static int ctl_send(int s, const char *line, int fd)
 	return 0;
 }
 
+#define CTL_MAXFD 8 /* control.MaxFDs; a direct answer has 6 (docs/direct.md) */
+
+static void close_fds(int *fds)
+{
+	for (int i = 0; i < CTL_MAXFD; i++)
+		if (fds[i] >= 0) {
+			real_close(fds[i]);
+			fds[i] = -1;
+		}
+}
+
 /*
  * Read one response line into buf (NUL-terminated, without '\n') and the
- * first descriptor that came with it into *rfd (-1 if none; extra ones
- * are closed). 0 or -1.
+ * descriptors that came with it, in order, into rfd[0..CTL_MAXFD) (-1
+ * where none; more are closed). 0 or -1.
  */
 static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 {
 	size_t len = 0;
-	*rfd = -1;
+	int nfd = 0;
+	for (int i = 0; i < CTL_MAXFD; i++)
+		rfd[i] = -1;
 	for (;;) {
 		struct iovec iov = {buf + len, size - 1 - len};
 		union {
-			char b[CMSG_SPACE(4 * sizeof(int))];
+			char b[CMSG_SPACE(16 * sizeof(int))];
 			struct cmsghdr align;
 		} u;
 		struct msghdr mh;
@@ -480,12 +513,12 @@ static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 				if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 					continue;
-				int nfd = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-				for (int i = 0; i < nfd; i++) {
+				int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+				for (int i = 0; i < k; i++) {
 					int f;
 					memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-					if (*rfd < 0)
-						*rfd = f;
+					if (nfd < CTL_MAXFD)
+						rfd[nfd++] = f;
 					else
 						real_close(f);
 				}
@@ -504,10 +537,7 @@ static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 			goto fail;
 	}
 fail:
-	if (*rfd >= 0) {
-		real_close(*rfd);
-		*rfd = -1;
-	}
+	close_fds(rfd);
 	return -1;
 }
 
@@ -532,7 +562,8 @@ static int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size
 {
 	char line[64];
 	size_t n;
-	*rfd = -1;
+	for (int i = 0; i < CTL_MAXFD; i++)
+		rfd[i] = -1;
 	memset(r, 0, sizeof *r);
 	if (ctl_req(line, sizeof line, op, arg) < 0)
 		return CTL_NOCONN;
@@ -544,15 +575,14 @@ static int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size
 		return CTL_NOCONN;
 	}
 	if (g_hello == 0) {
-		int hfd;
+		int hfd[CTL_MAXFD];
 		char hello[32];
 		if (ctl_req(hello, sizeof hello, CTL_OP_HELLO, 0) < 0 || ctl_send(s, hello, -1) < 0 ||
-		    ctl_recv(s, buf, size, &n, &hfd) < 0) {
+		    ctl_recv(s, buf, size, &n, hfd) < 0) {
 			real_close(s);
 			return CTL_NOCONN;
 		}
-		if (hfd >= 0)
-			real_close(hfd);
+		close_fds(hfd);
 		if (ctl_parse(buf, n, r) < 0 || !r->ok || r->version != 2) {
 			dbg("exnd does not speak shim v" SHIM_VERSION ": %s", buf);
 			g_hello = -1;
@@ -567,10 +597,8 @@ static int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size
 	int saved = errno;
 	real_close(s);
 	errno = saved;
-	if (c != CTL_OK && *rfd >= 0) {
-		real_close(*rfd);
-		*rfd = -1;
-	}
+	if (c != CTL_OK)
+		close_fds(rfd);
 	return c;
 }
 
@@ -660,6 +688,9 @@ static void settle(int fd)
 	ep_drop_fd_locked(fd);
 	unlock();
 }
+
+/* Direct connections: their data path and interposition. */
+#include "direct.c"
 
 /* ---- intercepted calls ---- */
 
@@ -770,12 +801,12 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	int fdfl = real_fcntl(fd, F_GETFD), flfl = real_fcntl(fd, F_GETFL);
 	char buf[4096];
 	struct ctl_resp resp;
-	int ufd;
+	int ufd[CTL_MAXFD];
 	if ((fdflags(fd) & F_EPOVF)) {
 		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
 		goto tcp;
 	}
-	switch (ctl_call(CTL_OP_CONNECT, 0, fd, buf, sizeof buf, &resp, &ufd)) {
+	switch (ctl_call(CTL_OP_CONNECT, (unsigned)g_direct, fd, buf, sizeof buf, &resp, ufd)) {
 	case CTL_NOCONN:
 		dbg("connect fd %d: no exnd, plain TCP", fd);
 		goto tcp;
@@ -792,14 +823,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		errno = ECONNREFUSED;
 		return -1;
 	}
-	if (resp.mode != CTL_MODE_EXTDS || ufd < 0) {
-		if (ufd >= 0)
-			real_close(ufd);
+	if ((resp.mode != CTL_MODE_EXTDS && resp.mode != CTL_MODE_DIRECT) || ufd[0] < 0) {
+		close_fds(ufd);
 		dbg("connect fd %d: plain TCP: %s", fd, buf);
 		goto tcp;
 	}
 	uint64_t id = resp.id;
-	if (do_switch(fd, ufd, (fdfl & FD_CLOEXEC) != 0, (flfl & O_NONBLOCK) != 0, id) < 0) {
+	if (switch_to(fd, &resp, ufd, (fdfl & FD_CLOEXEC) != 0, (flfl & O_NONBLOCK) != 0) < 0) {
 		int e = errno;
 		dbg("connect fd %d: switch failed: %s", fd, strerror(e));
 		disconnect(fd);
@@ -807,7 +837,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		errno = e;
 		return -1;
 	}
-	dbg("connect fd %d: EXT-DS id %llu", fd, (unsigned long long)id);
+	dbg("connect fd %d: EXT-DS id %llu, %s", fd, (unsigned long long)id, resp.mode == CTL_MODE_DIRECT ? "direct" : "relay");
 	errno = saved;
 	return 0;
 tcp:
@@ -842,11 +872,10 @@ EXPORT int listen(int fd, int backlog)
 	int port = ntohs(family == AF_INET ? a.in.sin_port : a.in6.sin6_port);
 	char buf[4096];
 	struct ctl_resp resp;
-	int ufd;
+	int ufd[CTL_MAXFD];
 	/* exnd takes the port from the socket itself and checks it listens. */
-	int c = ctl_call(CTL_OP_LISTEN, 0, fd, buf, sizeof buf, &resp, &ufd);
-	if (ufd >= 0)
-		real_close(ufd);
+	int c = ctl_call(CTL_OP_LISTEN, 0, fd, buf, sizeof buf, &resp, ufd);
+	close_fds(ufd);
 	if (c == CTL_OK) {
 		lock();
 		struct fdent *e = ent(fd);
@@ -896,16 +925,15 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		}
 		char buf[4096];
 		struct ctl_resp resp;
-		int ufd;
-		int c = ctl_call(CTL_OP_ACCEPT, 0, fd, buf, sizeof buf, &resp, &ufd);
+		int ufd[CTL_MAXFD];
+		int c = ctl_call(CTL_OP_ACCEPT, (unsigned)g_direct, fd, buf, sizeof buf, &resp, ufd);
 		if (c == CTL_NOCONN) {
 			dbg("accept fd %d: no exnd, plain TCP", fd);
 			errno = saved;
 			return fd;
 		}
-		if (c == CTL_OK && resp.mode != CTL_MODE_EXTDS) {
-			if (ufd >= 0)
-				real_close(ufd);
+		if (c == CTL_OK && resp.mode != CTL_MODE_EXTDS && resp.mode != CTL_MODE_DIRECT) {
+			close_fds(ufd);
 			int fl = real_fcntl(fd, F_GETFL);
 			if (fl >= 0 && !!(fl & O_NONBLOCK) != !!(flags & SOCK_NONBLOCK))
 				real_fcntl(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
@@ -913,10 +941,11 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			errno = saved;
 			return fd;
 		}
-		if (c == CTL_OK && ufd >= 0) {
+		if (c == CTL_OK && ufd[0] >= 0) {
 			uint64_t id = resp.id;
-			if (do_switch(fd, ufd, (flags & SOCK_CLOEXEC) != 0, (flags & SOCK_NONBLOCK) != 0, id) == 0) {
-				dbg("accept fd %d: EXT-DS id %llu", fd, (unsigned long long)id);
+			if (switch_to(fd, &resp, ufd, (flags & SOCK_CLOEXEC) != 0, (flags & SOCK_NONBLOCK) != 0) == 0) {
+				dbg("accept fd %d: EXT-DS id %llu, %s", fd, (unsigned long long)id,
+				    resp.mode == CTL_MODE_DIRECT ? "direct" : "relay");
 				errno = saved;
 				return fd;
 			}
@@ -956,12 +985,14 @@ EXPORT int close(int fd)
 {
 	INIT();
 	struct fdent *e = ent(fd);
-	if (!e || (!e->flags && !g_nep))
+	if (!e || (!e->flags && !g_nep && !g_ndep))
 		return real_close(fd);
 	int port = 0;
 	lock();
 	if (g_nep)
 		ep_drop_epfd_locked(fd);
+	if (g_ndep)
+		direct_epfd_closed_locked(fd);
 	/* exnd drops the registration only if the socket is gone (no other
 	 * process, e.g. a forked worker, still has it), so any process may
 	 * say it closed its last copy. */
@@ -974,10 +1005,9 @@ EXPORT int close(int fd)
 		int saved = errno;
 		char buf[4096];
 		struct ctl_resp resp;
-		int ufd;
-		ctl_call(CTL_OP_UNLISTEN, (unsigned)port, -1, buf, sizeof buf, &resp, &ufd);
-		if (ufd >= 0)
-			real_close(ufd);
+		int ufd[CTL_MAXFD];
+		ctl_call(CTL_OP_UNLISTEN, (unsigned)port, -1, buf, sizeof buf, &resp, ufd);
+		close_fds(ufd);
 		dbg("close fd %d: port %d unregistered", fd, port);
 		errno = saved;
 	}
@@ -998,6 +1028,8 @@ static void dup_copy(int oldfd, int newfd)
 		*n = *o;
 		n->nreg = 0;
 		n->flags &= ~F_EPOVF;
+		if (n->flags & F_DIRECT)
+			direct_ref_locked(n);
 	}
 	unlock();
 }
@@ -1035,6 +1067,11 @@ static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, void *arg)
 	int r = f(fd, cmd, arg);
 	if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))
 		dup_copy(fd, r);
+	if (r >= 0 && cmd == F_SETFL) {
+		int saved = errno;
+		direct_setfl(fd, (long)arg);
+		errno = saved;
+	}
 	return r;
 }
 
@@ -1061,7 +1098,10 @@ EXPORT int fcntl64(int fd, int cmd, ...)
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	INIT();
-	int r = real_epoll_ctl(epfd, op, fd, ev);
+	int r;
+	if (d_epoll_ctl(epfd, op, fd, ev, &r))
+		return r;
+	r = real_epoll_ctl(epfd, op, fd, ev);
 	/* Only sockets that may still switch (tracked, not connected through
 	 * the shim yet, not listening) need their registrations recorded. */
 	int fl = fdflags(fd);
@@ -1174,6 +1214,12 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 			return put_int(val, len, !!(e.flags & F_KEEPALIVE));
 		case SO_ACCEPTCONN:
 			return put_int(val, len, 0);
+		case SO_ERROR: {
+			struct dconn *c = dcof(fd);
+			if (!c)
+				return real_getsockopt(fd, level, name, val, len);
+			return put_int(val, len, dring_error(&c->d));
+		}
 		default:
 			return real_getsockopt(fd, level, name, val, len);
 		}
@@ -1338,6 +1384,10 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t alen)
 {
 	INIT();
+	struct iovec v = {(void *)buf, n};
+	ssize_t d = d_send(fd, &v, 1, flags);
+	if (d != NOT_DIRECT)
+		return d;
 	if (addr && (fdflags(fd) & F_SWITCHED))
 		addr = NULL, alen = 0;
 	return real_sendto(fd, buf, n, flags, addr, alen);
@@ -1346,6 +1396,15 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
 	INIT();
+	if (msg && dcof(fd)) {
+		if (msg->msg_iovlen > IOV_MAX) {
+			errno = EMSGSIZE;
+			return -1;
+		}
+		ssize_t d = d_send(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
+		if (d != NOT_DIRECT)
+			return d;
+	}
 	if (msg && msg->msg_name && (fdflags(fd) & F_SWITCHED)) {
 		struct msghdr m = *msg;
 		m.msg_name = NULL;
@@ -1358,6 +1417,13 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *alen)
 {
 	INIT();
+	struct iovec v = {buf, n};
+	ssize_t d = d_recv(fd, &v, 1, flags);
+	if (d != NOT_DIRECT) {
+		if (d >= 0 && addr && alen)
+			*alen = 0;
+		return d;
+	}
 	if (addr && (fdflags(fd) & F_SWITCHED)) {
 		ssize_t r = real_recvfrom(fd, buf, n, flags, NULL, NULL);
 		if (r >= 0 && alen)
@@ -1367,9 +1433,32 @@ EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr 
 	return real_recvfrom(fd, buf, n, flags, addr, alen);
 }
 
+EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags, struct sockaddr *addr,
+			      socklen_t *alen)
+{
+	if (n > buflen)
+		abort();
+	return recvfrom(fd, buf, n, flags, addr, alen);
+}
+
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
 	INIT();
+	if (msg && dcof(fd)) {
+		if (msg->msg_iovlen > IOV_MAX) {
+			errno = EMSGSIZE;
+			return -1;
+		}
+		ssize_t d = d_recv(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
+		if (d != NOT_DIRECT) {
+			if (d >= 0) {
+				msg->msg_namelen = 0;
+				msg->msg_controllen = 0;
+				msg->msg_flags = 0;
+			}
+			return d;
+		}
+	}
 	ssize_t r = real_recvmsg(fd, msg, flags);
 	if (r >= 0 && msg && msg->msg_name && (fdflags(fd) & F_SWITCHED))
 		msg->msg_namelen = 0;

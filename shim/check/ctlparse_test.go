@@ -112,8 +112,9 @@ func cParse(t testing.TB, line []byte) string {
 // decoded is what a response line means to the shim.
 type decoded struct {
 	OK                bool
-	Mode              int // 0 none, 1 tcp, 2 extds, 3 other
+	Mode              int // 0 none, 1 tcp, 2 extds, 3 other, 4 direct
 	Version, Port, ID uint64
+	Side, Ring        uint64
 	Reason            string
 	ReasonPlain       bool
 }
@@ -125,7 +126,7 @@ func parseC(s string) (decoded, bool) {
 	var d decoded
 	var ok, plain int
 	f := strings.SplitN(s, " reason=", 2)
-	if _, err := fmt.Sscanf(f[0], "OK ok=%d mode=%d version=%d port=%d id=%d plain=%d", &ok, &d.Mode, &d.Version, &d.Port, &d.ID, &plain); err != nil || len(f) != 2 {
+	if _, err := fmt.Sscanf(f[0], "OK ok=%d mode=%d version=%d port=%d id=%d side=%d ring=%d plain=%d", &ok, &d.Mode, &d.Version, &d.Port, &d.ID, &d.Side, &d.Ring, &plain); err != nil || len(f) != 2 {
 		panic(fmt.Sprintf("harness line %q: %v", s, err))
 	}
 	d.OK, d.ReasonPlain, d.Reason = ok == 1, plain == 1, f[1]
@@ -148,21 +149,35 @@ func goDecode(line []byte) (decoded, error) {
 		ID      uint64 `json:"id"`
 		Mode    string `json:"mode"`
 		Reason  string `json:"reason"`
+		Side    uint64 `json:"side"`
+		Ring    uint64 `json:"ring"`
 	}
 	if err := json.Unmarshal(resp.Data, &v); err != nil {
 		return decoded{}, err
 	}
-	d.Version, d.Port, d.ID, d.Reason = v.Version, v.Port, v.ID, v.Reason
+	d.Version, d.Port, d.ID, d.Reason, d.Side, d.Ring = v.Version, v.Port, v.ID, v.Reason, v.Side, v.Ring
 	switch v.Mode {
 	case "":
 	case "tcp":
 		d.Mode = 1
 	case "extds":
 		d.Mode = 2
+	case "direct":
+		d.Mode = 4
 	default:
 		d.Mode = 3
 	}
 	return d, nil
+}
+
+// directResult is the data of a "direct" answer to shim-connect /
+// shim-accept (docs/direct.md, "What the program gets"), keys in that
+// order; exnd's type lives with its shim server.
+type directResult struct {
+	Mode string `json:"mode"`
+	ID   uint64 `json:"id"`
+	Side int    `json:"side"`
+	Ring uint64 `json:"ring"`
 }
 
 // protoResponse is one response of the protocol table (docs/shim.md).
@@ -185,6 +200,10 @@ func protoResponses() []protoResponse {
 		{op: "shim-unlisten", v: struct{}{}, want: decoded{OK: true, ReasonPlain: true}},
 		{op: "shim-connect", v: shimsrv.SwitchResult{Mode: "extds", ID: 1}, want: decoded{OK: true, Mode: 2, ID: 1, ReasonPlain: true}},
 		{op: "shim-accept", v: shimsrv.SwitchResult{Mode: "extds", ID: math.MaxUint64}, want: decoded{OK: true, Mode: 2, ID: math.MaxUint64, ReasonPlain: true}, notDoc: true},
+		{op: "shim-connect", v: directResult{Mode: "direct", ID: 5, Side: 0, Ring: 1 << 20},
+			want: decoded{OK: true, Mode: 4, ID: 5, Ring: 1 << 20, ReasonPlain: true}},
+		{op: "shim-accept", v: directResult{Mode: "direct", ID: math.MaxUint64, Side: 1, Ring: 64 << 20},
+			want: decoded{OK: true, Mode: 4, ID: math.MaxUint64, Side: 1, Ring: 64 << 20, ReasonPlain: true}, notDoc: true},
 		{op: "shim-hello", err: fmt.Errorf(`shim-hello: version "1" not supported (this exnd speaks 2)`), want: decoded{ReasonPlain: true}},
 		{op: "shim-connect", err: fmt.Errorf("shim-connect: <tag> & \\ \"é\"\t"), want: decoded{ReasonPlain: true}},
 	}
@@ -279,7 +298,7 @@ func TestCtlRequests(t *testing.T) {
 	}
 	want := map[string]string{ // "op arg" of ctlharness → the line
 		"0 0": "shim-hello 2", "1 0": "shim-listen", "2 1": "shim-unlisten 1", "2 8080": "shim-unlisten 8080",
-		"2 65535": "shim-unlisten 65535", "2 0": "ERR", "2 65536": "ERR", "3 0": "shim-connect", "4 0": "shim-accept", "99 0": "ERR",
+		"2 65535": "shim-unlisten 65535", "2 0": "ERR", "2 65536": "ERR", "3 0": "shim-connect", "4 0": "shim-accept", "3 1": "shim-connect direct", "4 1": "shim-accept direct", "5 0": "shim-relay", "99 0": "ERR",
 	}
 	type call struct {
 		op   string
@@ -288,7 +307,7 @@ func TestCtlRequests(t *testing.T) {
 	var mu sync.Mutex
 	var calls []call
 	s := control.NewServer(nil)
-	for _, op := range []string{"shim-hello", "shim-listen", "shim-unlisten", "shim-connect", "shim-accept"} {
+	for _, op := range []string{"shim-hello", "shim-listen", "shim-unlisten", "shim-connect", "shim-accept", "shim-relay"} {
 		s.Handle(op, func(_ context.Context, args []string) (any, error) {
 			mu.Lock()
 			calls = append(calls, call{op, args})
@@ -340,7 +359,7 @@ func TestCtlRequests(t *testing.T) {
 // and whatever it accepts, Go decodes to the same values.
 func FuzzCtlParse(f *testing.F) {
 	for _, s := range []string{
-		`{"ok":true,"data":{"version":2}}`, `{"ok":true,"data":{"mode":"extds","id":7}}`,
+		`{"ok":true,"data":{"version":2}}`, `{"ok":true,"data":{"mode":"extds","id":7}}`, `{"ok":true,"data":{"mode":"direct","id":7,"side":1,"ring":4096}}`,
 		`{"ok":true,"data":{"mode":"tcp","reason":"no_claim"}}`, `{"ok":false,"error":"x \"y\" \u003c"}`,
 		`{"ok":true,"data":{"port":80}}`, `{"ok":true,"data":{}}`, `{"ok":true}`, `{"ok":true,"data":null}`,
 		`{"ok":true,"data":{"mode":"extds","id":1},"data":{"mode":"tcp"}}`, `{"OK":true}`, `{"ok":true,"data":{"ID":5}}`,

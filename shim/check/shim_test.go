@@ -43,7 +43,7 @@ func build(t testing.TB) (lib, prog string) {
 			return
 		}
 		for _, args := range [][]string{
-			{"-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), "-ldl"},
+			{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"},
 			{"-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), filepath.Join(src, "test", "shimtest.c")},
 		} {
 			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
@@ -135,8 +135,10 @@ func newFake(t *testing.T, mode string) *fakeExnd {
 	for _, op := range []string{"shim-connect", "shim-accept"} {
 		f.srv.HandleFD(op, func(_ context.Context, req *control.Request) (any, []*os.File, error) {
 			f.record(op, req.Args)
-			if len(req.Files) != 1 || len(req.Args) != 0 {
-				return nil, nil, errors.New("want one descriptor and no arguments")
+			// "direct" asks for a direct connection (docs/direct.md); this
+			// fake relays, as an exnd that cannot do direct does.
+			if len(req.Files) != 1 || len(req.Args) > 1 || (len(req.Args) == 1 && req.Args[0] != "direct") {
+				return nil, nil, errors.New("want one descriptor and no argument but direct")
 			}
 			switch f.mode.Load().(string) {
 			case "tcp":

@@ -4,7 +4,7 @@
  *
  *   ctlharness parse   stdin: records (u32 little-endian length, bytes);
  *                      stdout: one line per record, "ERR" or
- *                      "OK ok=%d mode=%d version=%llu port=%llu id=%llu plain=%d reason=%s"
+ *                      "OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu plain=%d reason=%s"
  *   ctlharness req     stdout: every request ctl_req encodes, one per line,
  *                      as "OP ARG <encoded line>" ("ERR" where it refuses)
  */
@@ -31,8 +31,9 @@ static int parse_loop(void)
 		if (ctl_parse(in, n, &r) < 0)
 			printf("ERR\n");
 		else
-			printf("OK ok=%d mode=%d version=%llu port=%llu id=%llu plain=%d reason=%s\n", r.ok, r.mode,
-			       (unsigned long long)r.version, (unsigned long long)r.port, (unsigned long long)r.id,
+			printf("OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu plain=%d reason=%s\n",
+			       r.ok, r.mode, (unsigned long long)r.version, (unsigned long long)r.port,
+			       (unsigned long long)r.id, (unsigned long long)r.side, (unsigned long long)r.ring,
 			       r.reason_plain, r.reason_plain ? r.reason : "");
 		free(in);
 		fflush(stdout);
@@ -49,7 +50,7 @@ int main(int argc, char **argv)
 			unsigned arg;
 		} reqs[] = {{CTL_OP_HELLO, 0},	   {CTL_OP_LISTEN, 0},	      {CTL_OP_UNLISTEN, 1},    {CTL_OP_UNLISTEN, 8080},
 			    {CTL_OP_UNLISTEN, 65535}, {CTL_OP_UNLISTEN, 0},	      {CTL_OP_UNLISTEN, 65536}, {CTL_OP_CONNECT, 0},
-			    {CTL_OP_ACCEPT, 0},	   {(enum ctl_op)99, 0}};
+			    {CTL_OP_ACCEPT, 0},	   {CTL_OP_CONNECT, 1},	      {CTL_OP_ACCEPT, 1},	 {CTL_OP_RELAY, 0},	      {(enum ctl_op)99, 0}};
 		for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) {
 			char line[64];
 			int n = ctl_req(line, sizeof line, reqs[i].op, reqs[i].arg);

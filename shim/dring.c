@@ -1,0 +1,588 @@
+/*
+ * dring.c: the shared connection buffer of a direct EXT-DS connection
+ * (docs/direct.md), two single-producer single-consumer byte rings with
+ * their cursors in shared memory. See dring.h for the contract.
+ *
+ * Data path: a producer copies into its outbound ring, publishes tail
+ * (seq_cst, after the data) and, only if consumers are parked
+ * (cons_wait > 0, a count), writes one byte to the peer's data bell; a
+ * consumer does the same with head, prod_wait and the peer's space bell.
+ * A waiter spins for EXDD_SPIN_NS, then counts itself in (seq_cst add),
+ * re-checks, and parks in poll({my data or space bell, V}): the Dekker
+ * pair "add to the count, load the cursor" / "store the cursor, load the
+ * count" guarantees that one of the two sees the other. V is in every
+ * park so that exnd's death (V hangs up) and the relay after exec
+ * (relay[S], V readable) end the wait. Two bells per side, so a reader
+ * never drains a byte meant for a writer; the baton (a waiter that leaves
+ * work behind while others of its kind are parked rings its own bell)
+ * covers two waiters of one kind, since the first to drain empties the
+ * FIFO before the other's poll looks.
+ *
+ * Nothing in the mapping is trusted: every cursor load checks
+ * tail - head <= R (unsigned), every index is reduced mod R, and a
+ * violation fails the connection (EIO here, rst for both sides).
+ *
+ * System calls go through syscall(2): the shim interposes poll, read,
+ * write, getsockopt, close... on V's number, and must not see its own.
+ * errno may be clobbered; results are returned as negative errno values.
+ */
+#define _GNU_SOURCE
+#include "dring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(struct dring_ctl) == 1024, "control block is 1024 bytes");
+_Static_assert(offsetof(struct dring_ctl, head) == 128, "head at +128");
+_Static_assert(offsetof(struct dring_ctl, rd_closed) == 144, "rd_closed at +144");
+_Static_assert(offsetof(struct dring_ctl, prod_wait) == 12 && offsetof(struct dring_ctl, cons_wait) == 136,
+	       "wait counts");
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define LD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
+
+#define HDR_MAGIC 0
+#define HDR_VERSION 4
+#define HDR_RING 8
+#define HDR_SIZE 16
+#define HDR_RELAY 64
+
+static void sys_close(int fd) { syscall(SYS_close, fd); }
+
+static void ring_fd(int fd)
+{
+	char b = 1;
+	if (fd >= 0)
+		(void)syscall(SYS_write, fd, &b, 1); /* EAGAIN: a byte is pending, enough */
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
+int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int bells[4], int v)
+{
+	memset(d, 0, sizeof *d);
+	d->dbell = d->sbell = d->peer_dbell = d->peer_sbell = d->v = -1;
+	struct stat st;
+	size_t len = EXDD_HDR + 2 * (size_t)ring;
+	if ((side != 0 && side != 1) || ring < EXDD_RING_MIN || ring > EXDD_RING_MAX || (ring & (ring - 1)) ||
+	    fstat(bufd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != len) {
+		sys_close(bufd);
+		return -EINVAL;
+	}
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, bufd, 0);
+	int e = errno;
+	sys_close(bufd);
+	if (p == MAP_FAILED)
+		return -e;
+	uint8_t *b = p;
+	if (LD((uint32_t *)(b + HDR_MAGIC)) != EXDD_MAGIC || LD((uint32_t *)(b + HDR_VERSION)) != EXDD_VERSION ||
+	    LD((uint32_t *)(b + HDR_RING)) != ring || LD((uint64_t *)(b + HDR_SIZE)) != len) {
+		munmap(p, len);
+		return -EINVAL;
+	}
+	d->base = b;
+	d->len = len;
+	d->ring = ring;
+	d->side = side;
+	d->out = (struct dring_ctl *)(b + 1024 + 1024 * side);
+	d->in = (struct dring_ctl *)(b + 1024 + 1024 * (1 - side));
+	d->outdata = b + EXDD_HDR + (size_t)side * ring;
+	d->indata = b + EXDD_HDR + (size_t)(1 - side) * ring;
+	d->dbell = bells[0];
+	d->sbell = bells[1];
+	d->peer_dbell = bells[2];
+	d->peer_sbell = bells[3];
+	for (int i = 0; i < 4; i++) {
+		long fl = bells[i] >= 0 ? syscall(SYS_fcntl, bells[i], F_GETFL) : -1;
+		if (fl >= 0 && !(fl & O_NONBLOCK))
+			syscall(SYS_fcntl, bells[i], F_SETFL, fl | O_NONBLOCK);
+	}
+	d->v = v;
+	return 0;
+}
+
+void dring_detach(struct dring *d)
+{
+	if (d->base)
+		munmap(d->base, d->len);
+	d->base = NULL;
+}
+
+int dring_relayed(const struct dring *d) { return LD((uint32_t *)(d->base + HDR_RELAY + 4 * d->side)) != 0; }
+
+void dring_rst(struct dring *d)
+{
+	ST(&d->in->rst, 1);
+	ST(&d->out->rst, 1);
+	ring_fd(d->peer_dbell);
+	ring_fd(d->peer_sbell);
+	ring_fd(d->dbell); /* other waiters of this side (threads, forked children) */
+	ring_fd(d->sbell);
+}
+
+static int fail(struct dring *d)
+{
+	d->failed = 1;
+	dring_rst(d);
+	return -EIO;
+}
+
+static int is_reset(struct dring *d) { return d->failed || LD(&d->in->rst) || LD(&d->out->rst); }
+
+int dring_error(struct dring *d)
+{
+	if (d->failed)
+		return EIO;
+	return is_reset(d) ? ECONNRESET : 0;
+}
+
+void dring_fin(struct dring *d)
+{
+	ST(&d->out->fin, 1);
+	if (LD_SC(&d->out->cons_wait))
+		ring_fd(d->peer_dbell);
+}
+
+void dring_shut_rd(struct dring *d) { d->rd_shut = 1; }
+
+void dring_rd_closed(struct dring *d)
+{
+	ST(&d->in->rd_closed, 1);
+	if (LD_SC(&d->in->prod_wait))
+		ring_fd(d->peer_sbell);
+}
+
+void dring_drain(int bell)
+{
+	char b[64];
+	while (syscall(SYS_read, bell, b, sizeof b) > 0)
+		;
+}
+
+/* Bytes in the inbound ring, or -1 (forged cursor: failed). */
+static int64_t in_avail(struct dring *d)
+{
+	uint64_t t = LD(&d->in->tail), h = LD(&d->in->head);
+	if (t - h > d->ring) {
+		fail(d);
+		return -1;
+	}
+	return (int64_t)(t - h);
+}
+
+/* Free bytes in the outbound ring, or -1. */
+static int64_t out_space(struct dring *d)
+{
+	uint64_t t = LD(&d->out->tail), h = LD(&d->out->head);
+	if (t - h > d->ring) {
+		fail(d);
+		return -1;
+	}
+	return (int64_t)(d->ring - (t - h));
+}
+
+long dring_nread(struct dring *d)
+{
+	int64_t a = in_avail(d);
+	return a < 0 ? -EIO : (long)a;
+}
+
+unsigned dring_ready(struct dring *d)
+{
+	const unsigned all = POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLERR | POLLHUP;
+	if (is_reset(d))
+		return all;
+	unsigned m = 0;
+	uint32_t fin = LD(&d->in->fin);
+	int64_t a = in_avail(d), s = out_space(d);
+	if (a < 0 || s < 0)
+		return all;
+	if (a > 0 || fin || d->rd_shut)
+		m |= POLLIN | POLLRDNORM;
+	if (fin || d->rd_shut)
+		m |= POLLRDHUP;
+	uint32_t myfin = LD(&d->out->fin);
+	if (s > 0 || myfin || LD(&d->out->rd_closed))
+		m |= POLLOUT | POLLWRNORM;
+	if (fin && myfin)
+		m |= POLLHUP;
+	return m;
+}
+
+#define EV_IN (POLLIN | POLLRDNORM | POLLRDHUP)
+#define EV_OUT (POLLOUT | POLLWRNORM)
+
+unsigned dring_arm(struct dring *d, unsigned events)
+{
+	if (events & EV_IN)
+		ADD(&d->in->cons_wait, 1);
+	if (events & EV_OUT)
+		ADD(&d->out->prod_wait, 1);
+	return dring_ready(d);
+}
+
+static void baton(struct dring *d, int w);
+
+void dring_disarm(struct dring *d, unsigned events)
+{
+	if (events & EV_IN) {
+		ADD(&d->in->cons_wait, -1u);
+		dring_drain(d->dbell);
+		baton(d, 0);
+	}
+	if (events & EV_OUT) {
+		ADD(&d->out->prod_wait, -1u);
+		dring_drain(d->sbell);
+		baton(d, 1);
+	}
+}
+
+/* ---- waiting ---- */
+
+enum { W_READ, W_WRITE };
+
+/* Whether a waiter of kind w can go on. */
+static int wait_over(struct dring *d, int w)
+{
+	if (is_reset(d) || dring_relayed(d))
+		return 1;
+	if (w == W_READ) {
+		if (LD(&d->in->fin))
+			return 1;
+		return in_avail(d) != 0; /* -1: failed */
+	}
+	if (LD(&d->out->rd_closed) || LD(&d->out->fin))
+		return 1;
+	return out_space(d) != 0;
+}
+
+/* The baton: after draining my bell of kind w, ring it again if another
+ * waiter of that kind is parked and may go on (it may have lost the race
+ * for the byte). The caller is not counted any more. */
+static void baton(struct dring *d, int w)
+{
+	if (w == W_READ ? LD_SC(&d->in->cons_wait) && wait_over(d, W_READ)
+			: LD_SC(&d->out->prod_wait) && wait_over(d, W_WRITE))
+		ring_fd(w == W_READ ? d->dbell : d->sbell);
+}
+
+struct waitst {
+	int64_t deadline; /* ns, CLOCK_MONOTONIC; 0: none yet */
+	int timeo_read;   /* SO_*TIMEO looked up */
+};
+
+/*
+ * Wait until a waiter of kind w may go on: spin, then arm and park. 0
+ * (look again), -EAGAIN (timeout), -EINTR, -ECONNRESET (V hung up: exnd
+ * is gone), -EIO.
+ */
+static int park(struct dring *d, int w, struct waitst *ws);
+
+static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
+{
+	int64_t t0 = now_ns();
+	for (unsigned i = 0;; i++) {
+		if (wait_over(d, w))
+			return 0;
+		relax();
+		if ((i & 63) == 63 && now_ns() - t0 >= EXDD_SPIN_NS)
+			break;
+	}
+	if ((flags & DRING_TIMEO) && !ws->timeo_read) {
+		struct timeval tv = {0, 0};
+		socklen_t l = sizeof tv;
+		ws->timeo_read = 1;
+		if (syscall(SYS_getsockopt, d->v, SOL_SOCKET, w == W_READ ? SO_RCVTIMEO : SO_SNDTIMEO, &tv, &l) == 0 &&
+		    (tv.tv_sec || tv.tv_usec))
+			ws->deadline = t0 + (int64_t)tv.tv_sec * 1000000000 + (int64_t)tv.tv_usec * 1000;
+	}
+	uint32_t *nwait = w == W_READ ? &d->in->cons_wait : &d->out->prod_wait;
+	ADD(nwait, 1);
+	int r = park(d, w, ws);
+	ADD(nwait, -1u);
+	if (r == 1) {
+		dring_drain(w == W_READ ? d->dbell : d->sbell);
+		baton(d, w);
+		r = 0;
+	}
+	return r;
+}
+
+/* The park of wait_for: 1 (my bell rang), 0, or -errno. */
+static int park(struct dring *d, int w, struct waitst *ws)
+{
+	for (;;) {
+		if (wait_over(d, w))
+			return 0;
+		struct timespec ts, *tp = NULL;
+		if (ws->deadline) {
+			int64_t left = ws->deadline - now_ns();
+			if (left <= 0)
+				return -EAGAIN;
+			ts.tv_sec = left / 1000000000;
+			ts.tv_nsec = left % 1000000000;
+			tp = &ts;
+		}
+		struct pollfd p[2] = {{w == W_READ ? d->dbell : d->sbell, POLLIN, 0}, {d->v, POLLIN, 0}};
+		long r = syscall(SYS_ppoll, p, d->v >= 0 ? 2 : 1, tp, NULL, (size_t)8);
+		if (r < 0) {
+			if (errno == EINTR)
+				return -EINTR;
+			return -errno;
+		}
+		if (p[1].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+			dring_rst(d);
+			return -ECONNRESET;
+		}
+		if (p[1].revents & POLLIN) {
+			/* exnd writes E only after storing relay[S] */
+			if (!dring_relayed(d))
+				return fail(d);
+			return 0;
+		}
+		if (p[0].revents & POLLIN)
+			return 1;
+		if (r == 0)
+			continue; /* timeout: the loop head decides */
+	}
+}
+
+/* ---- copying ---- */
+
+/* A position in an iovec array. */
+struct iovcur {
+	const struct iovec *iov;
+	int n, i;
+	size_t off;
+};
+
+static size_t iov_total(const struct iovec *iov, int n, int *bad)
+{
+	size_t t = 0;
+	*bad = n < 0;
+	for (int i = 0; i < n; i++) {
+		if (iov[i].iov_len > (size_t)SSIZE_MAX - t) {
+			*bad = 1;
+			return 0;
+		}
+		t += iov[i].iov_len;
+	}
+	return t;
+}
+
+/* Copy n bytes between ring data (at stream position pos) and the iovec
+ * cursor; to_ring: from the iovecs into the ring. */
+static void ring_copy(uint8_t *data, uint32_t ring, uint64_t pos, struct iovcur *c, size_t n, int to_ring)
+{
+	while (n > 0) {
+		while (c->iov[c->i].iov_len == c->off) {
+			c->i++;
+			c->off = 0;
+		}
+		size_t r = (size_t)(pos & (ring - 1));
+		size_t k = ring - r;
+		size_t seg = c->iov[c->i].iov_len - c->off;
+		if (k > seg)
+			k = seg;
+		if (k > n)
+			k = n;
+		uint8_t *u = (uint8_t *)c->iov[c->i].iov_base + c->off;
+		if (to_ring)
+			memcpy(data + r, u, k);
+		else if (u)
+			memcpy(u, data + r, k);
+		c->off += k;
+		pos += k;
+		n -= k;
+	}
+}
+
+/* ---- locks: futex, process-shared (no FUTEX_PRIVATE_FLAG) ---- */
+
+static int lk_acquire(uint32_t *l, int nonblock)
+{
+	uint32_t c = 0;
+	if (__atomic_compare_exchange_n(l, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		return 0;
+	if (nonblock)
+		return -EAGAIN;
+	if (c != 2)
+		c = __atomic_exchange_n(l, 2, __ATOMIC_ACQUIRE);
+	while (c != 0) {
+		if (syscall(SYS_futex, l, FUTEX_WAIT, 2, NULL, NULL, 0) < 0 && errno == EINTR)
+			return -EINTR;
+		c = __atomic_exchange_n(l, 2, __ATOMIC_ACQUIRE);
+	}
+	return 0;
+}
+
+static void lk_release(uint32_t *l)
+{
+	if (__atomic_exchange_n(l, 0, __ATOMIC_RELEASE) == 2)
+		syscall(SYS_futex, l, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/* ---- data calls ---- */
+
+ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
+{
+	int bad;
+	size_t want = iov_total(iov, iovcnt, &bad);
+	if (bad)
+		return -EINVAL;
+	if (dring_relayed(d))
+		return -DRING_RELAYED;
+	int r = lk_acquire(&d->out->prod_lock, flags & DRING_NONBLOCK);
+	if (r < 0)
+		return r;
+	struct iovcur c = {iov, iovcnt, 0, 0};
+	struct waitst ws = {0, 0};
+	size_t done = 0;
+	ssize_t err = 0;
+	for (;;) {
+		if (dring_relayed(d)) {
+			err = -DRING_RELAYED;
+			break;
+		}
+		if (is_reset(d)) {
+			err = d->failed ? -EIO : -ECONNRESET;
+			break;
+		}
+		if (LD(&d->out->rd_closed) || LD(&d->out->fin)) {
+			err = -EPIPE;
+			break;
+		}
+		if (done == want)
+			break;
+		int64_t space = out_space(d);
+		if (space < 0) {
+			err = -EIO;
+			break;
+		}
+		if (space == 0) {
+			if (flags & DRING_NONBLOCK) {
+				err = -EAGAIN;
+				break;
+			}
+			if ((err = wait_for(d, W_WRITE, flags, &ws)) < 0)
+				break;
+			continue;
+		}
+		size_t n = want - done < (size_t)space ? want - done : (size_t)space;
+		uint64_t t = LD(&d->out->tail);
+		ring_copy(d->outdata, d->ring, t, &c, n, 1);
+		ST(&d->out->tail, t + n);
+		if (LD_SC(&d->out->cons_wait))
+			ring_fd(d->peer_dbell);
+		done += n;
+	}
+	lk_release(&d->out->prod_lock);
+	baton(d, W_WRITE); /* space left for another parked writer */
+	if (done > 0) /* what is in the ring is delivered, also by a relay */
+		return (ssize_t)done;
+	return err;
+}
+
+ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
+{
+	int bad;
+	size_t want = iov_total(iov, iovcnt, &bad);
+	if (bad)
+		return -EINVAL;
+	if (dring_relayed(d))
+		return -DRING_RELAYED;
+	int r = lk_acquire(&d->in->cons_lock, flags & DRING_NONBLOCK);
+	if (r < 0)
+		return r;
+	struct iovcur c = {iov, iovcnt, 0, 0};
+	struct waitst ws = {0, 0};
+	size_t done = 0;
+	ssize_t err = 0;
+	for (;;) {
+		if (dring_relayed(d)) {
+			err = -DRING_RELAYED;
+			break;
+		}
+		if (is_reset(d)) {
+			/* TCP drops what was not read when the reset comes */
+			err = d->failed ? -EIO : -ECONNRESET;
+			break;
+		}
+		if (d->rd_shut || done == want)
+			break;
+		uint32_t fin = LD(&d->in->fin);
+		int64_t a = in_avail(d);
+		if (a < 0) {
+			err = -EIO;
+			break;
+		}
+		if (a == 0) {
+			if (fin || (done > 0 && !(flags & DRING_WAITALL)))
+				break;
+			if (flags & DRING_NONBLOCK) {
+				err = -EAGAIN;
+				break;
+			}
+			if ((err = wait_for(d, W_READ, flags, &ws)) < 0)
+				break;
+			continue;
+		}
+		size_t n = want - done < (size_t)a ? want - done : (size_t)a;
+		uint64_t h = LD(&d->in->head);
+		if (!(flags & DRING_TRUNC))
+			ring_copy(d->indata, d->ring, h, &c, n, 0);
+		done += n;
+		if (flags & DRING_PEEK)
+			break;
+		ST(&d->in->head, h + n);
+		if (LD_SC(&d->in->prod_wait))
+			ring_fd(d->peer_sbell);
+		if (!(flags & DRING_WAITALL))
+			break;
+	}
+	lk_release(&d->in->cons_lock);
+	if (!(flags & DRING_PEEK))
+		baton(d, W_READ); /* bytes left for another parked reader */
+	if (done > 0)
+		return (ssize_t)done;
+	return err;
+}
+
+ssize_t dring_write(struct dring *d, const void *buf, size_t n, int flags)
+{
+	struct iovec v = {(void *)buf, n};
+	return dring_writev(d, &v, 1, flags);
+}
+
+ssize_t dring_read(struct dring *d, void *buf, size_t n, int flags)
+{
+	struct iovec v = {buf, n};
+	return dring_readv(d, &v, 1, flags);
+}

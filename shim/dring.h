@@ -1,0 +1,163 @@
+/*
+ * dring.h: the connection buffer of a direct EXT-DS connection
+ * (docs/direct.md), as the shim (and shim/test/dring_test.c) use it.
+ *
+ * One struct dring describes one process's view of one connection: the
+ * mapping, its side S, the three descriptors it parks on and rings (my
+ * bell, peer bell, V) and process-local state (local EIO, SHUT_RD). The
+ * caller owns the struct and its storage (the shim's table); dring.c has
+ * no global state, allocates nothing, starts no thread, and makes its
+ * system calls with syscall(2) so that an LD_PRELOAD shim that links it
+ * never sees them (V is the application's descriptor number).
+ *
+ * Concurrency: any number of threads and forked processes of one side may
+ * call every function at once on structs describing the same mapping;
+ * writers of a direction serialise on its prod_lock, readers on its
+ * cons_lock (process-shared futexes in the buffer), so each write is
+ * contiguous in the stream.
+ *
+ * Errors are returned as negative errno values; nothing sets errno.
+ */
+#ifndef EXN_DRING_H
+#define EXN_DRING_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#define DRING_API __attribute__((visibility("hidden")))
+
+#define EXDD_MAGIC 0x44445845u /* "EXDD" */
+#define EXDD_VERSION 1u
+#define EXDD_HDR 4096u
+#define EXDD_RING_MIN 4096u
+#define EXDD_RING_MAX (64u << 20)
+
+/*
+ * Spin budget before parking on the bell: 20 µs, the same measurement as
+ * extds.connSpinBudget (docs/wakeup.md): a peer that answers within a
+ * ping-pong round trip is caught without a syscall on either side, and an
+ * idle connection costs at most one budget of CPU before it sleeps.
+ */
+#define EXDD_SPIN_NS 20000L
+
+/* Returned (negated) by the data calls once relay[S] is set: use V as a
+ * plain kernel socket from now on. Not an errno value. */
+#define DRING_RELAYED 10000
+
+/* Flags of the data calls. */
+enum {
+	DRING_NONBLOCK = 1 << 0, /* MSG_DONTWAIT / O_NONBLOCK */
+	DRING_PEEK = 1 << 1,     /* MSG_PEEK: copy, do not consume */
+	DRING_WAITALL = 1 << 2,  /* MSG_WAITALL */
+	DRING_TRUNC = 1 << 3,    /* MSG_TRUNC: consume without copying */
+	DRING_TIMEO = 1 << 4,    /* honour SO_RCVTIMEO / SO_SNDTIMEO, read from V when parking */
+};
+
+/* Control block of one direction (docs/direct.md, "version 1"). */
+struct dring_ctl {
+	uint64_t tail;
+	uint32_t fin;
+	uint32_t prod_wait;
+	uint32_t prod_lock;
+	uint32_t rst;
+	uint8_t pad0[128 - 24];
+	uint64_t head;
+	uint32_t cons_wait;
+	uint32_t cons_lock;
+	uint32_t rd_closed;
+	uint8_t pad1[1024 - 128 - 20];
+};
+
+struct dring {
+	uint8_t *base;            /* the mapping, 4096 + 2R bytes */
+	size_t len;
+	uint32_t ring;            /* R */
+	int side;                 /* S */
+	struct dring_ctl *out;    /* direction S: I produce */
+	struct dring_ctl *in;     /* direction 1-S: I consume */
+	uint8_t *outdata, *indata;
+	int dbell, sbell;         /* my data bell (readers park), my space bell (writers park) */
+	int peer_dbell, peer_sbell; /* the peer's: rung to wake its readers / writers */
+	int v;                    /* V */
+	int failed;               /* this process saw a forged cursor: EIO */
+	int rd_shut;              /* shutdown(SHUT_RD) in this process */
+};
+
+/*
+ * Validate the buffer file bufd (magic, version, ring == R, a power of two
+ * in [EXDD_RING_MIN, EXDD_RING_MAX], the header's size and fstat's both
+ * 4096 + 2R), map it shared and fill d. bufd is closed in every case; the
+ * three other descriptors are recorded, not duplicated (the caller keeps
+ * them open as long as d is used; the bells get O_NONBLOCK). 0 or
+ * -EINVAL/-ENOMEM/...
+ */
+DRING_API int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int bells[4], int v);
+
+/* Unmap. The descriptors are the caller's to close. */
+DRING_API void dring_detach(struct dring *d);
+
+/*
+ * Write iov into the outbound ring. Blocking (no DRING_NONBLOCK): returns
+ * when everything is written, or with the count so far when a signal, the
+ * send timeout or an error stops it (an error with nothing written is
+ * returned instead). Nonblocking: what fits, -EAGAIN if nothing does.
+ * -EPIPE (rd_closed or SHUT_WR: the caller raises SIGPIPE), -ECONNRESET,
+ * -EIO (forged cursor), -EINTR, -EAGAIN (timeout, as SO_SNDTIMEO),
+ * -DRING_RELAYED.
+ */
+DRING_API ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int flags);
+
+/*
+ * Read into iov from the inbound ring: waits (unless DRING_NONBLOCK) for
+ * at least one byte (all with DRING_WAITALL), 0 at end of stream (fin
+ * with the ring empty, or SHUT_RD). Errors as dring_writev, -EAGAIN
+ * nonblocking or on SO_RCVTIMEO.
+ */
+DRING_API ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int flags);
+
+DRING_API ssize_t dring_write(struct dring *d, const void *buf, size_t n, int flags);
+DRING_API ssize_t dring_read(struct dring *d, void *buf, size_t n, int flags);
+
+/* shutdown(SHUT_WR): store fin, wake a parked peer. */
+DRING_API void dring_fin(struct dring *d);
+/* shutdown(SHUT_RD) in this process: reads return 0. */
+DRING_API void dring_shut_rd(struct dring *d);
+/* Reset: store rst on both directions, wake the peer. */
+DRING_API void dring_rst(struct dring *d);
+/* The consumer side is gone (last close): store rd_closed, wake the peer. */
+DRING_API void dring_rd_closed(struct dring *d);
+
+/* Bytes readable now (FIOREAD), or a negative errno for a forged cursor. */
+DRING_API long dring_nread(struct dring *d);
+
+/* Whether relay[S] is set (exnd relays V from now on). */
+DRING_API int dring_relayed(const struct dring *d);
+
+/*
+ * Readiness now, as poll(2) bits for a TCP socket: POLLIN|POLLRDNORM,
+ * POLLOUT|POLLWRNORM, POLLRDHUP, POLLHUP, POLLERR.
+ */
+DRING_API unsigned dring_ready(struct dring *d);
+
+/*
+ * Arm the waits for events (POLLIN: cons_wait += 1, POLLOUT: prod_wait
+ * += 1) so that the peer rings my data / space bell, and return the
+ * readiness re-checked after arming: if it intersects events, do not
+ * park. Every dring_arm is followed by one dring_disarm with the same
+ * events, whether the caller parked or not.
+ */
+DRING_API unsigned dring_arm(struct dring *d, unsigned events);
+
+/* After a park armed with dring_arm: uncount, empty the bells of events,
+ * and pass the baton (docs/direct.md) to another parked waiter. */
+DRING_API void dring_disarm(struct dring *d, unsigned events);
+
+/* Empty a bell (non-blocking reads until EAGAIN). */
+DRING_API void dring_drain(int bell);
+
+/* Pending socket error for SO_ERROR: ECONNRESET, EIO, or 0. */
+DRING_API int dring_error(struct dring *d);
+
+#endif
