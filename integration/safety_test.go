@@ -50,8 +50,10 @@ func startSafety(t *testing.T, subnet int, access [2]string) *safetyCluster {
 	_, file, _, _ := runtime.Caller(0)
 	here := filepath.Dir(file)
 	c := &safetyCluster{lib: filepath.Join(dir, "libextds.so"), prog: filepath.Join(dir, "forksrv")}
+	if err := nstest.CompileShim(c.lib); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
-		{"-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", c.lib, filepath.Join(here, "..", "shim", "libextds.c"), "-ldl"},
 		{"-O2", "-Wall", "-Werror", "-o", c.prog, filepath.Join(here, "testdata", "forksrv.c")},
 	} {
 		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {

@@ -37,8 +37,10 @@ func buildShim(t *testing.T, dir string) (lib, prog string) {
 	_, file, _, _ := runtime.Caller(0)
 	src := filepath.Join(filepath.Dir(file), "..", "shim")
 	lib, prog = filepath.Join(dir, "libextds.so"), filepath.Join(dir, "shimtest")
+	if err := nstest.CompileShim(lib); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
-		{"-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", lib, filepath.Join(src, "libextds.c"), "-ldl"},
 		{"-O2", "-pthread", "-Wall", "-Werror", "-o", prog, filepath.Join(src, "test", "shimtest.c")},
 	} {
 		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {

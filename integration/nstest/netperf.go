@@ -182,6 +182,18 @@ var (
 	shimErr  error
 )
 
+// CompileShim builds libextds.so at out from the shim's sources, with
+// the Makefile's flags (its build target).
+func CompileShim(out string) error {
+	src := filepath.Join(moduleRoot(), "shim")
+	args := []string{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", out,
+		filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"}
+	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("gcc %v: %w\n%s", args, err, b)
+	}
+	return nil
+}
+
 // BuildShimLib compiles shim/libextds.c once per test process into a
 // temporary directory removed after the tests, and returns the path of
 // libextds.so.
@@ -195,10 +207,7 @@ func BuildShimLib(t testing.TB) string {
 		}
 		register(regDirs, dir, true)
 		shimLib = filepath.Join(dir, "libextds.so")
-		src := filepath.Join(moduleRoot(), "shim", "libextds.c")
-		if out, err := exec.Command("gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", shimLib, src, "-ldl").CombinedOutput(); err != nil {
-			shimErr = fmt.Errorf("gcc %s: %w\n%s", src, err, out)
-		}
+		shimErr = CompileShim(shimLib)
 	})
 	if shimErr != nil {
 		t.Fatal(shimErr)
