@@ -171,6 +171,8 @@ static void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
  * bell, peer data bell, peer space bell). Consumes ufd. 0, or -1 with
  * errno (fd untouched).
  */
+static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);
+
 static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock)
 {
 	if (r->mode != CTL_MODE_DIRECT) {
@@ -217,6 +219,18 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 		real_close(ufd[1]);
 	}
 	ufd[1] = -1;
+	/* Registrations made on the TCP socket before the switch (a
+	 * non-blocking connect waited for EPOLLOUT): do_switch moves them to
+	 * V as they were; below they become direct registrations. */
+	struct epreg regs[16];
+	int nregs = 0;
+	lock();
+	struct fdent *pe = ent(fd);
+	if (pe && pe->nreg > 0)
+		for (int i = 0; i < EP_POOL && nregs < 16; i++)
+			if (g_ep[i].fd == fd)
+				regs[nregs++] = g_ep[i];
+	unlock();
 	if (!e) {
 		int v = ufd[0];
 		ufd[0] = -1;
@@ -246,6 +260,12 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 	en->flags |= F_DIRECT | (nonblock ? F_NB : 0);
 	en->dc = slot + 1;
 	unlock();
+	for (int i = 0; i < nregs; i++) {
+		int ret;
+		real_epoll_ctl(regs[i].epfd, EPOLL_CTL_DEL, fd, NULL);
+		if (!d_epoll_ctl(regs[i].epfd, EPOLL_CTL_ADD, fd, &regs[i].ev, &ret) || ret < 0)
+			dbg("fd %d: direct epoll re-add on %d: %s", fd, regs[i].epfd, strerror(errno));
+	}
 	return 0;
 }
 
