@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/integration/nstest"
 )
 
@@ -121,7 +122,7 @@ func TestSafetyControl(t *testing.T) {
 		{"bad then good", "\nstatus\n", nil, []string{`empty line`, `"ok":true`}},
 		{"oversized", strings.Repeat("x", 5000), nil, []string{`longer than 4096`}},
 		{"truncated", "status", nil, nil},
-		{"too many fds", "status\n", syscall.UnixRights(0, 1, 2, 0, 1), []string{`at most 4 file descriptors`}},
+		{"too many fds", "status\n", syscall.UnixRights(tooManyFDs()...), []string{fmt.Sprintf("at most %d file descriptors", control.MaxFDs)}},
 	} {
 		lines := ctlExchange(t, path, []byte(tc.raw), tc.rights, true, 10*time.Second)
 		if len(lines) != len(tc.want) {
@@ -236,4 +237,13 @@ func TestSafetyControl(t *testing.T) {
 	if err := n.Call(nil, "status"); err != nil {
 		t.Errorf("exnd after the flood: %v", err)
 	}
+}
+
+// tooManyFDs is one descriptor more than a control request may carry.
+func tooManyFDs() []int {
+	fds := make([]int, control.MaxFDs+1)
+	for i := range fds {
+		fds[i] = i % 3
+	}
+	return fds
 }

@@ -234,7 +234,7 @@ func TestSafetyRestart(t *testing.T) {
 			outer := t
 			cli := c.nodes[0].NS.StartEnv(t, c.shim(0), c.prog, "client", c.nodes[1].IP.String(), port, strconv.Itoa(1<<40), "1")
 			if err := nstest.Eventually(10*time.Second, func() error {
-				if c.metric(t, 1, "exn_shim_active_connections") < 1 {
+				if c.metric(t, 1, "exn_shim_active_connections")+c.metric(t, 1, "exn_shim_direct_active_connections") < 1 {
 					return fmt.Errorf("no switched connection yet")
 				}
 				return nil
