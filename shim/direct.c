@@ -522,6 +522,54 @@ static void direct_setfl(int fd, long fl)
  * is ready and the call may block, arm their waits and poll the kernel
  * with each replaced by its bell (and V appended, for exnd's death).
  */
+static int64_t d_now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* How often a readiness spin also asks the kernel about the other
+ * descriptors (a zero-timeout poll or epoll_wait, about 0.5 µs): every
+ * 16 checks of the rings keeps a plain socket's event within a fraction
+ * of the budget while the rings are checked without system calls. */
+#define SPIN_KERNEL_EVERY 16
+
+/*
+ * poll's spin (docs/direct.md, "Wake-up protocol"): for EXDD_SPIN_NS,
+ * look at the direct descriptors' rings and, every SPIN_KERNEL_EVERY
+ * rounds, at the others with a zero-timeout poll into k. Returns when
+ * something is ready or the budget is spent; the caller then does its
+ * ordinary pass (which finds it, or arms and parks).
+ */
+static void d_poll_spin(struct pollfd *fds, nfds_t n, int nd, struct pollfd *k, const sigset_t *mask)
+{
+	int64_t t0 = d_now_ns();
+	for (unsigned it = 1;; it++) {
+		for (nfds_t i = 0; i < n; i++) {
+			struct dconn *c = dcof(fds[i].fd);
+			if (c && (dring_ready(&c->d) & ((unsigned)fds[i].events | POLLERR | POLLHUP)))
+				return;
+		}
+		if (it % SPIN_KERNEL_EVERY == 0) {
+			if ((nfds_t)nd < n) {
+				for (nfds_t i = 0; i < n; i++) {
+					k[i] = fds[i];
+					k[i].revents = 0;
+					if (dcof(fds[i].fd))
+						k[i].fd = -1;
+				}
+				struct timespec zero = {0, 0};
+				if (real_ppoll(k, n, &zero, mask) != 0)
+					return;
+			}
+			if (d_now_ns() - t0 >= EXDD_SPIN_NS)
+				return;
+		}
+		cpu_relax();
+	}
+}
+
 static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
 {
 	int nd = 0;
@@ -545,6 +593,8 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 	now_ts(&t0);
 	int block = !tmo || tmo->tv_sec || tmo->tv_nsec;
 	int ret;
+	if (block)
+		d_poll_spin(fds, n, nd, k, mask);
 	for (;;) {
 		/* 1. what is ready now, without blocking */
 		int armed = 0, ready = 0;
@@ -887,6 +937,45 @@ static int dep_arm(int epfd, int on)
 	return ready;
 }
 
+/* Drop the bell events of epfd's direct records from evs[from:to]
+ * (their readiness is computed); returns the new end. */
+static int dep_filter(int epfd, struct epoll_event *evs, int from, int to)
+{
+	int k = from;
+	for (int i = from; i < to; i++) {
+		uint64_t u = evs[i].data.u64;
+		if ((u & ~0xffffffffull) == DEP_TAG && (u & 0xffffffffull) < DEP_MAX && g_dep[u & 0xffffffffull].epfd == epfd &&
+		    g_dep[u & 0xffffffffull].fd >= 0)
+			continue;
+		evs[k++] = evs[i];
+	}
+	return k;
+}
+
+/* epoll_wait's spin, as d_poll_spin: the direct records' readiness, and
+ * every SPIN_KERNEL_EVERY rounds a zero-timeout epoll_wait. Returns the
+ * events found (0: the budget is spent, nothing ready). */
+static int dep_spin(int epfd, struct epoll_event *evs, int max, const sigset_t *mask)
+{
+	int64_t t0 = d_now_ns();
+	struct timespec zero = {0, 0};
+	for (unsigned it = 1;; it++) {
+		int n = dep_collect(epfd, evs, max);
+		if (n > 0) {
+			int r = n < max ? real_epoll_pwait2(epfd, evs + n, max - n, &zero, mask) : 0;
+			return r > 0 ? dep_filter(epfd, evs, n, n + r) : n;
+		}
+		if (it % SPIN_KERNEL_EVERY == 0) {
+			int r = real_epoll_pwait2(epfd, evs, max, &zero, mask);
+			if (r > 0 && (r = dep_filter(epfd, evs, 0, r)) > 0)
+				return r + (r < max ? dep_collect(epfd, evs + r, max - r) : 0);
+			if (d_now_ns() - t0 >= EXDD_SPIN_NS)
+				return 0;
+		}
+		cpu_relax();
+	}
+}
+
 static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask)
 {
 	int has = 0;
@@ -897,6 +986,11 @@ static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct
 		return real_epoll_pwait2(epfd, evs, max, tmo, mask);
 	struct timespec t0;
 	now_ts(&t0);
+	if (!tmo || tmo->tv_sec || tmo->tv_nsec) {
+		int n = dep_spin(epfd, evs, max, mask);
+		if (n > 0)
+			return n;
+	}
 	for (;;) {
 		int n = dep_collect(epfd, evs, max);
 		int block = n == 0 && (!tmo || tmo->tv_sec || tmo->tv_nsec);
@@ -928,14 +1022,7 @@ static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct
 			return -1;
 		}
 		/* drop bell events (readiness is computed), keep the rest */
-		int k = n;
-		for (int i = n; i < n + r; i++) {
-			uint64_t u = evs[i].data.u64;
-			if ((u & ~0xffffffffull) == DEP_TAG && (u & 0xffffffffull) < DEP_MAX && g_dep[u & 0xffffffffull].epfd == epfd &&
-			    g_dep[u & 0xffffffffull].fd >= 0)
-				continue;
-			evs[k++] = evs[i];
-		}
+		int k = dep_filter(epfd, evs, n, n + r);
 		if (k < max && r > 0 && block)
 			k += dep_collect(epfd, evs + k, max - k);
 		if (k > 0 || !block || r == 0)
