@@ -28,6 +28,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/exn-project/exn/internal/sys"
 )
 
@@ -82,13 +84,12 @@ type Endpoint struct {
 	rxData     []byte
 	relay      *atomic.Uint32
 	fs         *Files
-	dataRC     syscall.RawConn // my data bell, in the netpoller
-	spaceRC    syscall.RawConn // my space bell
 	peerData   int
 	peerSpace  int
 	myData     int
 	mySpace    int
 	rdMu, wrMu sync.Mutex
+	pmu        sync.Mutex // guards the waiters' netpoller files (made on first park, closed by Close)
 	live       sync.RWMutex
 	closed     atomic.Bool
 	corrupt    atomic.Bool
@@ -101,6 +102,8 @@ type Endpoint struct {
 // holding that role's mutex uses it.
 type waiter struct {
 	count *atomic.Uint32
+	bell  int      // the bell to park on (my data or space bell)
+	f     *os.File // a dup of bell in the netpoller, made on the first park (under pmu)
 	rc    syscall.RawConn
 	ready func() bool
 	cb    func(fd uintptr) bool
@@ -153,23 +156,8 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 	e.rxData = mem[HeaderSize+(1-side)*ring : HeaderSize+(2-side)*ring]
 	for _, b := range []struct {
 		f  *os.File
-		rc *syscall.RawConn
 		fd *int
-	}{{fs.Data[side], &e.dataRC, &e.myData}, {fs.Space[side], &e.spaceRC, &e.mySpace}} {
-		if *b.rc, err = b.f.SyscallConn(); err != nil {
-			return fail(err)
-		}
-		if err := (*b.rc).Control(func(fd uintptr) { *b.fd = int(fd) }); err != nil {
-			return fail(err)
-		}
-		if err := b.f.SetReadDeadline(time.Time{}); err != nil {
-			return fail(fmt.Errorf("dring: bell %w: %v", sys.ErrNotPollable, err))
-		}
-	}
-	for _, b := range []struct {
-		f  *os.File
-		fd *int
-	}{{fs.Data[1-side], &e.peerData}, {fs.Space[1-side], &e.peerSpace}} {
+	}{{fs.Data[side], &e.myData}, {fs.Space[side], &e.mySpace}, {fs.Data[1-side], &e.peerData}, {fs.Space[1-side], &e.peerSpace}} {
 		rc, err := b.f.SyscallConn()
 		if err != nil {
 			return fail(err)
@@ -178,8 +166,8 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 			return fail(err)
 		}
 	}
-	e.rd = waiter{count: e.rx.consWait, rc: e.dataRC, ready: e.readable}
-	e.wr = waiter{count: e.tx.prodWait, rc: e.spaceRC, ready: e.writable}
+	e.rd = waiter{count: e.rx.consWait, bell: e.myData, ready: e.readable}
+	e.wr = waiter{count: e.tx.prodWait, bell: e.mySpace, ready: e.writable}
 	for _, w := range []*waiter{&e.rd, &e.wr} {
 		w.cb = func(fd uintptr) bool {
 			if n, _ := sys.DrainBell(int(fd), w.buf[:]); n > 0 || w.ready() {
@@ -349,6 +337,11 @@ func (e *Endpoint) park(w *waiter) error {
 			return net.ErrClosed
 		}
 	}
+	if w.rc == nil {
+		if err := e.register(w); err != nil {
+			return err
+		}
+	}
 	w.count.Add(1)
 	defer w.count.Add(^uint32(0))
 	if w.ready() {
@@ -360,6 +353,31 @@ func (e *Endpoint) park(w *waiter) error {
 		return net.ErrClosed
 	}
 	return err
+}
+
+// register puts a dup of w's bell into Go's netpoller (the first park of
+// that role): until then this process's poller never wakes for it.
+func (e *Endpoint) register(w *waiter) error {
+	e.pmu.Lock()
+	defer e.pmu.Unlock()
+	if e.closed.Load() {
+		return net.ErrClosed
+	}
+	fd, err := unix.FcntlInt(uintptr(w.bell), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("dring: dup bell: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "bell") // non-blocking: in the netpoller
+	rc, err := f.SyscallConn()
+	if err == nil {
+		err = f.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("dring: bell %w: %v", sys.ErrNotPollable, err)
+	}
+	w.f, w.rc = f, rc
+	return nil
 }
 
 // copyOut copies n bytes at stream offset off of ring r into p.
@@ -472,9 +490,20 @@ func (e *Endpoint) Close() error {
 	// (not by closing them: a call may still ring a bell's descriptor
 	// until it returns, and a closed descriptor's number can be reused).
 	past := time.Unix(1, 0)
-	_ = e.fs.Data[e.side].SetReadDeadline(past)
-	_ = e.fs.Space[e.side].SetReadDeadline(past)
+	e.pmu.Lock()
+	for _, w := range []*waiter{&e.rd, &e.wr} {
+		if w.f != nil {
+			_ = w.f.SetReadDeadline(past)
+		}
+	}
+	e.pmu.Unlock()
 	e.live.Lock()
 	defer e.live.Unlock()
-	return errors.Join(e.fs.Close(), sys.Unmap(e.mem))
+	var errs []error
+	for _, w := range []*waiter{&e.rd, &e.wr} {
+		if w.f != nil {
+			errs = append(errs, w.f.Close())
+		}
+	}
+	return errors.Join(append(errs, e.fs.Close(), sys.Unmap(e.mem))...)
 }

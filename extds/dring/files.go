@@ -102,12 +102,16 @@ func Open(dir, name string) (_ *Files, err error) {
 	return fs, nil
 }
 
-// openBell opens a FIFO read-write and non-blocking, without registering
-// it with Go's netpoller (the descriptor goes to another process; exnd
-// parks on a descriptor of its own, Endpoint).
+// openBell opens a FIFO read-write, close-on-exec, as an *os.File that
+// is NOT in Go's netpoller, then makes the open file description
+// non-blocking. Every ring of a bell registered in a netpoller wakes that
+// process's poller thread, whether or not a goroutine waits on it, and
+// exnd keeps these descriptors only to hand them over and to ring them;
+// an Endpoint that must park registers a descriptor of its own (waiter).
+// Opening a FIFO read-write never blocks and never leaves it readerless.
 func openBell(path string) (*os.File, error) {
 	for {
-		fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 		if err == unix.EINTR {
 			continue
 		}
@@ -119,7 +123,12 @@ func openBell(path string) (*os.File, error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("open bell %s: not a fifo (%v)", path, err)
 		}
-		return os.NewFile(uintptr(fd), path), nil
+		f := os.NewFile(uintptr(fd), path) // blocking here: not registered
+		if err := unix.SetNonblock(fd, true); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open bell %s: %w", path, err)
+		}
+		return f, nil
 	}
 }
 
