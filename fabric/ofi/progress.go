@@ -15,9 +15,9 @@ package ofi
 //	  ──► a caller is spinning (spinners > 0): park on bgWake, which the
 //	      last spinner to leave rings
 //	  ──► fd provider (tcp): park in Go's netpoller on a dup of the CQ wait
-//	      fd after fi_trywait; fi_cq_signal (kick) wakes it; bounded by
-//	      txParkBound/idleParkBound (the provider's fd misses send-side
-//	      progress)
+//	      fd after fi_trywait and a poll(0) of its level; the provider's
+//	      events (data in, room to send) or fi_cq_signal (kick) wake it;
+//	      no deadline
 //	  ──► no wait object (shm 1.17): sleep idle/64, 20 µs..1 ms, on a timer
 //	      that bgWake cuts short (docs/fabric-ofi.md: the missing capability)
 //	control packets ──► sendCtl: fi_inject at once (ctlMu, so they stay in
@@ -51,19 +51,6 @@ const (
 	// µs and an idle node wakes at most 1000 times a second.
 	progressPollSleep = 20 * time.Microsecond
 	progressPollMax   = time.Millisecond
-	// txParkBound and idleParkBound bound the background goroutine's
-	// park on the CQ wait fd: the first while transmissions of ours are
-	// outstanding (RMA in flight, a send or control slot not completed),
-	// the second otherwise. tcp;ofi_rxm 1.17 moves queued data (our
-	// sends, and the responses to remote RMA reads it serves) only in a
-	// progress call, and its wait fd does not fire when the socket
-	// becomes writable again: without a bound, an RMA never completed
-	// while both nodes were parked (fabrictest RMAVsDeregister hung, on
-	// the requester and on the target side). 1 ms is the shortest sleep a
-	// Go timer gives on this machine; 5 ms is the previous progress
-	// loop's bound, so an idle node wakes at most 200 times a second.
-	txParkBound   = time.Millisecond
-	idleParkBound = 5 * time.Millisecond
 )
 
 // poll runs one progress step unless another goroutine is running one
@@ -209,14 +196,11 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 		return
 	}
 	if n.waitRC != nil {
-		bound := idleParkBound
-		if n.txOutstanding() {
-			bound = txParkBound
-		}
-		n.waitFile.SetReadDeadline(time.Now().Add(bound))
 		n.waitRC.Read(func(uintptr) bool {
 			// fi_trywait first: it resets the provider's signal, so a
-			// kick that raced it is seen in kicked afterwards.
+			// kick that raced it is seen in kicked afterwards. trywait
+			// also polls the fd's level (shim.go exn_trywait): the
+			// netpoller reports edges only, so no deadline is needed.
 			armed := n.f.trywait()
 			if n.kicked.Load() || n.ctlPending.Load() || n.spinners.Load() > 0 || n.closed.Load() {
 				return true
@@ -233,13 +217,6 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 	case <-n.done:
 		idle.Stop()
 	}
-}
-
-// txOutstanding reports whether the provider holds transmissions of ours
-// that have not completed: RMA operations, VELO sends from slots, control
-// packets from slots.
-func (n *NIC) txOutstanding() bool {
-	return len(n.opFree) < rmaSlots || len(n.txFree) < cap(n.txFree) || !n.ctlIdle.Load()
 }
 
 // ---- control packets ----

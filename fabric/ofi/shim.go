@@ -26,6 +26,7 @@ package ofi
 #include <sys/mman.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -276,10 +277,20 @@ static ssize_t exn_poll(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs
 }
 
 // exn_trywait reports whether the caller may park on pollfd: nothing is
-// pending in the CQ and the provider armed its wait object.
+// pending in the CQ, the provider armed its wait object, and the wait fd
+// is not readable already. fi_trywait promises only the first two: it
+// leaves data unread in a socket (it checks the provider's own buffer,
+// not the kernel's), which a level-triggered poll() would see at once.
+// Go's netpoller is edge-triggered: a readiness it reported before this
+// call (and the caller consumed) is not reported again, so parking on an
+// fd that is already readable sleeps until the next, unrelated event.
+// The poll(0) closes that gap: anything becoming ready after it is a new
+// edge, which the netpoller (registered for the fd's whole life) sees.
 static int exn_trywait(exn_ofi *o) {
 	struct fid *f = &o->cq->fid;
-	return fi_trywait(o->fabric, &f, 1) == FI_SUCCESS;
+	if (fi_trywait(o->fabric, &f, 1) != FI_SUCCESS) return 0;
+	struct pollfd p = { .fd = o->waitfd, .events = POLLIN };
+	return poll(&p, 1, 0) == 0;
 }
 
 static int exn_cq_readerr(exn_ofi *o, exn_err *out) {

@@ -1,0 +1,114 @@
+//go:build ofi && cgo
+
+package ofi_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// cpuTicks is this process's user+system CPU time in clock ticks
+// (/proc/self/stat fields 14 and 15).
+func cpuTicks(t testing.TB) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Skipf("no /proc/self/stat: %v", err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // field 3 onwards
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	k, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("parse /proc/self/stat: %q", s)
+	}
+	return u + k
+}
+
+// TestIdleHoldsNoCore checks that two ofi:tcp NICs that have exchanged
+// traffic (VELO both ways and an RMA GET and PUT, so connections, send
+// slots and the provider's queues have all been used) park once idle:
+// the background goroutine sleeps in the netpoller on the CQ wait fd with
+// no deadline, so an idle second costs no more than a few ticks of CPU.
+// A park that returned at once (a wait fd left readable, a trywait that
+// never arms) would spin and burn the whole second.
+func TestIdleHoldsNoCore(t *testing.T) {
+	nics := factory("tcp", nil)(t, 2)
+	a, err := nics[0].Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := nics[1].Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	echo := func(from, to fabric.Endpoint) {
+		if _, err := from.Send(ctx, []fabric.Message{{Peer: to.Addr(), Len: 4}}); err != nil {
+			t.Fatal(err)
+		}
+		var m [1]fabric.Message
+		for {
+			if n, err := to.Recv(m[:]); err != nil || n == 1 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err := to.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 100 {
+		echo(a, b)
+		echo(b, a)
+	}
+	la, err := a.Register(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := b.Register(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []fabric.Op{fabric.OpGet, fabric.OpPut} {
+		if _, err := a.Post([]fabric.RMA{{Op: op, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA, Len: 1 << 20, Notify: fabric.NotifyRequester}}); err != nil {
+			t.Fatal(err)
+		}
+		var ns [1]fabric.Notification
+		for {
+			got, err := a.PollNotifications(ns[:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got == 1 {
+				break
+			}
+			if err := a.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ns[0].Err != fabric.NErrNone {
+			t.Fatalf("%v: %v", op, ns[0].Err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // let spins end and both sides park
+	const idle = time.Second
+	t0 := cpuTicks(t)
+	time.Sleep(idle)
+	used := cpuTicks(t) - t0
+	t.Logf("CPU over %v idle: %d ticks", idle, used)
+	if used > 15 { // 15 % of a core at 100 ticks/s; a spinning park burns ~100
+		t.Errorf("two idle ofi:tcp NICs used %d clock ticks of CPU in %v: a park does not sleep", used, idle)
+	}
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# ofi-exn0.sh: exn0 over ofi:tcp between two network namespaces, against
+# the underlay it runs on, in one run (issue #16's third bar: iperf3 >=
+# 0.5x the underlay, ping p50 <= 1 ms). Needs root, /dev/net/tun,
+# libfabric-dev, iperf3, python3 (and perf for profiles). Usage:
+#
+#   perf/ofi-exn0.sh [profile-dir]     (ROUNDS=3 SECS=3 PINGS=30 PING_I=0.2 PROVIDER=tcp)
+#
+# Two namespaces joined by one veth pair (the underlay, 10.91.16.0/24),
+# exnd --fabric ofi:$PROVIDER in each (peers file: the underlay address
+# and port 7471 of each node; exn0 on 10.91.17.0/24). Per round, in this
+# order: iperf3 1 stream for SECS seconds over the underlay, then over
+# exn0; ping PINGS x 56 B at PING_I s intervals over exn0 and over the
+# underlay. Prints the per-round values, the medians, the exn0/underlay
+# ratio, the ping p50 and p90 (over all rounds' replies), and the CPU time both exnd used per
+# GB moved over exn0 (user+system, /proc). With a profile-dir, `perf
+# record -g` of both exnd during the last round's exn0 run goes there
+# (perf report -i DIR/exnd-1.data). Run it under the benchmark lock:
+#
+#   flock /tmp/exn-bench.lock perf/ofi-exn0.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-3}
+PINGS=${PINGS:-30}
+PING_I=${PING_I:-0.2}
+PROVIDER=${PROVIDER:-tcp}
+prof=${1:-}
+tag=ofi2-$$ # unique per run: namespaces, veths
+nsA=exn-$tag-a nsB=exn-$tag-b
+vA=vo2a$$ vB=vo2b$$
+tmp=$(mktemp -d /tmp/exn-ofi-exn0.XXXXXX)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	ip netns del "$nsA" 2>/dev/null || true
+	ip netns del "$nsB" 2>/dev/null || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ -n "$prof" ] && mkdir -p "$prof"
+go build -tags ofi -o "$tmp/exnd" ./cmd/exnd
+ip netns add "$nsA"
+ip netns add "$nsB"
+ip link add "$vA" netns "$nsA" type veth peer name "$vB" netns "$nsB"
+ip -n "$nsA" addr add 10.91.16.1/24 dev "$vA"
+ip -n "$nsB" addr add 10.91.16.2/24 dev "$vB"
+for ns in "$nsA" "$nsB"; do ip -n "$ns" link set lo up; done
+ip -n "$nsA" link set "$vA" up
+ip -n "$nsB" link set "$vB" up
+printf '1 10.91.16.1:7471 10.91.17.1\n2 10.91.16.2:7471 10.91.17.2\n' >"$tmp/peers"
+start() { # start NS ID
+	ip netns exec "$1" "$tmp/exnd" --node-id "$2" --fabric "ofi:$PROVIDER" --peers "$tmp/peers" \
+		--addr "10.91.17.$2/24" --control "$tmp/exnd-$2.sock" --log-level warn >"$tmp/exnd-$2.log" 2>&1 &
+	pids+=($!)
+	eval "exnd$2=$!"
+}
+start "$nsA" 1
+start "$nsB" 2
+ok=
+for _ in $(seq 100); do
+	if ip netns exec "$nsA" ping -c 1 -W 1 10.91.17.2 >/dev/null 2>&1; then ok=1; break; fi
+	sleep 0.1
+done
+[ -n "$ok" ] || { cat "$tmp"/exnd-*.log >&2; echo "ofi-exn0: exn0 never came up" >&2; exit 1; }
+ip netns exec "$nsA" ping -c 2 -W 1 10.91.16.2 >/dev/null
+
+ip netns exec "$nsB" iperf3 -s -p 5291 >/dev/null 2>&1 &
+pids+=($!)
+sleep 0.3
+
+# iperf DST: one 1-stream run; prints Gbit/s.
+iperf() {
+	ip netns exec "$nsA" iperf3 -c "$1" -p 5291 -t "$SECS" -J --connect-timeout 2000 >"$tmp/ip.json"
+	python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$tmp/ip.json"
+}
+# cpu PID: user+system clock ticks.
+cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+ul=() ex=() : >"$tmp/rtt" : >"$tmp/rtt-ul"
+ticks=0 bytes=0
+for r in $(seq "$ROUNDS"); do
+	ul+=("$(iperf 10.91.16.2)")
+	c0=$(( $(cpu "$exnd1") + $(cpu "$exnd2") ))
+	if [ -n "$prof" ] && [ "$r" = "$ROUNDS" ]; then
+		perf record -g -o "$prof/exnd-1.data" -p "$exnd1" -- sleep "$SECS" >/dev/null 2>&1 &
+		pr1=$!
+		perf record -g -o "$prof/exnd-2.data" -p "$exnd2" -- sleep "$SECS" >/dev/null 2>&1 &
+		pr2=$!
+	fi
+	g=$(iperf 10.91.17.2)
+	ex+=("$g")
+	[ -n "$prof" ] && [ "$r" = "$ROUNDS" ] && wait "$pr1" "$pr2"
+	ticks=$(( ticks + $(cpu "$exnd1") + $(cpu "$exnd2") - c0 ))
+	bytes=$(python3 -c "print($bytes + $g * 1e9 / 8 * $SECS)")
+	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.17.2 |
+		sed -n 's/.*time=\([0-9.]*\) ms/\1/p' >>"$tmp/rtt"
+	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.16.2 |
+		sed -n 's/.*time=\([0-9.]*\) ms/\1/p' >>"$tmp/rtt-ul"
+done
+hz=$(getconf CLK_TCK)
+python3 - "$tmp/rtt" "$tmp/rtt-ul" "$hz" "$ticks" "$bytes" "${ul[*]}" "${ex[*]}" <<'PY'
+import sys, statistics as st
+rtt = sorted(float(x) for x in open(sys.argv[1]) if x.strip())
+rul = sorted(float(x) for x in open(sys.argv[2]) if x.strip())
+hz, ticks, nbytes = float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+ul = [float(x) for x in sys.argv[6].split()]
+ex = [float(x) for x in sys.argv[7].split()]
+mu, me = st.median(ul), st.median(ex)
+p = lambda q, v=rtt: v[min(len(v) - 1, int(q * len(v)))]
+print("underlay (veth) iperf3 Gbit/s: %s median %.2f" % (ul, mu))
+print("exn0 on ofi iperf3 Gbit/s:     %s median %.2f" % (ex, me))
+print("exn0/underlay %.2fx (bar 0.5x)" % (me / mu))
+print("exn0 ping RTT ms over %d replies: p50 %.3f p90 %.3f min %.3f max %.3f (bar p50 1 ms)" % (len(rtt), p(0.5), p(0.9), rtt[0], rtt[-1]))
+print("underlay ping RTT ms over %d replies: p50 %.3f p90 %.3f" % (len(rul), p(0.5, rul), p(0.9, rul)))
+print("exnd CPU (both) per GB over exn0: %.2f s" % (ticks / hz / (nbytes / 1e9)))
+PY
