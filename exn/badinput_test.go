@@ -398,13 +398,8 @@ func TestCloseUnblocks(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	a.eng.Close()
 	for range 2 {
-		select {
-		case err := <-errs:
-			if !errors.Is(err, net.ErrClosed) {
-				t.Errorf("blocked Transmit returned %v, want net.ErrClosed", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("Transmit still blocked after Close")
+		if err := testenv.Within(t, "Transmit after Close", errs, 5*time.Second); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("blocked Transmit returned %v, want net.ErrClosed", err)
 		}
 	}
 	if _, err := a.eng.Transmit(context.Background(), [][]byte{frame(dst, a.eng.MAC(), 60, 0)}); !errors.Is(err, net.ErrClosed) {

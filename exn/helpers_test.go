@@ -165,13 +165,7 @@ func mustTransmit(tb testing.TB, e *Engine, frames ...[]byte) {
 // eventually polls cond until it holds or 5 s pass.
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testenv.Eventually(tb, what, 5*time.Second, cond)
 }
 
 // quiet waits until e has nothing in flight and checks the pools are

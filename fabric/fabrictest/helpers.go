@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // Factory returns n NICs of one new fabric with node IDs 1..n. It registers
@@ -150,13 +151,7 @@ func wantErr(t testing.TB, what string, err, target error) {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, what, deadline, cond)
 }
 
 // result is the outcome of a call run in another goroutine.
@@ -168,13 +163,7 @@ type result struct {
 // within waits for a call result, failing t if it takes longer than d.
 func within(t testing.TB, what string, ch <-chan result, d time.Duration) result {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(d):
-		t.Fatalf("%s did not return within %v", what, d)
-		return result{}
-	}
+	return testenv.Within(t, what, ch, d)
 }
 
 // stillBlocked fails t if ch already has a result.

@@ -464,15 +464,10 @@ func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 	}{{"first", cancelA, a}, {"second", cancelB, b}} {
 		start := time.Now()
 		step.cancel()
-		select {
-		case err := <-step.done:
-			if !errors.Is(err, context.Canceled) {
-				t.Fatalf("%s Wait: %v, want context.Canceled", step.name, err)
-			}
-			t.Logf("%s Wait returned %v after its cancel", step.name, time.Since(start))
-		case <-time.After(promptWake):
-			t.Fatalf("%s Wait still asleep %v after its context was cancelled", step.name, promptWake)
+		if err := testenv.Within(t, step.name+" Wait after its cancel", step.done, promptWake); !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s Wait: %v, want context.Canceled", step.name, err)
 		}
+		t.Logf("%s Wait returned %v after its cancel", step.name, time.Since(start))
 	}
 }
 
@@ -506,13 +501,8 @@ func TestBellOwnNotification(t *testing.T) {
 			Len: 64, Notify: fabric.NotifyRequester}}); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(promptWake):
-			t.Fatalf("round %d: a Wait on the poster was not woken by its own notification in %v", i, promptWake)
+		if err := testenv.Within(t, fmt.Sprintf("round %d: a Wait on the poster, woken by its own notification,", i), got, promptWake); err != nil {
+			t.Fatal(err)
 		}
 		t.Logf("round %d: woken %v after the Post", i, time.Since(start))
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // openNIC opens node of fab, closed at the end of the test.
@@ -93,13 +94,7 @@ func sendOne(t testing.TB, ctx context.Context, ep fabric.Endpoint, to fabric.Ad
 // waitFor polls cond for up to 5 s.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testenv.Eventually(t, what, 5*time.Second, cond)
 }
 
 // echo sends every message that arrives on ep back out to to, until a

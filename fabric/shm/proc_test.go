@@ -186,15 +186,10 @@ func TestTwoProcesses(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	waited = true
-	select {
-	case err := <-res:
-		if !errors.Is(err, fabric.ErrPeerDown) {
-			t.Fatalf("blocked send after SIGKILL: %v, want ErrPeerDown", err)
-		}
-		t.Logf("blocked send returned ErrPeerDown %v after SIGKILL", time.Since(killed))
-	case <-time.After(5 * time.Second):
-		t.Fatal("blocked send still blocked 5 s after the peer was killed")
+	if err := testenv.Within(t, "blocked send after SIGKILL", res, 5*time.Second); !errors.Is(err, fabric.ErrPeerDown) {
+		t.Fatalf("blocked send after SIGKILL: %v, want ErrPeerDown", err)
 	}
+	t.Logf("blocked send returned ErrPeerDown %v after SIGKILL", time.Since(killed))
 	if err := nic.Alive(2); !errors.Is(err, fabric.ErrPeerDown) {
 		t.Fatalf("Alive(2) after kill = %v, want ErrPeerDown", err)
 	}

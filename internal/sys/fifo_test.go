@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 func TestBellRingAndDrain(t *testing.T) {
@@ -87,13 +89,8 @@ func TestBellParksInNetpoller(t *testing.T) {
 	}
 	defer CloseFD(w)
 	RingBell(w)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("ring did not wake the reader")
+	if err := testenv.Within(t, "the reader after a ring", done, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 	f.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
 	if err := rc.Read(drain); !os.IsTimeout(err) {
