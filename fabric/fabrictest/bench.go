@@ -55,18 +55,7 @@ func benchSendRecv(b *testing.B, f Factory) {
 		if _, err := a.Send(ctx, out); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := r.Recv(in)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				break
-			}
-			if err := r.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		RecvWait(b, ctx, r, in)
 	}
 }
 
@@ -119,18 +108,7 @@ func benchPingPong(b *testing.B, f Factory) {
 		if _, err := a.Send(ctx, out); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := a.Recv(in)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				break
-			}
-			if err := a.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		RecvWait(b, ctx, a, in)
 		lat[i] = int64(time.Since(t0)) / 2
 	}
 	b.StopTimer()
@@ -225,20 +203,9 @@ func benchRMA(b *testing.B, f Factory, op fabric.Op, size int) {
 		if _, err := a.Post(reqs); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := a.PollNotifications(ns)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				if ns[0].Err != fabric.NErrNone {
-					b.Fatalf("rma: %s", describe(ns[0]))
-				}
-				break
-			}
-			if err := a.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
+		PollWait(b, ctx, a, ns)
+		if ns[0].Err != fabric.NErrNone {
+			b.Fatalf("rma: %s", describe(ns[0]))
 		}
 	}
 	el := time.Since(start)

@@ -68,47 +68,70 @@ func seqOf(m *fabric.Message) uint64 { return binary.LittleEndian.Uint64(m.Data[
 // time.
 func recvN(t testing.TB, ep fabric.Endpoint, n int) []fabric.Message {
 	t.Helper()
-	out := make([]fabric.Message, 0, n)
-	buf := make([]fabric.Message, 64)
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
-	for len(out) < n {
-		k, err := ep.Recv(buf[:min(len(buf), n-len(out))])
-		if err != nil {
-			t.Fatalf("%v: recv: %v", ep.Addr(), err)
-		}
-		out = append(out, buf[:k]...)
-		if k > 0 {
-			continue
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("%v: waiting for message %d of %d: %v", ep.Addr(), len(out)+1, n, err)
-		}
-	}
-	return out
+	return takeN(t, ep, n, ep.Recv, "recv", "message")
 }
 
 // pollN receives exactly n notifications.
 func pollN(t testing.TB, ep fabric.Endpoint, n int) []fabric.Notification {
 	t.Helper()
-	out := make([]fabric.Notification, 0, n)
-	buf := make([]fabric.Notification, 64)
+	return takeN(t, ep, n, ep.PollNotifications, "poll notifications", "notification")
+}
+
+// takeN takes exactly n items from ep with get (Recv or
+// PollNotifications), sleeping in ep.Wait while none is there, failing t
+// if they do not arrive before the deadline. op and item name the call and
+// what it returns in failures.
+func takeN[T any](t testing.TB, ep fabric.Endpoint, n int, get func([]T) (int, error), op, item string) []T {
+	t.Helper()
+	out := make([]T, 0, n)
+	buf := make([]T, 64)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	for len(out) < n {
-		k, err := ep.PollNotifications(buf[:min(len(buf), n-len(out))])
+		k, err := get(buf[:min(len(buf), n-len(out))])
 		if err != nil {
-			t.Fatalf("%v: poll notifications: %v", ep.Addr(), err)
+			t.Fatalf("%v: %s: %v", ep.Addr(), op, err)
 		}
 		out = append(out, buf[:k]...)
 		if k > 0 {
 			continue
 		}
 		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("%v: waiting for notification %d of %d: %v", ep.Addr(), len(out)+1, n, err)
+			t.Fatalf("%v: waiting for %s %d of %d: %v", ep.Addr(), item, len(out)+1, n, err)
 		}
 	}
 	return out
+}
+
+// RecvWait receives into in, sleeping in ep.Wait while nothing has
+// arrived, and returns how many messages it got (at least one). It fails
+// tb on an error from ep or ctx. It allocates nothing, so benchmarks use
+// it in their timed loops.
+func RecvWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, in []fabric.Message) int {
+	tb.Helper()
+	return awaitSome(tb, ctx, ep, ep.Recv, in)
+}
+
+// PollWait is RecvWait for notifications.
+func PollWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, ns []fabric.Notification) int {
+	tb.Helper()
+	return awaitSome(tb, ctx, ep, ep.PollNotifications, ns)
+}
+
+func awaitSome[T any](tb testing.TB, ctx context.Context, ep fabric.Endpoint, get func([]T) (int, error), buf []T) int {
+	tb.Helper()
+	for {
+		k, err := get(buf)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if k > 0 {
+			return k
+		}
+		if err := ep.Wait(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 // noNotifications fails t if ep has a notification after a short settle.

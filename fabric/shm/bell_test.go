@@ -564,20 +564,7 @@ func benchWake(b *testing.B, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var in [1]fabric.Message
-	recv1 := func() {
-		for {
-			n, err := ep.Recv(in[:])
-			if err != nil {
-				b.Fatal(err)
-			}
-			if n == 1 {
-				return
-			}
-			if err := ep.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	recv1 := func() { fabrictest.RecvWait(b, ctx, ep, in[:]) }
 	recv1() // the child is up
 	ping := []fabric.Message{{Peer: fabric.Addr{Node: 2, VPID: 1}, Tag: tagPing}}
 	ping[0].SetPayload(make([]byte, 64))
