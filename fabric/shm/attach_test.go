@@ -355,24 +355,7 @@ func attachHelper(role, fab string) error {
 
 func startHelper(t *testing.T, role, fab string) (*exec.Cmd, *bufio.Reader, func(string)) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAttachHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+fab, attachRoleEnv+"="+role)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
+	cmd, stdin, stdout := testenv.StartPipedHelper(t, "TestAttachHelper", childEnv+"="+fab, attachRoleEnv+"="+role)
 	return cmd, bufio.NewReader(stdout), func(s string) {
 		if _, err := fmt.Fprintln(stdin, s); err != nil {
 			t.Fatal(err)

@@ -57,15 +57,7 @@ const (
 // after bellDelay, sleeping in Wait between pings; on tagStop it reports
 // its wake counters and exits.
 func TestBellHelper(t *testing.T) {
-	fab := os.Getenv(bellChildEnv)
-	if fab == "" {
-		t.Skip("helper process for TestBellWakeAcrossProcesses")
-	}
-	if err := bellChild(fab); err != nil {
-		fmt.Fprintln(os.Stderr, "bell child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	testenv.RunHelper(t, bellChildEnv, "bell child", bellChild)
 }
 
 // wakeModeEnv selects the child's sleep mechanism and removes its reply

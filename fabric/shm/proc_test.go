@@ -3,8 +3,6 @@ package shm
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -30,16 +28,9 @@ const (
 
 func pattern(i int) byte { return byte(i*7 + 3) }
 
+// TestHelperProcess is the child of TestTwoProcesses.
 func TestHelperProcess(t *testing.T) {
-	fab := os.Getenv(childEnv)
-	if fab == "" {
-		t.Skip("helper process for TestTwoProcesses")
-	}
-	if err := child(fab); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	testenv.RunHelper(t, childEnv, "child", child)
 }
 
 func child(fab string) error {
@@ -75,17 +66,7 @@ func child(fab string) error {
 // reaped when the test ends.
 func startChild(tb testing.TB, helper string, env ...string) *exec.Cmd {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return cmd
+	return testenv.StartHelper(tb, helper, env...)
 }
 
 // TestTwoProcesses runs node 2 in a second OS process: VELO ping-pong, an
@@ -100,19 +81,7 @@ func TestTwoProcesses(t *testing.T) {
 	nic := openNIC(t, fab, 1)
 	ep := open1(t, nic, 1)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+fab)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}()
+	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
@@ -185,7 +154,6 @@ func TestTwoProcesses(t *testing.T) {
 	killed := time.Now()
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
-	waited = true
 	if err := testenv.Within(t, "blocked send after SIGKILL", res, 5*time.Second); !errors.Is(err, fabric.ErrPeerDown) {
 		t.Fatalf("blocked send after SIGKILL: %v, want ErrPeerDown", err)
 	}
