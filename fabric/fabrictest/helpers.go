@@ -30,7 +30,9 @@ const (
 	prompt = 3 * time.Second
 )
 
-func open(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
+// OpenEP opens VPID v of n, failing t if it cannot; the endpoint is closed
+// when t ends.
+func OpenEP(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
 	t.Helper()
 	ep, err := n.Open(v)
 	if err != nil {
@@ -38,6 +40,22 @@ func open(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
 	}
 	t.Cleanup(func() { ep.Close() })
 	return ep
+}
+
+// NICs opens nodes 1..n with newNIC, failing t if one cannot be opened;
+// each is closed when t ends. It is the body of most Factories.
+func NICs(t testing.TB, n int, newNIC func(fabric.NodeID) (fabric.NIC, error)) []fabric.NIC {
+	t.Helper()
+	nics := make([]fabric.NIC, n)
+	for i := range nics {
+		nic, err := newNIC(fabric.NodeID(i + 1))
+		if err != nil {
+			t.Fatalf("open node %d: %v", i+1, err)
+		}
+		nics[i] = nic
+		t.Cleanup(func() { nic.Close() })
+	}
+	return nics
 }
 
 func register(t testing.TB, ep fabric.Endpoint, size int) fabric.Region {

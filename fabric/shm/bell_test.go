@@ -83,15 +83,11 @@ func bellChild(fab string) error {
 	if mode := os.Getenv(wakeModeEnv); mode != "" {
 		opts, delay = wakeModeOpts(mode), 0
 	}
-	nic, err := Open(fab, 2, opts...)
+	nic, ep, err := openChildNode(fab, opts...)
 	if err != nil {
 		return err
 	}
 	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		return err
-	}
 	ctx := context.Background()
 	parent := fabric.Addr{Node: 1, VPID: 1}
 	var m fabric.Message
@@ -143,7 +139,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nic.Close()
-	ep := open1(t, nic, 1)
+	ep := fabrictest.OpenEP(t, nic, 1)
 	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -215,7 +211,7 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	fab := uniqueFabric(t)
 	nic := openNIC(t, fab, 1)
-	ep := open1(t, nic, 1)
+	ep := fabrictest.OpenEP(t, nic, 1)
 	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -244,7 +240,7 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 		}
 	}
 	again := openNIC(t, fab, 2)
-	open1(t, again, 1)
+	fabrictest.OpenEP(t, again, 1)
 	if now := bells(); len(now) != 1 || now[0] == old[0] {
 		t.Fatalf("restarted node's doorbell %v (the dead one was %v)", now, old)
 	}
@@ -368,8 +364,8 @@ func TestBellFallback(t *testing.T) {
 	}
 
 	// 1. A futex-mode NIC and a bell-mode NIC wake each other.
-	ea := open1(t, a, 1)
-	eb := open1(t, b, 1)
+	ea := fabrictest.OpenEP(t, a, 1)
+	eb := fabrictest.OpenEP(t, b, 1)
 	for i := 0; i < 5; i++ {
 		if d := wake(ea, eb); d > promptWake {
 			t.Fatalf("bell producer → futex consumer: %v", d)
@@ -417,7 +413,7 @@ func TestBellFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	e4 := open1(t, c, 4)
+	e4 := fabrictest.OpenEP(t, c, 4)
 	os.Remove(e4.(*endpoint).bellPath)
 	failed := wakeStats(t, a).RingFailed
 	wake(ea, e4)
@@ -436,7 +432,7 @@ func TestBellFallback(t *testing.T) {
 func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	nics := factory(withBackstop(longBackstop))(t, 1)
-	ep := open1(t, nics[0], 1)
+	ep := fabrictest.OpenEP(t, nics[0], 1)
 	ctxA, cancelA := context.WithCancel(context.Background())
 	ctxB, cancelB := context.WithCancel(context.Background())
 	defer cancelB()
@@ -470,7 +466,7 @@ func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 func TestBellOwnNotification(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	nics := factory(withBackstop(longBackstop))(t, 2)
-	a, b := open1(t, nics[0], 1), open1(t, nics[1], 1)
+	a, b := fabrictest.OpenEP(t, nics[0], 1), fabrictest.OpenEP(t, nics[1], 1)
 	la, err := a.Register(4096)
 	if err != nil {
 		t.Fatal(err)

@@ -23,17 +23,6 @@ func openNIC(t testing.TB, fab string, node fabric.NodeID, opts ...Option) fabri
 	return nic
 }
 
-// open1 opens VPID v of nic, closed at the end of the test.
-func open1(t testing.TB, nic fabric.NIC, v fabric.VPID) fabric.Endpoint {
-	t.Helper()
-	ep, err := nic.Open(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ep.Close() })
-	return ep
-}
-
 // lender returns nic's Lender side.
 func lender(t testing.TB, nic fabric.NIC) Lender {
 	t.Helper()
