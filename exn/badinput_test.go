@@ -146,14 +146,7 @@ type attacker struct {
 
 func newAttacker(tb testing.TB, c *mem.Cluster, id fabric.NodeID) *attacker {
 	tb.Helper()
-	nic, err := c.NewNIC(id)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ep, err := nic.Open(fabric.EthVPID)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	nic, ep := openEth(tb, c, id)
 	reg, err := ep.Register(1 << 16)
 	if err != nil {
 		tb.Fatal(err)
