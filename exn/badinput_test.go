@@ -146,14 +146,7 @@ type attacker struct {
 
 func newAttacker(tb testing.TB, c *mem.Cluster, id fabric.NodeID) *attacker {
 	tb.Helper()
-	nic, err := c.NewNIC(id)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ep, err := nic.Open(fabric.EthVPID)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	nic, ep := openEth(tb, c, id)
 	reg, err := ep.Register(1 << 16)
 	if err != nil {
 		tb.Fatal(err)
@@ -398,13 +391,8 @@ func TestCloseUnblocks(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	a.eng.Close()
 	for range 2 {
-		select {
-		case err := <-errs:
-			if !errors.Is(err, net.ErrClosed) {
-				t.Errorf("blocked Transmit returned %v, want net.ErrClosed", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("Transmit still blocked after Close")
+		if err := testenv.Within(t, "Transmit after Close", errs, 5*time.Second); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("blocked Transmit returned %v, want net.ErrClosed", err)
 		}
 	}
 	if _, err := a.eng.Transmit(context.Background(), [][]byte{frame(dst, a.eng.MAC(), 60, 0)}); !errors.Is(err, net.ErrClosed) {

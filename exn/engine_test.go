@@ -29,11 +29,7 @@ func TestFrameSizes(t *testing.T) {
 			t.Errorf("size %d: not received as %v", size, want)
 		}
 	}
-	quiet(t, a.eng)
-	quiet(t, b.eng)
-	if s := b.eng.Stats(); s.TotalDrops() != 0 {
-		t.Errorf("drops:%s", dropsString(s))
-	}
+	settled(t, a, b)
 }
 
 // TestOrderMixed sends a random mix of small and large frames, with
@@ -65,11 +61,7 @@ func TestOrderMixed(t *testing.T) {
 			t.Fatalf("frame %d: got seq %d len %d, want len %d", i, binary.BigEndian.Uint32(got[i][14:]), len(got[i]), len(frames[i]))
 		}
 	}
-	quiet(t, a.eng)
-	quiet(t, b.eng)
-	if s := b.eng.Stats(); s.TotalDrops() != 0 {
-		t.Errorf("drops:%s", dropsString(s))
-	}
+	settled(t, a, b)
 }
 
 // TestConcurrentTransmit: several goroutines transmit mixed sizes to one

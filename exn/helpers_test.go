@@ -93,19 +93,27 @@ type node struct {
 	link *collectLink
 }
 
+// openEth opens node id of cluster c and its EXT-Eth VPID. The caller
+// closes the NIC.
+func openEth(tb testing.TB, c *mem.Cluster, id fabric.NodeID) (fabric.NIC, fabric.Endpoint) {
+	tb.Helper()
+	nic, err := c.NewNIC(id)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ep, err := nic.Open(fabric.EthVPID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nic, ep
+}
+
 // newNodes starts one engine per id on cluster c with cfg.
 func newNodes(tb testing.TB, c *mem.Cluster, cfg Config, ids ...fabric.NodeID) []*node {
 	tb.Helper()
 	var out []*node
 	for _, id := range ids {
-		nic, err := c.NewNIC(id)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ep, err := nic.Open(fabric.EthVPID)
-		if err != nil {
-			tb.Fatal(err)
-		}
+		nic, ep := openEth(tb, c, id)
 		l := newCollectLink()
 		e, err := New(nic, ep, l, cfg)
 		if err != nil {
@@ -165,12 +173,17 @@ func mustTransmit(tb testing.TB, e *Engine, frames ...[]byte) {
 // eventually polls cond until it holds or 5 s pass.
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
+	testenv.Eventually(tb, what, 5*time.Second, cond)
+}
+
+// settled is quiet on both engines of a transfer from a to b, and checks
+// that b dropped nothing.
+func settled(tb testing.TB, a, b *node) {
+	tb.Helper()
+	quiet(tb, a.eng)
+	quiet(tb, b.eng)
+	if s := b.eng.Stats(); s.TotalDrops() != 0 {
+		tb.Errorf("drops:%s", dropsString(s))
 	}
 }
 

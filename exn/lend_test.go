@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // lendOne lends one buffer, waiting at most 5 s.
@@ -136,13 +137,8 @@ func TestLendBackPressure(t *testing.T) {
 	if n, err := a.eng.TransmitLent(ctx, [][]byte{bufs[0][:len(f)]}); n != 1 || err != nil {
 		t.Fatalf("TransmitLent: n=%d err=%v", n, err)
 	}
-	select {
-	case n := <-got:
-		if n != 1 {
-			t.Fatalf("Lend after a slot freed: n=%d", n)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Lend still blocked after the slot was pulled")
+	if n := testenv.Within(t, "Lend after the slot was pulled", got, 5*time.Second); n != 1 {
+		t.Fatalf("Lend after a slot freed: n=%d", n)
 	}
 	b.link.wait(t, 1, 5*time.Second)
 	a.eng.Return(bufs[1:3])
@@ -226,13 +222,8 @@ func TestCloseWithLent(t *testing.T) {
 	case <-time.After(30 * time.Millisecond):
 	}
 	a.eng.Return(bufs[1:])
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close still blocked after every buffer came back")
+	if err := testenv.Within(t, "Close after every buffer came back", closed, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -106,14 +106,17 @@ const (
 	OpGet Op = 2 // read the peer's region into local memory
 )
 
-func (o Op) String() string {
-	switch o {
-	case OpPut:
-		return "put"
-	case OpGet:
-		return "get"
+var opNames = [...]string{OpPut: "put", OpGet: "get"}
+
+func (o Op) String() string { return enumString(opNames[:], uint8(o), "op") }
+
+// enumString is the String of a small enumeration: names[v], or what(v)
+// for a value without a name.
+func enumString(names []string, v uint8, what string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("op(%d)", uint8(o))
+	return fmt.Sprintf("%s(%d)", what, v)
 }
 
 // Notify selects which RMA units write a notification (Table 3.1).

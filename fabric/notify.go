@@ -14,17 +14,9 @@ const (
 	KindResponder NotifyKind = 3
 )
 
-func (k NotifyKind) String() string {
-	switch k {
-	case KindRequester:
-		return "requester"
-	case KindCompleter:
-		return "completer"
-	case KindResponder:
-		return "responder"
-	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
-}
+var kindNames = [...]string{KindRequester: "requester", KindCompleter: "completer", KindResponder: "responder"}
+
+func (k NotifyKind) String() string { return enumString(kindNames[:], uint8(k), "kind") }
 
 // NotifyErr is the error field of a notification. Zero means success.
 type NotifyErr uint8
@@ -41,19 +33,9 @@ const (
 	numNotifyErr
 )
 
-func (e NotifyErr) String() string {
-	switch e {
-	case NErrNone:
-		return "ok"
-	case NErrAccess:
-		return "access"
-	case NErrBounds:
-		return "bounds"
-	case NErrPeerDown:
-		return "peer down"
-	}
-	return fmt.Sprintf("err(%d)", uint8(e))
-}
+var notifyErrNames = [numNotifyErr]string{NErrNone: "ok", NErrAccess: "access", NErrBounds: "bounds", NErrPeerDown: "peer down"}
+
+func (e NotifyErr) String() string { return enumString(notifyErrNames[:], uint8(e), "err") }
 
 // Notification is one RMA notification: two 64-bit words in hardware
 // (Figure 5.10). Encode and DecodeNotification give that wire form.

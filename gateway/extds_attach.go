@@ -390,16 +390,7 @@ func (s *attachSvc) Stats() AttachStats {
 // and grants never attached.
 func (s *attachSvc) sweeper() {
 	defer s.wg.Done()
-	t := time.NewTicker(attachSweep)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.sweep()
-		}
-	}
+	every(s.stop, attachSweep, s.sweep)
 }
 
 func (s *attachSvc) sweep() {

@@ -320,20 +320,7 @@ type appProc struct {
 
 func startApp(t *testing.T, role, ctl, addr string, env ...string) *appProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAttachAppHelper$", "-test.count=1")
-	cmd.Env = append(append(os.Environ(), appRoleEnv+"="+role, appControlEnv+"="+ctl, appAddrEnv+"="+addr), env...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, stdout := testenv.StartPipedHelper(t, "TestAttachAppHelper", append([]string{appRoleEnv + "=" + role, appControlEnv + "=" + ctl, appAddrEnv + "=" + addr}, env...)...)
 	p := &appProc{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -343,10 +330,6 @@ func startApp(t *testing.T, role, ctl, addr string, env ...string) *appProc {
 		}
 		close(p.lines)
 	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
 	return p
 }
 

@@ -135,14 +135,20 @@ func (l *liveness) run() {
 			}
 		}
 	}
-	t := time.NewTicker(l.interval)
+	every(l.stop, l.interval, l.poll)
+}
+
+// every calls fn every d until stop is closed: the loop of a goroutine
+// whose owner closes stop and waits for it.
+func every(stop <-chan struct{}, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
-		case <-l.stop:
+		case <-stop:
 			return
 		case <-t.C:
-			l.poll()
+			fn()
 		}
 	}
 }

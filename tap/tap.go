@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"cmp"
 	"github.com/exn-project/exn/internal/ratelog"
 	"github.com/exn-project/exn/internal/sys"
 	"github.com/vishvananda/netlink"
@@ -176,18 +177,10 @@ var _ Device = (*TAP)(nil)
 // up if cfg.Up. The interface is not persistent: Close removes it. On error
 // nothing is left behind.
 func Open(cfg Config) (*TAP, error) {
-	if cfg.Name == "" {
-		cfg.Name = DefaultName
-	}
-	if cfg.MTU == 0 {
-		cfg.MTU = DefaultMTU
-	}
-	if cfg.QueueLen == 0 {
-		cfg.QueueLen = DefaultQueueLen
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Name = cmp.Or(cfg.Name, DefaultName)
+	cfg.MTU = cmp.Or(cfg.MTU, DefaultMTU)
+	cfg.QueueLen = cmp.Or(cfg.QueueLen, DefaultQueueLen)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)
 	}
@@ -439,11 +432,7 @@ func (t *TAP) read(bufs [][]byte, sizes []int, hdrs []VnetHdr) (int, error) {
 	}
 	switch {
 	case err != nil:
-		if errors.Is(err, os.ErrClosed) || t.closed.Load() {
-			return n, t.opErr("read", net.ErrClosed)
-		}
-		t.c.RxErrors.Add(1)
-		return n, t.opErr("read", err)
+		return n, t.pollerErr("read", err, &t.c.RxErrors)
 	case rerr != nil:
 		t.c.RxErrors.Add(1)
 		t.warn("read error", slog.Any("err", rerr))
@@ -477,17 +466,24 @@ func (t *TAP) write(frames [][]byte, hdrs []VnetHdr) (int, error) {
 	}
 	switch {
 	case err != nil:
-		if errors.Is(err, os.ErrClosed) || t.closed.Load() {
-			return n, t.opErr("write", net.ErrClosed)
-		}
-		t.c.TxErrors.Add(1)
-		return n, t.opErr("write", err)
+		return n, t.pollerErr("write", err, &t.c.TxErrors)
 	case werr != nil:
 		t.c.TxErrors.Add(1)
 		t.warn("write refused", slog.Int("len", len(frames[n])), slog.Any("err", werr))
 		return n, t.opErr("write", werr)
 	}
 	return n, nil
+}
+
+// pollerErr is the error of a Read or Write (op) whose poller call failed
+// with err: net.ErrClosed once the TAP is closed, else err, counted in
+// errs.
+func (t *TAP) pollerErr(op string, err error, errs *atomic.Uint64) error {
+	if errors.Is(err, os.ErrClosed) || t.closed.Load() {
+		return t.opErr(op, net.ErrClosed)
+	}
+	errs.Add(1)
+	return t.opErr(op, err)
 }
 
 // Close closes the fd, which removes the interface, and wakes blocked

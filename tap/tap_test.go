@@ -50,22 +50,19 @@ type netnsEnv struct {
 // newNetns creates a network namespace that lives until the test ends.
 func newNetns(tb testing.TB) *netnsEnv {
 	tb.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		tb.Fatalf("get netns: %v", err)
-	}
-	defer orig.Close()
-	ns, err := netns.New() // switches this thread
-	if err != nil {
-		tb.Fatalf("new netns: %v", err)
-	}
-	if err := netns.Set(orig); err != nil {
-		// The thread is stuck in the new namespace: do not return it to
-		// the scheduler (the locked goroutine's exit kills the thread).
-		runtime.Goexit()
-	}
+	var ns netns.NsHandle
+	onLockedThread(tb, func(orig netns.NsHandle) {
+		var err error
+		ns, err = netns.New() // switches this thread
+		if err != nil {
+			tb.Fatalf("new netns: %v", err)
+		}
+		if err := netns.Set(orig); err != nil {
+			// The thread is stuck in the new namespace: do not return it to
+			// the scheduler (the locked goroutine's exit kills the thread).
+			runtime.Goexit()
+		}
+	})
 	nl, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		ns.Close()
@@ -79,6 +76,23 @@ func newNetns(tb testing.TB) *netnsEnv {
 // creates belong to it.
 func (e *netnsEnv) do(tb testing.TB, fn func()) {
 	tb.Helper()
+	onLockedThread(tb, func(orig netns.NsHandle) {
+		if err := netns.Set(e.ns); err != nil {
+			tb.Fatalf("enter netns: %v", err)
+		}
+		defer func() {
+			if err := netns.Set(orig); err != nil {
+				runtime.Goexit()
+			}
+		}()
+		fn()
+	})
+}
+
+// onLockedThread runs fn with the goroutine locked to its thread; orig is
+// the thread's network namespace on entry, closed after fn.
+func onLockedThread(tb testing.TB, fn func(orig netns.NsHandle)) {
+	tb.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
@@ -86,15 +100,7 @@ func (e *netnsEnv) do(tb testing.TB, fn func()) {
 		tb.Fatalf("get netns: %v", err)
 	}
 	defer orig.Close()
-	if err := netns.Set(e.ns); err != nil {
-		tb.Fatalf("enter netns: %v", err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			runtime.Goexit()
-		}
-	}()
-	fn()
+	fn(orig)
 }
 
 // openTAP opens a TAP in a fresh namespace, configured as node 1 with a

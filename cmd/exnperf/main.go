@@ -60,15 +60,8 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", ".", "directory for the default output files")
 	jsonPath := fs.String("json", "", "JSON results file (default DIR/exnperf-results.json; \"-\" to skip)")
 	svgPath := fs.String("svg", "", "SVG chart file (default DIR/exnperf-results.svg; \"-\" to skip)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "exnperf: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := report.ParseFlags(fs, args, stderr, "exnperf"); !ok {
+		return code
 	}
 	if *jsonPath == "" {
 		*jsonPath = filepath.Join(*dir, "exnperf-results.json")

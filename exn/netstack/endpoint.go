@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"cmp"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -142,27 +143,17 @@ func New(cfg Config) (*Endpoint, error) {
 	if cfg.MAC[0]&1 != 0 {
 		return nil, fmt.Errorf("netstack: mac %s: multicast, want unicast", cfg.MAC)
 	}
-	if cfg.MTU == 0 {
-		cfg.MTU = DefaultMTU
-	}
+	cfg.MTU = cmp.Or(cfg.MTU, DefaultMTU)
 	if cfg.MTU < MinMTU || cfg.MTU > MaxMTU {
 		return nil, fmt.Errorf("netstack: mtu %d not in %d..%d", cfg.MTU, MinMTU, MaxMTU)
 	}
 	if cfg.TxQueueLen < 0 || cfg.TxQueueBytes < 0 || cfg.TxBatch < 0 {
 		return nil, errors.New("netstack: negative queue setting")
 	}
-	if cfg.TxQueueLen == 0 {
-		cfg.TxQueueLen = DefaultTxQueueLen
-	}
-	if cfg.TxQueueBytes == 0 {
-		cfg.TxQueueBytes = DefaultTxQueueBytes
-	}
-	if cfg.TxBatch == 0 {
-		cfg.TxBatch = DefaultTxBatch
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.TxQueueLen = cmp.Or(cfg.TxQueueLen, DefaultTxQueueLen)
+	cfg.TxQueueBytes = cmp.Or(cfg.TxQueueBytes, DefaultTxQueueBytes)
+	cfg.TxBatch = cmp.Or(cfg.TxBatch, DefaultTxBatch)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	e := &Endpoint{
 		log:      cfg.Logger,
 		offload:  cfg.ChecksumOffload,

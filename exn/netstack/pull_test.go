@@ -69,13 +69,8 @@ func TestReadFrames(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	ep.Close()
-	select {
-	case err := <-done:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("blocked ReadFrames after Close: %v", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("ReadFrames still blocked after Close")
+	if err := testenv.Within(t, "ReadFrames after Close", done, 2*time.Second); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("blocked ReadFrames after Close: %v", err)
 	}
 }
 

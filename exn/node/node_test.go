@@ -322,18 +322,10 @@ func TestCloseMidTransfer(t *testing.T) {
 	}
 	const bound = 5 * time.Second
 	start := time.Now()
-	select {
-	case err := <-aWriteErr:
-		t.Logf("peer's write failed after %v: %v", time.Since(start), err)
-	case <-time.After(bound):
-		t.Fatalf("peer's write still blocked %v after the node closed", bound)
-	}
-	select {
-	case err := <-bReadErr:
-		t.Logf("closed node's read failed: %v", err)
-	case <-time.After(bound):
-		t.Fatal("closed node's read still blocked")
-	}
+	err = testenv.Within(t, "peer's write after the node closed", aWriteErr, bound)
+	t.Logf("peer's write failed after %v: %v", time.Since(start), err)
+	err = testenv.Within(t, "closed node's read", bReadErr, bound)
+	t.Logf("closed node's read failed: %v", err)
 	// The closed node refuses new work.
 	if _, err := b.DialContext(context.Background(), "tcp", hostPort(a, 1)); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("dial on a closed node: %v, want net.ErrClosed", err)
@@ -372,13 +364,8 @@ func TestCloseUnblocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		select {
-		case err := <-errs:
-			if err == nil {
-				t.Error("blocked call returned no error after Close")
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("a blocked call did not return after Close")
+		if err := testenv.Within(t, "a blocked call after Close", errs, 5*time.Second); err == nil {
+			t.Error("blocked call returned no error after Close")
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 func TestClusterNodeOutOfRange(t *testing.T) {
@@ -114,13 +116,8 @@ func TestPeerCrashResets(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, ch := range map[string]chan error{"read (dialer side)": readErr, "write (acceptor side)": writeErr} {
-		select {
-		case err := <-ch:
-			if err == nil || errors.Is(err, io.EOF) {
-				t.Errorf("%s: %v, want a reset error", name, err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatalf("%s still blocked 3s after the peer crashed", name)
+		if err := testenv.Within(t, name+" after the peer crashed", ch, 3*time.Second); err == nil || errors.Is(err, io.EOF) {
+			t.Errorf("%s: %v, want a reset error", name, err)
 		}
 	}
 	if d := time.Since(crash); d > 2*time.Second {

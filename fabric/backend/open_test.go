@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/fabric/shm"
@@ -33,18 +34,7 @@ func pingPong(t *testing.T, a, b fabric.NIC) {
 		t.Fatal(err)
 	}
 	var got [1]fabric.Message
-	for {
-		n, err := eb.Recv(got[:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if err := eb.Wait(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fabrictest.RecvWait(t, context.Background(), eb, got[:])
 	if string(got[0].Payload()) != "hello" || got[0].Peer.Node != a.Node() {
 		t.Fatalf("got %q from %v", got[0].Payload(), got[0].Peer)
 	}

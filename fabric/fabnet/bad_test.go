@@ -393,13 +393,8 @@ func TestHalfOpen(t *testing.T) {
 	}
 	clk.Add(5 * hb)
 	waitUntil(t, "half-open peer down", func() bool { return errors.Is(n.Alive(1), fabric.ErrPeerDown) })
-	select {
-	case err := <-ch:
-		if !errors.Is(err, fabric.ErrPeerDown) {
-			t.Fatalf("blocked send: %v, want ErrPeerDown", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("blocked send did not return")
+	if err := testenv.Within(t, "blocked send", ch, 5*time.Second); !errors.Is(err, fabric.ErrPeerDown) {
+		t.Fatalf("blocked send: %v, want ErrPeerDown", err)
 	}
 	if got := n.NetStats().HeartbeatTimeouts; got != 1 {
 		t.Fatalf("HeartbeatTimeouts = %d, want 1", got)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/fabrictest"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // testLogger logs warnings to stderr when EXN_TEST_LOG=1, else discards.
@@ -71,13 +72,7 @@ func waitMesh(t testing.TB, nic *NIC, peers int) {
 
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, what, 10*time.Second, cond)
 }
 
 func factory(mod func(*Config)) fabrictest.Factory {

@@ -44,7 +44,7 @@ const rateBatch = 64
 // per-message cost without scheduling, and the allocation proof.
 func benchSendRecv(b *testing.B, f Factory) {
 	nics := f(b, 2)
-	a, r := open(b, nics[0], 1), open(b, nics[1], 1)
+	a, r := OpenEP(b, nics[0], 1), OpenEP(b, nics[1], 1)
 	out := []fabric.Message{msg(r.Addr(), 1, 0, fabric.MaxVELOPayload)}
 	in := make([]fabric.Message, 1)
 	ctx := context.Background()
@@ -55,18 +55,7 @@ func benchSendRecv(b *testing.B, f Factory) {
 		if _, err := a.Send(ctx, out); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := r.Recv(in)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				break
-			}
-			if err := r.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		RecvWait(b, ctx, r, in)
 	}
 }
 
@@ -101,7 +90,7 @@ func Echo(ep fabric.Endpoint) {
 
 func benchPingPong(b *testing.B, f Factory) {
 	nics := f(b, 2)
-	a, e := open(b, nics[0], 1), open(b, nics[1], 1)
+	a, e := OpenEP(b, nics[0], 1), OpenEP(b, nics[1], 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go echo(e, &wg)
@@ -119,18 +108,7 @@ func benchPingPong(b *testing.B, f Factory) {
 		if _, err := a.Send(ctx, out); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := a.Recv(in)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				break
-			}
-			if err := a.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		RecvWait(b, ctx, a, in)
 		lat[i] = int64(time.Since(t0)) / 2
 	}
 	b.StopTimer()
@@ -143,7 +121,7 @@ func benchPingPong(b *testing.B, f Factory) {
 // receiver goroutine on another node; mailbox back-pressure paces it.
 func benchRate(b *testing.B, f Factory) {
 	nics := f(b, 2)
-	a, r := open(b, nics[0], 1), open(b, nics[1], 1)
+	a, r := OpenEP(b, nics[0], 1), OpenEP(b, nics[1], 1)
 	batch := make([]fabric.Message, rateBatch)
 	for i := range batch {
 		batch[i] = msg(r.Addr(), 1, uint64(i), fabric.MaxVELOPayload)
@@ -209,7 +187,7 @@ func memcpyNs(size int) float64 {
 // notification, so each op is a complete transfer.
 func benchRMA(b *testing.B, f Factory, op fabric.Op, size int) {
 	nics := f(b, 2)
-	a, p := open(b, nics[0], 1), open(b, nics[1], 1)
+	a, p := OpenEP(b, nics[0], 1), OpenEP(b, nics[1], 1)
 	la, rp := register(b, a, size), register(b, p, size)
 	fill(la.Buf, 1)
 	fill(rp.Buf, 2)
@@ -225,20 +203,9 @@ func benchRMA(b *testing.B, f Factory, op fabric.Op, size int) {
 		if _, err := a.Post(reqs); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := a.PollNotifications(ns)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				if ns[0].Err != fabric.NErrNone {
-					b.Fatalf("rma: %s", describe(ns[0]))
-				}
-				break
-			}
-			if err := a.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
+		PollWait(b, ctx, a, ns)
+		if ns[0].Err != fabric.NErrNone {
+			b.Fatalf("rma: %s", describe(ns[0]))
 		}
 	}
 	el := time.Since(start)

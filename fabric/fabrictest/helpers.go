@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // Factory returns n NICs of one new fabric with node IDs 1..n. It registers
@@ -29,7 +30,9 @@ const (
 	prompt = 3 * time.Second
 )
 
-func open(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
+// OpenEP opens VPID v of n, failing t if it cannot; the endpoint is closed
+// when t ends.
+func OpenEP(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
 	t.Helper()
 	ep, err := n.Open(v)
 	if err != nil {
@@ -37,6 +40,22 @@ func open(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
 	}
 	t.Cleanup(func() { ep.Close() })
 	return ep
+}
+
+// NICs opens nodes 1..n with newNIC, failing t if one cannot be opened;
+// each is closed when t ends. It is the body of most Factories.
+func NICs(t testing.TB, n int, newNIC func(fabric.NodeID) (fabric.NIC, error)) []fabric.NIC {
+	t.Helper()
+	nics := make([]fabric.NIC, n)
+	for i := range nics {
+		nic, err := newNIC(fabric.NodeID(i + 1))
+		if err != nil {
+			t.Fatalf("open node %d: %v", i+1, err)
+		}
+		nics[i] = nic
+		t.Cleanup(func() { nic.Close() })
+	}
+	return nics
 }
 
 func register(t testing.TB, ep fabric.Endpoint, size int) fabric.Region {
@@ -67,47 +86,70 @@ func seqOf(m *fabric.Message) uint64 { return binary.LittleEndian.Uint64(m.Data[
 // time.
 func recvN(t testing.TB, ep fabric.Endpoint, n int) []fabric.Message {
 	t.Helper()
-	out := make([]fabric.Message, 0, n)
-	buf := make([]fabric.Message, 64)
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
-	for len(out) < n {
-		k, err := ep.Recv(buf[:min(len(buf), n-len(out))])
-		if err != nil {
-			t.Fatalf("%v: recv: %v", ep.Addr(), err)
-		}
-		out = append(out, buf[:k]...)
-		if k > 0 {
-			continue
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("%v: waiting for message %d of %d: %v", ep.Addr(), len(out)+1, n, err)
-		}
-	}
-	return out
+	return takeN(t, ep, n, ep.Recv, "recv", "message")
 }
 
 // pollN receives exactly n notifications.
 func pollN(t testing.TB, ep fabric.Endpoint, n int) []fabric.Notification {
 	t.Helper()
-	out := make([]fabric.Notification, 0, n)
-	buf := make([]fabric.Notification, 64)
+	return takeN(t, ep, n, ep.PollNotifications, "poll notifications", "notification")
+}
+
+// takeN takes exactly n items from ep with get (Recv or
+// PollNotifications), sleeping in ep.Wait while none is there, failing t
+// if they do not arrive before the deadline. op and item name the call and
+// what it returns in failures.
+func takeN[T any](t testing.TB, ep fabric.Endpoint, n int, get func([]T) (int, error), op, item string) []T {
+	t.Helper()
+	out := make([]T, 0, n)
+	buf := make([]T, 64)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	for len(out) < n {
-		k, err := ep.PollNotifications(buf[:min(len(buf), n-len(out))])
+		k, err := get(buf[:min(len(buf), n-len(out))])
 		if err != nil {
-			t.Fatalf("%v: poll notifications: %v", ep.Addr(), err)
+			t.Fatalf("%v: %s: %v", ep.Addr(), op, err)
 		}
 		out = append(out, buf[:k]...)
 		if k > 0 {
 			continue
 		}
 		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("%v: waiting for notification %d of %d: %v", ep.Addr(), len(out)+1, n, err)
+			t.Fatalf("%v: waiting for %s %d of %d: %v", ep.Addr(), item, len(out)+1, n, err)
 		}
 	}
 	return out
+}
+
+// RecvWait receives into in, sleeping in ep.Wait while nothing has
+// arrived, and returns how many messages it got (at least one). It fails
+// tb on an error from ep or ctx. It allocates nothing, so benchmarks use
+// it in their timed loops.
+func RecvWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, in []fabric.Message) int {
+	tb.Helper()
+	return awaitSome(tb, ctx, ep, ep.Recv, in)
+}
+
+// PollWait is RecvWait for notifications.
+func PollWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, ns []fabric.Notification) int {
+	tb.Helper()
+	return awaitSome(tb, ctx, ep, ep.PollNotifications, ns)
+}
+
+func awaitSome[T any](tb testing.TB, ctx context.Context, ep fabric.Endpoint, get func([]T) (int, error), buf []T) int {
+	tb.Helper()
+	for {
+		k, err := get(buf)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if k > 0 {
+			return k
+		}
+		if err := ep.Wait(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 // noNotifications fails t if ep has a notification after a short settle.
@@ -150,13 +192,7 @@ func wantErr(t testing.TB, what string, err, target error) {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, what, deadline, cond)
 }
 
 // result is the outcome of a call run in another goroutine.
@@ -168,13 +204,7 @@ type result struct {
 // within waits for a call result, failing t if it takes longer than d.
 func within(t testing.TB, what string, ch <-chan result, d time.Duration) result {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(d):
-		t.Fatalf("%s did not return within %v", what, d)
-		return result{}
-	}
+	return testenv.Within(t, what, ch, d)
 }
 
 // stillBlocked fails t if ch already has a result.

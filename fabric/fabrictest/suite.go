@@ -46,7 +46,7 @@ func Run(t *testing.T, f Factory) {
 
 func testVELOOrder(t *testing.T, f Factory) {
 	nics := f(t, 3)
-	dst := open(t, nics[0], 5)
+	dst := OpenEP(t, nics[0], 5)
 	per := 2000
 	if testenv.Small() {
 		per = 300
@@ -58,11 +58,11 @@ func testVELOOrder(t *testing.T, f Factory) {
 	var srcs []src
 	for _, n := range nics[1:] {
 		for _, v := range []fabric.VPID{1, 2} {
-			srcs = append(srcs, src{n, open(t, n, v)})
+			srcs = append(srcs, src{n, OpenEP(t, n, v)})
 		}
 	}
 	// The destination VPID 5 also gets traffic on node 1 itself (loopback).
-	srcs = append(srcs, src{nics[0], open(t, nics[0], 6)})
+	srcs = append(srcs, src{nics[0], OpenEP(t, nics[0], 6)})
 
 	var wg sync.WaitGroup
 	errs := make(chan error, len(srcs))
@@ -124,7 +124,7 @@ func testVELOOrder(t *testing.T, f Factory) {
 
 func testVELOPayloads(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 2)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 2)
 	for _, size := range []int{0, 1, 8, fabric.MaxVELOPayload} {
 		m := fabric.Message{Peer: b.Addr(), Tag: 0xA5}
 		p := make([]byte, size)
@@ -167,7 +167,7 @@ func testVELOPayloads(t *testing.T, f Factory) {
 
 func testBackPressure(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 	ch, limit := fillAndBlock(t, nics[0], a, b.Addr(), context.Background())
 	stillBlocked(t, "send to a full mailbox", ch)
 	got := recvN(t, b, limit) // draining lets the sender proceed
@@ -184,7 +184,7 @@ func testBackPressure(t *testing.T, f Factory) {
 
 func testCancelledContext(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := a.Send(ctx, []fabric.Message{msg(b.Addr(), 1, 0, 8)})
@@ -212,7 +212,7 @@ func testCancelledContext(t *testing.T, f Factory) {
 
 func testOpenInUse(t *testing.T, f Factory) {
 	nics := f(t, 1)
-	ep := open(t, nics[0], 7)
+	ep := OpenEP(t, nics[0], 7)
 	_, err := nics[0].Open(7)
 	wantErr(t, "second open", err, fabric.ErrInUse)
 	if nics[0].Stats().InUse == 0 {
@@ -224,13 +224,13 @@ func testOpenInUse(t *testing.T, f Factory) {
 	if err := ep.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	open(t, nics[0], 7)
-	open(t, nics[0], 8) // other VPIDs are independent
+	OpenEP(t, nics[0], 7)
+	OpenEP(t, nics[0], 8) // other VPIDs are independent
 }
 
 func testSendUnknown(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a := open(t, nics[0], 1)
+	a := OpenEP(t, nics[0], 1)
 	ctx := context.Background()
 	_, err := a.Send(ctx, []fabric.Message{msg(fabric.Addr{Node: 2, VPID: 9}, 1, 0, 8)})
 	wantErr(t, "send to unopened vpid", err, fabric.ErrUnknownNode)
@@ -277,7 +277,7 @@ func table31() []notifyCase {
 
 func testNotificationTable(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 3), open(t, nics[1], 4)
+	a, b := OpenEP(t, nics[0], 3), OpenEP(t, nics[1], 4)
 	la, rb := register(t, a, 4096), register(t, b, 4096)
 	const off, n = 100, 1000
 	for _, tc := range table31() {
@@ -335,7 +335,7 @@ func testNotificationTable(t *testing.T, f Factory) {
 
 func testNotificationLocal(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 2)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 2)
 	sizes := []int{1, fabric.RMAMTU - 1, fabric.RMAMTU, fabric.RMAMTU + 1, 3 * fabric.RMAMTU, 64<<10 + 1}
 	if !testenv.Small() {
 		sizes = append(sizes, fabric.MaxRMALen)
@@ -384,7 +384,7 @@ func testNotificationLocal(t *testing.T, f Factory) {
 
 func testRMALoopback(t *testing.T, f Factory) {
 	nics := f(t, 1)
-	a, b := open(t, nics[0], 1), open(t, nics[0], 2)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[0], 2)
 	ra, rb := register(t, a, 2048), register(t, b, 2048)
 	fill(ra.Buf, 1)
 	post(t, a, fabric.RMA{Op: fabric.OpPut, Peer: b.Addr(), Local: ra.NLA, Remote: rb.NLA + 10, Len: 1000, Notify: fabric.NotifyCompleter})
@@ -402,7 +402,7 @@ func testRMALoopback(t *testing.T, f Factory) {
 
 func testRMALocalFaults(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, other, b := open(t, nics[0], 1), open(t, nics[0], 2), open(t, nics[1], 1)
+	a, other, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[0], 2), OpenEP(t, nics[1], 1)
 	la, lo, rb := register(t, a, 1024), register(t, other, 1024), register(t, b, 1024)
 	ok := fabric.RMA{Op: fabric.OpPut, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA, Len: 16, Notify: fabric.NotifyRequester}
 	cases := []struct {
@@ -435,7 +435,7 @@ func testRMALocalFaults(t *testing.T, f Factory) {
 
 func testRMARemoteFaults(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b, b2 := open(t, nics[0], 1), open(t, nics[1], 1), open(t, nics[1], 2)
+	a, b, b2 := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1), OpenEP(t, nics[1], 2)
 	la := register(t, a, 1024)
 	rb := register(t, b, 1024)
 	rb2 := register(t, b2, 1024) // same node, another VPID
@@ -488,7 +488,7 @@ func testRMARemoteFaults(t *testing.T, f Factory) {
 
 func testRMAVsDeregister(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 	la := register(t, a, 64<<10)
 	rounds := 50
 	if testenv.Small() {
@@ -523,7 +523,7 @@ func testRMAVsDeregister(t *testing.T, f Factory) {
 
 func testNotifyOverflow(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 	la, rb := register(t, a, 64), register(t, b, 64)
 	const extra = 100
 	total := fabric.DefaultNotifyDepth + extra
@@ -569,9 +569,9 @@ func testMulticast(t *testing.T, f Factory) {
 	const v fabric.VPID = 9
 	eps := make([]fabric.Endpoint, len(nics))
 	for i, n := range nics {
-		eps[i] = open(t, n, v)
+		eps[i] = OpenEP(t, n, v)
 	}
-	other := open(t, nics[0], 10) // another VPID: must not get group traffic
+	other := OpenEP(t, nics[0], 10) // another VPID: must not get group traffic
 	const g fabric.Group = 5
 	for _, i := range []int{0, 1, 2} { // sender's node joins too: excluded anyway
 		if err := nics[i].Join(g); err != nil {
@@ -633,7 +633,7 @@ func testMulticast(t *testing.T, f Factory) {
 
 func testPeerDown(t *testing.T, f Factory) {
 	nics := f(t, 3)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 	la, rb := register(t, a, 4096), register(t, b, 4096)
 	ch, _ := fillAndBlock(t, nics[0], a, b.Addr(), context.Background())
 	start := time.Now()
@@ -664,7 +664,7 @@ func testPeerDown(t *testing.T, f Factory) {
 		t.Error("Stats.PeerDown not counted")
 	}
 	// Closing a peer's VPID (not the node) also releases a blocked sender.
-	c := open(t, nics[2], 1)
+	c := OpenEP(t, nics[2], 1)
 	ch, _ = fillAndBlock(t, nics[0], a, c.Addr(), context.Background())
 	c.Close()
 	r = within(t, "send blocked on a closed vpid", ch, prompt)
@@ -675,8 +675,8 @@ func testPeerDown(t *testing.T, f Factory) {
 
 func testClosedNIC(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a := open(t, nics[0], 1)
-	b := open(t, nics[1], 1)
+	a := OpenEP(t, nics[0], 1)
+	b := OpenEP(t, nics[1], 1)
 	send(t, a, msg(b.Addr(), 1, 1, 8))
 	recvN(t, b, 1)
 	nics[1].Close()
@@ -693,7 +693,7 @@ func testClosedNIC(t *testing.T, f Factory) {
 
 func testCloseUnblocks(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 
 	wait := func(ep fabric.Endpoint) <-chan result {
 		ch := make(chan result, 1)
@@ -708,7 +708,7 @@ func testCloseUnblocks(t *testing.T, f Factory) {
 		t.Fatalf("Wait after Close: %v, want net.ErrClosed", r.err)
 	}
 	// Endpoint.Close unblocks its own blocked Send.
-	b = open(t, nics[1], 1)
+	b = OpenEP(t, nics[1], 1)
 	ch, _ = fillAndBlock(t, nics[0], a, b.Addr(), context.Background())
 	a.Close()
 	if r := within(t, "Send after own Close", ch, prompt); !errClosed(r.err) {
@@ -728,7 +728,7 @@ func testCloseUnblocks(t *testing.T, f Factory) {
 		t.Fatalf("Wait after Close: %v", err)
 	}
 	// NIC.Close unblocks Wait on its endpoints.
-	c := open(t, nics[0], 2)
+	c := OpenEP(t, nics[0], 2)
 	ch = wait(c)
 	stillBlocked(t, "Wait on an idle endpoint", ch)
 	nics[0].Close()
@@ -742,7 +742,7 @@ func testCloseUnblocks(t *testing.T, f Factory) {
 
 func testWaitWakes(t *testing.T, f Factory) {
 	nics := f(t, 2)
-	a, b := open(t, nics[0], 1), open(t, nics[1], 1)
+	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
 	la, rb := register(t, a, 64), register(t, b, 64)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	err := b.Wait(ctx)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -22,16 +23,6 @@ func newNIC(t testing.TB, c *mem.Cluster, id fabric.NodeID) fabric.NIC {
 	}
 	t.Cleanup(func() { n.Close() })
 	return n
-}
-
-func openEP(t testing.TB, n fabric.NIC, v fabric.VPID) fabric.Endpoint {
-	t.Helper()
-	ep, err := n.Open(v)
-	if err != nil {
-		t.Fatalf("open %d: %v", v, err)
-	}
-	t.Cleanup(func() { ep.Close() })
-	return ep
 }
 
 func TestNodeIDReuse(t *testing.T) {
@@ -53,7 +44,7 @@ func TestNodeIDReuse(t *testing.T) {
 	if err := a.Alive(2); err != nil {
 		t.Fatalf("Alive(2) after restart = %v", err)
 	}
-	src, dst := openEP(t, a, 1), openEP(t, b2, 1)
+	src, dst := fabrictest.OpenEP(t, a, 1), fabrictest.OpenEP(t, b2, 1)
 	m := fabric.Message{Peer: dst.Addr(), Len: 3, Data: [120]byte{1, 2, 3}}
 	if _, err := src.Send(context.Background(), []fabric.Message{m}); err != nil {
 		t.Fatal(err)
@@ -69,7 +60,7 @@ func TestNotifyDepthOverflow(t *testing.T) {
 	var logBuf bytes.Buffer
 	c := mem.NewCluster(mem.WithNotifyDepth(depth), mem.WithLogger(slog.New(slog.NewTextHandler(&logBuf, nil))))
 	n := newNIC(t, c, 1)
-	ep := openEP(t, n, 1)
+	ep := fabrictest.OpenEP(t, n, 1)
 	r, err := ep.Register(64)
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +92,7 @@ func TestZeroAlloc(t *testing.T) {
 		t.Skip("coverage instrumentation allocates")
 	}
 	c := mem.NewCluster()
-	a, b := openEP(t, newNIC(t, c, 1), 1), openEP(t, newNIC(t, c, 2), 1)
+	a, b := fabrictest.OpenEP(t, newNIC(t, c, 1), 1), fabrictest.OpenEP(t, newNIC(t, c, 2), 1)
 	ra, _ := a.Register(4096)
 	rb, _ := b.Register(4096)
 	out := []fabric.Message{{Peer: b.Addr(), Len: 120}}
@@ -140,7 +131,7 @@ func TestConcurrentClose(t *testing.T) {
 	for range rounds {
 		c := mem.NewCluster(mem.WithMailboxSlots(8))
 		na, nb := newNIC(t, c, 1), newNIC(t, c, 2)
-		a, b := openEP(t, na, 1), openEP(t, nb, 1)
+		a, b := fabrictest.OpenEP(t, na, 1), fabrictest.OpenEP(t, nb, 1)
 		ra, _ := a.Register(1 << 16)
 		rb, _ := b.Register(1 << 16)
 		var wg sync.WaitGroup

@@ -13,17 +13,7 @@ import (
 func factory(opts ...mem.Option) fabrictest.Factory {
 	return func(t testing.TB, n int) []fabric.NIC {
 		t.Helper()
-		c := mem.NewCluster(opts...)
-		nics := make([]fabric.NIC, n)
-		for i := range nics {
-			nic, err := c.NewNIC(fabric.NodeID(i + 1))
-			if err != nil {
-				t.Fatalf("new nic %d: %v", i+1, err)
-			}
-			nics[i] = nic
-			t.Cleanup(func() { nic.Close() })
-		}
-		return nics
+		return fabrictest.NICs(t, n, mem.NewCluster(opts...).NewNIC)
 	}
 }
 

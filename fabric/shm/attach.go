@@ -427,13 +427,7 @@ func (a *Attached) Close() error {
 	n.regMu.Unlock()
 	close(n.stop)
 	n.wg.Wait()
-	n.peerMu.Lock()
-	for id, p := range n.peers {
-		p.drop()
-		delete(n.peers, id)
-	}
-	n.peersChangedLocked()
-	n.peerMu.Unlock()
+	n.dropPeers()
 	n.self.drop()
 	n.nodeMap.release()
 	n.nodeFile.Close()

@@ -10,11 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -29,7 +29,7 @@ func TestAttachGrants(t *testing.T) {
 	fab := uniqueFabric(t)
 	owner := openNIC(t, fab, 1)
 	peerNIC := openNIC(t, fab, 2)
-	own := open1(t, owner, 20)
+	own := fabrictest.OpenEP(t, owner, 20)
 	l := lender(t, owner)
 
 	// Grant validation.
@@ -145,7 +145,7 @@ func TestAttachGrants(t *testing.T) {
 	// Traffic between the attached endpoint and node 2.
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	pe := open1(t, peerNIC, 5)
+	pe := fabrictest.OpenEP(t, peerNIC, 5)
 	sendOne(t, ctx, pe, fabric.Addr{Node: 1, VPID: 32}, 3, "to the app")
 	if m := recvOne(t, ctx, ep); string(m.Payload()) != "to the app" || m.Peer != (fabric.Addr{Node: 2, VPID: 5}) {
 		t.Fatalf("app got %q from %v", m.Payload(), m.Peer)
@@ -270,13 +270,8 @@ func TestAttachGrants(t *testing.T) {
 	if err := l.Revoke(g2); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-waitErr:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Wait after revoke: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Wait still blocked 5 s after the lease was revoked")
+	if err := testenv.Within(t, "Wait after the lease was revoked", waitErr, 5*time.Second); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Wait after revoke: %v", err)
 	}
 	<-a2.Done()
 	// The lost attachment's region stays mapped until a2.Close: an
@@ -360,24 +355,7 @@ func attachHelper(role, fab string) error {
 
 func startHelper(t *testing.T, role, fab string) (*exec.Cmd, *bufio.Reader, func(string)) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAttachHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+fab, attachRoleEnv+"="+role)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
+	cmd, stdin, stdout := testenv.StartPipedHelper(t, "TestAttachHelper", childEnv+"="+fab, attachRoleEnv+"="+role)
 	return cmd, bufio.NewReader(stdout), func(s string) {
 		if _, err := fmt.Fprintln(stdin, s); err != nil {
 			t.Fatal(err)
@@ -412,7 +390,7 @@ func TestAttachChildApp(t *testing.T) {
 	fab := uniqueFabric(t)
 	owner := openNIC(t, fab, 1)
 	peerNIC := openNIC(t, fab, 2)
-	pe := open1(t, peerNIC, 5)
+	pe := fabrictest.OpenEP(t, peerNIC, 5)
 	l := lender(t, owner)
 
 	cmd, out, say := startHelper(t, "app", fab)
@@ -455,18 +433,7 @@ func TestAttachChildApp(t *testing.T) {
 		res <- err
 	}()
 	waitFor(t, "the send to block", func() bool { return peerNIC.Stats().SendBlocked > 0 })
-	killed := time.Now()
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-	select {
-	case err := <-res:
-		if !errors.Is(err, fabric.ErrUnknownNode) {
-			t.Fatalf("blocked send after the app died: %v", err)
-		}
-		t.Logf("blocked send ended %v after the app was killed", time.Since(killed))
-	case <-time.After(5 * time.Second):
-		t.Fatal("send still blocked 5 s after the app was killed")
-	}
+	killAndAwait(t, cmd, "blocked send to the app", res, fabric.ErrUnknownNode)
 	waitFor(t, "the lease to be reclaimed", func() bool { return len(l.Leases()) == 0 })
 	if s := l.LeaseStats(); s.HolderDied != 1 || s.Reclaimed != 1 {
 		t.Fatalf("lease stats %+v", s)
@@ -505,7 +472,7 @@ func TestAttachOwnerDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	peerNIC := openNIC(t, fab, 2)
-	pe := open1(t, peerNIC, 5)
+	pe := fabrictest.OpenEP(t, peerNIC, 5)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	sendOne(t, ctx, pe, ep.Addr(), 1, "x")
@@ -515,18 +482,7 @@ func TestAttachOwnerDies(t *testing.T) {
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- ep.Wait(context.Background()) }()
 	time.Sleep(20 * time.Millisecond) // let it sleep on the futex
-	killed := time.Now()
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-	select {
-	case err := <-waitErr:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Wait after the owner died: %v", err)
-		}
-		t.Logf("Wait returned %v after the owner was killed", time.Since(killed))
-	case <-time.After(5 * time.Second):
-		t.Fatal("Wait still blocked 5 s after the owner died")
-	}
+	killAndAwait(t, cmd, "Wait on the owner's node", waitErr, net.ErrClosed)
 	select {
 	case <-a.Done():
 	case <-time.After(time.Second):

@@ -57,15 +57,7 @@ const (
 // after bellDelay, sleeping in Wait between pings; on tagStop it reports
 // its wake counters and exits.
 func TestBellHelper(t *testing.T) {
-	fab := os.Getenv(bellChildEnv)
-	if fab == "" {
-		t.Skip("helper process for TestBellWakeAcrossProcesses")
-	}
-	if err := bellChild(fab); err != nil {
-		fmt.Fprintln(os.Stderr, "bell child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	testenv.RunHelper(t, bellChildEnv, "bell child", bellChild)
 }
 
 // wakeModeEnv selects the child's sleep mechanism and removes its reply
@@ -91,15 +83,11 @@ func bellChild(fab string) error {
 	if mode := os.Getenv(wakeModeEnv); mode != "" {
 		opts, delay = wakeModeOpts(mode), 0
 	}
-	nic, err := Open(fab, 2, opts...)
+	nic, ep, err := openChildNode(fab, opts...)
 	if err != nil {
 		return err
 	}
 	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		return err
-	}
 	ctx := context.Background()
 	parent := fabric.Addr{Node: 1, VPID: 1}
 	var m fabric.Message
@@ -151,7 +139,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nic.Close()
-	ep := open1(t, nic, 1)
+	ep := fabrictest.OpenEP(t, nic, 1)
 	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -223,7 +211,7 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	fab := uniqueFabric(t)
 	nic := openNIC(t, fab, 1)
-	ep := open1(t, nic, 1)
+	ep := fabrictest.OpenEP(t, nic, 1)
 	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -252,7 +240,7 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 		}
 	}
 	again := openNIC(t, fab, 2)
-	open1(t, again, 1)
+	fabrictest.OpenEP(t, again, 1)
 	if now := bells(); len(now) != 1 || now[0] == old[0] {
 		t.Fatalf("restarted node's doorbell %v (the dead one was %v)", now, old)
 	}
@@ -376,8 +364,8 @@ func TestBellFallback(t *testing.T) {
 	}
 
 	// 1. A futex-mode NIC and a bell-mode NIC wake each other.
-	ea := open1(t, a, 1)
-	eb := open1(t, b, 1)
+	ea := fabrictest.OpenEP(t, a, 1)
+	eb := fabrictest.OpenEP(t, b, 1)
 	for i := 0; i < 5; i++ {
 		if d := wake(ea, eb); d > promptWake {
 			t.Fatalf("bell producer → futex consumer: %v", d)
@@ -425,7 +413,7 @@ func TestBellFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	e4 := open1(t, c, 4)
+	e4 := fabrictest.OpenEP(t, c, 4)
 	os.Remove(e4.(*endpoint).bellPath)
 	failed := wakeStats(t, a).RingFailed
 	wake(ea, e4)
@@ -444,7 +432,7 @@ func TestBellFallback(t *testing.T) {
 func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	nics := factory(withBackstop(longBackstop))(t, 1)
-	ep := open1(t, nics[0], 1)
+	ep := fabrictest.OpenEP(t, nics[0], 1)
 	ctxA, cancelA := context.WithCancel(context.Background())
 	ctxB, cancelB := context.WithCancel(context.Background())
 	defer cancelB()
@@ -464,15 +452,10 @@ func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 	}{{"first", cancelA, a}, {"second", cancelB, b}} {
 		start := time.Now()
 		step.cancel()
-		select {
-		case err := <-step.done:
-			if !errors.Is(err, context.Canceled) {
-				t.Fatalf("%s Wait: %v, want context.Canceled", step.name, err)
-			}
-			t.Logf("%s Wait returned %v after its cancel", step.name, time.Since(start))
-		case <-time.After(promptWake):
-			t.Fatalf("%s Wait still asleep %v after its context was cancelled", step.name, promptWake)
+		if err := testenv.Within(t, step.name+" Wait after its cancel", step.done, promptWake); !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s Wait: %v, want context.Canceled", step.name, err)
 		}
+		t.Logf("%s Wait returned %v after its cancel", step.name, time.Since(start))
 	}
 }
 
@@ -483,7 +466,7 @@ func TestConcurrentWaitsDistinctContexts(t *testing.T) {
 func TestBellOwnNotification(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	nics := factory(withBackstop(longBackstop))(t, 2)
-	a, b := open1(t, nics[0], 1), open1(t, nics[1], 1)
+	a, b := fabrictest.OpenEP(t, nics[0], 1), fabrictest.OpenEP(t, nics[1], 1)
 	la, err := a.Register(4096)
 	if err != nil {
 		t.Fatal(err)
@@ -506,13 +489,8 @@ func TestBellOwnNotification(t *testing.T) {
 			Len: 64, Notify: fabric.NotifyRequester}}); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(promptWake):
-			t.Fatalf("round %d: a Wait on the poster was not woken by its own notification in %v", i, promptWake)
+		if err := testenv.Within(t, fmt.Sprintf("round %d: a Wait on the poster, woken by its own notification,", i), got, promptWake); err != nil {
+			t.Fatal(err)
 		}
 		t.Logf("round %d: woken %v after the Post", i, time.Since(start))
 	}
@@ -574,20 +552,7 @@ func benchWake(b *testing.B, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var in [1]fabric.Message
-	recv1 := func() {
-		for {
-			n, err := ep.Recv(in[:])
-			if err != nil {
-				b.Fatal(err)
-			}
-			if n == 1 {
-				return
-			}
-			if err := ep.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	recv1 := func() { fabrictest.RecvWait(b, ctx, ep, in[:]) }
 	recv1() // the child is up
 	ping := []fabric.Message{{Peer: fabric.Addr{Node: 2, VPID: 1}, Tag: tagPing}}
 	ping[0].SetPayload(make([]byte, 64))

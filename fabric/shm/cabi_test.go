@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -245,8 +246,8 @@ func newCABI(t *testing.T) *cabiSetup {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.node2.Close() })
-	s.ep1 = open1(t, s.owner, 1)
-	s.ep2 = open1(t, s.node2, 1)
+	s.ep1 = fabrictest.OpenEP(t, s.owner, 1)
+	s.ep2 = fabrictest.OpenEP(t, s.node2, 1)
 	s.c = startCPeer(t, bin)
 	attachC(t, s.c, s.fab, s.owner, 10, 2)
 	s.c.ok("open 10 0")
@@ -706,7 +707,7 @@ func TestCABIPeerDies(t *testing.T) {
 	// (2) on a fabric of its own: node 2 is TestHelperProcess's child.
 	fab := uniqueFabric(t)
 	owner := openNIC(t, fab, 1)
-	ep := open1(t, owner, 1)
+	ep := fabrictest.OpenEP(t, owner, 1)
 	child := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	if m := recvOne(t, ctx, ep); m.Tag != tagRegion {
 		t.Fatalf("child said tag %d first", m.Tag)
@@ -773,7 +774,7 @@ func BenchmarkCABI(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer n2.Close()
-		ep := open1(b, n2, 1)
+		ep := fabrictest.OpenEP(b, n2, 1)
 		c := startCPeer(b, bin)
 		attachC(b, c, fab, owner, 10, 1)
 		c.ok("open 10 0")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // openNIC opens node of fab, closed at the end of the test.
@@ -20,17 +21,6 @@ func openNIC(t testing.TB, fab string, node fabric.NodeID, opts ...Option) fabri
 	}
 	t.Cleanup(func() { nic.Close() })
 	return nic
-}
-
-// open1 opens VPID v of nic, closed at the end of the test.
-func open1(t testing.TB, nic fabric.NIC, v fabric.VPID) fabric.Endpoint {
-	t.Helper()
-	ep, err := nic.Open(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ep.Close() })
-	return ep
 }
 
 // lender returns nic's Lender side.
@@ -93,13 +83,7 @@ func sendOne(t testing.TB, ctx context.Context, ep fabric.Endpoint, to fabric.Ad
 // waitFor polls cond for up to 5 s.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testenv.Eventually(t, what, 5*time.Second, cond)
 }
 
 // echo sends every message that arrives on ep back out to to, until a

@@ -506,13 +506,7 @@ func (n *nicT) Close() error {
 		n.dropRegionLocked(idx, r)
 	}
 	n.regMu.Unlock()
-	n.peerMu.Lock()
-	for id, p := range n.peers {
-		p.drop()
-		delete(n.peers, id)
-	}
-	n.peersChangedLocked()
-	n.peerMu.Unlock()
+	n.dropPeers()
 	if same, _ := sys.SameFile(n.nodeFile, n.nodePath(n.node)); same {
 		os.Remove(n.nodePath(n.node))
 	}

@@ -156,6 +156,19 @@ func (n *nicT) peersChangedLocked() {
 	n.peersCh = make(chan struct{})
 }
 
+// dropPeers unmaps every peer and forgets it, waking PeersChanged's
+// watchers: the last step of closing a NIC or an attachment, after its
+// goroutines have stopped.
+func (n *nicT) dropPeers() {
+	n.peerMu.Lock()
+	defer n.peerMu.Unlock()
+	for id, p := range n.peers {
+		p.drop()
+		delete(n.peers, id)
+	}
+	n.peersChangedLocked()
+}
+
 // PeersChanged implements fabric.PeerWatcher.
 func (n *nicT) PeersChanged() <-chan struct{} {
 	n.peerMu.RLock()

@@ -3,8 +3,6 @@ package shm
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -30,28 +29,45 @@ const (
 
 func pattern(i int) byte { return byte(i*7 + 3) }
 
+// killAndAwait SIGKILLs the helper process cmd and reaps it, then checks
+// that a call blocked on it (what) returns want on res within 5 s, and
+// logs how long that took.
+func killAndAwait(t testing.TB, cmd *exec.Cmd, what string, res <-chan error, want error) {
+	t.Helper()
+	killed := time.Now()
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	if err := testenv.Within(t, what+" after SIGKILL", res, 5*time.Second); !errors.Is(err, want) {
+		t.Fatalf("%s after SIGKILL: %v, want %v", what, err, want)
+	}
+	t.Logf("%s returned %v after SIGKILL", what, time.Since(killed))
+}
+
+// TestHelperProcess is the child of TestTwoProcesses.
 func TestHelperProcess(t *testing.T) {
-	fab := os.Getenv(childEnv)
-	if fab == "" {
-		t.Skip("helper process for TestTwoProcesses")
+	testenv.RunHelper(t, childEnv, "child", child)
+}
+
+// openChildNode opens node 2 of fab, and its VPID 1, in a helper process.
+func openChildNode(fab string, opts ...Option) (fabric.NIC, fabric.Endpoint, error) {
+	nic, err := Open(fab, 2, opts...)
+	if err != nil {
+		return nil, nil, err
 	}
-	if err := child(fab); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
+	ep, err := nic.Open(1)
+	if err != nil {
+		nic.Close()
+		return nil, nil, err
 	}
-	os.Exit(0)
+	return nic, ep, nil
 }
 
 func child(fab string) error {
-	nic, err := Open(fab, 2, WithSlots(8))
+	nic, ep, err := openChildNode(fab, WithSlots(8))
 	if err != nil {
 		return err
 	}
 	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		return err
-	}
 	r, err := ep.Register(childRegionSize)
 	if err != nil {
 		return err
@@ -75,17 +91,7 @@ func child(fab string) error {
 // reaped when the test ends.
 func startChild(tb testing.TB, helper string, env ...string) *exec.Cmd {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return cmd
+	return testenv.StartHelper(tb, helper, env...)
 }
 
 // TestTwoProcesses runs node 2 in a second OS process: VELO ping-pong, an
@@ -98,21 +104,9 @@ func TestTwoProcesses(t *testing.T) {
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
 	nic := openNIC(t, fab, 1)
-	ep := open1(t, nic, 1)
+	ep := fabrictest.OpenEP(t, nic, 1)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+fab)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}()
+	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
@@ -182,19 +176,7 @@ func TestTwoProcesses(t *testing.T) {
 	for nic.Stats().SendBlocked == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	killed := time.Now()
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-	waited = true
-	select {
-	case err := <-res:
-		if !errors.Is(err, fabric.ErrPeerDown) {
-			t.Fatalf("blocked send after SIGKILL: %v, want ErrPeerDown", err)
-		}
-		t.Logf("blocked send returned ErrPeerDown %v after SIGKILL", time.Since(killed))
-	case <-time.After(5 * time.Second):
-		t.Fatal("blocked send still blocked 5 s after the peer was killed")
-	}
+	killAndAwait(t, cmd, "blocked send to the child", res, fabric.ErrPeerDown)
 	if err := nic.Alive(2); !errors.Is(err, fabric.ErrPeerDown) {
 		t.Fatalf("Alive(2) after kill = %v, want ErrPeerDown", err)
 	}

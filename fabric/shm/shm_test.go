@@ -46,16 +46,7 @@ func factory(opts ...Option) fabrictest.Factory {
 	return func(t testing.TB, n int) []fabric.NIC {
 		t.Helper()
 		name := uniqueFabric(t)
-		nics := make([]fabric.NIC, n)
-		for i := range nics {
-			nic, err := Open(name, fabric.NodeID(i+1), opts...)
-			if err != nil {
-				t.Fatalf("open node %d: %v", i+1, err)
-			}
-			nics[i] = nic
-			t.Cleanup(func() { nic.Close() })
-		}
-		return nics
+		return fabrictest.NICs(t, n, func(id fabric.NodeID) (fabric.NIC, error) { return Open(name, id, opts...) })
 	}
 }
 

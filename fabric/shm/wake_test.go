@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -43,8 +44,8 @@ func TestNoLostWakeup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nics := factory(tc.opts...)(t, 3)
-			cons := open1(t, nics[0], 1)
-			prods := []fabric.Endpoint{open1(t, nics[1], 1), open1(t, nics[1], 2), open1(t, nics[2], 1)}
+			cons := fabrictest.OpenEP(t, nics[0], 1)
+			prods := []fabric.Endpoint{fabrictest.OpenEP(t, nics[1], 1), fabrictest.OpenEP(t, nics[1], 2), fabrictest.OpenEP(t, nics[2], 1)}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var wg sync.WaitGroup

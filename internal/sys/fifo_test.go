@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 func TestBellRingAndDrain(t *testing.T) {
@@ -53,9 +55,10 @@ func TestBellRingAndDrain(t *testing.T) {
 	}
 }
 
-// TestBellParksInNetpoller: a RawConn.Read on the bell parks until a
-// writer rings, and a read deadline ends it.
-func TestBellParksInNetpoller(t *testing.T) {
+// newBell makes a FIFO bell in a temporary directory and opens its reader,
+// closed when t ends.
+func newBell(t testing.TB) (string, *os.File) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "bell")
 	if err := Mkfifo(path, 0o600); err != nil {
 		t.Fatal(err)
@@ -64,7 +67,14 @@ func TestBellParksInNetpoller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
+	return path, f
+}
+
+// TestBellParksInNetpoller: a RawConn.Read on the bell parks until a
+// writer rings, and a read deadline ends it.
+func TestBellParksInNetpoller(t *testing.T) {
+	path, f := newBell(t)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -87,13 +97,8 @@ func TestBellParksInNetpoller(t *testing.T) {
 	}
 	defer CloseFD(w)
 	RingBell(w)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("ring did not wake the reader")
+	if err := testenv.Within(t, "the reader after a ring", done, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 	f.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
 	if err := rc.Read(drain); !os.IsTimeout(err) {
@@ -122,15 +127,7 @@ func TestBellRefusesNonFIFO(t *testing.T) {
 // TestTryLockKeepsNonblocking: TryLock must not switch a pollable file to
 // blocking mode (f.Fd() would), or a RawConn.Read on it blocks a thread.
 func TestTryLockKeepsNonblocking(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "bell")
-	if err := Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f, _, err := OpenBell(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	_, f := newBell(t)
 	if ok, err := TryLock(f, true); !ok || err != nil {
 		t.Fatalf("lock: %v %v", ok, err)
 	}

@@ -2,9 +2,9 @@ package sys
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"unsafe"
 )
 
 // TUN/TAP device node and the TUNSETIFF request block.
@@ -68,16 +68,8 @@ func TAPRead(fd int, b []byte) (n int, err error) {
 		return 0, unix.EINVAL
 	}
 	var spill [1]byte
-	var iov [2]unix.Iovec
-	iov[0].Base = &b[0]
-	iov[0].SetLen(len(b))
-	iov[1].Base = &spill[0]
-	iov[1].SetLen(1)
-	r, _, e := unix.RawSyscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
-	if e != 0 {
-		return 0, errnoErr(e)
-	}
-	return int(r), nil
+	iov := [2]unix.Iovec{iovec(b), iovec(spill[:])}
+	return rawIOV(unix.SYS_READV, fd, iov[:])
 }
 
 // TAPWrite writes one frame to a non-blocking TAP fd; the kernel takes

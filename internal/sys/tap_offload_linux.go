@@ -2,7 +2,6 @@ package sys
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -61,18 +60,12 @@ func TAPReadVnet(fd int, hdr *[VnetHdrLen]byte, b []byte) (n int, err error) {
 		return 0, unix.EINVAL
 	}
 	var spill [1]byte
-	var iov [3]unix.Iovec
-	iov[0].Base = &hdr[0]
-	iov[0].SetLen(VnetHdrLen)
-	iov[1].Base = &b[0]
-	iov[1].SetLen(len(b))
-	iov[2].Base = &spill[0]
-	iov[2].SetLen(1)
-	r, _, e := unix.RawSyscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 3)
-	if e != 0 {
-		return 0, errnoErr(e)
+	iov := [3]unix.Iovec{iovec(hdr[:]), iovec(b), iovec(spill[:])}
+	r, err := rawIOV(unix.SYS_READV, fd, iov[:])
+	if err != nil {
+		return 0, err
 	}
-	return int(r) - VnetHdrLen, nil
+	return r - VnetHdrLen, nil
 }
 
 // TAPWriteVnet writes one frame behind its virtio-net header to a
@@ -80,18 +73,15 @@ func TAPReadVnet(fd int, hdr *[VnetHdrLen]byte, b []byte) (n int, err error) {
 // takes the whole frame or none of it. A RawSyscall, for the reasons of
 // TAPRead.
 func TAPWriteVnet(fd int, hdr *[VnetHdrLen]byte, b []byte) (n int, err error) {
-	var iov [2]unix.Iovec
-	iov[0].Base = &hdr[0]
-	iov[0].SetLen(VnetHdrLen)
+	iov := [2]unix.Iovec{iovec(hdr[:])}
 	k := 1
 	if len(b) > 0 {
-		iov[1].Base = &b[0]
-		iov[1].SetLen(len(b))
+		iov[1] = iovec(b)
 		k = 2
 	}
-	r, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
-	if e != 0 {
-		return 0, errnoErr(e)
+	r, err := rawIOV(unix.SYS_WRITEV, fd, iov[:k])
+	if err != nil {
+		return 0, err
 	}
-	return int(r) - VnetHdrLen, nil
+	return r - VnetHdrLen, nil
 }

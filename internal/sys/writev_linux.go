@@ -37,8 +37,7 @@ func (w *Writev) Write(fd int, bufs [][]byte) (int, error) {
 		if k == MaxWritev {
 			return 0, unix.EINVAL
 		}
-		w.iov[k].Base = &b[0]
-		w.iov[k].SetLen(len(b))
+		w.iov[k] = iovec(b)
 		k++
 	}
 	if k == 0 {

@@ -1,6 +1,6 @@
 // Package testenv holds the test-environment policy shared by every
-// package's tests: when privileged tests run or skip, test sizes, and leak
-// checks.
+// package's tests: when privileged tests run or skip, test sizes, leak
+// checks and bounded waits (Eventually, Within).
 //
 // # Ownership and imports
 //

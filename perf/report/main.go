@@ -29,15 +29,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: exnperf report [flags]\n\nRuns the benchmark matrix (go test -bench as child processes; the namespace\nbenchmarks only as root), saves OUT/results/SECTION.json and writes\nOUT/benchmarks.md and OUT/charts/*.svg.\n\nflags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "exnperf report: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := ParseFlags(fs, args, stderr, "exnperf report"); !ok {
+		return code
 	}
 	o := Options{Quick: *quick, Count: *count, Out: *out, Results: *results, From: *from, Note: *note}
 	if *only != "" {
@@ -72,4 +65,22 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "wrote %s and %s\n", filepath.Join(o.Out, "benchmarks.md"), filepath.Join(o.Out, "charts"))
 	return 0
+}
+
+// ParseFlags parses args into fs, a command line without positional
+// arguments. ok says the command goes on; otherwise code is its exit
+// status: 0 after -h, 2 after a bad flag or an argument (named on stderr,
+// after prog).
+func ParseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, prog string) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", prog, fs.Args())
+		return 2, false
+	}
+	return 0, true
 }
