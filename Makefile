@@ -54,7 +54,7 @@ vet:
 # The race detector runs on the packages whose concurrency matters most,
 # with small sizes (EXN_TEST_SMALL=1); the full suite runs without it.
 race:
-	EXN_TEST_SMALL=1 $(GO) test -race -count=1 -timeout 20m ./fabric/... ./exn/... ./arp/...
+	EXN_TEST_SMALL=1 $(GO) test -race -count=1 -timeout 20m ./fabric/... ./exn/... ./arp/... ./extds/... ./control/... ./shim/check/
 
 unit:
 	$(GO) test -count=1 -timeout 40m ./...
