@@ -179,13 +179,18 @@ func TestSafetyForkingServer(t *testing.T) {
 	}
 }
 
-// TestSafetyDisagreement: a listener registered by a shimmed root master
-// is accepted by workers that cannot take part. The client (shimmed, as
-// nobody) must get exactly the bytes of plain TCP, and the fallback is
-// counted with its reason.
+// TestSafetyDisagreement: a listener registered by a shimmed process is
+// accepted by workers that cannot take part: exec'd without the shim,
+// with EXTDS_MODE=off, or (otheruid) running under another uid than the
+// registrant (nobody registers and passes the listener over SCM_RIGHTS,
+// uid 65533 accepts: its shim never learnt of that listener, so it asks
+// exnd nothing and the client's claim goes unanswered, no_claim; a
+// shim-accept of another uid on a registration is refused as not_owner,
+// TestSafetyAttack). The client (shimmed, as nobody) must get exactly
+// the bytes of plain TCP, and the fallback is counted with its reason.
 func TestSafetyDisagreement(t *testing.T) {
 	c := startSafety(t, 47, [2]string{"all", "all"})
-	for _, mode := range []string{"exec-plain", "exec-off"} {
+	for _, mode := range []string{"exec-plain", "exec-off", "otheruid"} {
 		t.Run(mode, func(t *testing.T) {
 			_, port := c.server(t, mode, 2, c.shim(1))
 			b := c.counters(t)

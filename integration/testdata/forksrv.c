@@ -1,7 +1,7 @@
 /*
  * forksrv: the server shapes of issue #18 for integration/safety_test.go.
  *
- *   forksrv server IP PORT WORKERS MODE   MODE: setuid | exec-plain | exec-off | gated
+ *   forksrv server IP PORT WORKERS MODE   MODE: setuid | exec-plain | exec-off | gated | otheruid
  *   forksrv worker FD                     (exec'd by exec-* modes)
  *   forksrv client IP PORT SIZE COUNT
  *
@@ -14,6 +14,10 @@
  * gated: each worker stays root and accepts only once the file named by
  * $FORKSRV_GATE exists (at most 60 s), so a test can restart exnd between
  * a client's connect (its probe) and the server's accept.
+ * otheruid: a child that dropped to nobody (65534) listens (so the
+ * registration is nobody's) and passes the listener over a socketpair
+ * to WORKERS children running as uid 65533, which accept: an acceptor
+ * under another uid than the registrant's (exnd refuses it: not_owner).
  * A worker reads exactly "GET n\n" and answers n pattern bytes, then
  * closes; anything else is answered "BAD" (a foreign byte in the stream
  * shows up as a failed request). The client checks every byte.
@@ -52,6 +56,83 @@ static void gate(void)
 	const char *g = getenv("FORKSRV_GATE");
 	for (int i = 0; g && i < 6000 && access(g, F_OK) != 0; i++)
 		usleep(10000);
+}
+
+static int drop_to(uid_t uid)
+{
+	return setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0 ? -1 : 0;
+}
+
+static void send_fd(int sock, int fd)
+{
+	char c = 0;
+	struct iovec iov = {&c, 1};
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &fd, sizeof fd);
+	if (sendmsg(sock, &m, 0) < 0)
+		perror("sendmsg");
+}
+
+static int recv_fd(int sock)
+{
+	char c;
+	struct iovec iov = {&c, 1};
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+	if (recvmsg(sock, &m, 0) <= 0 || !CMSG_FIRSTHDR(&m))
+		return -1;
+	int fd;
+	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+	return fd;
+}
+
+static void serve(int lfd);
+
+/* otheruid mode (see the top): returns after the children started. */
+static int other_uid(const struct sockaddr_in *a, int workers)
+{
+	int sp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0) {
+		perror("socketpair");
+		return -1;
+	}
+	if (fork() == 0) {
+		if (drop_to(65534) < 0)
+			_exit(1);
+		int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+		setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(s, (const struct sockaddr *)a, sizeof *a) < 0 || listen(s, 128) < 0) {
+			perror("listen (nobody)");
+			_exit(1);
+		}
+		send_fd(sp[0], s);
+		pause();
+		_exit(0);
+	}
+	int s = recv_fd(sp[1]);
+	if (s < 0) {
+		fprintf(stderr, "no listener from the nobody child\n");
+		return -1;
+	}
+	for (int i = 0; i < workers; i++)
+		if (fork() == 0) {
+			if (drop_to(65533) < 0)
+				_exit(1);
+			serve(s);
+		}
+	close(s);
+	return 0;
 }
 
 static void serve(int lfd)
@@ -143,10 +224,16 @@ int main(int argc, char **argv)
 	}
 	int workers = atoi(argv[4]);
 	const char *mode = argv[5];
-	int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[3]))};
 	inet_pton(AF_INET, argv[2], &a.sin_addr);
+	if (!strcmp(mode, "otheruid")) {
+		if (other_uid(&a, workers) < 0)
+			return 1;
+		printf("listening workers=%d mode=%s\n", workers, mode);
+		goto wait;
+	}
+	int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	if (bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 128) < 0) {
 		perror("listen");
 		return 1;
@@ -182,6 +269,7 @@ int main(int argc, char **argv)
 	}
 	close(s); /* the parent lets go of the listener while workers serve */
 	printf("listening workers=%d mode=%s\n", workers, mode);
+wait:;
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
