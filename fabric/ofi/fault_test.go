@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/ofi"
 	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/internal/testenv"
@@ -110,18 +111,7 @@ func TestUnreachablePeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := make([]fabric.Notification, 1)
-	for {
-		k, err := ep.PollNotifications(ns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if k == 1 {
-			break
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("waiting for the error notification: %v", err)
-		}
-	}
+	fabrictest.PollWait(t, ctx, ep, ns)
 	if ns[0].Kind != fabric.KindRequester || ns[0].Err != fabric.NErrPeerDown {
 		t.Fatalf("rma to an unreachable peer: %+v, want requester NErrPeerDown", ns[0])
 	}
@@ -136,16 +126,8 @@ func TestZeroAllocVELO(t *testing.T) {
 	for _, prov := range []string{"shm", "tcp"} {
 		t.Run(prov, func(t *testing.T) {
 			nics := factory(prov, nil)(t, 2)
-			a, err := nics[0].Open(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := nics[1].Open(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			defer b.Close()
+			a := fabrictest.OpenEP(t, nics[0], 1)
+			b := fabrictest.OpenEP(t, nics[1], 1)
 			out := []fabric.Message{{Peer: b.Addr(), Len: fabric.MaxVELOPayload}}
 			in := make([]fabric.Message, 1)
 			ctx := context.Background()
@@ -153,18 +135,7 @@ func TestZeroAllocVELO(t *testing.T) {
 				if _, err := a.Send(ctx, out); err != nil {
 					t.Fatal(err)
 				}
-				for {
-					k, err := b.Recv(in)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if k == 1 {
-						return
-					}
-					if err := b.Wait(ctx); err != nil {
-						t.Fatal(err)
-					}
-				}
+				fabrictest.RecvWait(t, ctx, b, in)
 			}
 			round() // opens the pair
 			if avg := testing.AllocsPerRun(500, round); avg > 0.05 {
