@@ -148,7 +148,7 @@ func TestReadFromWriteToTCP(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	// A plain server: sha256 of everything until EOF, then the hex sum.
-	addr := plainServer(t, func(c net.Conn) {
+	addr := testenv.ServeTCP(t, func(c net.Conn) {
 		h := sha256.New()
 		if _, err := io.Copy(h, c); err != nil {
 			return

@@ -25,7 +25,7 @@ func TestRingFull(t *testing.T) {
 	data := randBytes(total, 9)
 	errc := make(chan error, 1)
 	go func() { _, err := c.Write(data); errc <- err }()
-	waitFor(t, 2*time.Second, "writer blocked on credits", func() bool { return p.devA.Stats().CreditWaits > 0 })
+	testenv.Eventually(t, "writer blocked on credits", 2*time.Second, func() bool { return p.devA.Stats().CreditWaits > 0 })
 	got := make([]byte, 0, total)
 	buf := make([]byte, 1000) // many small reads
 	reads := 0
@@ -77,7 +77,7 @@ func TestRingFull(t *testing.T) {
 		}
 		errc <- nil
 	}()
-	waitFor(t, 2*time.Second, "ring-full VELO writes", func() bool {
+	testenv.Eventually(t, "ring-full VELO writes", 2*time.Second, func() bool {
 		st := p.devA.Stats()
 		return st.RingFullFallbacks >= 4 && st.CreditWaits > a.CreditWaits
 	})
@@ -173,7 +173,7 @@ func TestPutsInFlightBound(t *testing.T) {
 		}
 		errc <- nil
 	}()
-	waitFor(t, 2*time.Second, "writes past the PUT bound", func() bool { return p.devA.Stats().RingFullFallbacks > 0 })
+	testenv.Eventually(t, "writes past the PUT bound", 2*time.Second, func() bool { return p.devA.Stats().RingFullFallbacks > 0 })
 	if st := p.devA.Stats(); st.RMAPuts > maxPutsInFlight {
 		t.Fatalf("%d PUTs outstanding, bound %d", st.RMAPuts, maxPutsInFlight)
 	}

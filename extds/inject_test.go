@@ -53,7 +53,7 @@ func TestForgedMessagesFromStranger(t *testing.T) {
 		if _, err := raw.Send(context.Background(), []fabric.Message{msgs[i].m}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 2*time.Second, "drop "+msgs[i].drop.String(), func() bool {
+		testenv.Eventually(t, "drop "+msgs[i].drop.String(), 2*time.Second, func() bool {
 			return p.devB.Stats().Drops[msgs[i].drop.String()] == before+1
 		})
 	}
@@ -111,7 +111,7 @@ func TestProtocolViolationFromPeer(t *testing.T) {
 			if _, err := from.Send(context.Background(), batch); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 2*time.Second, "protocol drop", func() bool { return p.devB.Stats().Drops["protocol"] == 1 })
+			testenv.Eventually(t, "protocol drop", 2*time.Second, func() bool { return p.devB.Stats().Drops["protocol"] == 1 })
 			buf := make([]byte, 4096)
 			s.SetReadDeadline(time.Now().Add(5 * time.Second))
 			for {

@@ -143,7 +143,7 @@ func TestForgedProbes(t *testing.T) {
 		if _, err := raw.Send(context.Background(), []fabric.Message{tc.m}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 2*time.Second, tc.name+": drop "+tc.drop.String(), func() bool {
+		testenv.Eventually(t, tc.name+": drop "+tc.drop.String(), 2*time.Second, func() bool {
 			return p.devB.Stats().Drops[tc.drop.String()] == before+1
 		})
 	}
@@ -169,7 +169,7 @@ func TestNoConnUnblocksWriter(t *testing.T) {
 		_, err := c.Write(make([]byte, 1<<20))
 		errc <- err
 	}()
-	waitFor(t, 2*time.Second, "writer blocked on credits", func() bool { return p.devA.Stats().CreditWaits > 0 })
+	testenv.Eventually(t, "writer blocked on credits", 2*time.Second, func() bool { return p.devA.Stats().CreditWaits > 0 })
 	// Silently release the server side: no RESET, no SHUTDOWN.
 	s.mu.Lock()
 	s.closed = true
@@ -235,7 +235,7 @@ func TestNoConnInFlight(t *testing.T) {
 				t.Fatalf("client read: %v, want EOF", err)
 			}
 			c.SetReadDeadline(time.Time{})
-			waitFor(t, 2*time.Second, "server released", func() bool { return p.devB.Stats().Active == 0 })
+			testenv.Eventually(t, "server released", 2*time.Second, func() bool { return p.devB.Stats().Active == 0 })
 		}},
 	}
 	for _, tc := range tests {
@@ -282,7 +282,7 @@ func TestNoConnForged(t *testing.T) {
 	if _, err := raw.Send(t.Context(), []fabric.Message{m}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Second, "forged noconn dropped", func() bool {
+	testenv.Eventually(t, "forged noconn dropped", 2*time.Second, func() bool {
 		return p.devA.Stats().Drops["unknown_conn"] == before+1
 	})
 	transfer(t, c, s, []int{10, 5000}, c.Write)
@@ -314,7 +314,7 @@ func TestNoConnRateLimit(t *testing.T) {
 		k, _ := raw.Recv(got) // keep our mailbox drained
 		received += k
 	}
-	waitFor(t, 3*time.Second, "all counted", func() bool {
+	testenv.Eventually(t, "all counted", 3*time.Second, func() bool {
 		st := p.devB.Stats()
 		return st.Drops["unknown_conn"] == n && st.NoConnSent+st.NoConnLimited+st.Drops["ctrl_queue"] == n
 	})

@@ -79,7 +79,7 @@ func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp
 func directPair(t *testing.T) (a, b *node, dir string, client, server *directApp) {
 	t.Helper()
 	a, b, dir = newDirectNodes(t)
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	b.listen(t, ln)
 	ch := make(chan *directApp, 1)
 	go func() {
@@ -153,7 +153,7 @@ func TestDirectLastClose(t *testing.T) {
 	if _, err := server.ep.Write([]byte("x")); !errors.Is(err, dring.ErrPeerClosed) {
 		t.Fatalf("write after the peer's close: %v", err)
 	}
-	waitFor(t, "the connection to end in exnd", func() bool { return a.srv.Stats().DirectActive == 0 })
+	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }
 
 // shim-relay (before exec): the client side's V becomes a plain socket
@@ -211,7 +211,7 @@ func TestDirectResetOnClose(t *testing.T) {
 func TestDirectDeclinedIsRelay(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, b, _ := newDirectNodes(t)
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	b.listen(t, ln)
 	ch := make(chan *app, 1)
 	go func() {
@@ -274,5 +274,5 @@ func TestDirectPeerNodeDown(t *testing.T) {
 	if _, err := client.ep.Read(make([]byte, 1)); !errors.Is(err, dring.ErrReset) {
 		t.Fatalf("read with the peer node down: %v, want ErrReset", err)
 	}
-	waitFor(t, "the connection to end in exnd", func() bool { return a.srv.Stats().DirectActive == 0 })
+	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }

@@ -5,10 +5,8 @@ package ofi_test
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,24 +58,14 @@ func TestOpenProviderWithoutRDM(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // TestUnreachablePeer: node 2 is in the peers file at a port nobody
 // listens on. A send to it returns ErrPeerDown (not a hang, not a crash),
 // Alive reports it, and RMA to it becomes an NErrPeerDown notification.
 func TestUnreachablePeer(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	ps := []peers.Peer{
-		{Node: 1, Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))},
-		{Node: 2, Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))},
+		{Node: 1, Addr: testenv.FreeAddr(t)},
+		{Node: 2, Addr: testenv.FreeAddr(t)},
 	}
 	nic, err := ofi.Open(ofi.Config{Provider: "tcp", Node: 1, Peers: ps})
 	if err != nil {
