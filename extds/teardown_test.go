@@ -146,15 +146,11 @@ func TestPeerDeath(t *testing.T) {
 	start := time.Now()
 	p.nicB.Close()
 	for i := 0; i < 2; i++ {
-		select {
-		case err := <-errc:
-			if err == nil {
-				t.Fatal("read succeeded after peer death")
-			}
-			t.Logf("%v: %v", time.Since(start), err)
-		case <-time.After(3 * time.Second):
-			t.Fatal("reader still blocked 3s after peer death")
+		err := testenv.Within(t, "a reader after peer death", errc, 3*time.Second)
+		if err == nil {
+			t.Fatal("read succeeded after peer death")
 		}
+		t.Logf("%v: %v", time.Since(start), err)
 	}
 	if _, err := c.Write(make([]byte, 10)); err == nil {
 		t.Fatal("write succeeded after peer death")
