@@ -158,23 +158,7 @@ func (n *node) switchConn(t *testing.T, op string, tc *net.TCPConn) (*app, error
 // both switched by their shim servers.
 func pairUp(t *testing.T, a, b *node, ln net.Listener) (client, server *app) {
 	t.Helper()
-	type res struct {
-		a   *app
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			ch <- res{nil, err}
-			return
-		}
-		s, err := b.switchConn(t, "shim-accept", c.(*net.TCPConn))
-		if err != nil {
-			c.Close()
-		}
-		ch <- res{s, err}
-	}()
+	ch := acceptOne(ln, func(c *net.TCPConn) (*app, error) { return b.switchConn(t, "shim-accept", c) })
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +173,34 @@ func pairUp(t *testing.T, a, b *node, ln net.Listener) (client, server *app) {
 		client.Close()
 		t.Fatal(r.err)
 	}
-	return client, r.a
+	return client, r.v
+}
+
+// accepted is what acceptOne's goroutine yields.
+type accepted[T any] struct {
+	v   T
+	err error
+}
+
+// acceptOne accepts one connection on ln in a goroutine and hands it to
+// serve (a shim server's switch, as the server application's side). The
+// channel yields serve's result, or the error of the accept or of serve
+// (the connection then closed).
+func acceptOne[T any](ln net.Listener, serve func(*net.TCPConn) (T, error)) <-chan accepted[T] {
+	ch := make(chan accepted[T], 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- accepted[T]{err: err}
+			return
+		}
+		v, err := serve(c.(*net.TCPConn))
+		if err != nil {
+			c.Close()
+		}
+		ch <- accepted[T]{v, err}
+	}()
+	return ch
 }
 
 // switchedPair makes two nodes, a listener on b served by b's shim server
