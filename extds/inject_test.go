@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -28,11 +29,7 @@ func TestForgedMessagesFromStranger(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	c, s := p.openConns(t)
-	raw, err := p.nicA.Open(200)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicA, 200)
 	to := s.vd.ep.Addr()
 	valid := le32(s.id)
 	msgs := []struct {

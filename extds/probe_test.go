@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -90,11 +91,8 @@ func TestProbeTimeout(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithProbeTimeout(30*time.Millisecond))
 	port := uint16(p.ln.Addr().(*net.TCPAddr).Port+1) & 0xF // not the listener's vdev
-	mute, err := p.nicB.Open(p.devB.VPID(port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
+	// The vdev is open on node B, but nothing answers on it.
+	fabrictest.OpenEP(t, p.nicB, p.devB.VPID(port))
 	start := time.Now()
 	got, err := p.devA.Probe(t.Context(), nodeB, 1, port)
 	if err != nil || got {
@@ -113,11 +111,7 @@ func TestProbeTimeout(t *testing.T) {
 func TestForgedProbes(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	raw, err := p.nicA.Open(200)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicA, 200)
 	lnPort := uint16(p.ln.Addr().(*net.TCPAddr).Port)
 	to := fabric.Addr{Node: nodeB, VPID: p.devB.VPID(lnPort)}
 	probe := func(tag fabric.Tag, tok uint32, port uint16, st, rsv byte) fabric.Message {
@@ -268,11 +262,7 @@ func TestNoConnForged(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	c, s := p.openConns(t)
-	raw, err := p.nicB.Open(201)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicB, 201)
 	before := p.devA.Stats().Drops["unknown_conn"]
 	m := rawMsg(c.vd.ep.Addr(), TagNoConn, le32(c.peerID)...)
 	if _, err := raw.Send(t.Context(), []fabric.Message{m}); err != nil {
@@ -289,11 +279,7 @@ func TestNoConnForged(t *testing.T) {
 func TestNoConnRateLimit(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	raw, err := p.nicA.Open(202)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicA, 202)
 	to := fabric.Addr{Node: nodeB, VPID: p.devB.VPID(uint16(p.ln.Addr().(*net.TCPAddr).Port))}
 	const n = noConnLimit + 100
 	batch := make([]fabric.Message, 0, 32)
