@@ -110,11 +110,7 @@ func TestCloseUnblocksHandlersAndRemovesSocket(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	done := make(chan struct{})
 	go func() { s.Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close hung on a blocked handler")
-	}
+	testenv.Within(t, "Close with a blocked handler", done, 5*time.Second)
 	if err := <-errc; err == nil {
 		t.Fatal("blocked call returned no error after Close")
 	}

@@ -346,11 +346,7 @@ func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote ne
 	tok := freeID(&t.nextTk, t.waits)
 	t.waits[tok] = w
 	t.mu.Unlock()
-	defer func() {
-		t.mu.Lock()
-		delete(t.waits, tok)
-		t.mu.Unlock()
-	}()
+	defer dropWait(&t.mu, t.waits, tok)
 	var fm [1]fabric.Message
 	encClaim(&fm[0], peer, tok, local, remote)
 	a, res, err := ask(ctx, d, v, d.cfg.claimTO, &fm, w.ch)

@@ -148,7 +148,7 @@ func TestReadFromWriteToTCP(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	// A plain server: sha256 of everything until EOF, then the hex sum.
-	addr := plainServer(t, func(c net.Conn) {
+	addr := testenv.ServeTCP(t, func(c net.Conn) {
 		h := sha256.New()
 		if _, err := io.Copy(h, c); err != nil {
 			return
@@ -278,13 +278,8 @@ func TestReadFromWriteToClose(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	waitErr := func(t *testing.T, errc chan error, want error) {
 		t.Helper()
-		select {
-		case err := <-errc:
-			if !errors.Is(err, want) {
-				t.Fatalf("got %v, want %v", err, want)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("still blocked 5 s after Close")
+		if err := testenv.Within(t, "the call after Close", errc, 5*time.Second); !errors.Is(err, want) {
+			t.Fatalf("got %v, want %v", err, want)
 		}
 	}
 	// inSourceRead leaves the client's ReadFrom inside its source's Read
@@ -317,11 +312,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 		_, c, pw, errc := inSourceRead(t)
 		closed := make(chan struct{})
 		go func() { c.Close(); close(closed) }()
-		select {
-		case <-closed:
-		case <-time.After(5 * time.Second):
-			t.Fatal("Close waited for ReadFrom's source")
-		}
+		testenv.Within(t, "Close with ReadFrom in its source", closed, 5*time.Second)
 		go pw.Write(make([]byte, 10000)) // the source returns now
 		waitErr(t, errc, net.ErrClosed)
 	})
@@ -341,13 +332,9 @@ func TestReadFromWriteToClose(t *testing.T) {
 		}
 		go pw.Write(make([]byte, 10000))
 		waitErr(t, errc, net.ErrClosed)
-		select {
-		case at := <-closed:
-			if el := at.Sub(start); el < hold || el > closePinWait+time.Second {
-				t.Fatalf("Device.Close took %v", el)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("Device.Close hangs")
+		at := testenv.Within(t, "Device.Close", closed, 5*time.Second)
+		if el := at.Sub(start); el < hold || el > closePinWait+time.Second {
+			t.Fatalf("Device.Close took %v", el)
 		}
 	})
 	t.Run("writeto-waiting-for-data", func(t *testing.T) {
@@ -373,11 +360,7 @@ func TestReadFromWriteToClose(t *testing.T) {
 		<-w.in
 		closed := make(chan struct{})
 		go func() { s.Close(); close(closed) }()
-		select {
-		case <-closed:
-		case <-time.After(5 * time.Second):
-			t.Fatal("Close waited for WriteTo's destination")
-		}
+		testenv.Within(t, "Close with WriteTo in its destination", closed, 5*time.Second)
 		close(w.release)
 		waitErr(t, errc, net.ErrClosed)
 		// Unread data at Close: the peer is reset.

@@ -118,41 +118,26 @@ func (d *Device) serverDirect(raw net.Conn, b *[helloLen]byte, create func() (Di
 func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(DirectInfo) error) (*DirectInfo, error) {
 	stop := handshakeDeadline(ctx, raw, d.cfg.handshakeTO)
 	defer stop()
-	var b [helloLen]byte
-	(&hello{flags: flagDirect, node: d.att.Node()}).encode(b[:], magicHello)
-	if _, err := raw.Write(b[:]); err != nil {
-		return nil, err
-	}
-	if _, err := io.ReadFull(raw, b[:]); err != nil {
-		return nil, err
-	}
-	h, err := decodeHello(b[:], magicReply)
+	h, err := askHello(raw, &hello{flags: flagDirect, node: d.att.Node()})
 	if err != nil {
 		return nil, err
 	}
 	switch h.status {
-	case statusNoFab:
-		return nil, errPeerNoFab
 	case statusNeedRing:
 		return nil, nil
 	case statusDirect:
 	default:
 		return nil, fmt.Errorf("reply status %d to a direct offer: %w", h.status, errHandshake)
 	}
-	if h.node != node {
-		return nil, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
+	if err := h.checkNode(node); err != nil {
+		return nil, err
 	}
 	di := &DirectInfo{Node: h.node, Token: h.conn, ID: uint64(h.ring), Ring: h.ringSize}
 	if err := open(*di); err != nil {
 		return nil, fmt.Errorf("open direct buffer: %w", err)
 	}
-	var a [ackLen]byte
-	encodeAck(a[:], h.conn)
-	if _, err := raw.Write(a[:]); err != nil {
+	if err := ackReply(ctx, raw, h.conn, stop); err != nil {
 		return nil, err
-	}
-	if !stop() && ctx.Err() != nil {
-		return nil, ctx.Err()
 	}
 	_ = raw.SetDeadline(time.Time{})
 	return di, nil

@@ -13,29 +13,6 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// plainServer runs a TCP server: echo (answers whatever arrives) or
-// silent-then-echo-lines.
-func plainServer(t testing.TB, handle func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); handle(c) }()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().String()
-}
-
 func echo(c net.Conn) { io.Copy(c, c) }
 
 // lineEcho answers only complete lines, so a binary hello gets no reply.
@@ -113,7 +90,7 @@ func TestFallbackClientSide(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, WithHandshakeTimeout(200*time.Millisecond))
 			var rec recorder
-			addr := plainServer(t, rec.handle(tc.handle))
+			addr := testenv.ServeTCP(t, rec.handle(tc.handle))
 			if tc.register {
 				ap := netip.MustParseAddrPort(addr)
 				unreg, err := p.devB.RegisterPort(ap.Port())

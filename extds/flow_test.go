@@ -1,6 +1,7 @@
 package extds
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -25,24 +26,8 @@ func TestRingFull(t *testing.T) {
 	data := randBytes(total, 9)
 	errc := make(chan error, 1)
 	go func() { _, err := c.Write(data); errc <- err }()
-	waitFor(t, 2*time.Second, "writer blocked on credits", func() bool { return p.devA.Stats().CreditWaits > 0 })
-	got := make([]byte, 0, total)
-	buf := make([]byte, 1000) // many small reads
-	reads := 0
-	for len(got) < total {
-		n, err := s.Read(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, buf[:n]...)
-		reads++
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != string(data) {
-		t.Fatal("content mismatch")
-	}
+	testenv.Eventually(t, "writer blocked on credits", 2*time.Second, func() bool { return p.devA.Stats().CreditWaits > 0 })
+	reads := receive(t, s, 1000, data, errc, "") // many small reads
 	a, b := p.devA.Stats(), p.devB.Stats()
 	if a.RingFullFallbacks > 1 || a.TxVELOBytes > ringFullVELOMax || a.TxRMABytes+a.TxVELOBytes != uint64(total) {
 		t.Fatalf("a large write went over VELO beyond its tail: %+v", a)
@@ -77,24 +62,11 @@ func TestRingFull(t *testing.T) {
 		}
 		errc <- nil
 	}()
-	waitFor(t, 2*time.Second, "ring-full VELO writes", func() bool {
+	testenv.Eventually(t, "ring-full VELO writes", 2*time.Second, func() bool {
 		st := p.devA.Stats()
 		return st.RingFullFallbacks >= 4 && st.CreditWaits > a.CreditWaits
 	})
-	got = got[:0]
-	for len(got) < len(small) {
-		n, err := s.Read(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, buf[:n]...)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != string(small) {
-		t.Fatal("content mismatch after ring-full VELO writes")
-	}
+	receive(t, s, 1000, small, errc, " after ring-full VELO writes")
 	if st := p.devA.Stats(); st.TxVELOBytes < a.TxVELOBytes+4*2000 {
 		t.Fatalf("ring-full short writes: velo bytes %d, want >= %d", st.TxVELOBytes, a.TxVELOBytes+4*2000)
 	}
@@ -173,23 +145,34 @@ func TestPutsInFlightBound(t *testing.T) {
 		}
 		errc <- nil
 	}()
-	waitFor(t, 2*time.Second, "writes past the PUT bound", func() bool { return p.devA.Stats().RingFullFallbacks > 0 })
+	testenv.Eventually(t, "writes past the PUT bound", 2*time.Second, func() bool { return p.devA.Stats().RingFullFallbacks > 0 })
 	if st := p.devA.Stats(); st.RMAPuts > maxPutsInFlight {
 		t.Fatalf("%d PUTs outstanding, bound %d", st.RMAPuts, maxPutsInFlight)
 	}
-	got := make([]byte, 0, len(data))
-	buf := make([]byte, 64<<10)
-	for len(got) < len(data) {
-		k, err := s.Read(buf)
+	receive(t, s, 64<<10, data, errc, "")
+}
+
+// receive reads len(want) bytes from r in reads of at most chunk bytes,
+// then takes the writer's result from errc, and fails t on an error or
+// if the bytes are not want (the message ends in after). It returns how
+// many reads it took.
+func receive(t testing.TB, r io.Reader, chunk int, want []byte, errc <-chan error, after string) (reads int) {
+	t.Helper()
+	got := make([]byte, 0, len(want))
+	buf := make([]byte, chunk)
+	for len(got) < len(want) {
+		n, err := r.Read(buf)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, buf[:k]...)
+		got = append(got, buf[:n]...)
+		reads++
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if string(got) != string(data) {
-		t.Fatal("content mismatch")
+	if string(got) != string(want) {
+		t.Fatal("content mismatch" + after)
 	}
+	return reads
 }

@@ -152,9 +152,29 @@ var errPeerNoFab = errors.New("peer cannot attach to the fabric")
 func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID) (hello, error) {
 	stop := handshakeDeadline(ctx, raw, c.cfg.handshakeTO)
 	defer stop()
-	var b [helloLen]byte
 	lh := c.localHello()
-	lh.encode(b[:], magicHello)
+	h, err := askHello(raw, &lh)
+	if err != nil {
+		return h, err
+	}
+	if h.status != statusOK {
+		return h, fmt.Errorf("reply status %d to an ordinary hello: %w", h.status, errHandshake)
+	}
+	if err := h.checkNode(node); err != nil {
+		return h, err
+	}
+	if err := c.establish(h); err != nil {
+		return h, err
+	}
+	return h, ackReply(ctx, raw, h.conn, stop)
+}
+
+// askHello sends out as the client's hello on raw and reads the server's
+// reply. A server that cannot attach to the fabric answers errPeerNoFab;
+// the other statuses are the caller's to judge.
+func askHello(raw net.Conn, out *hello) (hello, error) {
+	var b [helloLen]byte
+	out.encode(b[:], magicHello)
 	if _, err := raw.Write(b[:]); err != nil {
 		return hello{}, err
 	}
@@ -162,31 +182,35 @@ func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.No
 		return hello{}, err
 	}
 	h, err := decodeHello(b[:], magicReply)
-	if err != nil {
-		return h, err
+	if err == nil && h.status == statusNoFab {
+		err = errPeerNoFab
 	}
-	switch h.status {
-	case statusNoFab:
-		return h, errPeerNoFab
-	case statusOK:
-	default:
-		return h, fmt.Errorf("reply status %d to an ordinary hello: %w", h.status, errHandshake)
-	}
+	return h, err
+}
+
+// checkNode refuses a reply from a node other than node, the one the
+// resolver placed the peer on.
+func (h *hello) checkNode(node fabric.NodeID) error {
 	if h.node != node {
-		return h, fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
+		return fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
 	}
-	if err := c.establish(h); err != nil {
-		return h, err
-	}
+	return nil
+}
+
+// ackReply acks the server's reply for connection conn and ends the
+// handshake's deadline watcher (stop, from handshakeDeadline): ctx's
+// error if it ended meanwhile, as the watcher has set (or is setting) a
+// past deadline.
+func ackReply(ctx context.Context, raw net.Conn, conn uint32, stop func() bool) error {
 	var a [ackLen]byte
-	encodeAck(a[:], h.conn)
+	encodeAck(a[:], conn)
 	if _, err := raw.Write(a[:]); err != nil {
-		return h, err
+		return err
 	}
 	if !stop() && ctx.Err() != nil {
-		return h, ctx.Err() // the watcher has set (or is setting) a past deadline
+		return ctx.Err()
 	}
-	return h, nil
+	return nil
 }
 
 // handshakeDeadline bounds raw's I/O by timeout and ctx; stop reports

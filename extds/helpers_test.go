@@ -12,6 +12,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // pair is two nodes on one mem cluster with an EXT-DS device each; the
@@ -143,22 +144,11 @@ func transfer(t testing.TB, w io.WriteCloser, r io.Reader, sizes []int, write fu
 
 var _ = net.ErrClosed
 
-// loopListener listens on a loopback port for the test's duration.
-func loopListener(t testing.TB) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
-
-// registeredListener is loopListener with its port registered on dev
+// registeredListener is testenv.ListenTCP with its port registered on dev
 // (Device.RegisterPort) for the test's duration, as a Listener would.
 func registeredListener(t testing.TB, dev *Device) net.Listener {
 	t.Helper()
-	ln := loopListener(t)
+	ln := testenv.ListenTCP(t)
 	unreg, err := dev.RegisterPort(uint16(ln.Addr().(*net.TCPAddr).Port))
 	if err != nil {
 		t.Fatal(err)

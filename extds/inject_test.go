@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -28,11 +29,7 @@ func TestForgedMessagesFromStranger(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	c, s := p.openConns(t)
-	raw, err := p.nicA.Open(200)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicA, 200)
 	to := s.vd.ep.Addr()
 	valid := le32(s.id)
 	msgs := []struct {
@@ -53,7 +50,7 @@ func TestForgedMessagesFromStranger(t *testing.T) {
 		if _, err := raw.Send(context.Background(), []fabric.Message{msgs[i].m}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 2*time.Second, "drop "+msgs[i].drop.String(), func() bool {
+		testenv.Eventually(t, "drop "+msgs[i].drop.String(), 2*time.Second, func() bool {
 			return p.devB.Stats().Drops[msgs[i].drop.String()] == before+1
 		})
 	}
@@ -111,7 +108,7 @@ func TestProtocolViolationFromPeer(t *testing.T) {
 			if _, err := from.Send(context.Background(), batch); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 2*time.Second, "protocol drop", func() bool { return p.devB.Stats().Drops["protocol"] == 1 })
+			testenv.Eventually(t, "protocol drop", 2*time.Second, func() bool { return p.devB.Stats().Drops["protocol"] == 1 })
 			buf := make([]byte, 4096)
 			s.SetReadDeadline(time.Now().Add(5 * time.Second))
 			for {

@@ -164,11 +164,7 @@ func (d *Device) Probe(ctx context.Context, node fabric.NodeID, localPort, port 
 	tok := freeID(&d.nextTok, d.probes)
 	d.probes[tok] = pw
 	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		delete(d.probes, tok)
-		d.mu.Unlock()
-	}()
+	defer dropWait(&d.mu, d.probes, tok)
 	var fm [1]fabric.Message
 	encProbe(&fm[0], peer, TagProbe, tok, port, 0)
 	yes, res, err := ask(ctx, d, v, d.cfg.probeTO, &fm, pw.ch)
@@ -241,6 +237,14 @@ func freeID[V any](next *uint32, m map[uint32]V) uint32 {
 			return *next
 		}
 	}
+}
+
+// dropWait removes the waiter filed under tok (by freeID) from m, which
+// mu guards: what an asker defers once its question is filed.
+func dropWait[V any](mu sync.Locker, m map[uint32]V, tok uint32) {
+	mu.Lock()
+	delete(m, tok)
+	mu.Unlock()
 }
 
 func (d *Device) negative(addr string) bool {

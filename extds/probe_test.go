@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -90,11 +91,8 @@ func TestProbeTimeout(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithProbeTimeout(30*time.Millisecond))
 	port := uint16(p.ln.Addr().(*net.TCPAddr).Port+1) & 0xF // not the listener's vdev
-	mute, err := p.nicB.Open(p.devB.VPID(port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
+	// The vdev is open on node B, but nothing answers on it.
+	fabrictest.OpenEP(t, p.nicB, p.devB.VPID(port))
 	start := time.Now()
 	got, err := p.devA.Probe(t.Context(), nodeB, 1, port)
 	if err != nil || got {
@@ -113,11 +111,7 @@ func TestProbeTimeout(t *testing.T) {
 func TestForgedProbes(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	raw, err := p.nicA.Open(200)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicA, 200)
 	lnPort := uint16(p.ln.Addr().(*net.TCPAddr).Port)
 	to := fabric.Addr{Node: nodeB, VPID: p.devB.VPID(lnPort)}
 	probe := func(tag fabric.Tag, tok uint32, port uint16, st, rsv byte) fabric.Message {
@@ -143,7 +137,7 @@ func TestForgedProbes(t *testing.T) {
 		if _, err := raw.Send(context.Background(), []fabric.Message{tc.m}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 2*time.Second, tc.name+": drop "+tc.drop.String(), func() bool {
+		testenv.Eventually(t, tc.name+": drop "+tc.drop.String(), 2*time.Second, func() bool {
 			return p.devB.Stats().Drops[tc.drop.String()] == before+1
 		})
 	}
@@ -169,7 +163,7 @@ func TestNoConnUnblocksWriter(t *testing.T) {
 		_, err := c.Write(make([]byte, 1<<20))
 		errc <- err
 	}()
-	waitFor(t, 2*time.Second, "writer blocked on credits", func() bool { return p.devA.Stats().CreditWaits > 0 })
+	testenv.Eventually(t, "writer blocked on credits", 2*time.Second, func() bool { return p.devA.Stats().CreditWaits > 0 })
 	// Silently release the server side: no RESET, no SHUTDOWN.
 	s.mu.Lock()
 	s.closed = true
@@ -186,17 +180,13 @@ func TestNoConnUnblocksWriter(t *testing.T) {
 	if _, err := c.vd.ep.Send(t.Context(), m[:]); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-errc:
-		if !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("blocked write: %v, want ECONNRESET", err)
-		}
-		var oe *net.OpError
-		if !errors.As(err, &oe) {
-			t.Fatalf("write error %T is not a *net.OpError", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("writer still blocked 5s after its peer connection vanished")
+	err := testenv.Within(t, "a writer whose peer connection vanished", errc, 5*time.Second)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("blocked write: %v, want ECONNRESET", err)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) {
+		t.Fatalf("write error %T is not a *net.OpError", err)
 	}
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read after NOCONN: %v", err)
@@ -235,7 +225,7 @@ func TestNoConnInFlight(t *testing.T) {
 				t.Fatalf("client read: %v, want EOF", err)
 			}
 			c.SetReadDeadline(time.Time{})
-			waitFor(t, 2*time.Second, "server released", func() bool { return p.devB.Stats().Active == 0 })
+			testenv.Eventually(t, "server released", 2*time.Second, func() bool { return p.devB.Stats().Active == 0 })
 		}},
 	}
 	for _, tc := range tests {
@@ -272,17 +262,13 @@ func TestNoConnForged(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	c, s := p.openConns(t)
-	raw, err := p.nicB.Open(201)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicB, 201)
 	before := p.devA.Stats().Drops["unknown_conn"]
 	m := rawMsg(c.vd.ep.Addr(), TagNoConn, le32(c.peerID)...)
 	if _, err := raw.Send(t.Context(), []fabric.Message{m}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Second, "forged noconn dropped", func() bool {
+	testenv.Eventually(t, "forged noconn dropped", 2*time.Second, func() bool {
 		return p.devA.Stats().Drops["unknown_conn"] == before+1
 	})
 	transfer(t, c, s, []int{10, 5000}, c.Write)
@@ -293,11 +279,7 @@ func TestNoConnForged(t *testing.T) {
 func TestNoConnRateLimit(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	raw, err := p.nicA.Open(202)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := fabrictest.OpenEP(t, p.nicA, 202)
 	to := fabric.Addr{Node: nodeB, VPID: p.devB.VPID(uint16(p.ln.Addr().(*net.TCPAddr).Port))}
 	const n = noConnLimit + 100
 	batch := make([]fabric.Message, 0, 32)
@@ -314,7 +296,7 @@ func TestNoConnRateLimit(t *testing.T) {
 		k, _ := raw.Recv(got) // keep our mailbox drained
 		received += k
 	}
-	waitFor(t, 3*time.Second, "all counted", func() bool {
+	testenv.Eventually(t, "all counted", 3*time.Second, func() bool {
 		st := p.devB.Stats()
 		return st.Drops["unknown_conn"] == n && st.NoConnSent+st.NoConnLimited+st.Drops["ctrl_queue"] == n
 	})

@@ -73,7 +73,7 @@ func TestManyConnections(t *testing.T) {
 	}
 	cw.Wait()
 	wg.Wait()
-	waitFor(t, 5*time.Second, "all released", func() bool {
+	testenv.Eventually(t, "all released", 5*time.Second, func() bool {
 		return p.devA.Stats().Active == 0 && p.devB.Stats().Active == 0
 	})
 	if st := p.devB.Stats(); st.ConnsEXTDS != uint64(n) || st.TotalDrops() != st.Drops["unknown_conn"] {

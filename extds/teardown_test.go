@@ -11,18 +11,6 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func readAllTimeout(t testing.TB, c net.Conn, d time.Duration) ([]byte, error) {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(d))
@@ -48,7 +36,7 @@ func TestGracefulCloseDrains(t *testing.T) {
 		t.Fatalf("read %d of %d bytes, err %v", len(got), len(data), err)
 	}
 	s.Close()
-	waitFor(t, 2*time.Second, "both sides released", func() bool {
+	testenv.Eventually(t, "both sides released", 2*time.Second, func() bool {
 		return p.devA.Stats().Active == 0 && p.devB.Stats().Active == 0
 	})
 	if _, err := c.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
@@ -101,7 +89,7 @@ func TestLinger(t *testing.T) {
 			}
 			if tc.readAfter < 0 {
 				// The RESET is asynchronous, as a TCP RST is: let it land.
-				waitFor(t, 2*time.Second, "reset received", func() bool { return p.devB.Stats().ResetsRecv == 1 })
+				testenv.Eventually(t, "reset received", 2*time.Second, func() bool { return p.devB.Stats().ResetsRecv == 1 })
 				_, err := readAllTimeout(t, s, 5*time.Second)
 				rc <- res{nil, err}
 			}
@@ -158,15 +146,11 @@ func TestPeerDeath(t *testing.T) {
 	start := time.Now()
 	p.nicB.Close()
 	for i := 0; i < 2; i++ {
-		select {
-		case err := <-errc:
-			if err == nil {
-				t.Fatal("read succeeded after peer death")
-			}
-			t.Logf("%v: %v", time.Since(start), err)
-		case <-time.After(3 * time.Second):
-			t.Fatal("reader still blocked 3s after peer death")
+		err := testenv.Within(t, "a reader after peer death", errc, 3*time.Second)
+		if err == nil {
+			t.Fatal("read succeeded after peer death")
 		}
+		t.Logf("%v: %v", time.Since(start), err)
 	}
 	if _, err := c.Write(make([]byte, 10)); err == nil {
 		t.Fatal("write succeeded after peer death")

@@ -80,7 +80,7 @@ func TestUpgradeAcceptShadow(t *testing.T) {
 		t.Fatalf("server read to EOF: %v", err)
 	}
 	s.Close()
-	waitFor(t, 2*time.Second, "released", func() bool { return p.devA.Stats().Active == 0 && p.devB.Stats().Active == 0 })
+	testenv.Eventually(t, "released", 2*time.Second, func() bool { return p.devA.Stats().Active == 0 && p.devB.Stats().Active == 0 })
 }
 
 // TestUpgradeFallback: Upgrade to a port with no registered listener
@@ -89,7 +89,7 @@ func TestUpgradeAcceptShadow(t *testing.T) {
 func TestUpgradeFallback(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	ln := loopListener(t)
+	ln := testenv.ListenTCP(t)
 	tests := []struct {
 		name     string
 		resolver Resolver
@@ -159,7 +159,7 @@ func TestClassifyPeek(t *testing.T) {
 func TestAcceptShadowBadHello(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t, WithHandshakeTimeout(100*time.Millisecond))
-	ln := loopListener(t)
+	ln := testenv.ListenTCP(t)
 	tests := []struct {
 		name string
 		send string

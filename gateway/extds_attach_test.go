@@ -199,19 +199,7 @@ func serveApp(c net.Conn) {
 		}
 		c.Write([]byte(hex.EncodeToString(h.Sum(nil))))
 	case kindPing:
-		var l [4]byte
-		if _, err := io.ReadFull(c, l[:]); err != nil {
-			return
-		}
-		buf := make([]byte, binary.LittleEndian.Uint32(l[:]))
-		for {
-			if _, err := io.ReadFull(c, buf); err != nil {
-				return
-			}
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
+		testenv.EchoSized(c)
 	}
 }
 

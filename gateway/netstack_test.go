@@ -134,29 +134,12 @@ func (n *nsNode) status(t *testing.T) NetstackStatus {
 // answers with the SHA-256 of what it read, then closes.
 func shaServer(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	t.Cleanup(func() { ln.Close(); <-done })
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				h := sha256.New()
-				if _, err := io.Copy(h, c); err == nil {
-					c.Write(h.Sum(nil))
-				}
-			}()
+	return testenv.ServeTCP(t, func(c net.Conn) {
+		h := sha256.New()
+		if _, err := io.Copy(h, c); err == nil {
+			c.Write(h.Sum(nil))
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // roundTrip sends size random bytes on c, half-closes, and checks the

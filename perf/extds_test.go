@@ -253,19 +253,7 @@ func dsServe(c net.Conn) {
 		binary.LittleEndian.PutUint64(ack[:], uint64(n))
 		c.Write(ack[:])
 	case dsKindPing:
-		var l [4]byte
-		if _, err := io.ReadFull(c, l[:]); err != nil {
-			return
-		}
-		buf := make([]byte, binary.LittleEndian.Uint32(l[:]))
-		for {
-			if _, err := io.ReadFull(c, buf); err != nil {
-				return
-			}
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
+		testenv.EchoSized(c)
 	}
 }
 

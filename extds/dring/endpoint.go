@@ -421,51 +421,48 @@ func unlock(w *atomic.Uint32) {
 
 // CloseWrite stores fin: the peer reads EOF after the bytes written.
 func (e *Endpoint) CloseWrite() {
-	e.live.RLock()
-	defer e.live.RUnlock()
-	if e.closed.Load() {
-		return
-	}
-	e.tx.fin.Store(1)
-	if e.tx.consWait.Load() > 0 {
-		_ = sys.RingBell(e.peerData)
-	}
+	e.whileOpen(func() {
+		e.tx.fin.Store(1)
+		if e.tx.consWait.Load() > 0 {
+			_ = sys.RingBell(e.peerData)
+		}
+	})
 }
 
 // CloseRead stores rd_closed: the peer's writes fail.
 func (e *Endpoint) CloseRead() {
-	e.live.RLock()
-	defer e.live.RUnlock()
-	if e.closed.Load() {
-		return
-	}
-	e.rx.rdClosed.Store(1)
-	if e.rx.prodWait.Load() > 0 {
-		_ = sys.RingBell(e.peerSpace)
-	}
+	e.whileOpen(func() {
+		e.rx.rdClosed.Store(1)
+		if e.rx.prodWait.Load() > 0 {
+			_ = sys.RingBell(e.peerSpace)
+		}
+	})
 }
 
 // Reset stores rst on both directions and wakes both sides.
 func (e *Endpoint) Reset() {
-	e.live.RLock()
-	defer e.live.RUnlock()
-	if e.closed.Load() {
-		return
-	}
-	e.tx.rst.Store(1)
-	e.rx.rst.Store(1)
-	e.ringPeer()
-	_ = sys.RingBell(e.myData)
-	_ = sys.RingBell(e.mySpace)
+	e.whileOpen(func() {
+		e.tx.rst.Store(1)
+		e.rx.rst.Store(1)
+		e.ringPeer()
+		_ = sys.RingBell(e.myData)
+		_ = sys.RingBell(e.mySpace)
+	})
 }
 
 // SetRelay stores relay[side]: this side's processes use their socket as
 // a plain one from now on (exnd relays it).
 func (e *Endpoint) SetRelay() {
+	e.whileOpen(func() { e.relay.Store(1) })
+}
+
+// whileOpen runs f, which stores into the shared header, under the read
+// side of live unless e is closed: the mapping stays while f runs.
+func (e *Endpoint) whileOpen(f func()) {
 	e.live.RLock()
 	defer e.live.RUnlock()
 	if !e.closed.Load() {
-		e.relay.Store(1)
+		f()
 	}
 }
 

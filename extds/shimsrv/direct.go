@@ -225,25 +225,15 @@ func rawStat(f *os.File, st *unix.Stat_t) error {
 // until the program's last descriptor closes, then fin, rd_closed, end.
 func (s *Server) watch(dc *dconn) {
 	defer s.wg.Done()
-	buf := bufPool.Get().(*[]byte)
-	defer bufPool.Put(buf)
-	for {
-		n, err := dc.uc.Read(*buf)
-		if n > 0 {
-			if _, werr := dc.ep.Write((*buf)[:n]); werr != nil {
-				// The peer is gone or reset: the program's socket must
-				// see it too.
-				dc.uc.CloseRead()
-				s.resets.Add(1)
-				break
-			}
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.logConn(slog.LevelDebug, "extds shim: direct socket", "id", dc.id, "err", err)
-			}
-			break
-		}
+	rerr, werr := pump(dc.ep, dc.uc)
+	switch {
+	case werr != nil:
+		// The peer is gone or reset: the program's socket must see it
+		// too.
+		dc.uc.CloseRead()
+		s.resets.Add(1)
+	case !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed):
+		s.logConn(slog.LevelDebug, "extds shim: direct socket", "id", dc.id, "err", rerr)
 	}
 	dc.ep.CloseWrite()
 	dc.ep.CloseRead()
@@ -254,23 +244,32 @@ func (s *Server) watch(dc *dconn) {
 // shim-relay.
 func (s *Server) relayOut(dc *dconn) {
 	defer s.wg.Done()
+	rerr, werr := pump(dc.uc, dc.ep)
+	switch {
+	case werr != nil:
+		dc.ep.CloseRead()
+	case errors.Is(rerr, io.EOF):
+		dc.uc.CloseWrite()
+	default:
+		dc.uc.Close() // a reset: the program's reads fail
+	}
+}
+
+// pump copies src to dst through a pooled buffer until a read from src
+// fails (rerr, io.EOF at its end) or a write to dst does (werr; rerr is
+// then nil).
+func pump(dst io.Writer, src io.Reader) (rerr, werr error) {
 	buf := bufPool.Get().(*[]byte)
 	defer bufPool.Put(buf)
 	for {
-		n, err := dc.ep.Read(*buf)
+		n, err := src.Read(*buf)
 		if n > 0 {
-			if _, werr := dc.uc.Write((*buf)[:n]); werr != nil {
-				dc.ep.CloseRead()
-				return
+			if _, werr := dst.Write((*buf)[:n]); werr != nil {
+				return nil, werr
 			}
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				dc.uc.CloseWrite()
-			} else {
-				dc.uc.Close() // a reset: the program's reads fail
-			}
-			return
+			return err, nil
 		}
 	}
 }

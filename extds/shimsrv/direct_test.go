@@ -79,25 +79,19 @@ func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp
 func directPair(t *testing.T) (a, b *node, dir string, client, server *directApp) {
 	t.Helper()
 	a, b, dir = newDirectNodes(t)
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	b.listen(t, ln)
-	ch := make(chan *directApp, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			ch <- nil
-			return
-		}
-		ch <- b.switchDirect(t, "shim-accept", c.(*net.TCPConn))
-	}()
+	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) { return b.switchDirect(t, "shim-accept", c), nil })
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	client = a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
-	if server = <-ch; server == nil {
-		t.Fatal("accept failed")
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("accept: %v", r.err)
 	}
+	server = r.v
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return a, b, dir, client, server
 }
@@ -153,7 +147,7 @@ func TestDirectLastClose(t *testing.T) {
 	if _, err := server.ep.Write([]byte("x")); !errors.Is(err, dring.ErrPeerClosed) {
 		t.Fatalf("write after the peer's close: %v", err)
 	}
-	waitFor(t, "the connection to end in exnd", func() bool { return a.srv.Stats().DirectActive == 0 })
+	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }
 
 // shim-relay (before exec): the client side's V becomes a plain socket
@@ -211,21 +205,9 @@ func TestDirectResetOnClose(t *testing.T) {
 func TestDirectDeclinedIsRelay(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, b, _ := newDirectNodes(t)
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	b.listen(t, ln)
-	ch := make(chan *app, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			ch <- nil
-			return
-		}
-		s, err := b.switchConn(t, "shim-accept", c.(*net.TCPConn))
-		if err != nil {
-			c.Close()
-		}
-		ch <- s
-	}()
+	ch := acceptOne(ln, func(c *net.TCPConn) (*app, error) { return b.switchConn(t, "shim-accept", c) })
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -247,9 +229,10 @@ func TestDirectDeclinedIsRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	srv := <-ch
-	if srv == nil || srv.res.Mode != "extds" {
-		t.Fatalf("accept: %+v", srv)
+	r := <-ch
+	srv := r.v
+	if r.err != nil || srv.res.Mode != "extds" {
+		t.Fatalf("accept: %+v, %v", srv, r.err)
 	}
 	defer srv.Close()
 	if _, err := cl.Write([]byte("hello")); err != nil {
@@ -274,5 +257,5 @@ func TestDirectPeerNodeDown(t *testing.T) {
 	if _, err := client.ep.Read(make([]byte, 1)); !errors.Is(err, dring.ErrReset) {
 		t.Fatalf("read with the peer node down: %v, want ErrReset", err)
 	}
-	waitFor(t, "the connection to end in exnd", func() bool { return a.srv.Stats().DirectActive == 0 })
+	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }

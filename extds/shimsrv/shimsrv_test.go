@@ -158,23 +158,7 @@ func (n *node) switchConn(t *testing.T, op string, tc *net.TCPConn) (*app, error
 // both switched by their shim servers.
 func pairUp(t *testing.T, a, b *node, ln net.Listener) (client, server *app) {
 	t.Helper()
-	type res struct {
-		a   *app
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			ch <- res{nil, err}
-			return
-		}
-		s, err := b.switchConn(t, "shim-accept", c.(*net.TCPConn))
-		if err != nil {
-			c.Close()
-		}
-		ch <- res{s, err}
-	}()
+	ch := acceptOne(ln, func(c *net.TCPConn) (*app, error) { return b.switchConn(t, "shim-accept", c) })
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +173,34 @@ func pairUp(t *testing.T, a, b *node, ln net.Listener) (client, server *app) {
 		client.Close()
 		t.Fatal(r.err)
 	}
-	return client, r.a
+	return client, r.v
+}
+
+// accepted is what acceptOne's goroutine yields.
+type accepted[T any] struct {
+	v   T
+	err error
+}
+
+// acceptOne accepts one connection on ln in a goroutine and hands it to
+// serve (a shim server's switch, as the server application's side). The
+// channel yields serve's result, or the error of the accept or of serve
+// (the connection then closed).
+func acceptOne[T any](ln net.Listener, serve func(*net.TCPConn) (T, error)) <-chan accepted[T] {
+	ch := make(chan accepted[T], 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- accepted[T]{err: err}
+			return
+		}
+		v, err := serve(c.(*net.TCPConn))
+		if err != nil {
+			c.Close()
+		}
+		ch <- accepted[T]{v, err}
+	}()
+	return ch
 }
 
 // switchedPair makes two nodes, a listener on b served by b's shim server
@@ -198,32 +209,11 @@ func pairUp(t *testing.T, a, b *node, ln net.Listener) (client, server *app) {
 func switchedPair(t *testing.T) (a, b *node, ln net.Listener, client, server *app) {
 	t.Helper()
 	a, b = newNodes(t)
-	ln = listenTCP(t)
+	ln = testenv.ListenTCP(t)
 	b.listen(t, ln)
 	client, server = pairUp(t, a, b, ln)
 	t.Cleanup(func() { server.Close(); client.Close() })
 	return a, b, ln, client, server
-}
-
-func listenTCP(t *testing.T) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func randBytes(n int, seed uint64) []byte {
@@ -297,7 +287,7 @@ func TestSwitchedBothWays(t *testing.T) {
 		// Counters move just after each write to the application
 		// returns, so the last may trail the application's read a little.
 		var ci ConnInfo
-		waitFor(t, tc.side+" byte counts", func() bool {
+		testenv.Eventually(t, tc.side+" byte counts", 5*time.Second, func() bool {
 			cs := tc.n.srv.Conns()
 			if len(cs) != 1 {
 				t.Fatalf("%s: %d conns", tc.side, len(cs))
@@ -330,7 +320,7 @@ func TestSwitchedBothWays(t *testing.T) {
 		t.Fatalf("client read %q, %v", got, err)
 	}
 	client.Close()
-	waitFor(t, "connections released", func() bool {
+	testenv.Eventually(t, "connections released", 5*time.Second, func() bool {
 		return len(a.srv.Conns()) == 0 && len(b.srv.Conns()) == 0 &&
 			a.dev.Stats().Active == 0 && b.dev.Stats().Active == 0
 	})
@@ -429,7 +419,7 @@ func TestResetPropagates(t *testing.T) {
 			if _, err := client.Write([]byte("unread by the server")); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "data at the server app", func() bool { return b.srv.Stats().BytesIn > 0 })
+			testenv.Eventually(t, "data at the server app", 5*time.Second, func() bool { return b.srv.Stats().BytesIn > 0 })
 			tc.breakIt(b, server)
 			// A writer sees the failure (ECONNRESET while its data is
 			// queued at exnd's end, EPIPE after).
@@ -442,7 +432,7 @@ func TestResetPropagates(t *testing.T) {
 			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 				t.Fatalf("client write: %v, want ECONNRESET or EPIPE", err)
 			}
-			waitFor(t, "client conn released", func() bool { return len(a.srv.Conns()) == 0 })
+			testenv.Eventually(t, "client conn released", 5*time.Second, func() bool { return len(a.srv.Conns()) == 0 })
 			if a.srv.Stats().Resets != 1 {
 				t.Fatalf("client resets %d", a.srv.Stats().Resets)
 			}
@@ -457,7 +447,7 @@ func TestConnectNoListener(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	a, _ := newNodes(t)
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	got := make(chan string, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -518,7 +508,7 @@ func TestAcceptPlainClient(t *testing.T) {
 	testenv.VerifyNoFDLeaks(t)
 	const peekTO = 100 * time.Millisecond
 	_, b := newNodes(t, WithPeekTimeout(peekTO))
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	b.listen(t, ln)
 	tests := []struct {
 		name     string
@@ -594,7 +584,7 @@ func TestBadRequests(t *testing.T) {
 	}
 	defer us1.Close()
 	defer us2.Close()
-	ln := listenTCP(t)
+	ln := testenv.ListenTCP(t)
 	tcpListenerFile, err := ln.(*net.TCPListener).File()
 	if err != nil {
 		t.Fatal(err)
@@ -679,7 +669,7 @@ func TestListenLifecycle(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	_, b := newNodes(t, WithSweepInterval(20*time.Millisecond))
-	ln1, ln2 := listenTCP(t), listenTCP(t)
+	ln1, ln2 := testenv.ListenTCP(t), testenv.ListenTCP(t)
 	p1, p2 := uint16(ln1.Addr().(*net.TCPAddr).Port), uint16(ln2.Addr().(*net.TCPAddr).Port)
 	// A second descriptor of ln1's socket, as a forked worker holds it.
 	dup1, err := ln1.(*net.TCPListener).File()
@@ -711,7 +701,7 @@ func TestListenLifecycle(t *testing.T) {
 	}
 	// Closed without unlisten (a killed process): the sweep drops it.
 	ln2.Close()
-	waitFor(t, "closed listener swept", func() bool { return !b.dev.Listening(p2) })
+	testenv.Eventually(t, "closed listener swept", 5*time.Second, func() bool { return !b.dev.Listening(p2) })
 	if n := b.srv.Stats().Listens; n != 0 {
 		t.Fatalf("listens %d after sweep", n)
 	}
@@ -737,7 +727,7 @@ func TestCloseWithActiveConnections(t *testing.T) {
 	if _, err := io.ReadAll(client); err != nil && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("client app read after peer Close: %v", err)
 	}
-	waitFor(t, "client side released", func() bool { return len(a.srv.Conns()) == 0 })
+	testenv.Eventually(t, "client side released", 5*time.Second, func() bool { return len(a.srv.Conns()) == 0 })
 	err := b.tryListen(t, ln)
 	if err == nil || !strings.Contains(err.Error(), "shutting down") {
 		t.Fatalf("listen after Close: %v", err)

@@ -2,7 +2,6 @@ package backend
 
 import (
 	"context"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/fabric/shm"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // pingPong opens VPID 0 on a and b and sends one VELO message a -> b.
@@ -82,20 +82,8 @@ func TestOpenSHM(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback address with a port that was free a moment
-// ago.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func TestOpenNet(t *testing.T) {
-	addrA, addrB := freePort(t), freePort(t)
+	addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	ps := []peers.Peer{{Node: 1, Addr: addrA}, {Node: 2, Addr: addrB}}
 	a, err := Open("net:"+addrA, 1, Options{Peers: ps})
 	if err != nil {

@@ -5,15 +5,14 @@ package ofi_test
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/ofi"
 	"github.com/exn-project/exn/fabric/peers"
 	"github.com/exn-project/exn/internal/testenv"
@@ -59,24 +58,14 @@ func TestOpenProviderWithoutRDM(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // TestUnreachablePeer: node 2 is in the peers file at a port nobody
 // listens on. A send to it returns ErrPeerDown (not a hang, not a crash),
 // Alive reports it, and RMA to it becomes an NErrPeerDown notification.
 func TestUnreachablePeer(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	ps := []peers.Peer{
-		{Node: 1, Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))},
-		{Node: 2, Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))},
+		{Node: 1, Addr: testenv.FreeAddr(t)},
+		{Node: 2, Addr: testenv.FreeAddr(t)},
 	}
 	nic, err := ofi.Open(ofi.Config{Provider: "tcp", Node: 1, Peers: ps})
 	if err != nil {
@@ -110,18 +99,7 @@ func TestUnreachablePeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := make([]fabric.Notification, 1)
-	for {
-		k, err := ep.PollNotifications(ns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if k == 1 {
-			break
-		}
-		if err := ep.Wait(ctx); err != nil {
-			t.Fatalf("waiting for the error notification: %v", err)
-		}
-	}
+	fabrictest.PollWait(t, ctx, ep, ns)
 	if ns[0].Kind != fabric.KindRequester || ns[0].Err != fabric.NErrPeerDown {
 		t.Fatalf("rma to an unreachable peer: %+v, want requester NErrPeerDown", ns[0])
 	}
@@ -136,16 +114,8 @@ func TestZeroAllocVELO(t *testing.T) {
 	for _, prov := range []string{"shm", "tcp"} {
 		t.Run(prov, func(t *testing.T) {
 			nics := factory(prov, nil)(t, 2)
-			a, err := nics[0].Open(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := nics[1].Open(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			defer b.Close()
+			a := fabrictest.OpenEP(t, nics[0], 1)
+			b := fabrictest.OpenEP(t, nics[1], 1)
 			out := []fabric.Message{{Peer: b.Addr(), Len: fabric.MaxVELOPayload}}
 			in := make([]fabric.Message, 1)
 			ctx := context.Background()
@@ -153,18 +123,7 @@ func TestZeroAllocVELO(t *testing.T) {
 				if _, err := a.Send(ctx, out); err != nil {
 					t.Fatal(err)
 				}
-				for {
-					k, err := b.Recv(in)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if k == 1 {
-						return
-					}
-					if err := b.Wait(ctx); err != nil {
-						t.Fatal(err)
-					}
-				}
+				fabrictest.RecvWait(t, ctx, b, in)
 			}
 			round() // opens the pair
 			if avg := testing.AllocsPerRun(500, round); avg > 0.05 {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 )
 
 // cpuTicks is this process's user+system CPU time in clock ticks
@@ -40,16 +41,8 @@ func cpuTicks(t testing.TB) int64 {
 // never arms) would spin and burn the whole second.
 func TestIdleHoldsNoCore(t *testing.T) {
 	nics := factory("tcp", nil)(t, 2)
-	a, err := nics[0].Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := nics[1].Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := fabrictest.OpenEP(t, nics[0], 1)
+	b := fabrictest.OpenEP(t, nics[1], 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	echo := func(from, to fabric.Endpoint) {
@@ -57,17 +50,7 @@ func TestIdleHoldsNoCore(t *testing.T) {
 			t.Fatal(err)
 		}
 		var m [1]fabric.Message
-		for {
-			if n, err := to.Recv(m[:]); err != nil || n == 1 {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err := to.Wait(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
+		fabrictest.RecvWait(t, ctx, to, m[:])
 	}
 	for range 100 {
 		echo(a, b)
@@ -86,18 +69,7 @@ func TestIdleHoldsNoCore(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ns [1]fabric.Notification
-		for {
-			got, err := a.PollNotifications(ns[:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got == 1 {
-				break
-			}
-			if err := a.Wait(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
+		fabrictest.PollWait(t, ctx, a, ns[:])
 		if ns[0].Err != fabric.NErrNone {
 			t.Fatalf("%v: %v", op, ns[0].Err)
 		}

@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/ofi"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // Environment of the echo child of BenchmarkPingPong2Proc.
@@ -90,31 +90,8 @@ func benchPingPong2Proc(b *testing.B, prov string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperOFIEcho$", "-test.count=1")
-	cmd.Env = append(os.Environ(), echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	}()
+	_, stdin, stdout := testenv.StartPipedHelper(b, "TestHelperOFIEcho", echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
+	defer stdin.Close() // the child stops; it is killed and reaped when b ends
 	var child []byte
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
@@ -143,18 +120,7 @@ func benchPingPong2Proc(b *testing.B, prov string) {
 		if _, err := ep.Send(ctx, out); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			k, err := ep.Recv(in)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if k == 1 {
-				return
-			}
-			if err := ep.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		fabrictest.RecvWait(b, ctx, ep, in)
 	}
 	const warmup = 1000 // connection set-up, credit query, caches
 	for range warmup {

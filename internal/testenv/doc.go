@@ -1,6 +1,7 @@
 // Package testenv holds the test-environment policy shared by every
 // package's tests: when privileged tests run or skip, test sizes, leak
-// checks and bounded waits (Eventually, Within).
+// checks, bounded waits (Eventually, Within), helper processes and
+// loopback TCP servers (ListenTCP, ServeTCP).
 //
 // # Ownership and imports
 //

@@ -75,6 +75,10 @@ func Charts(files []*SectionFile) ([]ChartFile, map[string][]byte) {
 	}
 	var list []ChartFile
 	out := map[string][]byte{}
+	add := func(f ChartFile, svg []byte) {
+		list = append(list, f)
+		out[f.Name] = svg
+	}
 
 	// Latency percentiles per path.
 	lc := svgchart.BarChart{Title: "One-way latency by path (half a ping-pong round trip)", YLabel: "latency (log scale)", YFormat: svgchart.FmtNs,
@@ -90,8 +94,7 @@ func Charts(files []*SectionFile) ([]ChartFile, map[string][]byte) {
 		secs = append(secs, p.suite)
 	}
 	if len(lc.Groups) > 0 {
-		list = append(list, ChartFile{Name: "latency.svg", Title: lc.Title, Sections: secs, Headline: true})
-		out["latency.svg"] = lc.SVG()
+		add(ChartFile{Name: "latency.svg", Title: lc.Title, Sections: secs, Headline: true}, lc.SVG())
 	}
 
 	// RMA bandwidth by size, per backend, with memcpy.
@@ -120,50 +123,49 @@ func Charts(files []*SectionFile) ([]ChartFile, map[string][]byte) {
 			s.Pts = append(s.Pts, svgchart.Pt{X: x, Y: Median(vs)})
 		}
 		rc.Series = append(rc.Series, s)
-		list = append(list, ChartFile{Name: "rma-bandwidth.svg", Title: rc.Title, Sections: []string{"fabric-mem", "fabric-shm", "fabric-net"}})
-		out["rma-bandwidth.svg"] = rc.SVG()
+		add(ChartFile{Name: "rma-bandwidth.svg", Title: rc.Title, Sections: []string{"fabric-mem", "fabric-shm", "fabric-net"}}, rc.SVG())
 	}
 
 	// EXT-DS stream throughput by write size vs TCP loopback.
 	sc := svgchart.LineChart{Title: "EXT-DS stream throughput by write size", XLabel: "write size (log scale)", YLabel: "throughput (log scale)", YFormat: svgchart.FmtBytesRate,
 		Note: "higher is better; one connection, one direction; EXT-DS over fabric/mem vs kernel TCP over loopback, same run"}
-	ex, tcp := svgchart.Series{Name: "EXT-DS (mem)", Color: svgchart.Palette[0]}, svgchart.Series{Name: "TCP loopback", Color: svgchart.Palette[1], Dash: true}
-	for _, r := range all {
-		if r.Suite == "extds" && r.Series == "stream" {
-			ex.Pts = append(ex.Pts, svgchart.Pt{X: float64(r.Size), Y: r.Value})
-			if r.Baseline > 0 {
-				tcp.Pts = append(tcp.Pts, svgchart.Pt{X: float64(r.Size), Y: r.Baseline})
-			}
-		}
-	}
-	if len(ex.Pts) > 0 {
-		sc.Series = []svgchart.Series{ex, tcp}
-		list = append(list, ChartFile{Name: "extds-stream.svg", Title: sc.Title, Sections: []string{"extds"}})
-		out["extds-stream.svg"] = sc.SVG()
+	sc.Series = bySize(all, func(r Result) bool { return r.Suite == "extds" && r.Series == "stream" },
+		svgchart.Series{Name: "EXT-DS (mem)", Color: svgchart.Palette[0]}, svgchart.Series{Name: "TCP loopback", Color: svgchart.Palette[1], Dash: true})
+	if sc.Series != nil {
+		add(ChartFile{Name: "extds-stream.svg", Title: sc.Title, Sections: []string{"extds"}}, sc.SVG())
 	}
 
 	// EXT-Eth engine by frame size vs memcpy.
 	ec := svgchart.LineChart{Title: "EXT-Eth engine throughput by frame size (fabric/mem)", XLabel: "Ethernet frame size (log scale)", YLabel: "throughput (log scale)", YFormat: svgchart.FmtBytesRate,
 		Note: "higher is better; batches of 32 frames to the receiver's Link; memcpy = one copy() of the frame, same run"}
-	en, mc := svgchart.Series{Name: "engine", Color: svgchart.Palette[2]}, svgchart.Series{Name: "memcpy", Color: svgchart.Palette[6], Dash: true}
-	for _, r := range all {
-		if r.Suite == "exteth-engine" && r.Size > 0 {
-			en.Pts = append(en.Pts, svgchart.Pt{X: float64(r.Size), Y: r.Value})
-			if r.Baseline > 0 {
-				mc.Pts = append(mc.Pts, svgchart.Pt{X: float64(r.Size), Y: r.Baseline})
-			}
-		}
-	}
-	if len(en.Pts) > 0 {
-		ec.Series = []svgchart.Series{en, mc}
-		list = append(list, ChartFile{Name: "exteth-engine.svg", Title: ec.Title, Sections: []string{"exteth-engine"}})
-		out["exteth-engine.svg"] = ec.SVG()
+	ec.Series = bySize(all, func(r Result) bool { return r.Suite == "exteth-engine" && r.Size > 0 },
+		svgchart.Series{Name: "engine", Color: svgchart.Palette[2]}, svgchart.Series{Name: "memcpy", Color: svgchart.Palette[6], Dash: true})
+	if ec.Series != nil {
+		add(ChartFile{Name: "exteth-engine.svg", Title: ec.Title, Sections: []string{"exteth-engine"}}, ec.SVG())
 	}
 	if nc, ok := netperfChart(all); ok { // netperf.go
-		list = append(list, ChartFile{Name: "netperf.svg", Title: nc.Title, Sections: []string{"netperf"}})
-		out["netperf.svg"] = nc.SVG()
+		add(ChartFile{Name: "netperf.svg", Title: nc.Title, Sections: []string{"netperf"}}, nc.SVG())
 	}
 	return list, out
+}
+
+// bySize is the two lines of a chart by size: the values of the results
+// match picks, as value, and their same-run baselines, as base. It is nil
+// if nothing matches.
+func bySize(all []Result, match func(Result) bool, value, base svgchart.Series) []svgchart.Series {
+	for _, r := range all {
+		if !match(r) {
+			continue
+		}
+		value.Pts = append(value.Pts, svgchart.Pt{X: float64(r.Size), Y: r.Value})
+		if r.Baseline > 0 {
+			base.Pts = append(base.Pts, svgchart.Pt{X: float64(r.Size), Y: r.Baseline})
+		}
+	}
+	if len(value.Pts) == 0 {
+		return nil
+	}
+	return []svgchart.Series{value, base}
 }
 
 // WriteCharts writes the charts into dir.

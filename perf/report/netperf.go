@@ -22,7 +22,7 @@ var netperfSection = Section{
 		return []string{"EXN_PERF_SECS=" + pick(p, "2", "4"), "EXN_PERF_REPS=1"}
 	},
 	Args: func(p Params) []string {
-		return []string{"-run", "^$", "-bench", "^BenchmarkNetperf$", "-benchtime", "1x", "-timeout", "30m", "./perf/"}
+		return benchArgs("^BenchmarkNetperf$", "1x", "./perf/", "-timeout", "30m")
 	},
 	Extract: extractNetperf,
 }

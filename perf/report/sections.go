@@ -69,6 +69,13 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// benchArgs are the go test arguments that run the benchmarks matching
+// bench in pkg for benchtime and no tests; extra flags go before pkg.
+func benchArgs(bench, benchtime, pkg string, extra ...string) []string {
+	a := append([]string{"-run", "^$", "-bench", bench, "-benchtime", benchtime}, extra...)
+	return append(a, pkg)
+}
+
 func pick(p Params, quick, full string) string {
 	if p.Quick {
 		return quick
@@ -85,7 +92,7 @@ var Sections = []Section{
 		ID: "exteth-engine", Title: "EXT-Eth engine on mem, by frame size",
 		About: "Two engines on fabric/mem, batches of 32 frames from A to B's Link, against one memcpy of the same frame in the same run.",
 		Args: func(p Params) []string {
-			return []string{"-run", "^$", "-bench", "^BenchmarkTransmit$", "-benchtime", pick(p, "2000x", "20000x"), "./exn/"}
+			return benchArgs("^BenchmarkTransmit$", pick(p, "2000x", "20000x"), "./exn/")
 		},
 		Extract: extractEngine,
 	},
@@ -93,7 +100,7 @@ var Sections = []Section{
 		ID: "netstack", Title: "EXT-Eth on netstack: node TCP vs a direct gVisor link",
 		About: "One TCP flow between two gVisor netstack nodes over the engine on fabric/mem, 32 MiB per iteration, against gVisor stacks joined directly (the strongest baseline: a zero-copy channel link), interleaved in one loop.",
 		Args: func(p Params) []string {
-			return []string{"-run", "^$", "-bench", "^BenchmarkTCP", "-benchtime", pick(p, "4x", "20x"), "-timeout", "30m", "./exn/node/"}
+			return benchArgs("^BenchmarkTCP", pick(p, "4x", "20x"), "./exn/node/", "-timeout", "30m")
 		},
 		Extract: extractNetstack,
 	},
@@ -103,7 +110,7 @@ var Sections = []Section{
 		Root:  true, Needs: []string{"ip", "iperf3", "sockperf"},
 		Env: func(p Params) []string { return []string{"EXN_PERF_SECS=" + pick(p, "2", "4")} },
 		Args: func(p Params) []string {
-			return []string{"-run", "^$", "-bench", "^BenchmarkExtEth$", "-benchtime", "1x", "-timeout", "30m", "./perf/"}
+			return benchArgs("^BenchmarkExtEth$", "1x", "./perf/", "-timeout", "30m")
 		},
 		Extract: extractExtEthTAP,
 	},
@@ -111,7 +118,7 @@ var Sections = []Section{
 		ID: "extds", Title: "EXT-DS library vs TCP loopback",
 		About: "EXT-DS stream sockets as a Go library over fabric/mem, against kernel TCP over loopback in the same run: ping-pong (half round trip) by message size, one-way stream throughput by write size.",
 		Args: func(p Params) []string {
-			return []string{"-run", "^$", "-bench", "^Benchmark(PingPong|Stream)$", "-benchtime", pick(p, "300x", "2000x"), "./extds/"}
+			return benchArgs("^Benchmark(PingPong|Stream)$", pick(p, "300x", "2000x"), "./extds/")
 		},
 		Extract: extractEXTDS,
 	},
@@ -144,7 +151,7 @@ func fabricSection(backend, what string) Section {
 		ID: "fabric-" + backend, Title: "Raw fabric: " + backend,
 		About: fmt.Sprintf("fabrictest.Bench on the %s backend (%s): VELO 120 B one-way latency (half a ping-pong round trip) and message rate, RMA GET/PUT bandwidth by size against a memcpy of the same size measured in the same run.", backend, what),
 		Args: func(p Params) []string {
-			return []string{"-run", "^$", "-bench", "^BenchmarkFabric$", "-benchtime", pick(p, "100ms", "500ms"), "./fabric/" + backend + "/"}
+			return benchArgs("^BenchmarkFabric$", pick(p, "100ms", "500ms"), "./fabric/"+backend+"/")
 		},
 		Extract: func(st *Stream, cmd string) ([]Result, []string) { return extractFabric(backend, st, cmd) },
 	}

@@ -17,7 +17,7 @@ var wakeupSection = Section{
 	Root:  true, Needs: []string{"ip", "ping", "sockperf", "gcc"},
 	Env: func(p Params) []string { return []string{"EXN_PERF_SECS=" + pick(p, "2", "4")} },
 	Args: func(p Params) []string {
-		return []string{"-run", "^$", "-bench", "^BenchmarkWakeup(IdleScale)?$", "-benchtime", "1x", "-timeout", "30m", "./perf/"}
+		return benchArgs("^BenchmarkWakeup(IdleScale)?$", "1x", "./perf/", "-timeout", "30m")
 	},
 	Extract: extractWakeup,
 }
