@@ -869,8 +869,9 @@ static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *re
 	return 1;
 }
 
-/* The events record i reports now (0: none), updating its edge state. */
-static uint32_t dep_events(struct depreg *r)
+/* The events record r reports now (0: none); commit: update its edge
+ * and EPOLLONESHOT state (a report), else only look. */
+static uint32_t dep_eval(struct depreg *r, int commit)
 {
 	struct dconn *c = dcof(r->fd);
 	if (!c || r->disabled)
@@ -891,13 +892,17 @@ static uint32_t dep_events(struct depreg *r)
 		if (!e && !(m & (EPOLLERR | EPOLLHUP)))
 			return 0;
 		m = e | (m & (EPOLLERR | EPOLLHUP));
-		r->last_in = in;
-		r->last_out = out;
+		if (commit) {
+			r->last_in = in;
+			r->last_out = out;
+		}
 	}
-	if (r->ev.events & EPOLLONESHOT)
+	if (commit && (r->ev.events & EPOLLONESHOT))
 		r->disabled = 1;
 	return m;
 }
+
+static uint32_t dep_events(struct depreg *r) { return dep_eval(r, 1); }
 
 /* Collect the direct records of epfd that are ready into out (room max). */
 static int dep_collect(int epfd, struct epoll_event *out, int max)
@@ -928,7 +933,11 @@ static int dep_arm(int epfd, int on)
 			continue;
 		unsigned ev = r->ev.events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP);
 		if (on) {
-			if (dring_arm(&c->d, ev) & (ev | EPOLLERR | EPOLLHUP))
+			/* ready: what dep_collect would report now; for EPOLLET
+			 * not the level (bytes already reported are no event,
+			 * and taking them for one spun without end) */
+			dring_arm(&c->d, ev);
+			if (dep_eval(r, 0))
 				ready = 1;
 		} else {
 			dring_disarm(&c->d, ev);
