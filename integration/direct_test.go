@@ -20,7 +20,7 @@ import (
 // names them in its test column).
 var directChecks = []string{
 	"nb-connect", "nb-connect-refused", "rcvtimeo", "sndtimeo", "msg-peek", "msg-waitall", "msg-dontwait",
-	"fionread", "half-close", "peer-close", "readv-writev", "msg-iov64", "sendfile", "names", "dup",
+	"fionread", "half-close", "peer-close", "readv-writev", "msg-iov64", "sendfile", "splice", "full-ring-nb", "names", "dup",
 	"fork-child", "fork-both", "exec-server", "exec-client", "cloexec", "pollin-poll", "pollin-select",
 	"pollout-poll", "pollout-select", "pollout-epoll", "epoll-lt", "epoll-et", "epoll-oneshot",
 }

@@ -1151,7 +1151,7 @@ out:
 
 static int c_sendfile(char *why)
 {
-	enum { N = 3 << 20, A = 2 << 20 };
+	enum { N = 3 << 20, A = 2 << 20, B = 5 << 19 };
 	int rc = -1, f = -1, s = dial("sink", 0, why);
 	if (s < 0)
 		return -1;
@@ -1171,12 +1171,18 @@ static int c_sendfile(char *why)
 	FAILIF(off != A, "offset %lld, want %d", (long long)off, A);
 	FAILIF(lseek(f, A, SEEK_SET) != A, "lseek");
 	size_t done = A;
-	while (done < N) {
-		ssize_t r = sendfile(s, f, NULL, N - done);
+	while (done < B) {
+		ssize_t r = sendfile(s, f, NULL, B - done);
 		FAILIF(r <= 0, "sendfile from the file position: %zd at %zu", r, done);
 		done += (size_t)r;
 	}
-	FAILIF(lseek(f, 0, SEEK_CUR) != N, "file position %lld, want %d", (long long)lseek(f, 0, SEEK_CUR), N);
+	FAILIF(lseek(f, 0, SEEK_CUR) != B, "file position %lld, want %d", (long long)lseek(f, 0, SEEK_CUR), B);
+	/* what a program built with _FILE_OFFSET_BITS=64 calls */
+	off64_t o64 = B;
+	while (o64 < N) {
+		ssize_t r = sendfile64(s, f, &o64, (size_t)(N - o64));
+		FAILIF(r <= 0, "sendfile64: %zd at %lld", r, (long long)o64);
+	}
 	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
 	if (expect_sum(s, N, h, why) < 0)
 		goto out;
@@ -1379,6 +1385,124 @@ out:
 	return rc;
 }
 
+/* splice from a pipe into the connection (the pipe filled from a file,
+ * splice's "from a file"), and from the connection into a pipe. */
+static int c_splice(char *why)
+{
+	enum { N = 1 << 20 };
+	int rc = -1, f = -1, pp[2] = {-1, -1}, s = dial("sink", 0, why), s2 = -1;
+	if (s < 0)
+		return -1;
+	char path[] = "/tmp/directcalls-splice-XXXXXX";
+	static unsigned char b[N], got[N];
+	f = mkstemp(path);
+	FAILIF(f < 0, "mkstemp");
+	unlink(path);
+	fill_pat(b, 0, N);
+	FAILIF(wr_all(f, b, N) < 0, "write the file");
+	FAILIF(pipe2(pp, O_CLOEXEC) < 0, "pipe");
+	loff_t off = 0;
+	size_t done = 0;
+	while (done < N) {
+		ssize_t k = splice(f, &off, pp[1], NULL, 65536, 0); /* file -> pipe: the kernel's */
+		FAILIF(k <= 0, "splice file -> pipe: %zd", k);
+		while (k > 0) {
+			ssize_t r = splice(pp[0], NULL, s, NULL, (size_t)k, 0);
+			FAILIF(r <= 0, "splice pipe -> connection: %zd at %zu", r, done);
+			k -= r;
+			done += (size_t)r;
+		}
+	}
+	loff_t o = 0;
+	errno = 0;
+	FAILIF(splice(pp[0], NULL, s, &o, 1, SPLICE_F_NONBLOCK) != -1 || errno != EINVAL, "an offset on the socket: want EINVAL");
+	errno = 0;
+	FAILIF(splice(pp[0], &o, s, NULL, 1, SPLICE_F_NONBLOCK) != -1 || errno != ESPIPE, "an offset on the pipe: want ESPIPE");
+	errno = 0;
+	FAILIF(splice(f, NULL, s, NULL, 1, 0) != -1 || errno != EINVAL, "no pipe on either side: want EINVAL");
+	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
+	if (expect_sum(s, N, fnv(FNV0, b, N), why) < 0)
+		goto out;
+	/* connection -> pipe */
+	s2 = dial("source 1048576 65536 0", 0, why);
+	if (s2 < 0)
+		goto out;
+	done = 0;
+	while (done < N) {
+		ssize_t k = splice(s2, NULL, pp[1], NULL, N - done, 0);
+		FAILIF(k <= 0, "splice connection -> pipe: %zd at %zu", k, done);
+		FAILIF(rd_full(pp[0], got + done, (size_t)k) != k, "read the pipe");
+		done += (size_t)k;
+	}
+	FAILIF(memcmp(got, b, N), "bytes spliced out of the connection differ");
+	errno = 0;
+	FAILIF(splice(s2, NULL, pp[1], NULL, 1, SPLICE_F_NONBLOCK) != -1 || errno != EAGAIN,
+	       "SPLICE_F_NONBLOCK with nothing there: want EAGAIN");
+	rc = 0;
+out:
+	xclose(&f);
+	xclose(&pp[0]);
+	xclose(&pp[1]);
+	xclose(&s);
+	xclose(&s2);
+	return rc;
+}
+
+/* On a full ring with O_NONBLOCK, sendfile, sendfile64 and splice say
+ * EAGAIN and take nothing (through V they would succeed: bytes behind
+ * the ring's back); once the peer reads, they move the rest. */
+static int c_full_ring_nb(char *why)
+{
+	enum { N = 200000 };
+	pid_t pid = 0;
+	int rc = -1, f = -1, pp[2] = {-1, -1}, s = dial_fill(&pid, why), n = -1;
+	if (s < 0)
+		return -1;
+	uint64_t off = 0, h = FNV0;
+	char path[] = "/tmp/directcalls-full-XXXXXX";
+	static unsigned char b[N];
+	f = mkstemp(path);
+	FAILIF(f < 0, "mkstemp");
+	unlink(path);
+	FAILIF(pipe2(pp, O_CLOEXEC) < 0, "pipe");
+	FAILIF(fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK) < 0, "O_NONBLOCK");
+	if (fill_ring(s, &off, &h, why) < 0)
+		goto out;
+	fill_pat(b, off, N);
+	FAILIF(wr_all(f, b, N) < 0, "write the file");
+	FAILIF(wr_all(pp[1], "0123456789", 10) < 0, "write the pipe");
+	off_t o = 0;
+	off64_t o64 = 0;
+	errno = 0;
+	FAILIF(sendfile(s, f, &o, N) != -1 || errno != EAGAIN || o != 0, "sendfile on a full ring: want EAGAIN");
+	errno = 0;
+	FAILIF(sendfile64(s, f, &o64, N) != -1 || errno != EAGAIN || o64 != 0, "sendfile64 on a full ring: want EAGAIN");
+	errno = 0;
+	FAILIF(splice(pp[0], NULL, s, NULL, 10, 0) != -1 || errno != EAGAIN, "splice on a full ring: want EAGAIN");
+	FAILIF(ioctl(pp[0], FIONREAD, &n) < 0 || n != 10, "the pipe lost bytes: %d left", n);
+	FAILIF(kill(pid, SIGUSR1) < 0, "kill server %d", pid);
+	FAILIF(fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK) < 0, "clear O_NONBLOCK");
+	while (o64 < N) {
+		ssize_t r = sendfile64(s, f, &o64, (size_t)(N - o64));
+		FAILIF(r <= 0, "sendfile64: %zd at %lld", r, (long long)o64);
+	}
+	h = fnv(h, b, N);
+	off += N;
+	FAILIF(splice(pp[0], NULL, s, NULL, 10, 0) != 10, "splice after the peer read");
+	h = fnv(h, "0123456789", 10);
+	off += 10;
+	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
+	if (expect_sum(s, off, h, why) < 0)
+		goto out;
+	rc = 0;
+out:
+	xclose(&f);
+	xclose(&pp[0]);
+	xclose(&pp[1]);
+	xclose(&s);
+	return rc;
+}
+
 static char g_self[PATH_MAX];
 /* Descriptors above 2 the client inherited at its start (from whatever
  * ran it): fdcheck allows them. */
@@ -1497,6 +1621,8 @@ static const struct check g_checks[] = {
 	{"readv-writev", c_readv_writev},
 	{"msg-iov64", c_msg_iov64},
 	{"sendfile", c_sendfile},
+	{"splice", c_splice},
+	{"full-ring-nb", c_full_ring_nb},
 	{"names", c_names},
 	{"dup", c_dup},
 	{"fork-child", c_fork_child},
