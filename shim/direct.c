@@ -53,6 +53,8 @@ static ssize_t (*real_writev)(int, const struct iovec *, int);
 static ssize_t (*real_recv)(int, void *, size_t, int);
 static ssize_t (*real_send)(int, const void *, size_t, int);
 static ssize_t (*real_sendfile)(int, int, off_t *, size_t);
+static ssize_t (*real_sendfile64)(int, int, off64_t *, size_t);
+static ssize_t (*real_splice)(int, loff_t *, int, loff_t *, size_t, unsigned int);
 static int (*real_ioctl)(int, unsigned long, ...);
 static int (*real_shutdown)(int, int);
 static int (*real_poll)(struct pollfd *, nfds_t, int);
@@ -81,6 +83,8 @@ static void direct_resolve(void)
 	RESOLVE(recv);
 	RESOLVE(send);
 	RESOLVE(sendfile);
+	RESOLVE(sendfile64);
+	RESOLVE(splice);
 	RESOLVE(ioctl);
 	RESOLVE(shutdown);
 	RESOLVE(poll);
@@ -398,12 +402,8 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 
 /* sendfile from a file into a direct descriptor: read and write through
  * a bounce buffer on the stack (the kernel would have copied too). */
-EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
+static ssize_t d_sendfile(int out, int in, off_t *off, size_t n)
 {
-	INIT();
-	struct dconn *c = dcof(out);
-	if (!c)
-		return real_sendfile(out, in, off, n);
 	char buf[16384];
 	size_t done = 0;
 	int saved = errno;
@@ -436,6 +436,113 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 	}
 	errno = saved;
 	return (ssize_t)done;
+}
+
+EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
+{
+	INIT();
+	if (!dcof(out))
+		return real_sendfile(out, in, off, n);
+	return d_sendfile(out, in, off, n);
+}
+
+/* What a program built with _FILE_OFFSET_BITS=64 calls (sys/sendfile.h
+ * redirects sendfile there); the same on LP64. */
+_Static_assert(sizeof(off64_t) == sizeof(off_t), "LP64: off64_t is off_t");
+EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
+{
+	INIT();
+	if (!dcof(out))
+		return real_sendfile64(out, in, off, n);
+	return d_sendfile(out, in, (off_t *)off, n);
+}
+
+/*
+ * splice with a direct descriptor on one side and a pipe on the other:
+ * through a bounce buffer, at most 64 KiB per call (a short splice is
+ * legal). Into the ring: a non-blocking call takes from the pipe only
+ * what the ring has room for, so nothing read is dropped. Out of the
+ * ring: peek, write to the pipe (non-blocking: at most its free room),
+ * then consume what it took.
+ */
+#define SPLICE_MAX 65536
+EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len, unsigned int fl)
+{
+	INIT();
+	struct dconn *ci = dcof(in), *co = dcof(out);
+	if (!ci && !co)
+		return real_splice(in, offin, out, offout, len, fl);
+	/* as the kernel (fs/splice.c): one side a pipe, else EINVAL; an
+	 * offset on the pipe ESPIPE, on the socket EINVAL */
+	struct stat st;
+	if ((ci && co) || fstat(ci ? out : in, &st) < 0 || !S_ISFIFO(st.st_mode)) {
+		errno = errno == EBADF ? EBADF : EINVAL;
+		return -1;
+	}
+	if (offin || offout) {
+		errno = (ci ? offout : offin) ? ESPIPE : EINVAL;
+		return -1;
+	}
+	char buf[SPLICE_MAX];
+	if (len > sizeof buf)
+		len = sizeof buf;
+	int nb = (fl & SPLICE_F_NONBLOCK) ? MSG_DONTWAIT : 0;
+	int saved = errno;
+	if (ci && nb) {
+		/* no more than the pipe has room for: a short write would block */
+		int used = 0, cap = real_fcntl(out, F_GETPIPE_SZ);
+		if (cap > 0 && real_ioctl(out, FIONREAD, &used) == 0 && (size_t)(cap - used) < len)
+			len = cap > used ? (size_t)(cap - used) : 0;
+		if (len == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+	}
+	if (co) {
+		struct pollfd pp = {in, POLLIN, 0};
+		if (nb && real_poll(&pp, 1, 0) == 0) {
+			errno = EAGAIN; /* the pipe is empty */
+			return -1;
+		}
+		if (nb || (fdflags(out) & F_NB)) {
+			long sp = dring_space(&co->d);
+			if (sp < 0) {
+				errno = (int)-sp;
+				return -1;
+			}
+			if (sp == 0) {
+				errno = EAGAIN;
+				return -1;
+			}
+			if ((size_t)sp < len)
+				len = (size_t)sp;
+		}
+		ssize_t r = real_read(in, buf, len);
+		if (r <= 0)
+			return r;
+		struct iovec v = {buf, (size_t)r};
+		ssize_t w = d_send(out, &v, 1, nb);
+		if (w == NOT_DIRECT) {
+			errno = EIO;
+			return -1;
+		}
+		if (w < r) /* a signal, SO_SNDTIMEO or a reset in a blocking splice */
+			dbg("splice into fd %d: %zd bytes taken from pipe %d not written", out, r - (w > 0 ? w : 0), in);
+		if (w >= 0)
+			errno = saved;
+		return w;
+	}
+	struct iovec v = {buf, len};
+	ssize_t r = d_recv(in, &v, 1, MSG_PEEK | nb);
+	if (r <= 0)
+		return r == NOT_DIRECT ? (errno = EIO, -1) : r;
+	ssize_t w = real_write(out, buf, (size_t)r);
+	if (w <= 0)
+		return w;
+	struct iovec t = {NULL, (size_t)w};
+	d_recv(in, &t, 1, MSG_TRUNC | MSG_DONTWAIT); /* consume what the pipe took */
+	errno = saved;
+	return w;
 }
 
 /* ---- control ---- */
@@ -869,8 +976,9 @@ static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *re
 	return 1;
 }
 
-/* The events record i reports now (0: none), updating its edge state. */
-static uint32_t dep_events(struct depreg *r)
+/* The events record r reports now (0: none); commit: update its edge
+ * and EPOLLONESHOT state (a report), else only look. */
+static uint32_t dep_eval(struct depreg *r, int commit)
 {
 	struct dconn *c = dcof(r->fd);
 	if (!c || r->disabled)
@@ -891,13 +999,17 @@ static uint32_t dep_events(struct depreg *r)
 		if (!e && !(m & (EPOLLERR | EPOLLHUP)))
 			return 0;
 		m = e | (m & (EPOLLERR | EPOLLHUP));
-		r->last_in = in;
-		r->last_out = out;
+		if (commit) {
+			r->last_in = in;
+			r->last_out = out;
+		}
 	}
-	if (r->ev.events & EPOLLONESHOT)
+	if (commit && (r->ev.events & EPOLLONESHOT))
 		r->disabled = 1;
 	return m;
 }
+
+static uint32_t dep_events(struct depreg *r) { return dep_eval(r, 1); }
 
 /* Collect the direct records of epfd that are ready into out (room max). */
 static int dep_collect(int epfd, struct epoll_event *out, int max)
@@ -928,7 +1040,11 @@ static int dep_arm(int epfd, int on)
 			continue;
 		unsigned ev = r->ev.events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP);
 		if (on) {
-			if (dring_arm(&c->d, ev) & (ev | EPOLLERR | EPOLLHUP))
+			/* ready: what dep_collect would report now; for EPOLLET
+			 * not the level (bytes already reported are no event,
+			 * and taking them for one spun without end) */
+			dring_arm(&c->d, ev);
+			if (dep_eval(r, 0))
 				ready = 1;
 		} else {
 			dring_disarm(&c->d, ev);

@@ -214,6 +214,12 @@ long dring_nread(struct dring *d)
 	return a < 0 ? -EIO : (long)a;
 }
 
+long dring_space(struct dring *d)
+{
+	int64_t s = out_space(d);
+	return s < 0 ? -EIO : (long)s;
+}
+
 unsigned dring_ready(struct dring *d)
 {
 	const unsigned all = POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLERR | POLLHUP;

@@ -131,6 +131,8 @@ DRING_API void dring_rd_closed(struct dring *d);
 
 /* Bytes readable now (FIOREAD), or a negative errno for a forged cursor. */
 DRING_API long dring_nread(struct dring *d);
+/* Free bytes in the outbound ring now, or a negative errno for a forged cursor. */
+DRING_API long dring_space(struct dring *d);
 
 /* Whether relay[S] is set (exnd relays V from now on). */
 DRING_API int dring_relayed(const struct dring *d);

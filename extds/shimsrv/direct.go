@@ -13,7 +13,9 @@ package shimsrv
 // connection. Bytes that do arrive on E (a program writing V behind the
 // shim's back, or one relayed after exec) go into the outbound ring, so
 // nothing is lost either way. After shim-relay (exec), a second
-// goroutine, relayOut, copies the inbound ring to E.
+// goroutine, relayOut, copies the inbound ring to E, and an EOF on E is
+// the program's real shutdown(SHUT_WR): watch stores fin only and ends
+// the connection when V hangs up (waitHangup).
 //
 // Locks: s.mu guards s.dconns and s.dnext; a dconn's fields are fixed
 // once it is entered, except relaying (atomic). The Endpoint does its own
@@ -232,12 +234,32 @@ func (s *Server) watch(dc *dconn) {
 		// too.
 		dc.uc.CloseRead()
 		s.resets.Add(1)
+	case errors.Is(rerr, io.EOF) && dc.relaying.Load():
+		// Relayed (after exec), EOF is the program's real
+		// shutdown(SHUT_WR) on V, not yet its last close: fin, and the
+		// other direction goes on until V hangs up.
+		dc.ep.CloseWrite()
+		waitHangup(dc.uc)
 	case !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed):
 		s.logConn(slog.LevelDebug, "extds shim: direct socket", "id", dc.id, "err", rerr)
 	}
 	dc.ep.CloseWrite()
 	dc.ep.CloseRead()
 	s.endDirect(dc)
+}
+
+// waitHangup returns when every descriptor of V is closed (E shows
+// POLLHUP: a shutdown(SHUT_WR) alone does not give it) or E is closed.
+func waitHangup(uc *net.UnixConn) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		_, err := unix.Poll(p, 0)
+		return err != nil || p[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+	})
 }
 
 // relayOut copies the inbound ring to E for a side handed over by
