@@ -114,7 +114,8 @@ func (r NetperfResult) Sane() error {
 		if r.Unit != "Trans/s" || !(r.TransRate > 0) {
 			return fmt.Errorf("%s: %v %s, transaction rate %v", r.Test, r.Throughput, r.Unit, r.TransRate)
 		}
-		if !(r.P50 > 0 && r.P50 <= r.P90 && r.P90 <= r.P99 && r.Mean > 0) {
+		// Percentiles of 0 are under netperf's 1 µs resolution (parse).
+		if !(r.P50 >= 0 && r.P50 <= r.P90 && r.P90 <= r.P99 && r.Mean > 0) {
 			return fmt.Errorf("%s: latencies p50 %v p90 %v p99 %v mean %v us", r.Test, r.P50, r.P90, r.P99, r.Mean)
 		}
 	} else if r.Unit != "10^6bits/s" {
@@ -167,10 +168,18 @@ func (r *NetperfResult) parse() error {
 		if err != nil {
 			return fmt.Errorf("field %d %q: %w", i+1, f[i], err)
 		}
+		if x == netperfBelowResolution && i >= 3 && i <= 5 {
+			x = 0 // a percentile inside netperf's first histogram bucket: under 1 µs
+		}
 		*v = x
 	}
 	return nil
 }
+
+// netperfBelowResolution is what netperf's omni selectors print for a
+// latency percentile that falls in its histogram's first bucket (under
+// 1 µs: a direct connection's TCP_RR): INT_MIN, not a latency.
+const netperfBelowResolution = -2147483648
 
 // NetperfTests are the tests the harness runs: bulk both ways, TCP and
 // UDP request/response, and connect/request/response/close.
