@@ -9,6 +9,15 @@ package dring
 // "Wake-up protocol"), spins SpinBudget, then parks its goroutine in Go's
 // netpoller on its own bell.
 //
+// Publishing: every store another process waits on (tail, head, fin,
+// rd_closed, rst) is a Swap, not a Store, before the load of the other
+// side's waiter count that decides whether to ring (the Dekker pair of
+// docs/direct.md). Go's atomics are sequentially consistent, but under
+// the race detector a Store is a release store (a plain MOV on amd64)
+// that the CPU may reorder after the following load: a lost wake-up
+// that hung TestDringCrossLanguage under -race. A Swap is a locked
+// exchange in both builds.
+//
 // Locks: rdMu and wrMu serialise this process's readers and writers (so
 // at most one goroutine per role parks, and the shared futex locks are
 // taken by one goroutine of this process at a time); live is held for
@@ -215,8 +224,8 @@ func (e *Endpoint) space() (tail, free uint64, err error) {
 // fail marks a corrupt buffer: reset, so both sides stop.
 func (e *Endpoint) fail() error {
 	e.corrupt.Store(true)
-	e.tx.rst.Store(1)
-	e.rx.rst.Store(1)
+	e.tx.rst.Swap(1)
+	e.rx.rst.Swap(1)
 	e.ringPeer()
 	return fmt.Errorf("cursors out of range: %w", ErrCorrupt)
 }
@@ -258,7 +267,7 @@ func (e *Endpoint) Read(p []byte) (int, error) {
 		}
 		if n := tail - head; n > 0 {
 			k := copyOut(p, e.rxData, head, min(n, uint64(len(p))))
-			e.rx.head.Store(head + uint64(k))
+			e.rx.head.Swap(head + uint64(k))
 			if e.rx.prodWait.Load() > 0 {
 				_ = sys.RingBell(e.peerSpace)
 			}
@@ -312,7 +321,7 @@ func (e *Endpoint) Write(p []byte) (int, error) {
 		}
 		if free > 0 {
 			k := copyIn(e.txData, tail, p[done:done+int(min(free, uint64(len(p)-done)))])
-			e.tx.tail.Store(tail + uint64(k))
+			e.tx.tail.Swap(tail + uint64(k))
 			done += k
 			if e.tx.consWait.Load() > 0 {
 				_ = sys.RingBell(e.peerData)
@@ -422,7 +431,7 @@ func unlock(w *atomic.Uint32) {
 // CloseWrite stores fin: the peer reads EOF after the bytes written.
 func (e *Endpoint) CloseWrite() {
 	e.whileOpen(func() {
-		e.tx.fin.Store(1)
+		e.tx.fin.Swap(1)
 		if e.tx.consWait.Load() > 0 {
 			_ = sys.RingBell(e.peerData)
 		}
@@ -432,7 +441,7 @@ func (e *Endpoint) CloseWrite() {
 // CloseRead stores rd_closed: the peer's writes fail.
 func (e *Endpoint) CloseRead() {
 	e.whileOpen(func() {
-		e.rx.rdClosed.Store(1)
+		e.rx.rdClosed.Swap(1)
 		if e.rx.prodWait.Load() > 0 {
 			_ = sys.RingBell(e.peerSpace)
 		}
@@ -442,8 +451,8 @@ func (e *Endpoint) CloseRead() {
 // Reset stores rst on both directions and wakes both sides.
 func (e *Endpoint) Reset() {
 	e.whileOpen(func() {
-		e.tx.rst.Store(1)
-		e.rx.rst.Store(1)
+		e.tx.rst.Swap(1)
+		e.rx.rst.Swap(1)
 		e.ringPeer()
 		_ = sys.RingBell(e.myData)
 		_ = sys.RingBell(e.mySpace)
