@@ -1,7 +1,6 @@
 package nstest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // Prefix starts the name of every namespace and shm fabric the harness
@@ -236,7 +237,7 @@ func (n *Netns) RunEnv(timeout time.Duration, env []string, args ...string) (str
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := n.command(ctx, env, args...)
-	var out lockedBuffer
+	var out testenv.Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		return "", fmt.Errorf("%s: start %q: %w", n.Name, args, err)
@@ -268,7 +269,7 @@ func (n *Netns) MustRun(t testing.TB, timeout time.Duration, args ...string) str
 type Proc struct {
 	Name string
 	Cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testenv.Output
 	done chan struct{}
 	err  error
 }
@@ -338,24 +339,6 @@ func (p *Proc) Wait(timeout time.Duration) error {
 		<-p.done
 		return fmt.Errorf("%s: still running after %v; killed", p.Name, timeout)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and readers at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // Eventually polls f every 50 ms until it returns nil or timeout passes,
