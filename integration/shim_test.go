@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -554,7 +553,7 @@ func TestShimPerf(t *testing.T) {
 		u := units[m]
 		fmt.Fprintf(&sb, "| %s |", names[m])
 		for wi := range ways {
-			med[m][wi] = median(v[m][wi])
+			med[m][wi] = testenv.Median(v[m][wi])
 			fmt.Fprintf(&sb, " %.2f %s |", med[m][wi], u)
 		}
 		fmt.Fprintf(&sb, " %.2fx | %s |", med[m][0]/med[m][1], ratios(m, 0, 1))
@@ -575,19 +574,4 @@ func TestShimPerf(t *testing.T) {
 	if med[mP50][0] > med[mP50][1] {
 		t.Errorf("bar: sockperf p50 through the shim %.2f us > TCP over exn0 %.2f (medians)", med[mP50][0], med[mP50][1])
 	}
-}
-
-// median returns the median of v (the mean of the middle two for an even
-// count); v is not modified.
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }

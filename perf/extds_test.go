@@ -551,7 +551,7 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 				for _, res := range results[vi] {
 					per[vi] = append(per[vi], m.get(res.Rows[ri]))
 				}
-				med[vi] = median(per[vi])
+				med[vi] = testenv.Median(per[vi])
 			}
 			ratio := med[0] / med[1]
 			verdict := ""
@@ -587,18 +587,6 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 		}
 	}
 	return sb.String()
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func dsJoin(v []float64) string {
