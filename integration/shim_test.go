@@ -52,11 +52,18 @@ func buildShim(t *testing.T, dir string) (lib, prog string) {
 func startShimCluster(t *testing.T, subnet int) *shimCluster {
 	t.Helper()
 	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "sockperf", "gcc")
-	exnd := nstest.Build(t)
+	return shmShimCluster(t, nstest.Build(t), subnet)
+}
+
+// shmShimCluster starts two nodes of the exnd binary exnd, with the
+// extra flags args, on a new shm fabric in subnet, and makes them a
+// shimCluster (newShimCluster).
+func shmShimCluster(t *testing.T, exnd string, subnet int, args ...string) *shimCluster {
+	t.Helper()
 	fab := nstest.ShmFabric(t)
 	var nodes [2]*nstest.Node
 	for i := range nodes {
-		nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1)
+		nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1, args...)
 	}
 	return newShimCluster(t, exnd, nodes)
 }
@@ -482,12 +489,7 @@ func TestShimPerf(t *testing.T) {
 	ways := []way{{"shim (EXT-DS)", c, exnIP, c.env(1), c.env(0), true}, {"TCP over exn0", c, exnIP, nil, nil, false},
 		{"TCP over veth", c, vethB, nil, nil, false}}
 	if base := os.Getenv("EXN_PERF_BASE_EXND"); base != "" {
-		fab := nstest.ShmFabric(t)
-		var nodes [2]*nstest.Node
-		for i := range nodes {
-			nodes[i] = nstest.StartNode(t, base, fab, 42, i+1)
-		}
-		cb := newShimCluster(t, base, nodes)
+		cb := shmShimCluster(t, base, 42)
 		if lib := os.Getenv("EXN_PERF_BASE_LIB"); lib != "" {
 			cb.lib = lib
 		}
