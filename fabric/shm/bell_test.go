@@ -134,11 +134,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	nic, err := Open(fab, 1, withBackstop(longBackstop))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
+	nic := openNIC(t, fab, 1, withBackstop(longBackstop))
 	ep := fabrictest.OpenEP(t, nic, 1)
 	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -332,16 +328,8 @@ func TestBellFallback(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	a, err := Open(fab, 1, withBackstop(longBackstop))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(fab, 2, withBackstop(longBackstop), withoutBell())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := openNIC(t, fab, 1, withBackstop(longBackstop))
+	b := openNIC(t, fab, 2, withBackstop(longBackstop), withoutBell())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -408,11 +396,7 @@ func TestBellFallback(t *testing.T) {
 	// 3. A producer that cannot open the consumer's FIFO (gone from the
 	// directory) counts the failed ring; the consumer's backstop (short
 	// on this NIC) still gets the message through.
-	c, err := Open(fab, 3, withBackstop(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := openNIC(t, fab, 3, withBackstop(50*time.Millisecond))
 	e4 := fabrictest.OpenEP(t, c, 4)
 	os.Remove(e4.(*endpoint).bellPath)
 	failed := wakeStats(t, a).RingFailed
