@@ -320,6 +320,19 @@ func TestBellNoFDLeak(t *testing.T) {
 	}
 }
 
+// awaitAsleep starts awaitOne(ctx, ep, take) in a goroutine and returns
+// its error channel once ep's consumer sleeps (on its futex or its bell).
+func awaitAsleep[T any](t testing.TB, ctx context.Context, ep fabric.Endpoint, take func([]T) (int, error)) <-chan error {
+	t.Helper()
+	got := make(chan error, 1)
+	go func() { _, err := awaitOne(ctx, ep, take); got <- err }()
+	waitFor(t, "the consumer to sleep", func() bool {
+		v := ep.(*endpoint).v
+		return v.sleepers.Load()+v.bellW.Load() != 0
+	})
+	return got
+}
+
 // TestBellFallback: a VPID without a FIFO (the NIC option, or a FIFO that
 // cannot be made) sleeps on its futex and is still woken by producers of
 // either kind, and a producer that cannot reach a FIFO counts it while the
@@ -337,12 +350,7 @@ func TestBellFallback(t *testing.T) {
 	// says how long that took to arrive.
 	wake := func(from, to fabric.Endpoint) time.Duration {
 		t.Helper()
-		got := make(chan error, 1)
-		go func() { _, err := awaitOne(ctx, to, to.Recv); got <- err }()
-		waitFor(t, "the consumer to sleep", func() bool {
-			v := to.(*endpoint).v
-			return v.sleepers.Load()+v.bellW.Load() != 0
-		})
+		got := awaitAsleep(t, ctx, to, to.Recv)
 		start := time.Now()
 		sendOne(t, ctx, from, to.Addr(), 1, "x")
 		if err := <-got; err != nil {
@@ -462,12 +470,7 @@ func TestBellOwnNotification(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for i := 0; i < 5; i++ {
-		got := make(chan error, 1)
-		go func() { _, err := awaitOne(ctx, a, a.PollNotifications); got <- err }()
-		waitFor(t, "the consumer to sleep", func() bool {
-			v := a.(*endpoint).v
-			return v.sleepers.Load()+v.bellW.Load() != 0
-		})
+		got := awaitAsleep(t, ctx, a, a.PollNotifications)
 		start := time.Now()
 		if _, err := a.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA,
 			Len: 64, Notify: fabric.NotifyRequester}}); err != nil {
