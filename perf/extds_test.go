@@ -281,21 +281,19 @@ func dsClient(ctx context.Context, dev *extds.Device) (res dsResult) {
 		return c, nil
 	}
 	res.Mode = path
-	for _, size := range dsPingSizes {
-		r, err := dsPing(dial, size)
-		if err != nil {
-			res.Err = fmt.Sprintf("ping %d B: %v", size, err)
-			return res
+	for _, m := range []struct {
+		name  string
+		sizes []int
+		run   func(dial func() (net.Conn, error), size int) (dsRow, error)
+	}{{"ping", dsPingSizes, dsPing}, {"stream", dsStreamSizes, dsStream}} {
+		for _, size := range m.sizes {
+			r, err := m.run(dial, size)
+			if err != nil {
+				res.Err = fmt.Sprintf("%s %d B: %v", m.name, size, err)
+				return res
+			}
+			res.Rows = append(res.Rows, r)
 		}
-		res.Rows = append(res.Rows, r)
-	}
-	for _, size := range dsStreamSizes {
-		r, err := dsStream(dial, size)
-		if err != nil {
-			res.Err = fmt.Sprintf("stream %d B: %v", size, err)
-			return res
-		}
-		res.Rows = append(res.Rows, r)
 	}
 	return res
 }
