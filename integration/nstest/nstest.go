@@ -58,7 +58,9 @@ func Unique(tag string) string {
 	return fmt.Sprintf("%s%d-%s%d", Prefix, os.Getpid(), tag, seq.Add(1))
 }
 
-func register(m map[string]bool, k string, on bool) {
+// register adds k to (on) or removes it from one of the registries of
+// what the harness must clean up, under regMu.
+func register[K comparable](m map[K]bool, k K, on bool) {
 	regMu.Lock()
 	defer regMu.Unlock()
 	if on {
@@ -68,15 +70,7 @@ func register(m map[string]bool, k string, on bool) {
 	}
 }
 
-func registerPgid(p int, on bool) {
-	regMu.Lock()
-	defer regMu.Unlock()
-	if on {
-		regPgids[p] = true
-	} else {
-		delete(regPgids, p)
-	}
-}
+func registerPgid(p int, on bool) { register(regPgids, p, on) }
 
 func teardownAll() {
 	regMu.Lock()
