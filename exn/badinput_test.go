@@ -302,10 +302,8 @@ func nodeMAC(n fabric.NodeID) net.HardwareAddr { return fabric.DefaultMACPrefix.
 func TestAdvertTimeout(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	c := mem.NewCluster()
-	clk := newFakeClock()
 	const slots = 4
-	ns := newNodes(t, c, Config{TxSlots: slots, AdvertTimeout: time.Minute, Now: clk.Now}, 1)
-	a := ns[0]
+	a, clk := clockedNode(t, c, Config{TxSlots: slots, AdvertTimeout: time.Minute})
 	dead := newAttacker(t, c, 2) // takes adverts, never pulls
 	dst := fabric.DefaultMACPrefix.MAC(2)
 	for i := range slots {

@@ -43,48 +43,59 @@ func BenchmarkTransmit(b *testing.B) {
 			memcpyNs = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 		})
 		b.Run(fmt.Sprintf("exn/%d", size), func(b *testing.B) {
-			l := &discardLink{done: make(chan struct{}, 1)}
-			ns := benchNodes(b, Config{MTU: MaxMTU}, l)
-			a, rx := ns[0], ns[1]
-			f := frame(rx.eng.MAC(), a.eng.MAC(), size, 1)
-			batch := make([][]byte, benchBatch)
-			for i := range batch {
-				batch[i] = f
-			}
-			ctx := context.Background()
-			// Warm the pools and the scratch.
-			warm := int64(4 * benchBatch)
-			l.target = warm
-			for i := int64(0); i < warm; i += benchBatch {
-				if _, err := a.eng.Transmit(ctx, batch); err != nil {
-					b.Fatal(err)
+			transmitRounds(b, size, benchBatch, func(a *node, f []byte) func(k int) {
+				batch := make([][]byte, benchBatch)
+				for i := range batch {
+					batch[i] = f
 				}
-			}
-			<-l.done
-			b.SetBytes(int64(size))
-			b.ReportAllocs()
-			b.ResetTimer()
-			l.target = l.n + int64(b.N)
-			for sent := 0; sent < b.N; sent += benchBatch {
-				if _, err := a.eng.Transmit(ctx, batch[:min(benchBatch, b.N-sent)]); err != nil {
-					b.Fatal(err)
+				ctx := context.Background()
+				return func(k int) {
+					if _, err := a.eng.Transmit(ctx, batch[:k]); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-			select {
-			case <-l.done:
-			case <-time.After(30 * time.Second):
-				b.Fatal("frames not delivered")
-			}
-			b.StopTimer()
+			})
 			perFrame := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 			b.ReportMetric(1e9/perFrame, "frames/s")
 			if memcpyNs > 0 {
 				b.ReportMetric(memcpyNs/perFrame, "x-memcpy")
 			}
-			if d := rx.eng.Stats().TotalDrops(); d != 0 {
-				b.Fatalf("%d drops", d)
-			}
 		})
+	}
+}
+
+// transmitRounds runs a transmit benchmark: node a sends to rx over
+// fabric/mem, rx's Link a discardLink. newRound gets a and a frame f of size
+// bytes from a to rx and returns the function that sends k (at most batch)
+// frames. transmitRounds warms the pools and the scratch with 4 batches,
+// then times b.N frames to their delivery at rx's Link (the timer stopped
+// on return) and fails on any drop at rx.
+func transmitRounds(b *testing.B, size, batch int, newRound func(a *node, f []byte) func(k int)) {
+	l := &discardLink{done: make(chan struct{}, 1)}
+	ns := benchNodes(b, Config{MTU: MaxMTU}, l)
+	a, rx := ns[0], ns[1]
+	round := newRound(a, frame(rx.eng.MAC(), a.eng.MAC(), size, 1))
+	warm := int64(4 * batch)
+	l.target = warm
+	for i := int64(0); i < warm; i += int64(batch) {
+		round(batch)
+	}
+	<-l.done
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	l.target = l.n + int64(b.N)
+	for sent := 0; sent < b.N; sent += batch {
+		round(min(batch, b.N-sent))
+	}
+	select {
+	case <-l.done:
+	case <-time.After(30 * time.Second):
+		b.Fatal("frames not delivered")
+	}
+	b.StopTimer()
+	if d := rx.eng.Stats().TotalDrops(); d != 0 {
+		b.Fatalf("%d drops", d)
 	}
 }
 
@@ -99,71 +110,48 @@ func BenchmarkTAPPath(b *testing.B) {
 	for _, size := range []int{480, 1500, 9000, 65535 + 14} {
 		for _, mode := range []string{"copy", "lent"} {
 			b.Run(fmt.Sprintf("%s/%d", mode, size), func(b *testing.B) {
-				l := &discardLink{done: make(chan struct{}, 1)}
-				ns := benchNodes(b, Config{MTU: MaxMTU}, l)
-				a, rx := ns[0], ns[1]
-				f := frame(rx.eng.MAC(), a.eng.MAC(), size, 1)
-				private := make([][]byte, benchBatch)
-				for i := range private {
-					private[i] = make([]byte, a.eng.maxFrame)
-				}
-				bufs := make([][]byte, benchBatch)
-				frames := make([][]byte, benchBatch)
-				ctx := context.Background()
-				var round func(k int)
-				round = func(k int) {
-					if mode == "copy" {
-						for i := range k {
-							frames[i] = private[i][:copy(private[i], f)]
+				transmitRounds(b, size, benchBatch, func(a *node, f []byte) func(k int) {
+					private := make([][]byte, benchBatch)
+					for i := range private {
+						private[i] = make([]byte, a.eng.maxFrame)
+					}
+					bufs := make([][]byte, benchBatch)
+					frames := make([][]byte, benchBatch)
+					ctx := context.Background()
+					var round func(k int)
+					round = func(k int) {
+						if mode == "copy" {
+							for i := range k {
+								frames[i] = private[i][:copy(private[i], f)]
+							}
+							if _, err := a.eng.Transmit(ctx, frames[:k]); err != nil {
+								b.Fatal(err)
+							}
+							return
 						}
-						if _, err := a.eng.Transmit(ctx, frames[:k]); err != nil {
+						got := 0
+						for got < k {
+							n, err := a.eng.Lend(ctx, bufs[got:k], got == 0)
+							if err != nil {
+								b.Fatal(err)
+							}
+							if n == 0 {
+								break
+							}
+							got += n
+						}
+						for i := range got {
+							frames[i] = bufs[i][:copy(bufs[i], f)]
+						}
+						if _, err := a.eng.TransmitLent(ctx, frames[:got]); err != nil {
 							b.Fatal(err)
 						}
-						return
-					}
-					got := 0
-					for got < k {
-						n, err := a.eng.Lend(ctx, bufs[got:k], got == 0)
-						if err != nil {
-							b.Fatal(err)
+						if got < k {
+							round(k - got)
 						}
-						if n == 0 {
-							break
-						}
-						got += n
 					}
-					for i := range got {
-						frames[i] = bufs[i][:copy(bufs[i], f)]
-					}
-					if _, err := a.eng.TransmitLent(ctx, frames[:got]); err != nil {
-						b.Fatal(err)
-					}
-					if got < k {
-						round(k - got)
-					}
-				}
-				warm := int64(4 * benchBatch)
-				l.target = warm
-				for i := int64(0); i < warm; i += benchBatch {
-					round(benchBatch)
-				}
-				<-l.done
-				b.SetBytes(int64(size))
-				b.ReportAllocs()
-				b.ResetTimer()
-				l.target = l.n + int64(b.N)
-				for sent := 0; sent < b.N; sent += benchBatch {
-					round(min(benchBatch, b.N-sent))
-				}
-				select {
-				case <-l.done:
-				case <-time.After(30 * time.Second):
-					b.Fatal("frames not delivered")
-				}
-				b.StopTimer()
-				if d := rx.eng.Stats().TotalDrops(); d != 0 {
-					b.Fatalf("%d drops", d)
-				}
+					return round
+				})
 			})
 		}
 	}

@@ -108,6 +108,15 @@ func openEth(tb testing.TB, c *mem.Cluster, id fabric.NodeID) (fabric.NIC, fabri
 	return nic, ep
 }
 
+// clockedNode starts node 1 of cluster c with cfg on a fake clock it
+// returns (cfg.Now is replaced).
+func clockedNode(tb testing.TB, c *mem.Cluster, cfg Config) (*node, *fakeClock) {
+	tb.Helper()
+	clk := newFakeClock()
+	cfg.Now = clk.Now
+	return newNodes(tb, c, cfg, 1)[0], clk
+}
+
 // newNodes starts one engine per id on cluster c with cfg.
 func newNodes(tb testing.TB, c *mem.Cluster, cfg Config, ids ...fabric.NodeID) []*node {
 	tb.Helper()

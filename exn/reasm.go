@@ -32,19 +32,41 @@ type frameBuf struct {
 	large bool
 }
 
+// bufClass is the free list of one class of buffers, cap bytes each, at
+// most max allocated.
+type bufClass struct {
+	cap, max int
+	large    bool
+	free     []*frameBuf
+	n        int // allocated
+}
+
+// get takes a free buffer, or allocates one while under max; nil if the
+// class is exhausted.
+func (c *bufClass) get() *frameBuf {
+	if n := len(c.free); n > 0 {
+		b := c.free[n-1]
+		c.free = c.free[:n-1]
+		return b
+	}
+	if c.n < c.max {
+		c.n++
+		return &frameBuf{b: make([]byte, c.cap), large: c.large}
+	}
+	return nil
+}
+
 // bufPool is a free list per class. Buffers are allocated lazily up to the
 // class limit and then reused, so the steady state allocates nothing.
 type bufPool struct {
-	smallCap, largeCap int
-	small, large       []*frameBuf
-	nSmall, nLarge     int // allocated
-	inUse              int
+	small, large bufClass
+	inUse        int
 }
 
 func newBufPool(smallCap, largeCap int) *bufPool {
 	return &bufPool{
-		smallCap: smallCap, largeCap: largeCap,
-		small: make([]*frameBuf, 0, 64), large: make([]*frameBuf, 0, maxLargeBufs),
+		small: bufClass{cap: smallCap, max: maxSmallBufs, free: make([]*frameBuf, 0, 64)},
+		large: bufClass{cap: largeCap, max: maxLargeBufs, large: true, free: make([]*frameBuf, 0, maxLargeBufs)},
 	}
 }
 
@@ -53,22 +75,10 @@ func newBufPool(smallCap, largeCap int) *bufPool {
 func (p *bufPool) get(need int) *frameBuf {
 	var b *frameBuf
 	switch {
-	case need <= p.smallCap:
-		if n := len(p.small); n > 0 {
-			b = p.small[n-1]
-			p.small = p.small[:n-1]
-		} else if p.nSmall < maxSmallBufs {
-			p.nSmall++
-			b = &frameBuf{b: make([]byte, p.smallCap)}
-		}
-	case need <= p.largeCap:
-		if n := len(p.large); n > 0 {
-			b = p.large[n-1]
-			p.large = p.large[:n-1]
-		} else if p.nLarge < maxLargeBufs {
-			p.nLarge++
-			b = &frameBuf{b: make([]byte, p.largeCap), large: true}
-		}
+	case need <= p.small.cap:
+		b = p.small.get()
+	case need <= p.large.cap:
+		b = p.large.get()
 	}
 	if b != nil {
 		p.inUse++
@@ -79,9 +89,9 @@ func (p *bufPool) get(need int) *frameBuf {
 func (p *bufPool) put(b *frameBuf) {
 	p.inUse--
 	if b.large {
-		p.large = append(p.large, b)
+		p.large.free = append(p.large.free, b)
 	} else {
-		p.small = append(p.small, b)
+		p.small.free = append(p.small.free, b)
 	}
 }
 
@@ -134,7 +144,7 @@ func (r *reasm) feed(p *bufPool, tag fabric.Tag, data []byte, maxFrame int) (don
 		return nil, 0, DropRxOversize, truncated
 	}
 	if r.buf == nil {
-		need := p.smallCap
+		need := p.small.cap
 		if last {
 			need = len(data)
 		}
@@ -142,7 +152,7 @@ func (r *reasm) feed(p *bufPool, tag fabric.Tag, data []byte, maxFrame int) (don
 			return nil, 0, DropNoBuffer, truncated
 		}
 	} else if r.n+len(data) > len(r.buf.b) {
-		big := p.get(p.largeCap)
+		big := p.get(p.large.cap)
 		if big == nil {
 			r.reset(p)
 			return nil, 0, DropNoBuffer, truncated

@@ -41,9 +41,7 @@ func recvAdverts(tb testing.TB, at *attacker, n int) []fabric.Message {
 func TestLiveReceiverKeepsSlot(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	c := mem.NewCluster()
-	clk := newFakeClock()
-	ns := newNodes(t, c, Config{TxSlots: 2, AdvertTimeout: time.Second, Now: clk.Now}, 1)
-	a := ns[0]
+	a, clk := clockedNode(t, c, Config{TxSlots: 2, AdvertTimeout: time.Second})
 	slow := newAttacker(t, c, 2) // up, but never pulls
 	mustTransmit(t, a.eng, frame(fabric.DefaultMACPrefix.MAC(2), a.eng.MAC(), 1000, 0))
 	recvAdverts(t, slow, 1)
@@ -66,9 +64,7 @@ func TestLiveReceiverKeepsSlot(t *testing.T) {
 func TestRefusal(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	c := mem.NewCluster()
-	clk := newFakeClock()
-	ns := newNodes(t, c, Config{TxSlots: 2, AdvertTimeout: time.Minute, Now: clk.Now}, 1)
-	a := ns[0]
+	a, _ := clockedNode(t, c, Config{TxSlots: 2, AdvertTimeout: time.Minute})
 	rcv := newAttacker(t, c, 2)
 	other := newAttacker(t, c, 3)
 	mustTransmit(t, a.eng, frame(fabric.DefaultMACPrefix.MAC(2), a.eng.MAC(), 1000, 0))

@@ -142,6 +142,17 @@ func shaServer(t *testing.T) string {
 	})
 }
 
+// dialRoundTrip connects with dial and runs roundTrip on the connection.
+func dialRoundTrip(t *testing.T, dial func() (net.Conn, error), size int, seed uint64) {
+	t.Helper()
+	c, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	roundTrip(t, c, size, seed)
+}
+
 // roundTrip sends size random bytes on c, half-closes, and checks the
 // SHA-256 the server answers.
 func roundTrip(t *testing.T, c net.Conn, size int, seed uint64) {
@@ -218,29 +229,14 @@ func TestNetstackServices(t *testing.T) {
 	defer cancel()
 	cd := socks.(proxy.ContextDialer)
 	t.Run("socks4", func(t *testing.T) {
-		conn, err := cd.DialContext(ctx, "tcp", "10.88.0.2:8080")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		roundTrip(t, conn, size, 1)
+		dialRoundTrip(t, func() (net.Conn, error) { return cd.DialContext(ctx, "tcp", "10.88.0.2:8080") }, size, 1)
 	})
 	t.Run("socks6", func(t *testing.T) {
-		conn, err := cd.DialContext(ctx, "tcp", "[fd88::2]:8080")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		roundTrip(t, conn, size/4, 2)
+		dialRoundTrip(t, func() (net.Conn, error) { return cd.DialContext(ctx, "tcp", "[fd88::2]:8080") }, size/4, 2)
 	})
 	t.Run("forward", func(t *testing.T) {
 		local, _, _ := strings.Cut(a.st.Forwards[0], "=")
-		conn, err := net.Dial("tcp", local)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		roundTrip(t, conn, size, 3)
+		dialRoundTrip(t, func() (net.Conn, error) { return net.Dial("tcp", local) }, size, 3)
 	})
 	t.Run("socks refused", func(t *testing.T) {
 		_, err := cd.DialContext(ctx, "tcp", "10.88.0.2:9")

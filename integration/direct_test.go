@@ -91,13 +91,7 @@ func (c *shimCluster) directCounts(t *testing.T, i int) directCount {
 // the exec'd ones relayed.
 func TestDirectCalls(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
-	exnd := nstest.Build(t)
-	fab := nstest.ShmFabric(t)
-	var nodes [2]*nstest.Node
-	for i := range nodes {
-		nodes[i] = nstest.StartNode(t, exnd, fab, 43, i+1, "--metrics", directMetrics)
-	}
-	c := newShimCluster(t, exnd, nodes)
+	c := shmShimCluster(t, nstest.Build(t), 43, "--metrics", directMetrics)
 	prog := buildDirectCalls(t, t.TempDir())
 	ip := c.nodes[1].IP.String()
 	port := strconv.Itoa(nstest.Port())

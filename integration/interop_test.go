@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -118,19 +119,27 @@ func TestInterop(t *testing.T) {
 		checkSums(t, out, recv, size)
 	})
 
-	t.Run("node to kernel", func(t *testing.T) {
+	// dialKernRecv starts the recv helper in the kernel node's namespace
+	// and connects to it from node 3 within d; c is closed when t ends.
+	dialKernRecv := func(t *testing.T, d time.Duration) (recv *nstest.Proc, c net.Conn) {
+		t.Helper()
 		port := nstest.Port()
-		recv := kern.NS.StartEnv(t, []string{"EXNT_HELPER=recv", fmt.Sprintf("EXNT_ADDR=%s:%d", kern.IP, port)}, self)
+		recv = kern.NS.StartEnv(t, []string{"EXNT_HELPER=recv", fmt.Sprintf("EXNT_ADDR=%s:%d", kern.IP, port)}, self)
 		if err := kern.NS.WaitListening(recv, strconv.Itoa(port), 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
 		c, err := n3.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", kern.IP, port))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		t.Cleanup(func() { c.Close() })
+		return recv, c
+	}
+
+	t.Run("node to kernel", func(t *testing.T) {
+		recv, c := dialKernRecv(t, 60*time.Second)
 		c.SetDeadline(time.Now().Add(60 * time.Second))
 		h := sha256.New()
 		if _, err := io.Copy(io.MultiWriter(c, h), io.LimitReader(rand.NewChaCha8(seedBytes(23)), int64(size))); err != nil {
@@ -202,18 +211,7 @@ func TestInterop(t *testing.T) {
 	t.Run("kernel crash resets netstack conns", func(t *testing.T) {
 		// A connection from node 3 to the kernel node, then the kernel's
 		// exnd dies (SIGKILL): node 3 must reset the connection promptly.
-		port := nstest.Port()
-		srv := kern.NS.StartEnv(t, []string{"EXNT_HELPER=recv", fmt.Sprintf("EXNT_ADDR=%s:%d", kern.IP, port)}, self)
-		if err := kern.NS.WaitListening(srv, strconv.Itoa(port), 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := n3.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", kern.IP, port))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		_, c := dialKernRecv(t, 10*time.Second)
 		readErr := make(chan error, 1)
 		go func() {
 			_, err := c.Read(make([]byte, 1))

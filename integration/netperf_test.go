@@ -159,13 +159,8 @@ func scrapeEXTDS(t *testing.T, n *nstest.Node) extdsCounts {
 func TestNetperfShim(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "ss", "ping", "gcc")
 	nstest.Netperf(t)
-	exnd := nstest.Build(t)
-	fab := nstest.ShmFabric(t)
-	var nodes [2]*nstest.Node
-	for i := range nodes {
-		nodes[i] = nstest.StartNode(t, exnd, fab, 62, i+1, "--metrics", netperfMetrics)
-	}
-	c := newShimCluster(t, exnd, nodes)
+	c := shmShimCluster(t, nstest.Build(t), 62, "--metrics", netperfMetrics)
+	nodes := c.nodes
 	var b0, b1 extdsCounts
 	var pt0 float64
 	before := func(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,11 +52,18 @@ func buildShim(t *testing.T, dir string) (lib, prog string) {
 func startShimCluster(t *testing.T, subnet int) *shimCluster {
 	t.Helper()
 	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "sockperf", "gcc")
-	exnd := nstest.Build(t)
+	return shmShimCluster(t, nstest.Build(t), subnet)
+}
+
+// shmShimCluster starts two nodes of the exnd binary exnd, with the
+// extra flags args, on a new shm fabric in subnet, and makes them a
+// shimCluster (newShimCluster).
+func shmShimCluster(t *testing.T, exnd string, subnet int, args ...string) *shimCluster {
+	t.Helper()
 	fab := nstest.ShmFabric(t)
 	var nodes [2]*nstest.Node
 	for i := range nodes {
-		nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1)
+		nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1, args...)
 	}
 	return newShimCluster(t, exnd, nodes)
 }
@@ -483,12 +489,7 @@ func TestShimPerf(t *testing.T) {
 	ways := []way{{"shim (EXT-DS)", c, exnIP, c.env(1), c.env(0), true}, {"TCP over exn0", c, exnIP, nil, nil, false},
 		{"TCP over veth", c, vethB, nil, nil, false}}
 	if base := os.Getenv("EXN_PERF_BASE_EXND"); base != "" {
-		fab := nstest.ShmFabric(t)
-		var nodes [2]*nstest.Node
-		for i := range nodes {
-			nodes[i] = nstest.StartNode(t, base, fab, 42, i+1)
-		}
-		cb := newShimCluster(t, base, nodes)
+		cb := shmShimCluster(t, base, 42)
 		if lib := os.Getenv("EXN_PERF_BASE_LIB"); lib != "" {
 			cb.lib = lib
 		}
@@ -554,7 +555,7 @@ func TestShimPerf(t *testing.T) {
 		u := units[m]
 		fmt.Fprintf(&sb, "| %s |", names[m])
 		for wi := range ways {
-			med[m][wi] = median(v[m][wi])
+			med[m][wi] = testenv.Median(v[m][wi])
 			fmt.Fprintf(&sb, " %.2f %s |", med[m][wi], u)
 		}
 		fmt.Fprintf(&sb, " %.2fx | %s |", med[m][0]/med[m][1], ratios(m, 0, 1))
@@ -575,19 +576,4 @@ func TestShimPerf(t *testing.T) {
 	if med[mP50][0] > med[mP50][1] {
 		t.Errorf("bar: sockperf p50 through the shim %.2f us > TCP over exn0 %.2f (medians)", med[mP50][0], med[mP50][1])
 	}
-}
-
-// median returns the median of v (the mean of the middle two for an even
-// count); v is not modified.
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }

@@ -31,18 +31,12 @@ func Shim(node fabric.NodeID, stats func() shimsrv.Stats) prometheus.Collector {
 	b.counter("errors_total", "shim-connect/shim-accept operations that failed.", func(s *S) uint64 { return s.Errors })
 	b.gauge("active_connections", "Switched shim connections open now.", func(s *S) float64 { return float64(s.Active) })
 	b.gauge("listeners", "Listener registrations.", func(s *S) float64 { return float64(s.Listens) })
-	b.counterVec("bytes_total", "Bytes spliced, by direction: in (fabric to application), out.", "direction", []labelled[S, uint64]{
-		{"in", func(s *S) uint64 { return s.BytesIn }},
-		{"out", func(s *S) uint64 { return s.BytesOut }},
-	})
+	b.counterDir("bytes_total", "Bytes spliced, by direction: in (fabric to application), out.", inOut, func(s *S) uint64 { return s.BytesIn }, func(s *S) uint64 { return s.BytesOut })
 	b.counter("relayed_total", "Shimmed connections whose bytes exnd relays (no direct connection: a net or ofi fabric, a peer or program that did not ask for one, EXTDS_DIRECT=0). Included in switched_total.", func(s *S) uint64 { return s.Switched - s.DirectConns })
 	b.counter("direct_total", "Shimmed connections made direct: the programs move the bytes through a shared buffer, exnd is not in the data path (docs/direct.md). Included in switched_total.", func(s *S) uint64 { return s.DirectConns })
 	b.gauge("direct_active_connections", "Direct connections open now.", func(s *S) float64 { return float64(s.DirectActive) })
 	b.counter("direct_relays_total", "Direct connections handed to exnd's relay (a program exec'd with one open).", func(s *S) uint64 { return s.DirectRelays })
-	b.counterVec("direct_bytes_total", "Bytes the programs moved over direct connections, by direction (read from the buffers' cursors; included in bytes_total).", "direction", []labelled[S, uint64]{
-		{"in", func(s *S) uint64 { return s.DirectBytesIn }},
-		{"out", func(s *S) uint64 { return s.DirectBytesOut }},
-	})
+	b.counterDir("direct_bytes_total", "Bytes the programs moved over direct connections, by direction (read from the buffers' cursors; included in bytes_total).", inOut, func(s *S) uint64 { return s.DirectBytesIn }, func(s *S) uint64 { return s.DirectBytesOut })
 	return b.collector(stats)
 }
 

@@ -56,10 +56,7 @@ func Engine(node fabric.NodeID, stats func() exn.Stats) prometheus.Collector {
 	b.counter("advert_sequence_gaps_total", "Advert sequence discontinuities (a peer restarted).", func(s *S) uint64 { return s.AdvertSeqGaps })
 	b.counter("tx_slot_waits_total", "Transmits that waited for a free rendezvous slot (back-pressure on the TAP).", func(s *S) uint64 { return s.TxSlotWaits })
 	b.counter("hellos_total", "Offload capability hellos received from peers.", func(s *S) uint64 { return s.Hellos })
-	b.counterVec("offload_frames_total", "Frames carried with their offload metadata (checksum offload, TSO/USO super-frames), by direction.", "direction", []labelled[S, uint64]{
-		{"tx", func(s *S) uint64 { return s.TxOffloaded }},
-		{"rx", func(s *S) uint64 { return s.RxOffloaded }},
-	})
+	b.counterDir("offload_frames_total", "Frames carried with their offload metadata (checksum offload, TSO/USO super-frames), by direction.", txRx, func(s *S) uint64 { return s.TxOffloaded }, func(s *S) uint64 { return s.RxOffloaded })
 	b.counter("tx_csum_software_total", "Frames whose partial checksum was completed in software for a peer without checksum offload.", func(s *S) uint64 { return s.TxCsumSW })
 	b.counter("tx_gso_split_total", "Super-frames segmented in software for a peer that cannot take them.", func(s *S) uint64 { return s.TxGSOSplit })
 	b.counter("tx_gso_segments_total", "Segments the software segmentation made.", func(s *S) uint64 { return s.TxGSOSegs })

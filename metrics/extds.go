@@ -31,10 +31,7 @@ func EXTDS(node fabric.NodeID, stats func() extds.Stats) prometheus.Collector {
 	b.counter("credit_messages_total", "RMA_AVAIL credit messages sent.", func(s *S) uint64 { return s.CreditMsgs })
 	b.counter("credit_bytes_total", "Bytes of credit returned by RMA_AVAIL messages.", func(s *S) uint64 { return s.CreditBytes })
 	b.counter("credit_waits_total", "Writes that blocked waiting for credits.", func(s *S) uint64 { return s.CreditWaits })
-	b.counterVec("resets_total", "Connection resets, by direction.", "direction", []labelled[S, uint64]{
-		{"tx", func(s *S) uint64 { return s.ResetsSent }},
-		{"rx", func(s *S) uint64 { return s.ResetsRecv }},
-	})
+	b.counterDir("resets_total", "Connection resets, by direction.", txRx, func(s *S) uint64 { return s.ResetsSent }, func(s *S) uint64 { return s.ResetsRecv })
 	b.counter("peer_down_total", "Connections ended because the peer node went down.", func(s *S) uint64 { return s.PeerDown })
 	b.counterMap("drops_total", "Incoming messages or notifications dropped, by reason.", "reason", func(s *S) map[string]uint64 { return s.Drops })
 	b.counter("handshake_errors_total", "Shadow-connection handshakes that failed.", func(s *S) uint64 { return s.HandshakeErrors })

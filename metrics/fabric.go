@@ -12,14 +12,8 @@ import (
 func Fabric(node fabric.NodeID, stats func() fabric.Stats) prometheus.Collector {
 	type S = fabric.Stats
 	b := nodeBuilder[S]("fabric", node)
-	b.counterVec("velo_messages_total", "VELO messages by direction.", "direction", []labelled[S, uint64]{
-		{"tx", func(s *S) uint64 { return s.VELOSent }},
-		{"rx", func(s *S) uint64 { return s.VELORecv }},
-	})
-	b.counterVec("velo_bytes_total", "VELO payload bytes by direction.", "direction", []labelled[S, uint64]{
-		{"tx", func(s *S) uint64 { return s.VELOSentBytes }},
-		{"rx", func(s *S) uint64 { return s.VELORecvBytes }},
-	})
+	b.counterDir("velo_messages_total", "VELO messages by direction.", txRx, func(s *S) uint64 { return s.VELOSent }, func(s *S) uint64 { return s.VELORecv })
+	b.counterDir("velo_bytes_total", "VELO payload bytes by direction.", txRx, func(s *S) uint64 { return s.VELOSentBytes }, func(s *S) uint64 { return s.VELORecvBytes })
 	b.counter("velo_multicast_messages_total", "VELO multicast messages sent.", func(s *S) uint64 { return s.MulticastSent })
 	b.counter("velo_send_blocked_total", "VELO sends that waited on a full mailbox (back-pressure).", func(s *S) uint64 { return s.SendBlocked })
 	b.counterVec("rma_requests_total", "RMA requests posted by operation.", "op", []labelled[S, uint64]{

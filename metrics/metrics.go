@@ -122,6 +122,20 @@ func (b *builder[S]) gaugeVec(name, help, label string, vals []labelled[S, float
 	addVec(b, name, help, label, prometheus.GaugeValue, vals)
 }
 
+// The values of the label "direction", in the order a counterDir reads
+// them.
+var (
+	txRx  = [2]string{"tx", "rx"}
+	rxTx  = [2]string{"rx", "tx"}
+	inOut = [2]string{"in", "out"}
+)
+
+// counterDir adds a counter with the label "direction" whose two values,
+// dirs, are read by first and second.
+func (b *builder[S]) counterDir(name, help string, dirs [2]string, first, second func(s *S) uint64) {
+	b.counterVec(name, help, "direction", []labelled[S, uint64]{{dirs[0], first}, {dirs[1], second}})
+}
+
 func addVec[S any, V uint64 | float64](b *builder[S], name, help, label string, typ prometheus.ValueType, vals []labelled[S, V]) {
 	b.add(name, help, typ, []string{label}, func(s *S, emit func(float64, ...string)) {
 		for _, lv := range vals {

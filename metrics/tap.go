@@ -13,18 +13,9 @@ import (
 func TAP(node fabric.NodeID, ifname string, stats func() tap.Stats) prometheus.Collector {
 	type S = tap.Stats
 	b := nodeBuilder[S]("tap", node, "ifname", ifname)
-	b.counterVec("frames_total", "Frames read from (rx) and written to (tx) the TAP.", "direction", []labelled[S, uint64]{
-		{"rx", func(s *S) uint64 { return s.RxFrames }},
-		{"tx", func(s *S) uint64 { return s.TxFrames }},
-	})
-	b.counterVec("bytes_total", "Frame bytes read from (rx) and written to (tx) the TAP.", "direction", []labelled[S, uint64]{
-		{"rx", func(s *S) uint64 { return s.RxBytes }},
-		{"tx", func(s *S) uint64 { return s.TxBytes }},
-	})
-	b.counterVec("errors_total", "TAP read errors (rx) and frames the kernel refused (tx).", "direction", []labelled[S, uint64]{
-		{"rx", func(s *S) uint64 { return s.RxErrors }},
-		{"tx", func(s *S) uint64 { return s.TxErrors }},
-	})
+	b.counterDir("frames_total", "Frames read from (rx) and written to (tx) the TAP.", rxTx, func(s *S) uint64 { return s.RxFrames }, func(s *S) uint64 { return s.TxFrames })
+	b.counterDir("bytes_total", "Frame bytes read from (rx) and written to (tx) the TAP.", rxTx, func(s *S) uint64 { return s.RxBytes }, func(s *S) uint64 { return s.TxBytes })
+	b.counterDir("errors_total", "TAP read errors (rx) and frames the kernel refused (tx).", rxTx, func(s *S) uint64 { return s.RxErrors }, func(s *S) uint64 { return s.TxErrors })
 	b.counter("short_buffer_drops_total", "Frames dropped because they were longer than the read buffer.", func(s *S) uint64 { return s.ShortBuffer })
 	b.counter("bad_vnet_drops_total", "Frames dropped because their virtio-net header was short or not understood.", func(s *S) uint64 { return s.BadVnet })
 	b.counter("gso_drops_total", "Super-frames dropped by a read without virtio-net headers.", func(s *S) uint64 { return s.GSODropped })

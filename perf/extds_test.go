@@ -281,21 +281,19 @@ func dsClient(ctx context.Context, dev *extds.Device) (res dsResult) {
 		return c, nil
 	}
 	res.Mode = path
-	for _, size := range dsPingSizes {
-		r, err := dsPing(dial, size)
-		if err != nil {
-			res.Err = fmt.Sprintf("ping %d B: %v", size, err)
-			return res
+	for _, m := range []struct {
+		name  string
+		sizes []int
+		run   func(dial func() (net.Conn, error), size int) (dsRow, error)
+	}{{"ping", dsPingSizes, dsPing}, {"stream", dsStreamSizes, dsStream}} {
+		for _, size := range m.sizes {
+			r, err := m.run(dial, size)
+			if err != nil {
+				res.Err = fmt.Sprintf("%s %d B: %v", m.name, size, err)
+				return res
+			}
+			res.Rows = append(res.Rows, r)
 		}
-		res.Rows = append(res.Rows, r)
-	}
-	for _, size := range dsStreamSizes {
-		r, err := dsStream(dial, size)
-		if err != nil {
-			res.Err = fmt.Sprintf("stream %d B: %v", size, err)
-			return res
-		}
-		res.Rows = append(res.Rows, r)
 	}
 	return res
 }
@@ -551,7 +549,7 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 				for _, res := range results[vi] {
 					per[vi] = append(per[vi], m.get(res.Rows[ri]))
 				}
-				med[vi] = median(per[vi])
+				med[vi] = testenv.Median(per[vi])
 			}
 			ratio := med[0] / med[1]
 			verdict := ""
@@ -587,18 +585,6 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 		}
 	}
 	return sb.String()
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func dsJoin(v []float64) string {

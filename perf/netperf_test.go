@@ -84,7 +84,7 @@ func BenchmarkNetperf(b *testing.B) {
 		for _, r := range rs {
 			v = append(v, f(r))
 		}
-		return median(v), dsJoin(v)
+		return testenv.Median(v), dsJoin(v)
 	}
 	thr := func(r nstest.NetperfResult) float64 { return r.Throughput }
 	var sb strings.Builder

@@ -90,7 +90,7 @@ func BenchmarkShimDirect(b *testing.B) {
 		for _, s := range res[wi] {
 			v = append(v, f(s))
 		}
-		return median(v)
+		return testenv.Median(v)
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d s per run, medians of %d repetitions (the ways interleaved); %d CPUs; load at the end %s\n\n", d, reps, numCPU(), loadAvg())

@@ -457,35 +457,63 @@ static void lk_release(uint32_t *l)
 
 /* ---- data calls ---- */
 
-ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
+/* The state of one dring_writev or dring_readv call. */
+struct dcall {
+	struct iovcur c; /* where the caller's bytes are */
+	struct waitst ws;
+	size_t want, done; /* bytes asked for, moved */
+};
+
+/* data_begin is the prologue of dring_writev and dring_readv: k set for
+ * iov, then lock (the side's producer or consumer lock) taken. 0, or a
+ * negative errno with the lock not held. */
+static int data_begin(struct dring *d, const struct iovec *iov, int iovcnt, int flags, uint32_t *lock, struct dcall *k)
 {
 	int bad;
-	size_t want = iov_total(iov, iovcnt, &bad);
+	*k = (struct dcall){{iov, iovcnt, 0, 0}, {0, 0}, iov_total(iov, iovcnt, &bad), 0};
 	if (bad)
 		return -EINVAL;
 	if (dring_relayed(d))
 		return -DRING_RELAYED;
-	int r = lk_acquire(&d->out->prod_lock, flags & DRING_NONBLOCK);
+	return lk_acquire(lock, flags & DRING_NONBLOCK);
+}
+
+/* data_gone says why a data call cannot go on: the connection was handed to
+ * exnd's relay, or reset (TCP drops what was not read when the reset comes);
+ * 0 while it lives. */
+static ssize_t data_gone(struct dring *d)
+{
+	if (dring_relayed(d))
+		return -DRING_RELAYED;
+	if (is_reset(d))
+		return d->failed ? -EIO : -ECONNRESET;
+	return 0;
+}
+
+/* data_wait waits for ring space (w W_WRITE) or bytes (W_READ): 0 (look
+ * again), or -EAGAIN at once for DRING_NONBLOCK, or wait_for's error. */
+static ssize_t data_wait(struct dring *d, int w, int flags, struct dcall *k)
+{
+	if (flags & DRING_NONBLOCK)
+		return -EAGAIN;
+	return wait_for(d, w, flags, &k->ws);
+}
+
+ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
+{
+	struct dcall k;
+	int r = data_begin(d, iov, iovcnt, flags, &d->out->prod_lock, &k);
 	if (r < 0)
 		return r;
-	struct iovcur c = {iov, iovcnt, 0, 0};
-	struct waitst ws = {0, 0};
-	size_t done = 0;
 	ssize_t err = 0;
 	for (;;) {
-		if (dring_relayed(d)) {
-			err = -DRING_RELAYED;
+		if ((err = data_gone(d)) < 0)
 			break;
-		}
-		if (is_reset(d)) {
-			err = d->failed ? -EIO : -ECONNRESET;
-			break;
-		}
 		if (LD(&d->out->rd_closed) || LD(&d->out->fin)) {
 			err = -EPIPE;
 			break;
 		}
-		if (done == want)
+		if (k.done == k.want)
 			break;
 		int64_t space = out_space(d);
 		if (space < 0) {
@@ -493,55 +521,36 @@ ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int f
 			break;
 		}
 		if (space == 0) {
-			if (flags & DRING_NONBLOCK) {
-				err = -EAGAIN;
-				break;
-			}
-			if ((err = wait_for(d, W_WRITE, flags, &ws)) < 0)
+			if ((err = data_wait(d, W_WRITE, flags, &k)) < 0)
 				break;
 			continue;
 		}
-		size_t n = want - done < (size_t)space ? want - done : (size_t)space;
+		size_t n = k.want - k.done < (size_t)space ? k.want - k.done : (size_t)space;
 		uint64_t t = LD(&d->out->tail);
-		ring_copy(d->outdata, d->ring, t, &c, n, 1);
+		ring_copy(d->outdata, d->ring, t, &k.c, n, 1);
 		ST(&d->out->tail, t + n);
 		if (LD_SC(&d->out->cons_wait))
 			ring_fd(d->peer_dbell);
-		done += n;
+		k.done += n;
 	}
 	lk_release(&d->out->prod_lock);
 	baton(d, W_WRITE); /* space left for another parked writer */
-	if (done > 0) /* what is in the ring is delivered, also by a relay */
-		return (ssize_t)done;
+	if (k.done > 0) /* what is in the ring is delivered, also by a relay */
+		return (ssize_t)k.done;
 	return err;
 }
 
 ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
 {
-	int bad;
-	size_t want = iov_total(iov, iovcnt, &bad);
-	if (bad)
-		return -EINVAL;
-	if (dring_relayed(d))
-		return -DRING_RELAYED;
-	int r = lk_acquire(&d->in->cons_lock, flags & DRING_NONBLOCK);
+	struct dcall k;
+	int r = data_begin(d, iov, iovcnt, flags, &d->in->cons_lock, &k);
 	if (r < 0)
 		return r;
-	struct iovcur c = {iov, iovcnt, 0, 0};
-	struct waitst ws = {0, 0};
-	size_t done = 0;
 	ssize_t err = 0;
 	for (;;) {
-		if (dring_relayed(d)) {
-			err = -DRING_RELAYED;
+		if ((err = data_gone(d)) < 0)
 			break;
-		}
-		if (is_reset(d)) {
-			/* TCP drops what was not read when the reset comes */
-			err = d->failed ? -EIO : -ECONNRESET;
-			break;
-		}
-		if (d->rd_shut || done == want)
+		if (d->rd_shut || k.done == k.want)
 			break;
 		uint32_t fin = LD(&d->in->fin);
 		int64_t a = in_avail(d);
@@ -550,21 +559,17 @@ ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int fl
 			break;
 		}
 		if (a == 0) {
-			if (fin || (done > 0 && !(flags & DRING_WAITALL)))
+			if (fin || (k.done > 0 && !(flags & DRING_WAITALL)))
 				break;
-			if (flags & DRING_NONBLOCK) {
-				err = -EAGAIN;
-				break;
-			}
-			if ((err = wait_for(d, W_READ, flags, &ws)) < 0)
+			if ((err = data_wait(d, W_READ, flags, &k)) < 0)
 				break;
 			continue;
 		}
-		size_t n = want - done < (size_t)a ? want - done : (size_t)a;
+		size_t n = k.want - k.done < (size_t)a ? k.want - k.done : (size_t)a;
 		uint64_t h = LD(&d->in->head);
 		if (!(flags & DRING_TRUNC))
-			ring_copy(d->indata, d->ring, h, &c, n, 0);
-		done += n;
+			ring_copy(d->indata, d->ring, h, &k.c, n, 0);
+		k.done += n;
 		if (flags & DRING_PEEK)
 			break;
 		ST(&d->in->head, h + n);
@@ -576,8 +581,8 @@ ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int fl
 	lk_release(&d->in->cons_lock);
 	if (!(flags & DRING_PEEK))
 		baton(d, W_READ); /* bytes left for another parked reader */
-	if (done > 0)
-		return (ssize_t)done;
+	if (k.done > 0)
+		return (ssize_t)k.done;
 	return err;
 }
 

@@ -103,12 +103,10 @@ func onLockedThread(tb testing.TB, fn func(orig netns.NsHandle)) {
 	fn(orig)
 }
 
-// openTAP opens a TAP in a fresh namespace, configured as node 1 with a
-// static neighbour (node 2) so the kernel sends to it without ARP.
-func openTAP(tb testing.TB, cfg tap.Config) (*tap.TAP, *netnsEnv) {
+// openIn opens a TAP with cfg (a fresh name if cfg has none) in env's
+// namespace, closed when tb ends.
+func openIn(tb testing.TB, env *netnsEnv, cfg tap.Config) *tap.TAP {
 	tb.Helper()
-	testenv.RequirePrivileged(tb)
-	env := newNetns(tb)
 	if cfg.Name == "" {
 		cfg.Name = ifName(tb)
 	}
@@ -121,6 +119,16 @@ func openTAP(tb testing.TB, cfg tap.Config) (*tap.TAP, *netnsEnv) {
 		tb.Fatalf("Open: %v", err)
 	}
 	tb.Cleanup(func() { d.Close() })
+	return d
+}
+
+// openTAP opens a TAP in a fresh namespace, configured as node 1 with a
+// static neighbour (node 2) so the kernel sends to it without ARP.
+func openTAP(tb testing.TB, cfg tap.Config) (*tap.TAP, *netnsEnv) {
+	tb.Helper()
+	testenv.RequirePrivileged(tb)
+	env := newNetns(tb)
+	d := openIn(tb, env, cfg)
 	link, err := env.nl.LinkByName(d.Name())
 	if err != nil {
 		tb.Fatalf("link: %v", err)
@@ -266,16 +274,7 @@ func TestOpenConfigures(t *testing.T) {
 func TestIPv6NoDAD(t *testing.T) {
 	testenv.RequirePrivileged(t)
 	env := newNetns(t)
-	var (
-		d   *tap.TAP
-		err error
-	)
-	cfg := tap.Config{Name: ifName(t), MAC: localMAC, Addrs: []netip.Prefix{localIP6}, Up: true}
-	env.do(t, func() { d, err = tap.Open(cfg) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := openIn(t, env, tap.Config{MAC: localMAC, Addrs: []netip.Prefix{localIP6}, Up: true})
 	link, _ := env.nl.LinkByName(d.Name())
 	addrs, err := env.nl.AddrList(link, netlink.FAMILY_V6)
 	if err != nil {
@@ -310,15 +309,7 @@ func TestCloseRemovesInterface(t *testing.T) {
 func TestMTULimit(t *testing.T) {
 	testenv.RequirePrivileged(t)
 	env := newNetns(t)
-	var (
-		d   *tap.TAP
-		err error
-	)
-	env.do(t, func() { d, err = tap.Open(tap.Config{Name: ifName(t), MTU: tap.MaxMTU}) })
-	if err != nil {
-		t.Fatalf("Open(MTU %d): %v", tap.MaxMTU, err)
-	}
-	defer d.Close()
+	d := openIn(t, env, tap.Config{MTU: tap.MaxMTU})
 	link, err := env.nl.LinkByName(d.Name())
 	if err != nil {
 		t.Fatal(err)

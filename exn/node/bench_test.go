@@ -20,7 +20,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +35,7 @@ import (
 
 	"github.com/exn-project/exn/exn/netstack"
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 const (
@@ -320,7 +320,7 @@ func BenchmarkTCPRatio(b *testing.B) {
 		tz = append(tz, float64(benchXfer)/transfer(b, zc, benchXfer).Seconds()/1e6)
 		tc = append(tc, float64(benchXfer)/transfer(b, cp, benchXfer).Seconds()/1e6)
 	}
-	mf, mz, mc := median(tf), median(tz), median(tc)
+	mf, mz, mc := testenv.Median(tf), testenv.Median(tz), testenv.Median(tc)
 	b.ReportMetric(mf, "fabric-MB/s")
 	b.ReportMetric(mc, "channel-MB/s")
 	b.ReportMetric(mz, "zerocopy-MB/s")
@@ -334,16 +334,4 @@ func BenchmarkTCPRatio(b *testing.B) {
 		b.ReportMetric(float64(r), m.name+"-retrans")
 		b.ReportMetric(float64(to), m.name+"-rto")
 	}
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -70,6 +70,23 @@ func echoServer(t testing.TB, l net.Listener) {
 	}()
 }
 
+// dialEcho starts an echo server on port of node to and connects to it
+// from node from; the connection is closed when t ends.
+func dialEcho(t testing.TB, ctx context.Context, from, to *Node, port int) net.Conn {
+	t.Helper()
+	l, err := to.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, l)
+	c, err := from.DialContext(ctx, "tcp", hostPort(to, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func hostPort(n *Node, port int) string {
 	return net.JoinHostPort(n.Addr().Addr().String(), fmt.Sprint(port))
 }

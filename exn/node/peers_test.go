@@ -74,16 +74,7 @@ func TestPeerCrashResets(t *testing.T) {
 	}
 	defer aAcc.Close()
 	// A connection to a live peer, which must survive.
-	ll, err := live.Listen("tcp", ":7002")
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoServer(t, ll)
-	al, err := a.DialContext(ctx, "tcp", hostPort(live, 7002))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer al.Close()
+	al := dialEcho(t, ctx, a, live, 7002)
 
 	// Blocked reader on the dialer conn; blocked writer on the accepted
 	// conn (b never reads, so the window fills and Write blocks).
@@ -147,21 +138,12 @@ func TestPeerCheckOff(t *testing.T) {
 	c := newCluster(t, 2, WithConfig(func(cfg *Config) { cfg.PeerCheck = -1 }))
 	a, b := c.Node(0), c.Node(1)
 	ctx := testCtx(t, 10*time.Second)
-	lb, err := b.Listen("tcp", ":7000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoServer(t, lb)
-	ab, err := a.DialContext(ctx, "tcp", hostPort(b, 7000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ab.Close()
+	ab := dialEcho(t, ctx, a, b, 7000)
 	if err := c.NIC(1).Close(); err != nil {
 		t.Fatal(err)
 	}
 	ab.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-	_, err = ab.Read(make([]byte, 1))
+	_, err := ab.Read(make([]byte, 1))
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("read with the check off: %v, want a timeout (no reset)", err)

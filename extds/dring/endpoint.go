@@ -251,15 +251,10 @@ func (e *Endpoint) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	e.rdMu.Lock()
-	defer e.rdMu.Unlock()
-	e.live.RLock()
-	defer e.live.RUnlock()
-	if e.closed.Load() {
-		return 0, opErr("read", net.ErrClosed)
+	if err := e.enter("read", &e.rdMu, e.rx.consLock); err != nil {
+		return 0, err
 	}
-	lock(e.rx.consLock)
-	defer unlock(e.rx.consLock)
+	defer e.exit(&e.rdMu, e.rx.consLock)
 	for {
 		tail, head, err := e.fill()
 		if err != nil {
@@ -295,15 +290,10 @@ func (e *Endpoint) Read(p []byte) (int, error) {
 // fails with ErrPeerClosed, ErrReset, ErrCorrupt or net.ErrClosed, and
 // after CloseWrite.
 func (e *Endpoint) Write(p []byte) (int, error) {
-	e.wrMu.Lock()
-	defer e.wrMu.Unlock()
-	e.live.RLock()
-	defer e.live.RUnlock()
-	if e.closed.Load() {
-		return 0, opErr("write", net.ErrClosed)
+	if err := e.enter("write", &e.wrMu, e.tx.prodLock); err != nil {
+		return 0, err
 	}
-	lock(e.tx.prodLock)
-	defer unlock(e.tx.prodLock)
+	defer e.exit(&e.wrMu, e.tx.prodLock)
 	done := 0
 	for done < len(p) {
 		if e.tx.fin.Load() != 0 {
@@ -467,6 +457,29 @@ func (e *Endpoint) SetRelay() {
 
 // whileOpen runs f, which stores into the shared header, under the read
 // side of live unless e is closed: the mapping stays while f runs.
+// enter is the lock prologue of Read and Write (op): this side's mu, the
+// live lock for reading, then the ring's producer or consumer lock ring.
+// It fails with net.ErrClosed (wrapped) after Close, holding nothing; else
+// the caller calls exit(mu, ring) when done.
+func (e *Endpoint) enter(op string, mu *sync.Mutex, ring *atomic.Uint32) error {
+	mu.Lock()
+	e.live.RLock()
+	if e.closed.Load() {
+		e.live.RUnlock()
+		mu.Unlock()
+		return opErr(op, net.ErrClosed)
+	}
+	lock(ring)
+	return nil
+}
+
+// exit releases what enter took, in reverse order.
+func (e *Endpoint) exit(mu *sync.Mutex, ring *atomic.Uint32) {
+	unlock(ring)
+	e.live.RUnlock()
+	mu.Unlock()
+}
+
 func (e *Endpoint) whileOpen(f func()) {
 	e.live.RLock()
 	defer e.live.RUnlock()

@@ -13,6 +13,13 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
+// targetEP is target(t, nil) with its VPID 5 open (closed when t ends).
+func targetEP(t *testing.T) (*NIC, fabric.Endpoint) {
+	t.Helper()
+	n := target(t, nil)
+	return n, fabrictest.OpenEP(t, n, 5)
+}
+
 // testLogger logs warnings to stderr when EXN_TEST_LOG=1, else discards.
 func testLogger() *slog.Logger {
 	if os.Getenv("EXN_TEST_LOG") == "1" {

@@ -16,12 +16,7 @@ import (
 // A get-done for a GET that needs none is a protocol violation.
 func TestResponderNotify(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	n := target(t, nil)
-	ep, err := n.Open(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	n, ep := targetEP(t)
 	r, _ := ep.Register(4096)
 	for i := range r.Buf {
 		r.Buf[i] = byte(i)

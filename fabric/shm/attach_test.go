@@ -26,11 +26,8 @@ import (
 func TestAttachGrants(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
-	fab := uniqueFabric(t)
-	owner := openNIC(t, fab, 1)
-	peerNIC := openNIC(t, fab, 2)
+	fab, owner, peerNIC, l := lendingPair(t)
 	own := fabrictest.OpenEP(t, owner, 20)
-	l := lender(t, owner)
 
 	// Grant validation.
 	for _, c := range []struct {
@@ -387,11 +384,8 @@ func readLine(t *testing.T, r *bufio.Reader) string {
 // ends with ErrUnknownNode, and none of the child's files remain.
 func TestAttachChildApp(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	fab := uniqueFabric(t)
-	owner := openNIC(t, fab, 1)
-	peerNIC := openNIC(t, fab, 2)
+	fab, owner, peerNIC, l := lendingPair(t)
 	pe := fabrictest.OpenEP(t, peerNIC, 5)
-	l := lender(t, owner)
 
 	cmd, out, say := startHelper(t, "app", fab)
 	g, err := l.Grant(32, 16, cmd.Process.Pid)

@@ -134,11 +134,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	nic, err := Open(fab, 1, withBackstop(longBackstop))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
+	nic := openNIC(t, fab, 1, withBackstop(longBackstop))
 	ep := fabrictest.OpenEP(t, nic, 1)
 	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -324,6 +320,19 @@ func TestBellNoFDLeak(t *testing.T) {
 	}
 }
 
+// awaitAsleep starts awaitOne(ctx, ep, take) in a goroutine and returns
+// its error channel once ep's consumer sleeps (on its futex or its bell).
+func awaitAsleep[T any](t testing.TB, ctx context.Context, ep fabric.Endpoint, take func([]T) (int, error)) <-chan error {
+	t.Helper()
+	got := make(chan error, 1)
+	go func() { _, err := awaitOne(ctx, ep, take); got <- err }()
+	waitFor(t, "the consumer to sleep", func() bool {
+		v := ep.(*endpoint).v
+		return v.sleepers.Load()+v.bellW.Load() != 0
+	})
+	return got
+}
+
 // TestBellFallback: a VPID without a FIFO (the NIC option, or a FIFO that
 // cannot be made) sleeps on its futex and is still woken by producers of
 // either kind, and a producer that cannot reach a FIFO counts it while the
@@ -332,16 +341,8 @@ func TestBellFallback(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
 	fab := uniqueFabric(t)
-	a, err := Open(fab, 1, withBackstop(longBackstop))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(fab, 2, withBackstop(longBackstop), withoutBell())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := openNIC(t, fab, 1, withBackstop(longBackstop))
+	b := openNIC(t, fab, 2, withBackstop(longBackstop), withoutBell())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -349,12 +350,7 @@ func TestBellFallback(t *testing.T) {
 	// says how long that took to arrive.
 	wake := func(from, to fabric.Endpoint) time.Duration {
 		t.Helper()
-		got := make(chan error, 1)
-		go func() { _, err := awaitOne(ctx, to, to.Recv); got <- err }()
-		waitFor(t, "the consumer to sleep", func() bool {
-			v := to.(*endpoint).v
-			return v.sleepers.Load()+v.bellW.Load() != 0
-		})
+		got := awaitAsleep(t, ctx, to, to.Recv)
 		start := time.Now()
 		sendOne(t, ctx, from, to.Addr(), 1, "x")
 		if err := <-got; err != nil {
@@ -408,11 +404,7 @@ func TestBellFallback(t *testing.T) {
 	// 3. A producer that cannot open the consumer's FIFO (gone from the
 	// directory) counts the failed ring; the consumer's backstop (short
 	// on this NIC) still gets the message through.
-	c, err := Open(fab, 3, withBackstop(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := openNIC(t, fab, 3, withBackstop(50*time.Millisecond))
 	e4 := fabrictest.OpenEP(t, c, 4)
 	os.Remove(e4.(*endpoint).bellPath)
 	failed := wakeStats(t, a).RingFailed
@@ -478,12 +470,7 @@ func TestBellOwnNotification(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for i := 0; i < 5; i++ {
-		got := make(chan error, 1)
-		go func() { _, err := awaitOne(ctx, a, a.PollNotifications); got <- err }()
-		waitFor(t, "the consumer to sleep", func() bool {
-			v := a.(*endpoint).v
-			return v.sleepers.Load()+v.bellW.Load() != 0
-		})
+		got := awaitAsleep(t, ctx, a, a.PollNotifications)
 		start := time.Now()
 		if _, err := a.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA,
 			Len: 64, Notify: fabric.NotifyRequester}}); err != nil {

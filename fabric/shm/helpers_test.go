@@ -33,6 +33,16 @@ func lender(t testing.TB, nic fabric.NIC) Lender {
 	return l
 }
 
+// lendingPair opens nodes 1 (the owner, which lends VPIDs through l) and 2
+// of a new fabric, closed at the end of the test.
+func lendingPair(t testing.TB) (fab string, owner, peer fabric.NIC, l Lender) {
+	t.Helper()
+	fab = uniqueFabric(t)
+	owner = openNIC(t, fab, 1)
+	peer = openNIC(t, fab, 2)
+	return fab, owner, peer, lender(t, owner)
+}
+
 // awaitOne takes one item with take (ep's Recv or PollNotifications),
 // waiting on ep between tries, until ctx ends. It does not touch a
 // testing.TB, so goroutines may call it.

@@ -1,7 +1,6 @@
 package nstest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // Prefix starts the name of every namespace and shm fabric the harness
@@ -57,7 +58,9 @@ func Unique(tag string) string {
 	return fmt.Sprintf("%s%d-%s%d", Prefix, os.Getpid(), tag, seq.Add(1))
 }
 
-func register(m map[string]bool, k string, on bool) {
+// register adds k to (on) or removes it from one of the registries of
+// what the harness must clean up, under regMu.
+func register[K comparable](m map[K]bool, k K, on bool) {
 	regMu.Lock()
 	defer regMu.Unlock()
 	if on {
@@ -67,15 +70,7 @@ func register(m map[string]bool, k string, on bool) {
 	}
 }
 
-func registerPgid(p int, on bool) {
-	regMu.Lock()
-	defer regMu.Unlock()
-	if on {
-		regPgids[p] = true
-	} else {
-		delete(regPgids, p)
-	}
-}
+func registerPgid(p int, on bool) { register(regPgids, p, on) }
 
 func teardownAll() {
 	regMu.Lock()
@@ -236,7 +231,7 @@ func (n *Netns) RunEnv(timeout time.Duration, env []string, args ...string) (str
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := n.command(ctx, env, args...)
-	var out lockedBuffer
+	var out testenv.Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		return "", fmt.Errorf("%s: start %q: %w", n.Name, args, err)
@@ -268,7 +263,7 @@ func (n *Netns) MustRun(t testing.TB, timeout time.Duration, args ...string) str
 type Proc struct {
 	Name string
 	Cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testenv.Output
 	done chan struct{}
 	err  error
 }
@@ -338,24 +333,6 @@ func (p *Proc) Wait(timeout time.Duration) error {
 		<-p.done
 		return fmt.Errorf("%s: still running after %v; killed", p.Name, timeout)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and readers at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // Eventually polls f every 50 ms until it returns nil or timeout passes,

@@ -63,37 +63,45 @@ static int drop_to(uid_t uid)
 	return setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0 ? -1 : 0;
 }
 
-static void send_fd(int sock, int fd)
-{
-	char c = 0;
-	struct iovec iov = {&c, 1};
+/* One byte with room for one SCM_RIGHTS descriptor. */
+struct fdmsg {
+	char c;
+	struct iovec iov;
 	union {
 		struct cmsghdr h;
 		char b[CMSG_SPACE(sizeof(int))];
 	} u;
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
-	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	struct msghdr m;
+};
+
+static void fdmsg_init(struct fdmsg *f)
+{
+	f->c = 0;
+	f->iov = (struct iovec){&f->c, 1};
+	f->m = (struct msghdr){.msg_iov = &f->iov, .msg_iovlen = 1, .msg_control = f->u.b, .msg_controllen = sizeof f->u.b};
+}
+
+static void send_fd(int sock, int fd)
+{
+	struct fdmsg f;
+	fdmsg_init(&f);
+	struct cmsghdr *h = CMSG_FIRSTHDR(&f.m);
 	h->cmsg_level = SOL_SOCKET;
 	h->cmsg_type = SCM_RIGHTS;
 	h->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(h), &fd, sizeof fd);
-	if (sendmsg(sock, &m, 0) < 0)
+	if (sendmsg(sock, &f.m, 0) < 0)
 		perror("sendmsg");
 }
 
 static int recv_fd(int sock)
 {
-	char c;
-	struct iovec iov = {&c, 1};
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
-	if (recvmsg(sock, &m, 0) <= 0 || !CMSG_FIRSTHDR(&m))
+	struct fdmsg f;
+	fdmsg_init(&f);
+	if (recvmsg(sock, &f.m, 0) <= 0 || !CMSG_FIRSTHDR(&f.m))
 		return -1;
 	int fd;
-	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&f.m)), sizeof fd);
 	return fd;
 }
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // build compiles libextds.so and shimtest into a temporary directory once
@@ -242,30 +243,13 @@ func env(lib, ctl string, extra ...string) []string {
 // proc is a background program with its output.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *lockedBuf
+	out  *testenv.Output
 	done chan error
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *lockedBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func start(t *testing.T, envv []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(args[0], args[1:]...), out: &lockedBuf{}, done: make(chan error, 1)}
+	p := &proc{cmd: exec.Command(args[0], args[1:]...), out: &testenv.Output{}, done: make(chan error, 1)}
 	p.cmd.Env = envv
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

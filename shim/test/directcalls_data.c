@@ -65,11 +65,9 @@ out:
 	return rc;
 }
 
-static int c_rcvtimeo(char *why)
+static int c_rcvtimeo(int s, char *why)
 {
-	int rc = -1, s = dial("echo", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	char b[8];
 	struct timeval tv = {0, 200000}, got = {0, 0};
 	socklen_t l = sizeof got;
@@ -86,7 +84,6 @@ static int c_rcvtimeo(char *why)
 		goto out; /* why says what */
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
@@ -181,11 +178,9 @@ static int wait_nread(int s, int want)
 	return n;
 }
 
-static int c_msg_peek(char *why)
+static int c_msg_peek(int s, char *why)
 {
-	int rc = -1, s = dial("source 1000 1000 0", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	unsigned char b[2000], want[1000];
 	fill_pat(want, 0, sizeof want);
 	FAILIF(wait_nread(s, 1000) != 1000, "FIONREAD");
@@ -197,15 +192,12 @@ static int c_msg_peek(char *why)
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || n != 0, "FIONREAD after reading: %d", n);
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
-static int c_fionread(char *why)
+static int c_fionread(int s, char *why)
 {
-	int rc = -1, s = dial("source 12345 12345 0", 0, why), n = -1;
-	if (s < 0)
-		return -1;
+	int rc = -1, n = -1;
 	unsigned char b[1000];
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || (n != 0 && n != 12345), "FIONREAD: %d, want 0 or 12345", n);
 	FAILIF((n = wait_nread(s, 12345)) != 12345, "FIONREAD: %d, want 12345", n);
@@ -213,7 +205,6 @@ static int c_fionread(char *why)
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || n != 12345 - 1000, "FIONREAD after reading 1000: %d", n);
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
@@ -236,11 +227,9 @@ out:
 	return rc;
 }
 
-static int c_msg_dontwait(char *why)
+static int c_msg_dontwait(int s, char *why)
 {
-	int rc = -1, s = dial("echo", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	char b[16];
 	int64_t t0 = now_ms();
 	errno = 0;
@@ -254,16 +243,13 @@ static int c_msg_dontwait(char *why)
 	FAILIF(fcntl(s, F_GETFL) & O_NONBLOCK, "the descriptor became non-blocking");
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
 /* shutdown(SHUT_WR): the peer reads EOF and still answers; writing is EPIPE. */
-static int c_half_close(char *why)
+static int c_half_close(int s, char *why)
 {
-	int rc = -1, s = dial("sink", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	uint64_t off = 0, h = FNV0;
 	char b[8];
 	FAILIF(send_pat(s, &off, 300000, &h) < 0, "write");
@@ -275,7 +261,6 @@ static int c_half_close(char *why)
 	FAILIF(read(s, b, sizeof b) != 0, "want EOF after the server closed");
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
@@ -286,11 +271,9 @@ static void on_sigpipe(int s)
 }
 
 /* The peer closes: POLLIN|POLLRDHUP, the bytes, EOF; then writes fail with EPIPE and SIGPIPE. */
-static int c_peer_close(char *why)
+static int c_peer_close(int s, char *why)
 {
-	int rc = -1, s = dial("source 10 10 0 close", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	unsigned char b[16], want[10];
 	fill_pat(want, 0, 10);
 	struct pollfd p = {s, POLLIN | POLLRDHUP, 0};
@@ -316,15 +299,12 @@ static int c_peer_close(char *why)
 	FAILIF(errno == EPIPE && g_sigpipe != before + 1, "EPIPE without SIGPIPE");
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
-static int c_readv_writev(char *why)
+static int c_readv_writev(int s, char *why)
 {
-	int rc = -1, s = dial("echo", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	enum { NW = 16, NR = 7 };
 	static unsigned char src[NW * 997 * 8], dst[sizeof src];
 	struct iovec wv[NW], rv[NR];
@@ -355,15 +335,12 @@ static int c_readv_writev(char *why)
 	FAILIF(memcmp(src, dst, total), "bytes differ");
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
-static int c_msg_iov64(char *why)
+static int c_msg_iov64(int s, char *why)
 {
-	int rc = -1, s = dial("echo", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	enum { NV = 64 };
 	static unsigned char src[NV * 200 * 70], dst[sizeof src];
 	struct iovec wv[NV], rv[NV];
@@ -408,7 +385,6 @@ static int c_msg_iov64(char *why)
 	FAILIF(memcmp(src, dst, total), "bytes differ");
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
@@ -457,11 +433,9 @@ out:
 }
 
 /* getsockname/getpeername are the TCP addresses, crossed with the server's view. */
-static int c_names(char *why)
+static int c_names(int s, char *why)
 {
-	int rc = -1, s = dial("names", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	struct sockaddr_storage a, b;
 	socklen_t al = sizeof a, bl = sizeof b;
 	FAILIF(getsockname(s, (void *)&a, &al) < 0, "getsockname");
@@ -485,7 +459,6 @@ static int c_names(char *why)
 		goto out;
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 

@@ -139,11 +139,9 @@ static int ep_wait1(int ep, struct epoll_event *ev, int tmo)
 }
 
 /* Level-triggered: EPOLLOUT at once; EPOLLIN while bytes are left. */
-static int c_epoll_lt(char *why)
+static int c_epoll_lt(int s, char *why)
 {
-	int rc = -1, ep = -1, s = dial("echo 50", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1, ep = -1;
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLOUT, {.u64 = 0x1234567890ull}};
 	ep = epoll_create1(EPOLL_CLOEXEC);
@@ -165,16 +163,13 @@ static int c_epoll_lt(char *why)
 	rc = 0;
 out:
 	xclose(&ep);
-	xclose(&s);
 	return rc;
 }
 
 /* Edge-triggered: one event per arrival, none for bytes already reported. */
-static int c_epoll_et(char *why)
+static int c_epoll_et(int s, char *why)
 {
-	int rc = -1, ep = -1, s = dial("echo 50", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1, ep = -1;
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLET, {.u64 = 7}};
 	ep = epoll_create1(EPOLL_CLOEXEC);
@@ -190,16 +185,13 @@ static int c_epoll_et(char *why)
 	rc = 0;
 out:
 	xclose(&ep);
-	xclose(&s);
 	return rc;
 }
 
 /* EPOLLONESHOT: one report, then none until EPOLL_CTL_MOD re-arms. */
-static int c_epoll_oneshot(char *why)
+static int c_epoll_oneshot(int s, char *why)
 {
-	int rc = -1, ep = -1, s = dial("echo 50", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1, ep = -1;
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLONESHOT, {.u64 = 9}};
 	ep = epoll_create1(EPOLL_CLOEXEC);
@@ -216,7 +208,6 @@ static int c_epoll_oneshot(char *why)
 	rc = 0;
 out:
 	xclose(&ep);
-	xclose(&s);
 	return rc;
 }
 
@@ -252,11 +243,9 @@ out:
 }
 
 /* Parent writes, the child writes and exits, the parent writes again and reads the answer. */
-static int c_fork_both(char *why)
+static int c_fork_both(int s, char *why)
 {
-	int rc = -1, s = dial("sink", 0, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	uint64_t off = 0, h = FNV0;
 	FAILIF(send_pat(s, &off, 200000, &h) < 0, "parent write");
 	pid_t p = fork();
@@ -278,7 +267,6 @@ static int c_fork_both(char *why)
 		goto out;
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 
@@ -347,11 +335,9 @@ static char g_startfds[256];
 
 /* A SOCK_CLOEXEC connection is not handed to exnd and is closed in the
  * new program; this process keeps using it directly. */
-static int c_cloexec(char *why)
+static int c_cloexec(int s, char *why)
 {
-	int rc = -1, s = dial("sink", SOCK_CLOEXEC, why);
-	if (s < 0)
-		return -1;
+	int rc = -1;
 	uint64_t off = 0, h = FNV0;
 	FAILIF(!(fcntl(s, F_GETFD) & FD_CLOEXEC), "FD_CLOEXEC not set");
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "write");
@@ -375,7 +361,6 @@ static int c_cloexec(char *why)
 		goto out;
 	rc = 0;
 out:
-	xclose(&s);
 	return rc;
 }
 

@@ -257,33 +257,32 @@ static void streams_b(struct conn *c, struct dring *d, void *arg)
 	CHECK(dring_write(d, &b, 1, 0) == -EPIPE, "write after SHUT_WR");
 }
 
-/* Both directions at once: side 0's child sends while side 0 receives. */
+/* Both directions at once: each side's child sends the pattern of seed
+ * send while the side receives that of seed recv. */
+static void duplex(struct dring *d, unsigned send, unsigned recv)
+{
+	pid_t p = fork();
+	CHECK(p >= 0);
+	if (p == 0) {
+		send_all(d, send);
+		exit(0);
+	}
+	recv_all(d, recv);
+	reap(p, "sender child");
+}
+
 static void duplex_a(struct conn *c, struct dring *d, void *arg)
 {
 	(void)c;
 	(void)arg;
-	pid_t p = fork();
-	CHECK(p >= 0);
-	if (p == 0) {
-		send_all(d, 3);
-		exit(0);
-	}
-	recv_all(d, 4);
-	reap(p, "sender child");
+	duplex(d, 3, 4);
 }
 
 static void duplex_b(struct conn *c, struct dring *d, void *arg)
 {
 	(void)c;
 	(void)arg;
-	pid_t p = fork();
-	CHECK(p >= 0);
-	if (p == 0) {
-		send_all(d, 4);
-		exit(0);
-	}
-	recv_all(d, 3);
-	reap(p, "sender child");
+	duplex(d, 4, 3);
 }
 
 /* ---- semantics on one side's view ---- */

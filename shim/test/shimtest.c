@@ -189,6 +189,22 @@ static void wait_ev(int ep, int fd, uint32_t want)
 	}
 }
 
+/* io_again says whether to try a read or write that returned r again: after
+ * EINTR, or after EAGAIN on a non-blocking socket (nb) once ep reports want
+ * for fd. */
+static int io_again(ssize_t r, int nb, int ep, int fd, uint32_t want)
+{
+	if (r >= 0)
+		return 0;
+	if (errno == EINTR)
+		return 1;
+	if (errno == EAGAIN && nb) {
+		wait_ev(ep, fd, want);
+		return 1;
+	}
+	return 0;
+}
+
 static int client(const char *ip, int port, long long bytes, int nb)
 {
 	struct sockaddr_storage ss;
@@ -242,12 +258,8 @@ static int client(const char *ip, int port, long long bytes, int nb)
 		size_t off = 0;
 		while (off < n) {
 			ssize_t w = write(s, buf + off, n - off);
-			if (w < 0 && errno == EINTR)
+			if (io_again(w, nb, ep, s, EPOLLOUT))
 				continue;
-			if (w < 0 && errno == EAGAIN && nb) {
-				wait_ev(ep, s, EPOLLOUT);
-				continue;
-			}
 			if (w < 0)
 				die("write");
 			off += (size_t)w;
@@ -266,12 +278,8 @@ static int client(const char *ip, int port, long long bytes, int nb)
 	size_t got = 0;
 	for (;;) {
 		ssize_t n = read(s, ans + got, sizeof ans - 1 - got);
-		if (n < 0 && errno == EINTR)
+		if (io_again(n, nb, ep, s, EPOLLIN))
 			continue;
-		if (n < 0 && errno == EAGAIN && nb) {
-			wait_ev(ep, s, EPOLLIN);
-			continue;
-		}
 		if (n < 0)
 			die("read");
 		if (n == 0 || got + (size_t)n >= sizeof ans - 1) {
