@@ -455,8 +455,6 @@ func (e *Endpoint) SetRelay() {
 	e.whileOpen(func() { e.relay.Store(1) })
 }
 
-// whileOpen runs f, which stores into the shared header, under the read
-// side of live unless e is closed: the mapping stays while f runs.
 // enter is the lock prologue of Read and Write (op): this side's mu, the
 // live lock for reading, then the ring's producer or consumer lock ring.
 // It fails with net.ErrClosed (wrapped) after Close, holding nothing; else
@@ -480,6 +478,8 @@ func (e *Endpoint) exit(mu *sync.Mutex, ring *atomic.Uint32) {
 	mu.Unlock()
 }
 
+// whileOpen runs f, which stores into the shared header, under the read
+// side of live unless e is closed: the mapping stays while f runs.
 func (e *Endpoint) whileOpen(f func()) {
 	e.live.RLock()
 	defer e.live.RUnlock()
