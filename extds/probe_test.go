@@ -191,11 +191,16 @@ func TestNoConnUnblocksWriter(t *testing.T) {
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read after NOCONN: %v", err)
 	}
-	if st := p.devB.Stats(); st.NoConnSent != 1 || st.Drops["unknown_conn"] < 1 {
-		t.Fatalf("server: noconn sent %d, unknown_conn drops %d", st.NoConnSent, st.Drops["unknown_conn"])
-	}
-	if p.devA.Stats().ResetsRecv != 1 {
-		t.Fatalf("client resets received %d", p.devA.Stats().ResetsRecv)
+	// At least the poke is answered; a fragment of the blocked writer
+	// that was already in flight may be answered too (one NOCONN each).
+	// The server counts a NOCONN after its send returns, which can be
+	// after the client acted on it.
+	testenv.Eventually(t, "the server's NOCONN counted", 2*time.Second, func() bool {
+		st := p.devB.Stats()
+		return st.NoConnSent >= 1 && st.Drops["unknown_conn"] >= st.NoConnSent
+	})
+	if r, n := p.devA.Stats().ResetsRecv, p.devB.Stats().NoConnSent; r < 1 || r > n {
+		t.Fatalf("client resets received %d, want 1..%d (the NOCONNs sent)", r, n)
 	}
 }
 
@@ -248,8 +253,10 @@ func TestNoConnInFlight(t *testing.T) {
 				if !errors.Is(err, syscall.ECONNRESET) {
 					t.Fatalf("write: %v, want ECONNRESET", err)
 				}
-				if n := p.devB.Stats().NoConnSent; size <= DefaultThreshold && n < 1 {
-					t.Fatalf("noconn sent %d", n)
+				if size <= DefaultThreshold {
+					// Counted after the send returns: maybe after the
+					// writer acted on it.
+					testenv.Eventually(t, "a NOCONN counted", 2*time.Second, func() bool { return p.devB.Stats().NoConnSent >= 1 })
 				}
 			})
 		}
