@@ -259,3 +259,38 @@ func TestDirectPeerNodeDown(t *testing.T) {
 	}
 	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }
+
+// After shim-relay (exec), the program's shutdown(SHUT_WR) on V is a
+// half-close, not its last close: the peer reads EOF and can still
+// answer, and the relayed side reads the answer before its own EOF.
+func TestDirectRelayHalfClose(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, _, _, client, server := directPair(t)
+	f, err := client.v.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.cl.CallFDs(t.Context(), nil, []*os.File{f}, "shim-relay")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.v.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.v.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(server.ep)
+	if err != nil || string(got) != "request" {
+		t.Fatalf("server read %q, %v; want the request, then EOF", got, err)
+	}
+	if _, err := server.ep.Write([]byte("answer")); err != nil {
+		t.Fatalf("answer after the client's half-close: %v", err)
+	}
+	server.ep.CloseWrite()
+	client.v.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(client.v); err != nil || string(got) != "answer" {
+		t.Fatalf("client read %q, %v; want the answer, then EOF", got, err)
+	}
+}
