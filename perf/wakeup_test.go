@@ -225,19 +225,7 @@ var spP50 = regexp.MustCompile(`percentile 50\.000 =\s+([0-9.]+)`)
 // sockperf64 runs sockperf TCP ping-pong with 64-byte messages for secs
 // seconds (server in srv, client in cli) and returns the p50 in µs.
 func sockperf64(b *testing.B, srv, cli *nstest.Netns, ip string, secs int) (float64, error) {
-	port := strconv.Itoa(nstest.Port())
-	s := srv.Start(b, "sockperf", "server", "--tcp", "-i", ip, "-p", port)
-	defer func() { _ = s.Wait(0) }()
-	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
-		return 0, err
-	}
-	out, err := cli.Run(time.Duration(secs+20)*time.Second, "sockperf", "ping-pong", "--tcp", "-m", "64",
-		"-i", ip, "-p", port, "-t", strconv.Itoa(secs))
-	m := spP50.FindStringSubmatch(out)
-	if err != nil || m == nil {
-		return 0, fmt.Errorf("sockperf %s: %v: %s", ip, err, out)
-	}
-	return strconv.ParseFloat(m[1], 64)
+	return sockperfEnv(b, shimWay{srv: srv, cli: cli, ip: ip}, secs)
 }
 
 // fifoFloor builds and runs perf/testdata/fifo_pingpong.c: count round

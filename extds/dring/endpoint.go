@@ -101,7 +101,6 @@ type Endpoint struct {
 	pmu        sync.Mutex // guards the waiters' netpoller files (made on first park, closed by Close)
 	live       sync.RWMutex
 	closed     atomic.Bool
-	corrupt    atomic.Bool
 	// The two waits, made once at Attach so that parking allocates
 	// nothing: what each waits for, and its netpoller callback.
 	rd, wr waiter
@@ -223,7 +222,6 @@ func (e *Endpoint) space() (tail, free uint64, err error) {
 
 // fail marks a corrupt buffer: reset, so both sides stop.
 func (e *Endpoint) fail() error {
-	e.corrupt.Store(true)
 	e.tx.rst.Swap(1)
 	e.rx.rst.Swap(1)
 	e.ringPeer()

@@ -197,12 +197,8 @@ func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net
 // dupFile duplicates f's descriptor (close-on-exec) without touching its
 // mode (f.Fd() would make a non-blocking descriptor blocking).
 func dupFile(f *os.File) (*os.File, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
 	nfd, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+	if err := rawFD(f, func(fd int) { nfd, derr = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
 		return nil, err
 	}
 	if derr != nil {
@@ -211,13 +207,10 @@ func dupFile(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(nfd), f.Name()), nil
 }
 
+// rawStat is fstat of f's descriptor (rawFD: no change of mode).
 func rawStat(f *os.File, st *unix.Stat_t) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
 	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.Fstat(int(fd), st) }); err != nil {
+	if err := rawFD(f, func(fd int) { serr = unix.Fstat(fd, st) }); err != nil {
 		return err
 	}
 	return serr
