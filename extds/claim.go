@@ -11,9 +11,11 @@ package extds
 //
 // Wire (VELO, tag 0x4E / 0x4F, conn field = the client's token):
 //
-//	CLAIM        sport u16, cport u16, 0 u32, client IP [16], server IP [16]   44 bytes
+//	CLAIM        sport u16, cport u16, flags u32, client IP [16], server IP [16]   44 bytes
 //	CLAIM_REPLY  sport u16, status u8 (1 agreed, 0 declined), reason u8        8 bytes
 //
+// flags: bit 0, the client can take a direct connection (claimdirect.go,
+// which also has the direct answer and its COMMIT); other bits zero.
 // IPs are 16-byte (IPv4 as IPv4-mapped). Claims are matched by token,
 // fabric source (which a sender cannot forge) and port; the server also
 // checks that the client IP resolves to the CLAIM's source node.
@@ -86,6 +88,8 @@ const (
 	stAccepting                       // claimed, no CLAIM yet
 	stAgreed                          // both: the agreement was sent
 	stClosed                          // the acceptor went TCP: decline
+	stDirect                          // claimed by ClaimDirect and a direct CLAIM came: AgreeDirect answers
+	stReplied                         // CLAIM_DIRECT sent: waiting for COMMIT
 )
 
 type claimEntry struct {
@@ -94,6 +98,12 @@ type claimEntry struct {
 	from    fabric.Addr
 	vd      *vdev
 	expires time.Time // stOffered, stClosed
+	sport   uint16    // the server port (COMMIT's check)
+	// Direct agreement (claimdirect.go).
+	offerDirect bool       // the CLAIM offered a direct connection
+	direct      bool       // the acceptor claimed with ClaimDirect
+	wake        func()     // ClaimDirect's hook
+	commit      chan uint8 // cap 1, stReplied: COMMIT's status
 }
 
 type claimTable struct {
@@ -102,20 +112,24 @@ type claimTable struct {
 	ports  map[uint16]int // ports whose accepts must be claimed → registrations
 	waits  map[uint32]*claimWait
 	nextTk uint32
+	// commits: direct answers sent, by (client node, server token).
+	commits map[commitKey]*claimEntry
 }
 
 // claimWait is a client waiting for CLAIM_REPLY.
 type claimWait struct {
-	vd   *vdev
-	peer fabric.Addr
-	port uint16
-	ch   chan uint16 // cap 1: status<<8 | reason
+	vd     *vdev
+	peer   fabric.Addr
+	port   uint16
+	direct bool          // the CLAIM offered a direct connection
+	ch     chan claimAns // cap 1
 }
 
 func (t *claimTable) init() {
 	t.m = make(map[TupleKey]*claimEntry)
 	t.ports = make(map[uint16]int)
 	t.waits = make(map[uint32]*claimWait)
+	t.commits = make(map[commitKey]*claimEntry)
 }
 
 // RegisterClaimPort says a listener on TCP port is served on this node
@@ -151,23 +165,30 @@ type Claim struct {
 // EXT-DS hello on it if the client sends one: the client's CLAIM (now or
 // when it arrives) is agreed. The caller must Close the claim once it
 // decided the connection's mode.
-func (d *Device) Claim(key TupleKey) *Claim {
+func (d *Device) Claim(key TupleKey) *Claim { return d.claim(key, nil) }
+
+// claim is Claim, or ClaimDirect when wake is not nil.
+func (d *Device) claim(key TupleKey, wake func()) *Claim {
 	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
+	direct := wake != nil
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.m[key]
 	switch {
+	case e != nil && e.st == stOffered && direct && e.offerDirect:
+		e.st, e.direct, e.wake = stDirect, true, wake // DirectPending: the caller answers
 	case e != nil && e.st == stOffered:
 		e.st = stAgreed
 		d.claimReply(e, key.Local.Port(), 1, 0)
 	case e == nil && len(t.m) < maxClaims:
-		t.m[key] = &claimEntry{st: stAccepting}
+		t.m[key] = &claimEntry{st: stAccepting, direct: direct, wake: wake}
 	case e == nil:
 		// Full: no entry, so a CLAIM is declined (busy) and the
 		// client stays TCP; Agreed reports false.
 	default:
-		e.st = stAccepting // a stale tombstone of a reused 4-tuple
+		// A stale tombstone of a reused 4-tuple.
+		e.st, e.direct, e.wake = stAccepting, direct, wake
 	}
 	return &Claim{d: d, key: key}
 }
@@ -197,7 +218,15 @@ func (c *Claim) Close() (agreed bool) {
 		delete(t.m, c.key)
 		return true
 	case e.st == stAccepting:
-		e.st, e.expires = stClosed, time.Now().Add(claimTombstone)
+		e.st, e.expires, e.wake = stClosed, time.Now().Add(claimTombstone), nil
+	case e.st == stDirect, e.st == stReplied:
+		// Decided by AgreeDirect (or failed): a late COMMIT is dropped.
+		delete(t.m, c.key)
+		for k, ce := range t.commits {
+			if ce == e {
+				delete(t.commits, k)
+			}
+		}
 	}
 	return false
 }
@@ -212,21 +241,24 @@ func (d *Device) claimReply(e *claimEntry, port uint16, status, reason uint8) {
 	}
 }
 
-func decodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, ok bool) {
-	if len(p) != claimLen-hdrLen || binary.LittleEndian.Uint32(p[4:]) != 0 {
-		return 0, 0, netip.Addr{}, netip.Addr{}, false
+func decodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, flags uint32, ok bool) {
+	if len(p) != claimLen-hdrLen {
+		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
+	}
+	if flags = binary.LittleEndian.Uint32(p[4:]); flags&^claimDirect != 0 {
+		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
 	}
 	sport, cport = binary.LittleEndian.Uint16(p), binary.LittleEndian.Uint16(p[2:])
 	cip = netip.AddrFrom16([16]byte(p[8:24])).Unmap()
 	sip = netip.AddrFrom16([16]byte(p[24:40])).Unmap()
-	return sport, cport, cip, sip, sport != 0 && cport != 0
+	return sport, cport, cip, sip, flags, sport != 0 && cport != 0
 }
 
-func encClaim(fm *fabric.Message, peer fabric.Addr, token uint32, local, remote netip.AddrPort) {
+func encClaim(fm *fabric.Message, peer fabric.Addr, token uint32, local, remote netip.AddrPort, flags uint32) {
 	putHdr(fm, peer, TagClaim, token, claimLen)
 	binary.LittleEndian.PutUint16(fm.Data[4:], remote.Port())
 	binary.LittleEndian.PutUint16(fm.Data[6:], local.Port())
-	binary.LittleEndian.PutUint32(fm.Data[8:], 0)
+	binary.LittleEndian.PutUint32(fm.Data[8:], flags)
 	c, s := local.Addr().As16(), remote.Addr().As16()
 	copy(fm.Data[12:28], c[:])
 	copy(fm.Data[28:44], s[:])
@@ -240,13 +272,14 @@ func encClaimRep(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16
 
 // onClaim answers, or records, a peer's CLAIM (rx loop; never blocks).
 func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
-	sport, cport, cip, sip, ok := decodeClaim(m.data)
+	sport, cport, cip, sip, flags, ok := decodeClaim(m.data)
 	if !ok || int(sport&0xF) != v.idx {
 		d.drop(DropProbe, "from", from, "why", "malformed claim or wrong vdev")
 		return
 	}
 	d.ctr.probesServed.Add(1)
-	reply := &claimEntry{token: m.conn, from: from, vd: v}
+	offerDirect := flags&claimDirect != 0
+	reply := &claimEntry{token: m.conn, from: from, vd: v, sport: sport, offerDirect: offerDirect}
 	if res := d.cfg.resolver; res != nil {
 		if n, known := res.Resolve(cip); known && n != from.Node {
 			d.claimReplyNow(reply, sport, 0, declineMismatch)
@@ -254,6 +287,12 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 		}
 	}
 	key := TupleKey{netip.AddrPortFrom(sip, sport), netip.AddrPortFrom(cip, cport)}
+	var wake func()
+	defer func() {
+		if wake != nil {
+			wake() // after the unlock below (deferred later, run first)
+		}
+	}()
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -275,8 +314,11 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 	case e == nil:
 		reply.st, reply.expires = stOffered, time.Now().Add(2*DefaultClaimTimeout)
 		t.m[key] = reply
+	case e.st == stAccepting && e.direct && offerDirect:
+		e.st, e.token, e.from, e.vd, e.sport, e.offerDirect = stDirect, m.conn, from, v, sport, true
+		wake = e.wake
 	case e.st == stAccepting:
-		e.st, e.token, e.from, e.vd = stAgreed, m.conn, from, v
+		e.st, e.token, e.from, e.vd, e.sport = stAgreed, m.conn, from, v, sport
 		d.claimReply(e, sport, 1, 0)
 	case e.st == stClosed:
 		d.claimReply(reply, sport, 0, declineLate)
@@ -300,14 +342,14 @@ func (d *Device) onClaimReply(v *vdev, from fabric.Addr, m *msg) {
 	port := binary.LittleEndian.Uint16(m.data)
 	t := &d.claims
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	w := t.waits[m.conn]
-	t.mu.Unlock()
 	if w == nil || w.vd != v || w.peer != from || w.port != port {
 		d.drop(DropProbe, "from", from, "token", m.conn, "why", "claim reply matches no claim")
 		return
 	}
 	select {
-	case w.ch <- uint16(m.data[2])<<8 | uint16(m.data[3]):
+	case w.ch <- claimAns{status: m.data[2], reason: m.data[3]}:
 	default:
 		d.drop(DropProbe, "from", from, "token", m.conn, "why", "duplicate claim reply")
 	}
@@ -331,38 +373,61 @@ var errNoClaim = errors.New("extds: no claim")
 
 // offer asks node whether the acceptor of the TCP connection
 // local→remote (the client's view) speaks EXT-DS, and waits at most the
-// claim timeout. It returns nil when agreed; a FallbackReason when
+// claim timeout. It returns agreed when agreed; a FallbackReason when
 // declined or unanswered (nothing was written to the connection); an
-// error only when ctx ended or the Device closed.
-func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort) (FallbackReason, bool, error) {
+// error only when ctx ended, the Device closed, or a direct connection
+// could not be committed. With open (the caller can take a direct
+// connection) the CLAIM offers one, and an acceptor that makes one
+// answers with its name: open is called and, when it succeeds, the
+// result is its DirectInfo (claimdirect.go).
+func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort, open func(DirectInfo) error) (why FallbackReason, agreed bool, di *DirectInfo, err error) {
 	local, remote = normAP(local), normAP(remote)
 	v, peer, err := d.askTarget(node, local.Port(), remote.Port())
 	if err != nil {
-		return 0, false, err
+		return 0, false, nil, err
 	}
-	w := &claimWait{vd: v, peer: peer, port: remote.Port(), ch: make(chan uint16, 1)}
+	w := &claimWait{vd: v, peer: peer, port: remote.Port(), direct: open != nil, ch: make(chan claimAns, 1)}
 	t := &d.claims
 	t.mu.Lock()
 	tok := freeID(&t.nextTk, t.waits)
 	t.waits[tok] = w
 	t.mu.Unlock()
-	defer dropWait(&t.mu, t.waits, tok)
+	var flags uint32
+	if w.direct {
+		flags = claimDirect
+	}
 	var fm [1]fabric.Message
-	encClaim(&fm[0], peer, tok, local, remote)
+	encClaim(&fm[0], peer, tok, local, remote, flags)
 	a, res, err := ask(ctx, d, v, d.cfg.claimTO, &fm, w.ch)
+	dropWait(&t.mu, t.waits, tok)
+	if res != askAnswered || err != nil {
+		// A direct answer that came as we gave up is in w.ch (the rx
+		// loop sends under t.mu): abort it, or its acceptor would
+		// wait for a COMMIT that never comes.
+		select {
+		case late := <-w.ch:
+			if late.status == statusDirectAns {
+				d.commit(v, peer, late.token, remote.Port(), 0)
+			}
+		default:
+		}
+	}
 	switch {
 	case err != nil:
-		return 0, false, err
+		return 0, false, nil, err
 	case res == askUnsent:
-		return FallbackNoListener, false, nil // no exnd there, peer down: nothing listens
+		return FallbackNoListener, false, nil, nil // no exnd there, peer down: nothing listens
 	case res == askTimeout:
-		return FallbackNoClaim, false, nil
-	case a>>8 == 1:
-		return 0, true, nil
-	case uint8(a) == declineNoListener:
-		return FallbackNoListener, false, nil
+		return FallbackNoClaim, false, nil, nil
+	case a.status == statusDirectAns && w.direct:
+		di, why, err := d.clientDirectClaim(ctx, v, peer, remote.Port(), a, open)
+		return why, di != nil, di, err
+	case a.status == 1:
+		return 0, true, nil, nil
+	case a.reason == declineNoListener:
+		return FallbackNoListener, false, nil, nil
 	}
-	return FallbackDeclined, false, nil
+	return FallbackDeclined, false, nil, nil
 }
 
 // WithClaimTimeout bounds the client's wait for the server's agreement

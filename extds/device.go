@@ -313,6 +313,10 @@ func nodeHandler(t fabric.Tag) func(*Device, *vdev, fabric.Addr, *msg) {
 		return (*Device).onClaim
 	case TagClaimRep:
 		return (*Device).onClaimReply
+	case TagClaimDirect:
+		return (*Device).onClaimDirect
+	case TagCommit:
+		return (*Device).onCommit
 	case TagNoConn:
 		return (*Device).onNoConn
 	}
@@ -354,6 +358,8 @@ func (d *Device) ctrlLoop() {
 				encProbe(&fm[0], r.peer, r.tag, r.conn, r.port, r.status)
 			case TagClaimRep:
 				encClaimRep(&fm[0], r.peer, r.conn, r.port, r.status, r.reason)
+			case TagCommit:
+				encCommit(&fm[0], r.peer, r.conn, r.port, r.status)
 			default:
 				encCtl(&fm[0], r.peer, r.tag, r.conn)
 			}

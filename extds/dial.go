@@ -195,13 +195,17 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 	if !lok || !rok {
 		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
-	why, agreed, err := dev.offer(ctx, node, la, ra)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, nil, ctx.Err()
-		}
+	why, agreed, di, err := dev.offer(ctx, node, la, ra, open)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, nil, ctx.Err()
+	case err != nil && di == nil && open != nil && errors.Is(err, errCommitUnsent):
+		return nil, nil, err // the acceptor fails the connection: so do we
+	case err != nil:
 		dev.rlog.warn("extds: cannot claim, using tcp", "err", err)
 		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
+	case di != nil:
+		return nil, di, nil // agreed over the fabric (claimdirect.go)
 	}
 	if !agreed {
 		if why == FallbackNoClaim {

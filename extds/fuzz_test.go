@@ -29,6 +29,13 @@ func FuzzDecodeMsg(f *testing.F) {
 	f.Add(uint8(m.Tag), m.Payload())
 	encCtl(&m, peer, TagNoConn, 7)
 	f.Add(uint8(m.Tag), m.Payload())
+	encClaim(&m, peer, 7, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.0.0.2:80"), claimDirect)
+	f.Add(uint8(m.Tag), m.Payload())
+	encClaimDirect(&m, peer, 7, 80, DirectInfo{Token: 9, Ring: 1 << 16, ID: 1 << 40})
+	f.Add(uint8(m.Tag), m.Payload())
+	encCommit(&m, peer, 9, 80, 1)
+	f.Add(uint8(m.Tag), m.Payload())
+	f.Add(uint8(0x50), []byte{1, 0, 0, 0, 1, 2, 3, 4})
 	f.Add(uint8(0x99), []byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, tag uint8, p []byte) {
 		if len(p) > fabric.MaxVELOPayload {
@@ -58,13 +65,26 @@ func FuzzDecodeMsg(f *testing.F) {
 			encLen(&m, peer, d.tag, d.conn, d.b)
 		case TagClaim:
 			// claim.go checks the body: what it accepts re-encodes.
-			sport, cport, cip, sip, ok := decodeClaim(d.data)
+			sport, cport, cip, sip, flags, ok := decodeClaim(d.data)
 			if !ok {
 				return
 			}
-			encClaim(&m, peer, d.conn, netip.AddrPortFrom(cip, cport), netip.AddrPortFrom(sip, sport))
+			encClaim(&m, peer, d.conn, netip.AddrPortFrom(cip, cport), netip.AddrPortFrom(sip, sport), flags)
 		case TagClaimRep:
 			encClaimRep(&m, peer, d.conn, binary.LittleEndian.Uint16(d.data), d.data[2], d.data[3])
+		case TagClaimDirect:
+			port, tok, ring, id, ok := decodeClaimDirect(d.data)
+			if !ok {
+				return
+			}
+			encClaimDirect(&m, peer, d.conn, port, DirectInfo{Token: tok, Ring: ring, ID: id})
+		case TagCommit:
+			// onCommit checks status and the reserved byte: re-encode
+			// what it would accept.
+			if d.data[2] > 1 || d.data[3] != 0 {
+				return
+			}
+			encCommit(&m, peer, d.conn, binary.LittleEndian.Uint16(d.data), d.data[2])
 		default:
 			t.Fatalf("decoded unknown tag %#x", d.tag)
 		}

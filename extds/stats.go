@@ -34,18 +34,19 @@ func (r DropReason) String() string {
 type FallbackReason uint8
 
 const (
-	FallbackNoRoute    FallbackReason = iota // no device, or the resolver does not know the peer
-	FallbackHandshake                        // peer did not answer the handshake (plain TCP server)
-	FallbackPeerNoFab                        // peer is EXT-DS aware but could not attach
-	FallbackPlainPeer                        // server side: the client sent no EXT-DS hello
-	FallbackCached                           // address known not to speak EXT-DS
-	FallbackNoListener                       // the peer node's Device has no EXT-DS listener on the port (probe)
-	FallbackNoClaim                          // a listener is registered but no EXT-DS acceptor claimed the connection in time
-	FallbackDeclined                         // the server declined the claim (acceptor went TCP, table full, address mismatch)
+	FallbackNoRoute     FallbackReason = iota // no device, or the resolver does not know the peer
+	FallbackHandshake                         // peer did not answer the handshake (plain TCP server)
+	FallbackPeerNoFab                         // peer is EXT-DS aware but could not attach
+	FallbackPlainPeer                         // server side: the client sent no EXT-DS hello
+	FallbackCached                            // address known not to speak EXT-DS
+	FallbackNoListener                        // the peer node's Device has no EXT-DS listener on the port (probe)
+	FallbackNoClaim                           // a listener is registered but no EXT-DS acceptor claimed the connection in time
+	FallbackDeclined                          // the server declined the claim (acceptor went TCP, table full, address mismatch)
+	FallbackDirectAbort                       // a direct connection was agreed but the client could not open it (claimdirect.go)
 	numFallbackReasons
 )
 
-var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined"}
+var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined", "direct_abort"}
 
 func (r FallbackReason) String() string {
 	if r < numFallbackReasons {
@@ -75,6 +76,7 @@ type counters struct {
 	noConnSent, noConnLimit  atomic.Uint64 // NOCONN replies sent / suppressed by the rate limit
 	probes, probeTimeouts    atomic.Uint64 // probes sent / unanswered (counted as "no")
 	probesServed             atomic.Uint64 // probes answered for peers
+	directAgreed             atomic.Uint64 // direct connections committed over the fabric (accepting side)
 }
 
 // Stats is a snapshot of a Device's counters.
@@ -107,6 +109,7 @@ type Stats struct {
 	Probes               uint64 // listener probes sent
 	ProbeTimeouts        uint64 // probes without an answer in ProbeTimeout
 	ProbesServed         uint64 // probes from peers answered
+	DirectAgreed         uint64 // direct connections agreed over the fabric, counted where accepted
 }
 
 func (c *counters) snapshot() Stats {
@@ -123,6 +126,7 @@ func (c *counters) snapshot() Stats {
 		ShadowLost: c.shadowLost.Load(), NotifyErrors: c.notifyErrors.Load(),
 		NoConnSent: c.noConnSent.Load(), NoConnLimited: c.noConnLimit.Load(),
 		Probes: c.probes.Load(), ProbeTimeouts: c.probeTimeouts.Load(), ProbesServed: c.probesServed.Load(),
+		DirectAgreed: c.directAgreed.Load(),
 	}
 	for i := range c.fallbacks {
 		s.Fallbacks[FallbackReason(i).String()] = c.fallbacks[i].Load()

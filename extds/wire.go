@@ -72,8 +72,9 @@ const (
 	TagNoConn   fabric.Tag = 0x4B
 	TagProbe    fabric.Tag = 0x4C
 	TagProbeRep fabric.Tag = 0x4D
-	// TagClaim and TagClaimRep (0x4E, 0x4F) are in claim.go.
-	tagLast = TagClaimRep
+	// TagClaim and TagClaimRep (0x4E, 0x4F) are in claim.go,
+	// TagClaimDirect and TagCommit (0x52, 0x53) in claimdirect.go.
+	tagLast = TagCommit
 )
 
 const (
@@ -113,13 +114,16 @@ var wantLen = [...]int{
 	TagProbeRep - TagVELO: 8,
 	TagClaim - TagVELO:    claimLen,
 	TagClaimRep - TagVELO: claimRepLen,
+	// 0x50, 0x51: fabric/fping's tags, not EXT-DS's (0: unknown).
+	TagClaimDirect - TagVELO: claimDirectLen,
+	TagCommit - TagVELO:      commitLen,
 }
 
 // decodeMsg parses one fabric message's payload. It rejects unknown tags,
 // wrong lengths, a zero connection ID, empty data fragments and zero
 // lengths, with ErrProtocol.
 func decodeMsg(tag fabric.Tag, p []byte, m *msg) error {
-	if tag < TagVELO || tag > tagLast {
+	if tag < TagVELO || tag > tagLast || tag > TagVELOLast && wantLen[tag-TagVELO] == 0 {
 		return errBadTag
 	}
 	if len(p) < hdrLen {
@@ -153,8 +157,8 @@ func decodeMsg(tag fabric.Tag, p []byte, m *msg) error {
 		if m.b == 0 || m.nla == 0 {
 			return errZeroLen
 		}
-	case TagClaim, TagClaimRep:
-		m.data = p[hdrLen:] // claim.go decodes and checks the rest
+	case TagClaim, TagClaimRep, TagClaimDirect, TagCommit:
+		m.data = p[hdrLen:] // claim.go / claimdirect.go decode and check the rest
 	case TagZCWant, TagZCPut:
 		m.b = binary.LittleEndian.Uint32(p[4:])
 		if m.b == 0 {

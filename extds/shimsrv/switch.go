@@ -162,6 +162,15 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	default:
 		c, _, err = s.accept(ctx, shadow, nil)
 	}
+	if err != nil && fs != nil && side == sideAccept {
+		// The client may have opened the buffer and be direct (a COMMIT
+		// that never came): it must read a reset, not wait forever.
+		if ep, aerr := dring.Attach(fs, 1); aerr == nil {
+			ep.Reset()
+			ep.Close()
+		}
+		fs = nil
+	}
 	if err != nil || di == nil {
 		if fs != nil {
 			fs.Close()
@@ -306,16 +315,33 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		c, err := s.dev.AcceptShadow(ctx, shadow, nil)
 		return c, nil, err
 	}
-	cl := s.dev.Claim(extds.TupleKey{Local: la, Remote: ra})
+	key := extds.TupleKey{Local: la, Remote: ra}
+	var cl *extds.Claim
+	if create != nil {
+		// A direct CLAIM is answered here, not by the rx loop: it
+		// interrupts the peek below (a past read deadline).
+		cl = s.dev.ClaimDirect(key, func() { _ = shadow.SetReadDeadline(time.Unix(1, 0)) })
+	} else {
+		cl = s.dev.Claim(key)
+	}
 	defer cl.Close()
 	// The client's CLAIM may still be on its way (its exnd sends it after
 	// the TCP handshake and a control round trip): wait as long as the
 	// client would wait for the answer, on top of the peek timeout.
-	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout)
-	if hello, plain := extds.ClassifyPeek(peeked); err == nil && !hello && !plain && cl.Close() {
+	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout, cl.DirectPending)
+	if err == nil && cl.DirectPending() {
+		// Agreed over the fabric, nothing in the stream (claimdirect.go).
+		c, di, err := cl.AgreeDirect(ctx, shadow, create)
+		if err != nil || c != nil || di != nil {
+			return c, di, err
+		}
+		// create failed: the client was told to go ahead the ordinary
+		// way; its hello (a direct offer) follows on the stream.
+		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout, nil)
+	} else if hello, plain := extds.ClassifyPeek(peeked); err == nil && !hello && !plain && cl.Close() {
 		// Agreed: the hello is on its way (or the client gave up at the
 		// same moment and writes its own bytes): wait for them.
-		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout)
+		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout, nil)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -339,8 +365,11 @@ func tcpAddrPort(a net.Addr) (netip.AddrPort, bool) {
 // without consuming them: until they are an EXT-DS hello, certainly not
 // one, EOF, or the timeout. It waits in Go's poller (the socket is
 // non-blocking), not in a blocked system call. A timeout with nothing
-// read returns no bytes (plain TCP), or with some, those.
-func (s *Server) peek(shadow *net.TCPConn, to time.Duration) ([]byte, error) {
+// read returns no bytes (plain TCP), or with some, those. done, when not
+// nil, is asked once the deadline is set: true returns no bytes at once
+// (whoever makes it true sets a past read deadline, which ends a wait
+// already begun).
+func (s *Server) peek(shadow *net.TCPConn, to time.Duration, done func() bool) ([]byte, error) {
 	rc, err := shadow.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -348,6 +377,9 @@ func (s *Server) peek(shadow *net.TCPConn, to time.Duration) ([]byte, error) {
 	buf := make([]byte, extds.HelloPrefixLen)
 	_ = shadow.SetReadDeadline(time.Now().Add(to))
 	defer shadow.SetReadDeadline(time.Time{})
+	if done != nil && done() {
+		return nil, nil
+	}
 	var n int
 	var perr error
 	err = rc.Read(func(fd uintptr) bool {

@@ -4,11 +4,14 @@ package sys
 // shim server records where a registered listener listens, so that a
 // connection accepted from another socket on the same port number (another
 // address or family, another user) is not mistaken for one of its own.
+// And what a TCP connection carried (TCP_INFO), for the tests that check
+// that an agreement wrote nothing into a stream.
 
 import (
 	"fmt"
 	"net/netip"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,4 +29,28 @@ func SockName(fd int) (netip.AddrPort, error) {
 		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("socket has no inet address")
+}
+
+// TCPBytes returns the payload bytes a TCP socket has had acknowledged
+// by its peer and received (TCP_INFO's tcpi_bytes_acked and
+// tcpi_bytes_received): what crossed the connection, whoever read it.
+// The kernel counts the SYN's sequence number in tcpi_bytes_acked; it is
+// taken off.
+func TCPBytes(c syscall.Conn) (acked, received uint64, err error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, 0, err
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		return 0, 0, err
+	}
+	if ierr != nil {
+		return 0, 0, fmt.Errorf("TCP_INFO: %w", ierr)
+	}
+	if info.Bytes_acked > 0 {
+		info.Bytes_acked-- // the SYN
+	}
+	return info.Bytes_acked, info.Bytes_received, nil
 }

@@ -1,0 +1,184 @@
+package shimsrv
+
+// The direct agreement over the fabric (extds/claimdirect.go) as exnd's
+// shim server runs it: nothing crosses the shadow TCP connection, an
+// abort leaves both programs plain TCP, and a COMMIT that never comes
+// resets the buffer the client may be using.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/sys"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// The agreement writes nothing into the TCP connection: TCP_INFO of the
+// client's socket shows no payload either way once both are direct.
+func TestDirectNothingOnTCP(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, b, _ := newDirectNodes(t)
+	ln := testenv.ListenTCP(t)
+	b.listen(t, ln)
+	// Both TCP sockets outlive the switch (so no FIN is counted either).
+	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) {
+		keep, err := c.File()
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { keep.Close() })
+		return b.switchDirect(t, "shim-accept", c), nil
+	})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := c.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.Close()
+	client := a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
+	defer client.Close()
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.v.Close()
+	kc, err := net.FileConn(keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	out, in, err := sys.TCPBytes(kc.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != 0 || in != 0 {
+		t.Errorf("the shadow connection carried %d bytes out and %d in, want none", out, in)
+	}
+	if n := b.dev.Stats().DirectAgreed; n != 1 {
+		t.Errorf("accepting Device: DirectAgreed %d, want 1", n)
+	}
+}
+
+// The client's exnd cannot open the buffer (here: it looks in another
+// directory): it aborts, and both programs keep their TCP sockets, the
+// stream untouched.
+func TestDirectAbortIsTCP(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	dirs := map[fabric.NodeID]string{1: t.TempDir(), 2: t.TempDir()}
+	a, b := newNodesPer(t, func(id fabric.NodeID) []Option {
+		return []Option{WithDirect(DirectConfig{Fabric: "t", Dir: dirs[id], Node: id, Ring: dring.MinRing})}
+	})
+	ln := testenv.ListenTCP(t)
+	b.listen(t, ln)
+	ch := acceptOne(ln, func(c *net.TCPConn) (*net.TCPConn, error) {
+		return c, b.expectTCP(t, "shim-accept", c)
+	})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := a.expectTCP(t, "shim-connect", c.(*net.TCPConn)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.v.Close()
+	msg := []byte("GET / HTTP/1.0\r\n\r\n")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(r.v, got); err != nil || string(got) != string(msg) {
+		t.Fatalf("server read %q, %v", got, err)
+	}
+	for _, nd := range []*node{a, b} {
+		if n := nd.dev.Stats().Fallbacks["direct_abort"]; n != 1 {
+			t.Errorf("fallbacks direct_abort %d, want 1", n)
+		}
+	}
+}
+
+// expectTCP hands tc over with "direct" and requires the answer "tcp"
+// (the program keeps its socket).
+func (n *node) expectTCP(t *testing.T, op string, tc *net.TCPConn) error {
+	f, err := tc.File()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var res SwitchResult
+	out, err := n.cl.CallFDs(t.Context(), &res, []*os.File{f}, op, "direct")
+	for _, f := range out {
+		f.Close()
+	}
+	if err != nil || res.Mode != "tcp" || len(out) != 0 {
+		return errors.Join(err, errors.New(op+": mode "+res.Mode+", want tcp"))
+	}
+	return nil
+}
+
+// A client exnd that opened the buffer but whose COMMIT comes after the
+// accepting exnd gave up: shim-accept fails, and the client, direct by
+// then, reads a reset instead of waiting forever.
+func TestDirectNoCommitResets(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	a, b, dir := newDirectNodes(t) // handshake timeout 500 ms
+	ln := testenv.ListenTCP(t)
+	b.listen(t, ln)
+	ch := acceptOne(ln, func(c *net.TCPConn) (struct{}, error) {
+		f, err := c.File()
+		if err != nil {
+			return struct{}{}, err
+		}
+		defer f.Close()
+		var res SwitchResult
+		_, err = b.cl.CallFDs(t.Context(), &res, []*os.File{f}, "shim-accept", "direct")
+		if err == nil {
+			return struct{}{}, errors.New("shim-accept succeeded without a COMMIT")
+		}
+		return struct{}{}, nil
+	})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var fs *dring.Files
+	open := func(di extds.DirectInfo) error {
+		var err error
+		fs, err = dring.Open(dir, dring.Name("t", di.Node, di.ID))
+		time.Sleep(800 * time.Millisecond) // a stalled exnd
+		return err
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, di, err := (&extds.Dialer{Device: a.dev}).UpgradeDirect(ctx, c, open)
+	if err != nil || di == nil {
+		t.Fatalf("client: %+v, %v; want direct", di, err)
+	}
+	if r := <-ch; r.err != nil {
+		t.Fatal(r.err)
+	}
+	ep, err := dring.Attach(fs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	if _, err := ep.Read(make([]byte, 1)); !errors.Is(err, dring.ErrReset) {
+		t.Fatalf("client read %v, want ErrReset", err)
+	}
+}
