@@ -115,8 +115,12 @@ func (c *Claim) DirectPending() bool {
 //     be sent, ctx ended or the Device closed. The caller fails the
 //     connection and resets what create made.
 //
-// The caller owns what create made, whatever the outcome.
-func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() (DirectInfo, error)) (*Conn, *DirectInfo, error) {
+// prepare, when not nil, runs once CLAIM_DIRECT is on its way, before
+// the wait for COMMIT: the caller readies what the program will get
+// while the client opens the buffer (it must undo that unless the result
+// is a DirectInfo). The caller owns what create made, whatever the
+// outcome.
+func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() (DirectInfo, error), prepare func(DirectInfo)) (*Conn, *DirectInfo, error) {
 	d, t := c.d, &c.d.claims
 	t.mu.Lock()
 	e := t.m[c.key]
@@ -156,6 +160,9 @@ func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() 
 	if err != nil {
 		d.ctr.handshakeErr.Add(1)
 		return nil, nil, fmt.Errorf("send CLAIM_DIRECT: %w", err)
+	}
+	if prepare != nil {
+		prepare(di)
 	}
 	timer := time.NewTimer(d.cfg.handshakeTO)
 	defer timer.Stop()

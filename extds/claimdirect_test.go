@@ -52,7 +52,7 @@ func acceptClaimDirect(t testing.TB, dev *Device, ln net.Listener, create func()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		r.c, r.di, r.err = cl.AgreeDirect(ctx, r.tcp, create)
+		r.c, r.di, r.err = cl.AgreeDirect(ctx, r.tcp, create, nil)
 		if r.c == nil && r.di == nil && r.err == nil {
 			r.c, r.di, r.err = dev.AcceptShadowDirect(ctx, r.tcp, []byte(magicHello), create)
 		}

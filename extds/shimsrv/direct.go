@@ -90,21 +90,16 @@ func (s *Server) directOpen(out **dring.Files) func(extds.DirectInfo) error {
 	}
 }
 
-// directCreate is the accepting side's create hook.
+// directCreate is the accepting side's create hook: a buffer from the
+// pool (dpool.go), or a new one.
 func (s *Server) directCreate(out **dring.Files, name *string) func() (extds.DirectInfo, error) {
 	return func() (extds.DirectInfo, error) {
-		s.mu.Lock()
-		s.dnext++
-		id := s.dnext
-		s.mu.Unlock()
-		id = id<<16 | uint64(time.Now().UnixNano()&0xFFFF) // unique across exnd restarts too
-		*name = dring.Name(s.directCfg.Fabric, s.directCfg.Node, id)
-		fs, err := dring.Create(s.directCfg.Dir, *name, s.directCfg.Ring)
+		b, err := s.takeBuf()
 		if err != nil {
 			return extds.DirectInfo{}, err
 		}
-		*out = fs
-		return extds.DirectInfo{Node: s.directCfg.Node, Token: uint32(id) | 1, ID: id, Ring: uint32(s.directCfg.Ring)}, nil
+		*out, *name = b.fs, b.name
+		return extds.DirectInfo{Node: s.directCfg.Node, Token: uint32(b.id) | 1, ID: b.id, Ring: uint32(s.directCfg.Ring)}, nil
 	}
 }
 
@@ -112,18 +107,55 @@ func (s *Server) directCreate(out **dring.Files, name *string) func() (extds.Dir
 // V, the buffer, its data and space bells, the peer's data and space
 // bells (docs/direct.md). It takes fs over.
 func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string) (any, []*os.File, error) {
+	p, err := s.prepareDirect(fs, di, shadow, who, side)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.enterDirect(p)
+}
+
+// directPrep is a direct connection made ready for the program but not
+// yet entered: the accepting side prepares it while the client's COMMIT
+// is on its way (extds.Claim.AgreeDirect).
+type directPrep struct {
+	dc  *dconn
+	out []*os.File // the program's descriptors
+	si  int
+}
+
+// discard undoes prepareDirect: the program never gets the connection.
+// reset stores rst in the buffer first, for a client that may be using
+// it.
+func (p *directPrep) discard(reset bool) {
+	if reset {
+		p.dc.ep.Reset()
+	}
+	p.dc.ep.Close()
+	p.dc.uc.Close()
+	for _, f := range p.out {
+		f.Close()
+	}
+}
+
+// prepareDirect attaches fs (which it takes over) as this side and makes
+// the program's descriptors. When it fails after attaching, it resets
+// the buffer (the peer may be direct already).
+func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string) (*directPrep, error) {
 	si := 0
 	if side == sideAccept {
 		si = 1
 	}
 	// The program's copies first (dups: fs goes to exnd's endpoint).
 	var out []*os.File
-	fail := func(err error) (any, []*os.File, error) {
+	fail := func(err error) (*directPrep, error) {
 		for _, f := range out {
 			f.Close()
 		}
-		fs.Close()
-		return nil, nil, err
+		if ep, aerr := dring.Attach(fs, si); aerr == nil {
+			ep.Reset()
+			ep.Close()
+		}
+		return nil, err
 	}
 	app, mine, err := sys.Socketpair("extds-direct")
 	if err != nil {
@@ -159,21 +191,24 @@ func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net
 		for _, f := range out {
 			f.Close()
 		}
-		return nil, nil, err
+		return nil, err
 	}
 	dc := &dconn{
 		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: st.Ino,
 		local: shadow.LocalAddr().String(), remote: shadow.RemoteAddr().String(),
 		peer: fmt.Sprint(di.Node), node: di.Node, since: time.Now(),
 	}
+	return &directPrep{dc: dc, out: out, si: si}, nil
+}
+
+// enterDirect enters a prepared connection and starts watching it; the
+// result is shim-connect's / shim-accept's answer.
+func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
+	dc := p.dc
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		ep.Close()
-		uc.Close()
-		for _, f := range out {
-			f.Close()
-		}
+		p.discard(true)
 		return nil, nil, errors.New("exnd is shutting down")
 	}
 	s.nextID++
@@ -189,9 +224,10 @@ func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net
 	go s.watch(dc)
 	s.directConns.Add(1)
 	s.switched.Add(1)
-	s.logConn(slog.LevelDebug, "extds shim: direct", "id", dc.id, "side", side, "pid", who.PID,
-		"uid", who.UID, "local", dc.local, "remote", dc.remote, "peer", dc.peer, "ring", ep.Ring())
-	return SwitchResult{Mode: "direct", ID: dc.id, Side: &si, Ring: ep.Ring()}, out, nil
+	s.logConn(slog.LevelDebug, "extds shim: direct", "id", dc.id, "side", dc.side, "pid", dc.pid,
+		"uid", dc.uid, "local", dc.local, "remote", dc.remote, "peer", dc.peer, "ring", dc.ep.Ring())
+	si := p.si
+	return SwitchResult{Mode: "direct", ID: dc.id, Side: &si, Ring: dc.ep.Ring()}, p.out, nil
 }
 
 // dupFile duplicates f's descriptor (close-on-exec) without touching its

@@ -139,6 +139,7 @@ type Server struct {
 	directCfg *DirectConfig
 	dconns    map[uint64]*dconn
 	dnext     uint64
+	pool      ringPool // accepting side's ready buffers (dpool.go)
 	// livenessOn: the directLiveness goroutine runs (direct.go).
 	livenessOn bool
 
@@ -165,6 +166,7 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
 		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn), listenAdded: make(chan struct{}, 1),
 		dconns: make(map[uint64]*dconn),
+		pool:   ringPool{ready: make(chan pooled, poolSize), want: make(chan struct{}, 1)},
 	}
 	for _, o := range opts {
 		o(s)
@@ -379,5 +381,8 @@ func (s *Server) Close() error {
 	}
 	s.closeDirect()
 	s.wg.Wait()
+	if s.directCfg != nil {
+		s.closePool()
+	}
 	return nil
 }

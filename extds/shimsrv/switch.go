@@ -144,6 +144,8 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		di    *extds.DirectInfo
 		fs    *dring.Files
 		dname string
+		prep  *directPrep // accept: made while the COMMIT comes
+		perr  error
 	)
 	switch {
 	case side == sideConnect && direct:
@@ -151,7 +153,11 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	case side == sideConnect:
 		c, err = s.dialer.Upgrade(ctx, shadow)
 	case direct:
-		c, di, err = s.accept(ctx, shadow, s.directCreate(&fs, &dname))
+		prepare := func(di extds.DirectInfo) {
+			prep, perr = s.prepareDirect(fs, &di, shadow, who, side)
+			fs = nil // taken over
+		}
+		c, di, err = s.accept(ctx, shadow, s.directCreate(&fs, &dname), prepare)
 		if dname != "" {
 			// Made by us: the client has opened the files (it acked) or
 			// never will. Either way the names go now.
@@ -160,7 +166,14 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			}
 		}
 	default:
-		c, _, err = s.accept(ctx, shadow, nil)
+		c, _, err = s.accept(ctx, shadow, nil, nil)
+	}
+	if prep != nil && (err != nil || di == nil) {
+		prep.discard(err != nil) // the client may be direct: reset
+		prep = nil
+	}
+	if err == nil && perr != nil {
+		err = perr // prepareDirect reset the buffer
 	}
 	if err != nil && fs != nil && side == sideAccept {
 		// The client may have opened the buffer and be direct (a COMMIT
@@ -180,6 +193,15 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		shadow.Close()
 		restore()
 		return nil, nil, err
+	}
+	if prep != nil {
+		res, out, err := s.enterDirect(prep)
+		shadow.Close() // exnd's dup; the program's descriptor becomes V
+		if err != nil {
+			restore()
+			return nil, nil, err
+		}
+		return res, out, nil
 	}
 	if di != nil {
 		res, out, err := s.switchDirect(fs, di, shadow, who, side)
@@ -308,7 +330,7 @@ func rawFD(f *os.File, fn func(fd int)) error {
 // timeout, extended to the handshake timeout once the client was told to
 // go ahead. Trade-off: a plain client on the fabric of a
 // server-speaks-first protocol waits that long once per connection.
-func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() (extds.DirectInfo, error)) (*extds.Conn, *extds.DirectInfo, error) {
+func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() (extds.DirectInfo, error), prepare func(extds.DirectInfo)) (*extds.Conn, *extds.DirectInfo, error) {
 	la, lok := tcpAddrPort(shadow.LocalAddr())
 	ra, rok := tcpAddrPort(shadow.RemoteAddr())
 	if !lok || !rok || !s.dev.OnFabric(ra.Addr()) {
@@ -331,7 +353,7 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout, cl.DirectPending)
 	if err == nil && cl.DirectPending() {
 		// Agreed over the fabric, nothing in the stream (claimdirect.go).
-		c, di, err := cl.AgreeDirect(ctx, shadow, create)
+		c, di, err := cl.AgreeDirect(ctx, shadow, create, prepare)
 		if err != nil || c != nil || di != nil {
 			return c, di, err
 		}
