@@ -503,16 +503,7 @@ func BenchmarkWakeAcrossProcesses(b *testing.B) {
 
 func benchWake(b *testing.B, mode string) {
 	fab := uniqueFabric(b)
-	nic, err := Open(fab, 1, wakeModeOpts(mode)...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ep.Close()
+	ep := fabrictest.OpenEP(b, openNIC(b, fab, 1, wakeModeOpts(mode)...), 1)
 	cmd := testenv.StartHelper(b, "TestBellHelper", bellChildEnv+"="+fab, wakeModeEnv+"="+mode)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
