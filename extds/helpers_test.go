@@ -3,6 +3,7 @@ package extds
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -156,3 +157,14 @@ func registeredListener(t testing.TB, dev *Device) net.Listener {
 	t.Cleanup(unreg)
 	return ln
 }
+
+// rawMsg is a message to to with tag and payload, for forging input.
+func rawMsg(to fabric.Addr, tag fabric.Tag, payload ...byte) fabric.Message {
+	var m fabric.Message
+	m.Peer, m.Tag = to, tag
+	m.SetPayload(payload)
+	return m
+}
+
+// le32 is v in little-endian, the byte order of EXT-DS headers.
+func le32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }

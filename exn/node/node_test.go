@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -19,77 +18,6 @@ import (
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 )
-
-func quietLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-// newCluster starts an n-node cluster with IPv4 and IPv6 (fd00:88::i/64)
-// and closes it at cleanup, after which no goroutine may remain.
-func newCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
-	t.Helper()
-	testenv.VerifyNoLeaks(t)
-	opts = append([]ClusterOption{WithConfig(func(c *Config) {
-		c.Logger = quietLogger()
-		id := c.NIC.Node()
-		c.Addr6 = netip.PrefixFrom(netip.AddrFrom16([16]byte{0: 0xfd, 2: 0x00, 3: 0x88, 14: byte(id >> 8), 15: byte(id)}), 64)
-	})}, opts...)
-	c, err := NewCluster(n, opts...)
-	if err != nil {
-		t.Fatalf("NewCluster(%d): %v", n, err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("cluster close: %v", err)
-		}
-	})
-	return c
-}
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// echoServer accepts on l and echoes every conn until it closes.
-func echoServer(t testing.TB, l net.Listener) {
-	t.Helper()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
-}
-
-// dialEcho starts an echo server on port of node to and connects to it
-// from node from; the connection is closed when t ends.
-func dialEcho(t testing.TB, ctx context.Context, from, to *Node, port int) net.Conn {
-	t.Helper()
-	l, err := to.Listen("tcp", fmt.Sprintf(":%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoServer(t, l)
-	c, err := from.DialContext(ctx, "tcp", hostPort(to, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func hostPort(n *Node, port int) string {
-	return net.JoinHostPort(n.Addr().Addr().String(), fmt.Sprint(port))
-}
 
 func TestClusterAddresses(t *testing.T) {
 	c := newCluster(t, 3)

@@ -38,11 +38,6 @@ import (
 	"github.com/exn-project/exn/internal/ratelog"
 )
 
-// faultLogInterval bounds fault logging: faults a peer can trigger per
-// frame are always counted and logged at most once per interval
-// (internal/ratelog).
-const faultLogInterval = time.Second
-
 // NIC is one node's emulated NIC on a TCP fabric. It implements
 // fabric.NIC; NetStats adds the transport counters.
 type NIC struct {
@@ -68,20 +63,14 @@ type NIC struct {
 
 	regs localq.Table[*endpoint, *region] // by NLA region index
 
-	faults ratelog.Faults // peer-triggerable faults, one line per faultLogInterval
+	faults ratelog.Faults // peer-triggerable faults, one line per localq.FaultLogInterval
 }
 
 // Open starts node cfg.Node: it listens, dials every peer with a higher
 // node ID (retrying with backoff for the NIC's lifetime) and accepts the
 // others. It returns at once; peers appear in Peers as their connections
 // come up.
-func Open(cfg Config) (fabric.NIC, error) {
-	n, err := open(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return n, nil
-}
+func Open(cfg Config) (fabric.NIC, error) { return localq.AsNIC(open(cfg)) }
 
 func open(cfg Config) (*NIC, error) {
 	if err := cfg.setDefaults(); err != nil {
@@ -117,7 +106,7 @@ func open(cfg Config) (*NIC, error) {
 	n.life, n.cancel = context.WithCancel(context.Background())
 	n.groups.Init("fabnet", &n.ctr, &n.closed)
 	n.regs.Init()
-	n.faults.Init(cfg.Logger, faultLogInterval, "node", n.id)
+	n.faults.Init(cfg.Logger, localq.FaultLogInterval, "node", n.id)
 	n.sessions.Store(&map[fabric.NodeID]*session{})
 	n.wg.Add(2)
 	go n.acceptLoop()
@@ -433,10 +422,7 @@ func (n *NIC) Peers() []fabric.NodeID {
 // yet, or gone), ErrUnknownNode for any other node.
 func (n *NIC) Alive(id fabric.NodeID) error {
 	if id == n.id {
-		if n.closed.Load() {
-			return fmt.Errorf("fabnet: alive: %w", net.ErrClosed)
-		}
-		return nil
+		return localq.SelfAlive("fabnet", &n.closed)
 	}
 	_, err := n.lookup(id)
 	return err
@@ -459,23 +445,14 @@ func (n *NIC) Stats() fabric.Stats { return n.ctr.Snapshot() }
 // connection drop and mark this node down at once), every endpoint is
 // closed, and every goroutine is joined.
 func (n *NIC) Close() error {
-	n.mu.Lock()
-	if n.closed.Swap(true) {
-		n.mu.Unlock()
+	if !localq.Shut(&n.mu, &n.closed, func() { close(n.down); n.cancel() }) {
 		return nil
 	}
-	close(n.down)
-	n.cancel()
-	n.mu.Unlock()
 	n.ln.Close()
 	for _, s := range *n.sessions.Load() {
 		s.kill(fmt.Errorf("nic closed: %w", net.ErrClosed))
 	}
-	for i := range n.eps {
-		if ep := n.eps[i].Load(); ep != nil {
-			ep.Close()
-		}
-	}
+	n.eps.Each(func(ep *endpoint) { ep.Close() })
 	n.wg.Wait()
 	n.cfg.Logger.Debug("fabnet node down", "node", n.id)
 	return nil

@@ -5,17 +5,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
 	"github.com/exn-project/exn/internal/ratelog"
 )
-
-// faultLogInterval bounds fault logging per NIC: events that can happen per
-// message (notification overflow) are counted always and logged at most
-// once per interval (internal/ratelog).
-const faultLogInterval = time.Second
 
 // nic is one node. Endpoints are found by VPID through an atomic table, so
 // the data path takes no NIC-wide lock.
@@ -33,14 +27,14 @@ type nic struct {
 
 	regs localq.Table[*endpoint, *region] // by NLA region index
 
-	faults ratelog.Faults // per-message faults, at most one line per faultLogInterval
+	faults ratelog.Faults // per-message faults, at most one line per localq.FaultLogInterval
 }
 
 func newNIC(c *Cluster, id fabric.NodeID) *nic {
 	n := &nic{c: c, id: id, down: make(chan struct{})}
 	n.groups.Init("mem", &n.ctr, &n.closed)
 	n.regs.Init()
-	n.faults.Init(c.opts.log, faultLogInterval, "node", id)
+	n.faults.Init(c.opts.log, localq.FaultLogInterval, "node", id)
 	return n
 }
 
@@ -79,18 +73,10 @@ func (n *nic) Stats() fabric.Stats { return n.ctr.Snapshot() }
 // every endpoint closes (waiting for RMA copies in flight on its regions),
 // and the node ID becomes free for a new NIC.
 func (n *nic) Close() error {
-	n.mu.Lock()
-	if n.closed.Swap(true) {
-		n.mu.Unlock()
+	if !localq.Shut(&n.mu, &n.closed, func() { close(n.down) }) {
 		return nil
 	}
-	close(n.down)
-	n.mu.Unlock()
-	for i := range n.eps {
-		if ep := n.eps[i].Load(); ep != nil {
-			ep.Close()
-		}
-	}
+	n.eps.Each(func(ep *endpoint) { ep.Close() })
 	n.c.remove(n)
 	return nil
 }

@@ -245,7 +245,7 @@ func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error
 			e.nic.ctr.SendBlocked.Add(1)
 			counted = true
 		}
-		if p != nil && e.nic.spinUntil(func() bool { return closed(ch) }) {
+		if p != nil && e.nic.spinUntil(func() bool { return localq.ClosedChan(ch) }) {
 			// The answer or credits came while we drove progress.
 		} else if err := e.block(ctx, pr, p, ch, down, waitCredits); err != nil {
 			return 0, err
@@ -649,16 +649,6 @@ func (e *endpoint) Close() error {
 		n.sendCtl(node, header{typ: pClosed, desc: fabric.Descriptor{VPID: e.addr.VPID}, epoch: e.epoch}, nil)
 	}
 	return nil
-}
-
-// closed reports whether ch is closed (never blocks).
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }
 
 func containsNode(ns []fabric.NodeID, n fabric.NodeID) bool {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -47,9 +46,7 @@ func TestOpenProviderWithoutRDM(t *testing.T) {
 		os.Stdout.WriteString("ERR " + err.Error() + "\n")
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestOpenProviderWithoutRDM$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "EXN_OFI_CHILD=udp", "FI_PROVIDER=^ofi_rxd")
-	out, err := cmd.CombinedOutput()
+	out, err := testenv.HelperCommand("TestOpenProviderWithoutRDM", "EXN_OFI_CHILD=udp", "FI_PROVIDER=^ofi_rxd").Output()
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
@@ -71,11 +68,8 @@ func TestUnreachablePeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { nic.Close() })
+	ep := fabrictest.OpenEP(t, nic, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()

@@ -65,8 +65,6 @@ const (
 	// tcp;ofi_rxm, keep retrying a refused connection instead of failing
 	// the send): the peer is marked down.
 	queryTimeout = 3 * time.Second
-	// faultLogInterval rate-limits per-message fault logs.
-	faultLogInterval = time.Second
 )
 
 // NIC is one node's libfabric NIC. Open returns it as a fabric.NIC; tests
@@ -138,7 +136,7 @@ type NIC struct {
 	closed atomic.Bool
 	wg     sync.WaitGroup
 
-	faults ratelog.Faults // per-message faults, rate-limited (faultLogInterval)
+	faults ratelog.Faults // per-message faults, rate-limited (localq.FaultLogInterval)
 }
 
 // peer is another node in the address vector.
@@ -190,13 +188,7 @@ type ctlPkt struct {
 // lacks what the fabric needs (RDM endpoints, FI_RMA, FI_SOURCE, ordered
 // sends). libfabric's own environment (FI_PROVIDER, FI_LOG_LEVEL,
 // FI_TCP_IFACE, FI_SHM_*, ...) applies as usual.
-func Open(cfg Config) (fabric.NIC, error) {
-	n, err := open(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return n, nil
-}
+func Open(cfg Config) (fabric.NIC, error) { return localq.AsNIC(open(cfg)) }
 
 func open(cfg Config) (*NIC, error) {
 	if cfg.Provider == "" {
@@ -234,7 +226,7 @@ func open(cfg Config) (*NIC, error) {
 		inject:    f.injectSize(),
 	}
 	n.groups.Init("ofi", &n.ctr, &n.closed)
-	n.faults.Init(n.log, faultLogInterval)
+	n.faults.Init(n.log, localq.FaultLogInterval)
 	n.regs.Init()
 	if err := n.setupBuffers(); err != nil {
 		n.freeAll()
@@ -476,11 +468,7 @@ func (n *NIC) peerDown(p *peer, why string) {
 		n.log.Warn("ofi peer down", "peer", p.node, "why", why)
 	}
 	n.dropRemote(p.node)
-	for i := range n.eps {
-		if e := n.eps[i].Load(); e != nil {
-			e.peerGone(p.node)
-		}
-	}
+	n.eps.Each(func(e *endpoint) { e.peerGone(p.node) })
 }
 
 // whyGoodbye is the peerDown reason of an orderly close.
@@ -533,10 +521,7 @@ func (n *NIC) Peers() []fabric.NodeID {
 // ErrUnknownNode for a node not in the address vector.
 func (n *NIC) Alive(id fabric.NodeID) error {
 	if id == n.id {
-		if n.closed.Load() {
-			return fmt.Errorf("ofi: alive: %w", net.ErrClosed)
-		}
-		return nil
+		return localq.SelfAlive("ofi", &n.closed)
 	}
 	p := n.peer(id)
 	if p == nil {
@@ -554,17 +539,10 @@ func (n *NIC) Stats() fabric.Stats { return n.ctr.Snapshot() }
 // deregistered), peers get a goodbye, the progress goroutine stops and
 // the libfabric objects and buffers are released. Idempotent.
 func (n *NIC) Close() error {
-	n.mu.Lock()
-	if n.closed.Swap(true) {
-		n.mu.Unlock()
+	if !localq.Shut(&n.mu, &n.closed, nil) {
 		return nil
 	}
-	n.mu.Unlock()
-	for i := range n.eps {
-		if e := n.eps[i].Load(); e != nil {
-			e.Close()
-		}
-	}
+	n.eps.Each(func(e *endpoint) { e.Close() })
 	var told []*peer
 	for _, p := range n.peerList() {
 		if up, _ := p.state(); up {
@@ -679,11 +657,7 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 		}
 	case pClosed:
 		dst := fabric.Addr{Node: src, VPID: h.desc.VPID}
-		for i := range n.eps {
-			if e := n.eps[i].Load(); e != nil {
-				e.targetClosed(dst, h.epoch)
-			}
-		}
+		n.eps.Each(func(e *endpoint) { e.targetClosed(dst, h.epoch) })
 	case pRegQ:
 		if err := need(body, regQBody, "region query"); err != nil {
 			n.ctr.Corrupt.Add(1)

@@ -5,6 +5,8 @@ package ofi
 import (
 	"fmt"
 	"testing"
+
+	"github.com/exn-project/exn/fabric/internal/localq"
 )
 
 // BenchmarkRawRMA is the baseline for exn's RMA benchmarks on ofi:shm
@@ -75,7 +77,7 @@ func benchRawRMA(b *testing.B, prov string, write, dc bool, size int) {
 			return
 		}
 		defer bt.free()
-		for !closed(stop) {
+		for !localq.ClosedChan(stop) {
 			tgt.poll(bt, bt.stage, nil)
 		}
 	}()

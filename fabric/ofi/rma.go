@@ -184,7 +184,7 @@ func (n *NIC) awaitInvalAcks(r *region, handed []fabric.NodeID) {
 	for _, node := range handed {
 		n.sendCtl(node, header{typ: pInval}, body[:])
 	}
-	if !n.spinUntil(func() bool { return closed(r.acked) }) {
+	if !n.spinUntil(func() bool { return localq.ClosedChan(r.acked) }) {
 		t := time.NewTimer(queryTimeout)
 		defer t.Stop()
 	wait:
@@ -202,7 +202,7 @@ func (n *NIC) awaitInvalAcks(r *region, handed []fabric.NodeID) {
 			}
 			n.relMu.Lock()
 			r.waiting = slices.DeleteFunc(r.waiting, func(node fabric.NodeID) bool { return n.Alive(node) != nil })
-			if len(r.waiting) == 0 && !closed(r.acked) {
+			if len(r.waiting) == 0 && !localq.ClosedChan(r.acked) {
 				close(r.acked)
 			}
 			n.relMu.Unlock()
@@ -222,7 +222,7 @@ func (n *NIC) invalAcked(src fabric.NodeID, idx uint32) {
 		return
 	}
 	r.waiting = slices.DeleteFunc(r.waiting, func(node fabric.NodeID) bool { return node == src })
-	if len(r.waiting) == 0 && !closed(r.acked) {
+	if len(r.waiting) == 0 && !localq.ClosedChan(r.acked) {
 		close(r.acked)
 	}
 }
@@ -499,7 +499,7 @@ func (e *endpoint) resolve(p *peer, v fabric.VPID, idx uint32) (regAnswer, *remo
 	select {
 	case <-rr.done:
 	default:
-		if n.spinUntil(func() bool { return closed(rr.done) }) {
+		if n.spinUntil(func() bool { return localq.ClosedChan(rr.done) }) {
 			break
 		}
 		t := time.NewTimer(queryTimeout)

@@ -44,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -95,25 +94,13 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 	if g.VPIDs < 1 || int(g.VPIDBase)+g.VPIDs > 256 || g.VPIDBase == fabric.EthVPID {
 		return nil, fmt.Errorf("shm: attach: grant names vpids %d+%d: %w", g.VPIDBase, g.VPIDs, fabric.ErrInvalid)
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o, err := applyOptions(opts)
+	if err != nil {
+		return nil, err
 	}
 	lo := leaseRegionLo(t.slot)
-	n := &nicT{
-		fab: fabricName, node: node, dir: o.dir, opts: o, inc: t.inc,
-		log:     o.log.With("fabric", fabricName, "node", node, "attached", t.slot),
-		peers:   make(map[fabric.NodeID]*peer),
-		gone:    make(map[fabric.NodeID]bool),
-		peersCh: make(chan struct{}),
-		regions: make(map[uint32]*localRegion),
-		gens:    make([]uint32, maxTableRegions+1),
-		nextIdx: lo, regLo: lo, regHi: lo + leaseRegions - 1,
-		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
-	}
-	n.faults.Init(n.log, logInterval)
+	n := newNIC(fabricName, node, o, o.log.With("fabric", fabricName, "node", node, "attached", t.slot), lo, lo+leaseRegions-1)
+	n.inc = t.inc
 	a := &attachState{tok: t, slot: t.slot, base: g.VPIDBase, count: g.VPIDs, done: make(chan struct{})}
 	n.att = a
 	if err := n.joinFabric(); err != nil {
@@ -313,19 +300,8 @@ func (n *nicT) lose(why error) {
 func (n *nicT) releaseLease() {
 	a := n.att
 	a.release.Do(func() {
-		n.mu.Lock()
-		eps := n.eps
-		n.mu.Unlock()
-		for _, ep := range eps {
-			if ep != nil {
-				ep.Close()
-			}
-		}
-		n.regMu.Lock()
-		for idx, r := range n.regions {
-			n.dropRegionLocked(idx, r)
-		}
-		n.regMu.Unlock()
+		n.closeEndpoints()
+		n.dropRegions()
 		if a.lease.state != nil && a.lease.hold.Load() == holdAttached && a.lease.matches(a.tok) {
 			a.lease.hold.Store(holdDetached)
 		}
@@ -428,10 +404,7 @@ func (a *Attached) Close() error {
 	close(n.stop)
 	n.wg.Wait()
 	n.dropPeers()
-	n.self.drop()
-	n.nodeMap.release()
-	n.nodeFile.Close()
-	n.leaveFabric()
+	n.dropSelf()
 	n.log.Debug("shm: detached")
 	return nil
 }

@@ -19,27 +19,6 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// withBackstop sets how long one Wait sleep may last before it re-checks
-// (waitSlice by default). The tests lengthen it so that a Wait that
-// returns promptly can only have been woken by a producer.
-func withBackstop(d time.Duration) Option {
-	return func(o *options) error { o.backstop, o.bellBackstop = d, d; return nil }
-}
-
-// withoutBell makes the NIC's VPIDs wait on their futex (the fallback).
-func withoutBell() Option {
-	return func(o *options) error { o.noBell = true; return nil }
-}
-
-func wakeStats(t testing.TB, nic fabric.NIC) WakeStats {
-	t.Helper()
-	w, ok := nic.(interface{ WakeStats() WakeStats })
-	if !ok {
-		t.Fatalf("%T has no WakeStats", nic)
-	}
-	return w.WakeStats()
-}
-
 // longBackstop is far longer than any round trip the tests accept
 // (promptWake), so a wake-up within promptWake came from a producer.
 const (
@@ -136,7 +115,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 	fab := uniqueFabric(t)
 	nic := openNIC(t, fab, 1, withBackstop(longBackstop))
 	ep := fabrictest.OpenEP(t, nic, 1)
-	cmd := startChild(t, "TestBellHelper", bellChildEnv+"="+fab)
+	cmd := testenv.StartHelper(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
@@ -208,10 +187,9 @@ func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 	fab := uniqueFabric(t)
 	nic := openNIC(t, fab, 1)
 	ep := fabrictest.OpenEP(t, nic, 1)
-	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	recvOne(t, ctx, ep) // the child's region announcement: its VPID is open
+	cmd, _ := startChild(t, ctx, fab, ep) // once it has announced, its VPID is open
 	bells := func() []string {
 		m, err := filepath.Glob(filepath.Join("/dev/shm", "exn-"+fab+"-n2.*-v1.bell"))
 		if err != nil {
@@ -525,17 +503,8 @@ func BenchmarkWakeAcrossProcesses(b *testing.B) {
 
 func benchWake(b *testing.B, mode string) {
 	fab := uniqueFabric(b)
-	nic, err := Open(fab, 1, wakeModeOpts(mode)...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nic.Close()
-	ep, err := nic.Open(1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ep.Close()
-	cmd := startChild(b, "TestBellHelper", bellChildEnv+"="+fab, wakeModeEnv+"="+mode)
+	ep := fabrictest.OpenEP(b, openNIC(b, fab, 1, wakeModeOpts(mode)...), 1)
+	cmd := testenv.StartHelper(b, "TestBellHelper", bellChildEnv+"="+fab, wakeModeEnv+"="+mode)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var in [1]fabric.Message

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/internal/localq"
 	"github.com/exn-project/exn/internal/sys"
 )
 
@@ -680,7 +681,7 @@ func (e *endpoint) watch(ctx context.Context, done <-chan struct{}) {
 		if r.done == done {
 			return
 		}
-		if slot < 0 && (r.done == nil || isDone(r.done)) {
+		if slot < 0 && (r.done == nil || localq.ClosedChan(r.done)) {
 			slot = i
 		}
 	}
@@ -693,15 +694,6 @@ func (e *endpoint) watch(ctx context.Context, done <-chan struct{}) {
 		r.stop()
 	}
 	r.done, r.stop = done, context.AfterFunc(ctx, e.ringFn)
-}
-
-func isDone(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // ring wakes every sleeping Wait; a registration that fires after Close

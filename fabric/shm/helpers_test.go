@@ -5,6 +5,10 @@ package shm
 
 import (
 	"context"
+	"errors"
+	"os/exec"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,4 +129,86 @@ func echo(ctx context.Context, ep fabric.Endpoint, to fabric.Addr) error {
 			}
 		}
 	}
+}
+
+// ---- child processes and wake-ups ----
+
+// childEnv names the fabric a re-exec'd helper process joins (the
+// helper tests' children: TestHelperProcess, TestAttachHelper).
+const childEnv = "EXN_SHM_CHILD_FABRIC"
+
+// Tags the helper processes and their parents exchange.
+const (
+	tagRegion = 1 // child → parent: its NLA, or "I am up"
+	tagPing   = 2
+	tagStop   = 9
+	tagStall  = 10 // child stops receiving: its mailbox fills
+)
+
+// killAndAwait SIGKILLs the helper process cmd and reaps it, then checks
+// that a call blocked on it (what) returns want on res within 5 s, and
+// logs how long that took.
+func killAndAwait(t testing.TB, cmd *exec.Cmd, what string, res <-chan error, want error) {
+	t.Helper()
+	killed := time.Now()
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	if err := testenv.Within(t, what+" after SIGKILL", res, 5*time.Second); !errors.Is(err, want) {
+		t.Fatalf("%s after SIGKILL: %v, want %v", what, err, want)
+	}
+	t.Logf("%s returned %v after SIGKILL", what, time.Since(killed))
+}
+
+// startChild starts node 2 of fab in a helper process (TestHelperProcess's
+// child, killed and reaped when the test ends) and waits, until ctx ends,
+// for its announcement to ep (VPID 1 of node 1): the NLA of its region,
+// from VPID 1 of node 2.
+func startChild(t testing.TB, ctx context.Context, fab string, ep fabric.Endpoint) (*exec.Cmd, fabric.NLA) {
+	t.Helper()
+	cmd := testenv.StartHelper(t, "TestHelperProcess", childEnv+"="+fab)
+	m := recvOne(t, ctx, ep)
+	if child := (fabric.Addr{Node: 2, VPID: 1}); m.Tag != tagRegion || m.Peer != child {
+		t.Fatalf("child's first message %+v, want its region announcement from %v", m, child)
+	}
+	v, err := strconv.ParseUint(string(m.Payload()), 10, 64)
+	if err != nil {
+		t.Fatalf("child's region announcement %q: %v", m.Payload(), err)
+	}
+	return cmd, fabric.NLA(v)
+}
+
+// openChildNode opens node 2 of fab, and its VPID 1, in a helper process.
+func openChildNode(fab string, opts ...Option) (fabric.NIC, fabric.Endpoint, error) {
+	nic, err := Open(fab, 2, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	ep, err := nic.Open(1)
+	if err != nil {
+		nic.Close()
+		return nil, nil, err
+	}
+	return nic, ep, nil
+}
+
+// withBackstop sets how long one Wait sleep may last before it re-checks
+// (waitSlice by default). The tests lengthen it so that a Wait that
+// returns promptly can only have been woken by a producer.
+func withBackstop(d time.Duration) Option {
+	return func(o *options) error { o.backstop, o.bellBackstop = d, d; return nil }
+}
+
+// withoutBell makes the NIC's VPIDs wait on their futex (the fallback).
+func withoutBell() Option {
+	return func(o *options) error { o.noBell = true; return nil }
+}
+
+// wakeStats reads nic's doorbell and futex counters.
+func wakeStats(t testing.TB, nic fabric.NIC) WakeStats {
+	t.Helper()
+	w, ok := nic.(interface{ WakeStats() WakeStats })
+	if !ok {
+		t.Fatalf("%T has no WakeStats", nic)
+	}
+	return w.WakeStats()
 }

@@ -175,6 +175,24 @@ func (n *nicT) WakeStats() WakeStats {
 		BellRings: c.rings.Load(), RingFailed: c.ringFailed.Load(), BellFallback: c.bellFallback.Load()}
 }
 
+// newNIC makes the NIC of Open and Attach before it touches the fabric's
+// files: options o, logger log, and its own range of region indexes,
+// regLo..regHi (the node's, or a lease's).
+func newNIC(fabricName string, node fabric.NodeID, o options, log *slog.Logger, regLo, regHi uint32) *nicT {
+	n := &nicT{
+		fab: fabricName, node: node, dir: o.dir, opts: o, log: log,
+		peers:   make(map[fabric.NodeID]*peer),
+		gone:    make(map[fabric.NodeID]bool),
+		peersCh: make(chan struct{}),
+		regions: make(map[uint32]*localRegion),
+		gens:    make([]uint32, maxTableRegions+1),
+		nextIdx: regLo, regLo: regLo, regHi: regHi,
+		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
+	}
+	n.faults.Init(n.log, logInterval)
+	return n
+}
+
 // Open joins fabric fabricName as node and returns its NIC. The node ID
 // must not be open elsewhere (ErrInUse); files of a dead previous owner of
 // the ID are reclaimed. The NIC owns one monitor goroutine until Close.
@@ -182,24 +200,11 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 	if err := validFabricName(fabricName); err != nil {
 		return nil, err
 	}
-	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o, err := applyOptions(opts)
+	if err != nil {
+		return nil, err
 	}
-	n := &nicT{
-		fab: fabricName, node: node, dir: o.dir, opts: o,
-		log:     o.log.With("fabric", fabricName, "node", node),
-		peers:   make(map[fabric.NodeID]*peer),
-		gone:    make(map[fabric.NodeID]bool),
-		peersCh: make(chan struct{}),
-		regions: make(map[uint32]*localRegion),
-		gens:    make([]uint32, maxTableRegions+1),
-		nextIdx: 1, regLo: 1, regHi: maxNodeRegions,
-		stop: make(chan struct{}), hurry: make(chan struct{}, 1),
-	}
-	n.faults.Init(n.log, logInterval)
+	n := newNIC(fabricName, node, o, o.log.With("fabric", fabricName, "node", node), 1, maxNodeRegions)
 	n.hook = n.sweepLeases
 	var rb [8]byte
 	for n.inc == 0 {
@@ -490,6 +495,23 @@ func (n *nicT) Close() error {
 	// Peers see the node down before they see its VPIDs close, so blocked
 	// senders report ErrPeerDown, not ErrUnknownNode.
 	n.state.Store(nodeClosed)
+	n.closeEndpoints()
+	close(n.stop)
+	n.wg.Wait()
+	n.epoch.Add(1)
+	n.dropRegions()
+	n.dropPeers()
+	if same, _ := sys.SameFile(n.nodeFile, n.nodePath(n.node)); same {
+		os.Remove(n.nodePath(n.node))
+	}
+	n.dropSelf()
+	n.log.Debug("shm node closed")
+	return nil
+}
+
+// closeEndpoints closes every endpoint open now (Close, and an attached
+// process's release of its lease).
+func (n *nicT) closeEndpoints() {
 	n.mu.Lock()
 	eps := n.eps
 	n.mu.Unlock()
@@ -498,22 +520,22 @@ func (n *nicT) Close() error {
 			ep.Close()
 		}
 	}
-	close(n.stop)
-	n.wg.Wait()
-	n.epoch.Add(1)
+}
+
+// dropRegions drops every region still registered.
+func (n *nicT) dropRegions() {
 	n.regMu.Lock()
 	for idx, r := range n.regions {
 		n.dropRegionLocked(idx, r)
 	}
 	n.regMu.Unlock()
-	n.dropPeers()
-	if same, _ := sys.SameFile(n.nodeFile, n.nodePath(n.node)); same {
-		os.Remove(n.nodePath(n.node))
-	}
+}
+
+// dropSelf is the end of Close and Detach: it lets go of this node's own
+// mapping and file, then of the fabric.
+func (n *nicT) dropSelf() {
 	n.self.drop()
 	n.nodeMap.release()
 	n.nodeFile.Close()
 	n.leaveFabric()
-	n.log.Debug("shm node closed")
-	return nil
 }

@@ -29,6 +29,17 @@ type options struct {
 	backstop, bellBackstop time.Duration
 }
 
+// applyOptions applies opts, in order, over the defaults.
+func applyOptions(opts []Option) (options, error) {
+	o := options{slots: DefaultSlots, depth: fabric.DefaultNotifyDepth, dir: "/dev/shm", log: slog.Default(), backstop: waitSlice}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
 // WithSlots sets the number of 128-byte slots in each VELO mailbox this
 // node opens: a power of two in 2..65536. Default DefaultSlots.
 func WithSlots(n int) Option {

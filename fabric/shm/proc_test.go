@@ -3,9 +3,7 @@ package shm
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,52 +12,18 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// The child process (node 2) of TestTwoProcesses. It opens VPID 1,
-// registers a region filled with a known pattern, sends its NLA, then
-// echoes every message back until it is killed or told to stop (tag 9).
-const childEnv = "EXN_SHM_CHILD_FABRIC"
-
-const (
-	tagRegion       = 1
-	tagPing         = 2
-	tagStop         = 9
-	tagStall        = 10 // child stops receiving: its mailbox fills
-	childRegionSize = 64 << 10
-)
+// The child process (node 2) of TestTwoProcesses, run by
+// TestHelperProcess (childEnv names the fabric). It opens VPID 1,
+// registers a region of childRegionSize filled with pattern, sends its
+// NLA (tagRegion), then echoes every message back until it is killed or
+// told to stop (tagStop).
+const childRegionSize = 64 << 10
 
 func pattern(i int) byte { return byte(i*7 + 3) }
-
-// killAndAwait SIGKILLs the helper process cmd and reaps it, then checks
-// that a call blocked on it (what) returns want on res within 5 s, and
-// logs how long that took.
-func killAndAwait(t testing.TB, cmd *exec.Cmd, what string, res <-chan error, want error) {
-	t.Helper()
-	killed := time.Now()
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-	if err := testenv.Within(t, what+" after SIGKILL", res, 5*time.Second); !errors.Is(err, want) {
-		t.Fatalf("%s after SIGKILL: %v, want %v", what, err, want)
-	}
-	t.Logf("%s returned %v after SIGKILL", what, time.Since(killed))
-}
 
 // TestHelperProcess is the child of TestTwoProcesses.
 func TestHelperProcess(t *testing.T) {
 	testenv.RunHelper(t, childEnv, "child", child)
-}
-
-// openChildNode opens node 2 of fab, and its VPID 1, in a helper process.
-func openChildNode(fab string, opts ...Option) (fabric.NIC, fabric.Endpoint, error) {
-	nic, err := Open(fab, 2, opts...)
-	if err != nil {
-		return nil, nil, err
-	}
-	ep, err := nic.Open(1)
-	if err != nil {
-		nic.Close()
-		return nil, nil, err
-	}
-	return nic, ep, nil
 }
 
 func child(fab string) error {
@@ -86,14 +50,6 @@ func child(fab string) error {
 	return echo(ctx, ep, fabric.Addr{Node: 1, VPID: 1})
 }
 
-// startChild re-executes the test binary to run only the helper test
-// helper, with env added to its environment; the child is killed and
-// reaped when the test ends.
-func startChild(tb testing.TB, helper string, env ...string) *exec.Cmd {
-	tb.Helper()
-	return testenv.StartHelper(tb, helper, env...)
-}
-
 // TestTwoProcesses runs node 2 in a second OS process: VELO ping-pong, an
 // RMA GET of the child's region checked by content, then SIGKILL of the
 // child while this process is blocked sending to its full mailbox. The
@@ -105,23 +61,13 @@ func TestTwoProcesses(t *testing.T) {
 	fab := uniqueFabric(t)
 	nic := openNIC(t, fab, 1)
 	ep := fabrictest.OpenEP(t, nic, 1)
-
-	cmd := startChild(t, "TestHelperProcess", childEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
 	child := fabric.Addr{Node: 2, VPID: 1}
 
 	// 1. The child announces its region.
-	m := recv1()
-	if m.Tag != tagRegion || m.Peer != child {
-		t.Fatalf("first message %+v, want region announcement from %v", m, child)
-	}
-	v, err := strconv.ParseUint(string(m.Payload()), 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	remote := fabric.NLA(v)
+	cmd, remote := startChild(t, ctx, fab, ep)
 	if err := nic.Alive(2); err != nil {
 		t.Fatalf("Alive(2) = %v", err)
 	}

@@ -6,7 +6,9 @@
 // checks, the completion notifications of Table 3.1, the errors'
 // wording), the bounded Mailbox mem and fabnet receive into (with
 // Core.Recv and the blocking Core.Deliver), Open's VPID table, the region
-// table and the multicast group bitmap. It knows nothing of transports; each backend
+// table and the multicast group bitmap, and the NIC-level pieces of
+// nic.go (Shut, SelfAlive, AsNIC, FaultLogInterval; fabric/shm uses its
+// ClosedChan too). It knows nothing of transports; each backend
 // keeps only what is its own: its send path and back-pressure (credits in
 // fabnet and ofi), ofi's growing mailbox, RMA, and the body of Close.
 //
