@@ -38,9 +38,8 @@ var (
 func buildExnctl(t *testing.T, exnd string) string {
 	t.Helper()
 	exnctlOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
 		cmd := exec.Command("go", "build", "-o", filepath.Dir(exnd)+"/", "./cmd/exnctl")
-		cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+		cmd.Dir = testenv.ModuleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			exnctlErr = fmt.Errorf("go build ./cmd/exnctl: %w\n%s", err, out)
 		}

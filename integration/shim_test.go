@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -33,19 +32,11 @@ type shimCluster struct {
 // buildShim compiles shim/libextds.c and shim/test/shimtest.c into dir.
 func buildShim(t *testing.T, dir string) (lib, prog string) {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..", "shim")
 	lib, prog = filepath.Join(dir, "libextds.so"), filepath.Join(dir, "shimtest")
-	if err := nstest.CompileShim(lib); err != nil {
+	if err := testenv.CompileShim(lib); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"-O2", "-pthread", "-Wall", "-Werror", "-o", prog, filepath.Join(src, "test", "shimtest.c")},
-	} {
-		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %v: %v\n%s", args, err, out)
-		}
-	}
+	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "shimtest.c"))
 	return lib, prog
 }
 

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -235,11 +233,9 @@ func fifoFloor(b *testing.B, count int, gap time.Duration) (float64, error) {
 	dir := b.TempDir()
 	bin := dir + "/fifo_pingpong"
 	// perf/bench.sh runs the test binary from the repository root, go test
-	// from this package's folder: find the source next to this file.
-	_, self, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "testdata", "fifo_pingpong.c")
-	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bin, src).CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("gcc: %v: %s", err, out)
+	// from this package's folder: find the source in the module.
+	if err := testenv.CC("-O2", "-Wall", "-Werror", "-o", bin, testenv.ModulePath("perf", "testdata", "fifo_pingpong.c")); err != nil {
+		return 0, err
 	}
 	timeout := time.Duration(count)*gap + 30*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

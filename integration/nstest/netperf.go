@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,19 +27,12 @@ import (
 // default is build/netperf/ in the module (where `make netperf` puts them).
 const NetperfDirEnv = "EXN_NETPERF_DIR"
 
-// moduleRoot is the exn module's directory (this file is in
-// integration/nstest).
-func moduleRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
 // NetperfDir is where the harness looks for netperf and netserver.
 func NetperfDir() string {
 	if d := os.Getenv(NetperfDirEnv); d != "" {
 		return d
 	}
-	return filepath.Join(moduleRoot(), "build", "netperf")
+	return testenv.ModulePath("build", "netperf")
 }
 
 // Netperf returns the paths of netperf and netserver. When either is
@@ -191,18 +183,6 @@ var (
 	shimErr  error
 )
 
-// CompileShim builds libextds.so at out from the shim's sources, with
-// the Makefile's flags (its build target).
-func CompileShim(out string) error {
-	src := filepath.Join(moduleRoot(), "shim")
-	args := []string{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", out,
-		filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"}
-	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("gcc %v: %w\n%s", args, err, b)
-	}
-	return nil
-}
-
 // BuildShimLib compiles shim/libextds.c once per test process into a
 // temporary directory removed after the tests, and returns the path of
 // libextds.so.
@@ -216,7 +196,7 @@ func BuildShimLib(t testing.TB) string {
 		}
 		register(regDirs, dir, true)
 		shimLib = filepath.Join(dir, "libextds.so")
-		shimErr = CompileShim(shimLib)
+		shimErr = testenv.CompileShim(shimLib)
 	})
 	if shimErr != nil {
 		t.Fatal(shimErr)

@@ -9,7 +9,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -360,8 +359,6 @@ var (
 func Build(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
 		if buildDir, buildErr = os.MkdirTemp("", Prefix+strconv.Itoa(os.Getpid())+"-bin"); buildErr != nil {
 			return
 		}
@@ -373,7 +370,7 @@ func Build(t testing.TB) string {
 			args = append(args, "-tags", buildTags)
 		}
 		cmd := exec.Command("go", append(args, "./cmd/exnd")...)
-		cmd.Dir = root
+		cmd.Dir = testenv.ModuleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/exnd: %w\n%s", err, out)
 		}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,22 +31,16 @@ var (
 // dringPeer builds shim/test/dring_peer.c with shim/dring.c, once.
 func dringPeer(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("needs gcc")
-	}
+	testenv.NeedGCC(t)
 	peerOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		src := filepath.Join(filepath.Dir(file), "..")
 		dir, err := os.MkdirTemp("", "exn-dring-peer-")
 		if err != nil {
 			peerErr = err
 			return
 		}
 		peerBin = filepath.Join(dir, "dring_peer")
-		if out, err := exec.Command("gcc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", peerBin,
-			filepath.Join(src, "test", "dring_peer.c"), filepath.Join(src, "dring.c")).CombinedOutput(); err != nil {
-			peerErr = fmt.Errorf("gcc: %v\n%s", err, out)
-		}
+		peerErr = testenv.CC("-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", peerBin,
+			testenv.ModulePath("shim", "test", "dring_peer.c"), testenv.ModulePath("shim", "dring.c"))
 	})
 	if peerErr != nil {
 		t.Fatal(peerErr)

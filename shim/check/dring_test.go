@@ -4,10 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // TestDringC builds shim/test/dring_test.c with shim/dring.c (with ASan
@@ -17,20 +18,12 @@ import (
 // poll and epoll readiness, forged cursors, a SIGKILLed peer, exnd's
 // death, the relay flag, two forked writers under prod_lock).
 func TestDringC(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("needs gcc")
-	}
-	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..")
+	testenv.NeedGCC(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "dring_test")
-	base := []string{"-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", bin,
-		filepath.Join(src, "test", "dring_test.c"), filepath.Join(src, "dring.c")}
-	san := append([]string{"-fsanitize=address,undefined", "-fno-sanitize-recover=all"}, base...)
-	if _, err := exec.Command("gcc", san...).CombinedOutput(); err != nil {
-		if out, err := exec.Command("gcc", base...).CombinedOutput(); err != nil {
-			t.Fatalf("gcc: %v\n%s", err, out)
-		}
+	if err := testenv.CCSanitized("-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", bin,
+		testenv.ModulePath("shim", "test", "dring_test.c"), testenv.ModulePath("shim", "dring.c")); err != nil {
+		t.Fatal(err)
 	}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "TMPDIR="+dir)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,25 +32,16 @@ var (
 
 func build(t testing.TB) (lib, prog string) {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("needs gcc")
-	}
+	testenv.NeedGCC(t)
 	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		src := filepath.Join(filepath.Dir(file), "..")
 		buildDir, buildErr = os.MkdirTemp("", "extds-shim-")
 		if buildErr != nil {
 			return
 		}
-		for _, args := range [][]string{
-			{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"},
-			{"-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), filepath.Join(src, "test", "shimtest.c")},
-		} {
-			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("gcc %v: %v\n%s", args, err, out)
-				return
-			}
+		if buildErr = testenv.CompileShim(filepath.Join(buildDir, "libextds.so")); buildErr != nil {
+			return
 		}
+		buildErr = testenv.CC("-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), testenv.ModulePath("shim", "test", "shimtest.c"))
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
