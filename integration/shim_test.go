@@ -456,14 +456,7 @@ func TestShimPerf(t *testing.T) {
 	if os.Getenv("EXN_PERF") != "1" {
 		t.Skip("set EXN_PERF=1 to measure")
 	}
-	secs := 4
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
-		secs = s
-	}
-	reps := 3
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_REPS")); err == nil && s > 0 {
-		reps = s
-	}
+	secs, reps := testenv.EnvInt("EXN_PERF_SECS", 4), testenv.EnvInt("EXN_PERF_REPS", 3)
 	c := startShimCluster(t, 41)
 	_, vethB := nstest.Veth(t, c.nodes[0].NS, c.nodes[1].NS, 41)
 	if _, err := nstest.Ping(c.nodes[0].NS, vethB, 1, 56, ""); err != nil {
