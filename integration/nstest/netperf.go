@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -177,31 +176,17 @@ const netperfBelowResolution = -2147483648
 // UDP request/response, and connect/request/response/close.
 var NetperfTests = []string{"TCP_STREAM", "TCP_MAERTS", "TCP_RR", "TCP_CRR", "UDP_RR"}
 
-var (
-	shimOnce sync.Once
-	shimLib  string
-	shimErr  error
-)
+var shimBuilt testenv.Built
 
 // BuildShimLib compiles shim/libextds.c once per test process into a
 // temporary directory removed after the tests, and returns the path of
 // libextds.so.
 func BuildShimLib(t testing.TB) string {
 	t.Helper()
-	shimOnce.Do(func() {
-		dir, err := os.MkdirTemp("", Prefix+strconv.Itoa(os.Getpid())+"-shim")
-		if err != nil {
-			shimErr = err
-			return
-		}
-		register(regDirs, dir, true)
-		shimLib = filepath.Join(dir, "libextds.so")
-		shimErr = testenv.CompileShim(shimLib)
+	return buildOnce(t, &shimBuilt, "shim", func(dir string) (string, error) {
+		lib := filepath.Join(dir, "libextds.so")
+		return lib, testenv.CompileShim(lib)
 	})
-	if shimErr != nil {
-		t.Fatal(shimErr)
-	}
-	return shimLib
 }
 
 // StartNetserverDaemon starts netserver as users do, without -D: it

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 )
 
@@ -67,4 +68,24 @@ func MustCC(t testing.TB, args ...string) {
 func CompileShim(out string) error {
 	return CC("-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", out,
 		ModulePath("shim", "libextds.c"), ModulePath("shim", "dring.c"), "-ldl")
+}
+
+// A Built is a program (or library) the tests of a process build at most
+// once, on first use, and share. The zero value is ready; a Built must
+// not be copied after first use.
+type Built struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Path returns the path of the program: the first call runs build, which
+// builds it and returns its path; every call fails t if build failed.
+func (b *Built) Path(t testing.TB, build func() (string, error)) string {
+	t.Helper()
+	b.once.Do(func() { b.path, b.err = build() })
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
 }

@@ -34,13 +34,11 @@ import (
 )
 
 var (
-	harnessOnce sync.Once
-	harnessBin  string
-	harnessErr  error
-	harnessMu   sync.Mutex
-	harnessIn   io.WriteCloser
-	harnessOut  *bufio.Reader
-	harnessCmd  *exec.Cmd
+	harnessBuilt testenv.Built
+	harnessMu    sync.Mutex
+	harnessIn    io.WriteCloser
+	harnessOut   *bufio.Reader
+	harnessCmd   *exec.Cmd
 )
 
 // harness builds shim/check/testdata/ctlharness.c (with ASan and UBSan
@@ -48,20 +46,11 @@ var (
 func harness(t testing.TB) string {
 	t.Helper()
 	testenv.NeedGCC(t)
-	harnessOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "extds-ctlharness-")
-		if err != nil {
-			harnessErr = err
-			return
-		}
-		harnessBin = filepath.Join(dir, "ctlharness")
-		harnessErr = testenv.CCSanitized("-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I", testenv.ModulePath("shim"), "-o", harnessBin,
+	return harnessBuilt.Path(t, func() (string, error) {
+		bin := filepath.Join(binDir, "ctlharness")
+		return bin, testenv.CCSanitized("-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I", testenv.ModulePath("shim"), "-o", bin,
 			testenv.ModulePath("shim", "check", "testdata", "ctlharness.c"))
 	})
-	if harnessErr != nil {
-		t.Fatal(harnessErr)
-	}
-	return harnessBin
 }
 
 // cParse decodes line with the C decoder, through one long-running

@@ -22,39 +22,37 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// build compiles libextds.so and shimtest into a temporary directory once
-// per test binary.
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// binDir holds the C programs the tests build, each once per test
+// process on first use; TestMain makes it and removes it.
+var binDir string
 
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "extds-shim-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var shimBuilt testenv.Built
+
+// build compiles libextds.so and shimtest into binDir.
 func build(t testing.TB) (lib, prog string) {
 	t.Helper()
 	testenv.NeedGCC(t)
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "extds-shim-")
-		if buildErr != nil {
-			return
+	lib = filepath.Join(binDir, "libextds.so")
+	prog = shimBuilt.Path(t, func() (string, error) {
+		prog := filepath.Join(binDir, "shimtest")
+		if err := testenv.CompileShim(lib); err != nil {
+			return "", err
 		}
-		if buildErr = testenv.CompileShim(filepath.Join(buildDir, "libextds.so")); buildErr != nil {
-			return
-		}
-		buildErr = testenv.CC("-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), testenv.ModulePath("shim", "test", "shimtest.c"))
+		return prog, testenv.CC("-O2", "-pthread", "-Wall", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "shimtest.c"))
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "libextds.so"), filepath.Join(buildDir, "shimtest")
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	return lib, prog
 }
 
 // localIP returns a non-loopback address of this host (the shim skips
