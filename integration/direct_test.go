@@ -3,9 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,13 +50,8 @@ const directMetrics = "127.0.0.1:9464"
 // buildDirectCalls compiles shim/test/directcalls.c into dir.
 func buildDirectCalls(t *testing.T, dir string) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..", "shim", "test", "directcalls.c")
 	prog := filepath.Join(dir, "directcalls")
-	args := []string{"-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, src}
-	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %v: %v\n%s", args, err, out)
-	}
+	testenv.MustCC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "directcalls.c"))
 	return prog
 }
 

@@ -24,11 +24,7 @@ func perfSecs(t *testing.T) int {
 		t.Skip("set EXN_PERF=1 to measure")
 	}
 	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "ping")
-	secs := 3
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
-		secs = s
-	}
-	return secs
+	return testenv.EnvInt("EXN_PERF_SECS", 3)
 }
 
 // checkTCP runs iperf3 (TCP, 2 s) from a to b and wants at least

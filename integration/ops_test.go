@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,29 +26,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var (
-	exnctlOnce sync.Once
-	exnctlPath string
-	exnctlErr  error
-)
+var exnctlBuilt testenv.Built
 
 // buildExnctl builds cmd/exnctl next to the exnd nstest.Build made (a
 // directory the harness removes after the tests) and returns its path.
 func buildExnctl(t *testing.T, exnd string) string {
 	t.Helper()
-	exnctlOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
+	return exnctlBuilt.Path(t, func() (string, error) {
 		cmd := exec.Command("go", "build", "-o", filepath.Dir(exnd)+"/", "./cmd/exnctl")
-		cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+		cmd.Dir = testenv.ModuleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			exnctlErr = fmt.Errorf("go build ./cmd/exnctl: %w\n%s", err, out)
+			return "", fmt.Errorf("go build ./cmd/exnctl: %w\n%s", err, out)
 		}
-		exnctlPath = filepath.Join(filepath.Dir(exnd), "exnctl")
+		return filepath.Join(filepath.Dir(exnd), "exnctl"), nil
 	})
-	if exnctlErr != nil {
-		t.Fatal(exnctlErr)
-	}
-	return exnctlPath
 }
 
 // exnctl runs the real exnctl binary against a control socket (a file,

@@ -13,9 +13,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,19 +45,11 @@ func startSafety(t *testing.T, subnet int, access [2]string) *safetyCluster {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, file, _, _ := runtime.Caller(0)
-	here := filepath.Dir(file)
 	c := &safetyCluster{lib: filepath.Join(dir, "libextds.so"), prog: filepath.Join(dir, "forksrv")}
-	if err := nstest.CompileShim(c.lib); err != nil {
+	if err := testenv.CompileShim(c.lib); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"-O2", "-Wall", "-Werror", "-o", c.prog, filepath.Join(here, "testdata", "forksrv.c")},
-	} {
-		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %v: %v\n%s", args, err, out)
-		}
-	}
+	testenv.MustCC(t, "-O2", "-Wall", "-Werror", "-o", c.prog, testenv.ModulePath("integration", "testdata", "forksrv.c"))
 	exnd := nstest.Build(t)
 	fab := nstest.ShmFabric(t)
 	for i := range c.nodes {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -33,19 +32,11 @@ type shimCluster struct {
 // buildShim compiles shim/libextds.c and shim/test/shimtest.c into dir.
 func buildShim(t *testing.T, dir string) (lib, prog string) {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..", "shim")
 	lib, prog = filepath.Join(dir, "libextds.so"), filepath.Join(dir, "shimtest")
-	if err := nstest.CompileShim(lib); err != nil {
+	if err := testenv.CompileShim(lib); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"-O2", "-pthread", "-Wall", "-Werror", "-o", prog, filepath.Join(src, "test", "shimtest.c")},
-	} {
-		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %v: %v\n%s", args, err, out)
-		}
-	}
+	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "shimtest.c"))
 	return lib, prog
 }
 
@@ -465,14 +456,7 @@ func TestShimPerf(t *testing.T) {
 	if os.Getenv("EXN_PERF") != "1" {
 		t.Skip("set EXN_PERF=1 to measure")
 	}
-	secs := 4
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
-		secs = s
-	}
-	reps := 3
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_REPS")); err == nil && s > 0 {
-		reps = s
-	}
+	secs, reps := testenv.EnvInt("EXN_PERF_SECS", 4), testenv.EnvInt("EXN_PERF_REPS", 3)
 	c := startShimCluster(t, 41)
 	_, vethB := nstest.Veth(t, c.nodes[0].NS, c.nodes[1].NS, 41)
 	if _, err := nstest.Ping(c.nodes[0].NS, vethB, 1, 56, ""); err != nil {

@@ -16,30 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-}
 prof=${2:-}
-tmp=$(mktemp -d)
-pid=
-cleanup() {
-	# The test binary tears down its namespaces on exit and on SIGINT/SIGTERM.
-	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. perf/lib.sh
 
 [ -n "$prof" ] && mkdir -p "$prof"
 go test -c -o "$tmp/integration.test" ./integration/
-rc=0
-EXN_PERF=1 EXN_PERF_OUT="$tmp/table.md" EXN_PERF_PROFILE="$prof" "$tmp/integration.test" \
-	-test.run '^TestNetPerf$' -test.timeout 5m -test.v &
-pid=$!
-wait "$pid" || rc=$?
-pid=
-if [ -n "$out" ] && [ -f "$tmp/table.md" ]; then
-	cp "$tmp/table.md" "$out"
-fi
-echo
-cat "$tmp/table.md" 2>/dev/null || true
-exit "$rc"
+EXN_PERF=1 EXN_PERF_PROFILE="$prof" perf_run "$out" "$tmp/integration.test" \
+	-test.run '^TestNetPerf$' -test.timeout 5m -test.v

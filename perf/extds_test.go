@@ -410,20 +410,13 @@ func (s *dsSource) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-func dsReps() int {
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_REPS")); err == nil && s > 0 {
-		return s
-	}
-	return 3
-}
-
 // BenchmarkExtDS runs the comparison described at the top of this file.
 // One run owns the measurement; use -benchtime 1x (perf/extds.sh does):
 //
 //	go test -run '^$' -bench ExtDS -benchtime 1x -timeout 10m ./perf/
 func BenchmarkExtDS(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip")
-	reps := dsReps()
+	reps := perfReps()
 	self, err := os.Executable()
 	if err != nil {
 		b.Fatal(err)
@@ -506,8 +499,7 @@ func BenchmarkExtDS(b *testing.B) {
 			results[vi] = append(results[vi], r)
 		}
 	}
-	b.Log(dsTable(b, results, reps))
-	b.ReportMetric(0, "ns/op")
+	report(b, "", dsTable(b, results, reps))
 }
 
 // dsTable builds the markdown table (medians, ratios vs exn0, bars, per-run
@@ -579,11 +571,6 @@ func dsTable(b *testing.B, results [][]dsResult, reps int) string {
 			}
 		}
 	}
-	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
-		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
 	return sb.String()
 }
 
@@ -603,16 +590,4 @@ func dsSize(n int) string {
 		return fmt.Sprintf("%d KiB", n>>10)
 	}
 	return fmt.Sprintf("%d B", n)
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }

@@ -2,7 +2,6 @@ package perf
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,19 +10,6 @@ import (
 	"github.com/exn-project/exn/integration/nstest"
 	"github.com/exn-project/exn/internal/testenv"
 )
-
-func TestMain(m *testing.M) { nstest.Main(m) }
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat times (100 on every
-// Linux architecture Go supports).
-const clockTicks = 100
-
-func secs() int {
-	if s, err := strconv.Atoi(os.Getenv("EXN_PERF_SECS")); err == nil && s > 0 {
-		return s
-	}
-	return 4
-}
 
 // BenchmarkExtEth measures EXT-Eth over exn0 (two namespaces, one exnd
 // each, shm fabric) against a veth pair between two other namespaces, in
@@ -109,20 +95,5 @@ func BenchmarkExtEth(b *testing.B) {
 	}
 	fmt.Fprintf(&sb, "| exnd idle CPU (max of 2 nodes, 5 s) | | %.2f %% of a core | | < 2%% |\n", idle)
 	b.ReportMetric(idle, "idle-cpu-%")
-	b.Logf("iperf3/sockperf %d s each, %d CPUs\n%s", d, numCPU(), sb.String())
-	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
-		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	// These runs own the measurement; b.N does not scale it.
-	b.ReportMetric(0, "ns/op")
-}
-
-func numCPU() int {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	return strings.Count(string(b), "processor\t:")
+	report(b, fmt.Sprintf("iperf3/sockperf %d s each, %d CPUs", d, numCPU()), sb.String())
 }

@@ -2,7 +2,6 @@ package perf
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -33,7 +32,7 @@ func BenchmarkNetperf(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip", "ss", "gcc")
 	netperf, netserver := nstest.Netperf(b)
 	d := secs()
-	reps := dsReps()
+	reps := perfReps()
 	exnd := nstest.Build(b)
 	lib := nstest.BuildShimLib(b)
 	fab := nstest.ShmFabric(b)
@@ -124,12 +123,6 @@ func BenchmarkNetperf(b *testing.B) {
 			fmt.Fprintf(&sb, "| %s | %s | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2fx |\n", test, p.name, m[0], m[1], m[2], m[1]/m[0], m[2]/m[1], m[2]/m[0])
 		}
 	}
-	b.Logf("%d CPUs\n%s", numCPU(), sb.String())
-	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
-		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
 	b.ReportMetric(float64(reps), "reps")
-	b.ReportMetric(0, "ns/op")
+	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -27,10 +26,7 @@ import (
 func BenchmarkOffload(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip", "iperf3")
 	d := secs()
-	reps := 3
-	if r, err := strconv.Atoi(os.Getenv("EXN_PERF_REPS")); err == nil && r > 0 {
-		reps = r
-	}
+	reps := perfReps()
 	load0 := loadAvg()
 	type build struct{ name, exnd string }
 	builds := []build{{"after", nstest.Build(b)}}
@@ -159,11 +155,5 @@ func BenchmarkOffload(b *testing.B) {
 		}
 		sb.WriteString("\n")
 	}
-	b.Logf("\n%s", sb.String())
-	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
-		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(0, "ns/op")
+	report(b, "", sb.String())
 }

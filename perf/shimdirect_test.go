@@ -3,7 +3,6 @@ package perf
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,7 +40,7 @@ func BenchmarkShimDirect(b *testing.B) {
 	netperf, netserver := nstest.Netperf(b)
 	lib := nstest.BuildShimLib(b)
 	p := newPair(b, 14, 14)
-	d, reps := secs(), dsReps()
+	d, reps := secs(), perfReps()
 	shim := func(n *nstest.Node, extra ...string) []string {
 		return append([]string{"LD_PRELOAD=" + lib, "EXTDS_CONTROL=" + n.Control}, extra...)
 	}
@@ -111,14 +110,8 @@ func BenchmarkShimDirect(b *testing.B) {
 		}
 		fmt.Fprintf(&sb, "| %s (%s) | %.2f | %.2f | %.2f | %.2f | %.2fx | %.2fx | %s |\n", m.name, m.unit, v[0], v[1], v[2], v[3], v[3]/v[1], v[3]/v[0], m.bar)
 	}
-	b.Logf("\n%s", sb.String())
-	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
-		if err := os.WriteFile(out, []byte(sb.String()), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
 	b.ReportMetric(float64(reps), "reps")
-	b.ReportMetric(0, "ns/op")
+	report(b, "", sb.String())
 }
 
 func cpuTicks(pids []int) uint64 {

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,7 +30,7 @@ func BenchmarkWakeup(b *testing.B) {
 	p := newPair(b, 11, 11)
 	va, vb, vethB, n1, n2 := p.va, p.vb, p.vethB, p.n1, p.n2
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "load before: %s\n\n", loadavg())
+	fmt.Fprintf(&sb, "load before: %s\n\n", loadAvg())
 	fmt.Fprintf(&sb, "| measurement | veth | exn0 (shm) | exn0 / veth | bar |\n|---|---|---|---|---|\n")
 	// row prints a line and reports KEY-veth-UNIT and KEY-exn-UNIT (the
 	// names perf/report's wakeup section reads).
@@ -104,8 +102,8 @@ func BenchmarkWakeup(b *testing.B) {
 		idle = max(idle, share)
 	}
 	b.ReportMetric(idle, "idle-max-pct")
-	fmt.Fprintf(&sb, "\nload after: %s\n", loadavg())
-	report(b, sb.String())
+	fmt.Fprintf(&sb, "\nload after: %s\n", loadAvg())
+	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())
 }
 
 // BenchmarkWakeupIdleScale measures an idle exnd's CPU share with 2 and
@@ -117,7 +115,7 @@ func BenchmarkWakeupIdleScale(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip")
 	exnd := nstest.Build(b)
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "load before: %s\n\n| nodes on the fabric | idle CPU per exnd, mean | max | bar |\n|---|---|---|---|\n", loadavg())
+	fmt.Fprintf(&sb, "load before: %s\n\n| nodes on the fabric | idle CPU per exnd, mean | max | bar |\n|---|---|---|---|\n", loadAvg())
 	for _, size := range []int{2, 32} {
 		fab := nstest.ShmFabric(b)
 		nodes := make([]*nstest.Node, size)
@@ -157,26 +155,8 @@ func BenchmarkWakeupIdleScale(b *testing.B) {
 			}
 		}
 	}
-	fmt.Fprintf(&sb, "\nload after: %s\n", loadavg())
-	report(b, sb.String())
-}
-
-func report(b *testing.B, s string) {
-	b.Logf("%d CPUs\n%s", numCPU(), s)
-	if out := os.Getenv("EXN_PERF_OUT"); out != "" {
-		if err := os.WriteFile(out, []byte(s), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(0, "ns/op")
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
+	fmt.Fprintf(&sb, "\nload after: %s\n", loadAvg())
+	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())
 }
 
 var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)
@@ -235,11 +215,9 @@ func fifoFloor(b *testing.B, count int, gap time.Duration) (float64, error) {
 	dir := b.TempDir()
 	bin := dir + "/fifo_pingpong"
 	// perf/bench.sh runs the test binary from the repository root, go test
-	// from this package's folder: find the source next to this file.
-	_, self, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "testdata", "fifo_pingpong.c")
-	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bin, src).CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("gcc: %v: %s", err, out)
+	// from this package's folder: find the source in the module.
+	if err := testenv.CC("-O2", "-Wall", "-Werror", "-o", bin, testenv.ModulePath("perf", "testdata", "fifo_pingpong.c")); err != nil {
+		return 0, err
 	}
 	timeout := time.Duration(count)*gap + 30*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

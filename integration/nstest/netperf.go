@@ -13,10 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,19 +26,12 @@ import (
 // default is build/netperf/ in the module (where `make netperf` puts them).
 const NetperfDirEnv = "EXN_NETPERF_DIR"
 
-// moduleRoot is the exn module's directory (this file is in
-// integration/nstest).
-func moduleRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
 // NetperfDir is where the harness looks for netperf and netserver.
 func NetperfDir() string {
 	if d := os.Getenv(NetperfDirEnv); d != "" {
 		return d
 	}
-	return filepath.Join(moduleRoot(), "build", "netperf")
+	return testenv.ModulePath("build", "netperf")
 }
 
 // Netperf returns the paths of netperf and netserver. When either is
@@ -185,43 +176,17 @@ const netperfBelowResolution = -2147483648
 // UDP request/response, and connect/request/response/close.
 var NetperfTests = []string{"TCP_STREAM", "TCP_MAERTS", "TCP_RR", "TCP_CRR", "UDP_RR"}
 
-var (
-	shimOnce sync.Once
-	shimLib  string
-	shimErr  error
-)
-
-// CompileShim builds libextds.so at out from the shim's sources, with
-// the Makefile's flags (its build target).
-func CompileShim(out string) error {
-	src := filepath.Join(moduleRoot(), "shim")
-	args := []string{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", out,
-		filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"}
-	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("gcc %v: %w\n%s", args, err, b)
-	}
-	return nil
-}
+var shimBuilt testenv.Built
 
 // BuildShimLib compiles shim/libextds.c once per test process into a
 // temporary directory removed after the tests, and returns the path of
 // libextds.so.
 func BuildShimLib(t testing.TB) string {
 	t.Helper()
-	shimOnce.Do(func() {
-		dir, err := os.MkdirTemp("", Prefix+strconv.Itoa(os.Getpid())+"-shim")
-		if err != nil {
-			shimErr = err
-			return
-		}
-		register(regDirs, dir, true)
-		shimLib = filepath.Join(dir, "libextds.so")
-		shimErr = CompileShim(shimLib)
+	return buildOnce(t, &shimBuilt, "shim", func(dir string) (string, error) {
+		lib := filepath.Join(dir, "libextds.so")
+		return lib, testenv.CompileShim(lib)
 	})
-	if shimErr != nil {
-		t.Fatal(shimErr)
-	}
-	return shimLib
 }
 
 // StartNetserverDaemon starts netserver as users do, without -D: it

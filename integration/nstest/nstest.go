@@ -9,7 +9,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -348,40 +347,42 @@ func Eventually(timeout time.Duration, f func() error) error {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// buildOnce returns the path of what b builds: the first call makes a
+// temporary directory (Main removes it after the tests) and runs build
+// in it.
+func buildOnce(t testing.TB, b *testenv.Built, name string, build func(dir string) (string, error)) string {
+	t.Helper()
+	return b.Path(t, func() (string, error) {
+		dir, err := os.MkdirTemp("", Prefix+strconv.Itoa(os.Getpid())+"-"+name)
+		if err != nil {
+			return "", err
+		}
+		register(regDirs, dir, true)
+		return build(dir)
+	})
+}
+
+var exndBuilt testenv.Built
 
 // Build builds the module's commands (go build ./cmd/exnd) once per test
 // process into a temporary directory removed after the tests, and returns
 // the path of exnd.
 func Build(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		if buildDir, buildErr = os.MkdirTemp("", Prefix+strconv.Itoa(os.Getpid())+"-bin"); buildErr != nil {
-			return
-		}
-		register(regDirs, buildDir, true)
+	return buildOnce(t, &exndBuilt, "bin", func(dir string) (string, error) {
 		// The tests' own build tags (ofi) go to exnd too, so a test
 		// binary built with -tags ofi runs an exnd that has the backend.
-		args := []string{"build", "-o", buildDir + "/"}
+		args := []string{"build", "-o", dir + "/"}
 		if buildTags != "" {
 			args = append(args, "-tags", buildTags)
 		}
 		cmd := exec.Command("go", append(args, "./cmd/exnd")...)
-		cmd.Dir = root
+		cmd.Dir = testenv.ModuleRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/exnd: %w\n%s", err, out)
+			return "", fmt.Errorf("go build ./cmd/exnd: %w\n%s", err, out)
 		}
+		return filepath.Join(dir, "exnd"), nil
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "exnd")
 }
 
 // execOutput runs a command outside any namespace with a timeout.

@@ -3,6 +3,7 @@ package testenv
 import (
 	"os"
 	"os/exec"
+	"strconv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -51,6 +52,15 @@ func Unavailable(t testing.TB, reason string) {
 // Small reports whether tests should use small sizes (EXN_TEST_SMALL=1 or
 // testing.Short()), as under the race detector.
 func Small() bool { return testing.Short() || os.Getenv("EXN_TEST_SMALL") == "1" }
+
+// EnvInt returns the positive integer the environment variable name holds
+// (such as EXN_PERF_SECS), or def when it is unset or holds anything else.
+func EnvInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
 
 // VerifyNoLeaks registers a cleanup that fails t if goroutines started
 // during the test are still running when it ends.

@@ -21,9 +21,7 @@ var netperfSection = Section{
 	Env: func(p Params) []string {
 		return []string{"EXN_PERF_SECS=" + pick(p, "2", "4"), "EXN_PERF_REPS=1"}
 	},
-	Args: func(p Params) []string {
-		return benchArgs("^BenchmarkNetperf$", "1x", "./perf/", "-timeout", "30m")
-	},
+	Args:    bench("^BenchmarkNetperf$", "1x", "1x", "./perf/", "-timeout", "30m"),
 	Extract: extractNetperf,
 }
 

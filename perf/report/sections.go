@@ -76,6 +76,18 @@ func benchArgs(bench, benchtime, pkg string, extra ...string) []string {
 	return append(a, pkg)
 }
 
+// bench is the Args of a section that runs the benchmarks matching name
+// in pkg (benchArgs) for benchtime quick under -quick, full otherwise.
+func bench(name, quick, full, pkg string, extra ...string) func(Params) []string {
+	return func(p Params) []string { return benchArgs(name, pick(p, quick, full), pkg, extra...) }
+}
+
+// secsEnv is the Env of a section whose runs last EXN_PERF_SECS seconds
+// (2 under -quick, 4 otherwise), after the variables vars.
+func secsEnv(vars ...string) func(Params) []string {
+	return func(p Params) []string { return slices.Concat(vars, []string{"EXN_PERF_SECS=" + pick(p, "2", "4")}) }
+}
+
 func pick(p Params, quick, full string) string {
 	if p.Quick {
 		return quick
@@ -90,43 +102,35 @@ var Sections = []Section{
 	fabricSection("net", "TCP over loopback"),
 	{
 		ID: "exteth-engine", Title: "EXT-Eth engine on mem, by frame size",
-		About: "Two engines on fabric/mem, batches of 32 frames from A to B's Link, against one memcpy of the same frame in the same run.",
-		Args: func(p Params) []string {
-			return benchArgs("^BenchmarkTransmit$", pick(p, "2000x", "20000x"), "./exn/")
-		},
+		About:   "Two engines on fabric/mem, batches of 32 frames from A to B's Link, against one memcpy of the same frame in the same run.",
+		Args:    bench("^BenchmarkTransmit$", "2000x", "20000x", "./exn/"),
 		Extract: extractEngine,
 	},
 	{
 		ID: "netstack", Title: "EXT-Eth on netstack: node TCP vs a direct gVisor link",
-		About: "One TCP flow between two gVisor netstack nodes over the engine on fabric/mem, 32 MiB per iteration, against gVisor stacks joined directly (the strongest baseline: a zero-copy channel link), interleaved in one loop.",
-		Args: func(p Params) []string {
-			return benchArgs("^BenchmarkTCP", pick(p, "4x", "20x"), "./exn/node/", "-timeout", "30m")
-		},
+		About:   "One TCP flow between two gVisor netstack nodes over the engine on fabric/mem, 32 MiB per iteration, against gVisor stacks joined directly (the strongest baseline: a zero-copy channel link), interleaved in one loop.",
+		Args:    bench("^BenchmarkTCP", "4x", "20x", "./exn/node/", "-timeout", "30m"),
 		Extract: extractNetstack,
 	},
 	{
 		ID: "exteth-tap", Title: "EXT-Eth on TAP: exn0 between two namespaces vs veth",
 		About: "Two network namespaces each running exnd on one shm fabric (exn0), against a veth pair between two other namespaces, in the same run: iperf3, sockperf TCP ping-pong (half round trip) and exnd's idle CPU.",
 		Root:  true, Needs: []string{"ip", "iperf3", "sockperf"},
-		Env: func(p Params) []string { return []string{"EXN_PERF_SECS=" + pick(p, "2", "4")} },
-		Args: func(p Params) []string {
-			return benchArgs("^BenchmarkExtEth$", "1x", "./perf/", "-timeout", "30m")
-		},
+		Env:     secsEnv(),
+		Args:    bench("^BenchmarkExtEth$", "1x", "1x", "./perf/", "-timeout", "30m"),
 		Extract: extractExtEthTAP,
 	},
 	{
 		ID: "extds", Title: "EXT-DS library vs TCP loopback",
-		About: "EXT-DS stream sockets as a Go library over fabric/mem, against kernel TCP over loopback in the same run: ping-pong (half round trip) by message size, one-way stream throughput by write size.",
-		Args: func(p Params) []string {
-			return benchArgs("^Benchmark(PingPong|Stream)$", pick(p, "300x", "2000x"), "./extds/")
-		},
+		About:   "EXT-DS stream sockets as a Go library over fabric/mem, against kernel TCP over loopback in the same run: ping-pong (half round trip) by message size, one-way stream throughput by write size.",
+		Args:    bench("^Benchmark(PingPong|Stream)$", "300x", "2000x", "./extds/"),
 		Extract: extractEXTDS,
 	},
 	{
 		ID: "shim", Title: "EXT-DS through the LD_PRELOAD shim vs TCP over exn0 vs veth",
 		About: "Unmodified iperf3 and sockperf between two namespaces running exnd on one shm fabric: through libextds.so (EXT-DS), plain TCP over exn0, and TCP over a veth pair between the same namespaces.",
 		Root:  true, Needs: []string{"ip", "ss", "iperf3", "sockperf", "gcc"},
-		Env: func(p Params) []string { return []string{"EXN_PERF=1", "EXN_PERF_SECS=" + pick(p, "2", "4")} },
+		Env: secsEnv("EXN_PERF=1"),
 		Args: func(p Params) []string {
 			return []string{"-run", "^TestShimPerf$", "-v", "-timeout", "30m", "./integration/"}
 		},
@@ -149,10 +153,8 @@ func SectionByID(id string) (Section, bool) {
 func fabricSection(backend, what string) Section {
 	return Section{
 		ID: "fabric-" + backend, Title: "Raw fabric: " + backend,
-		About: fmt.Sprintf("fabrictest.Bench on the %s backend (%s): VELO 120 B one-way latency (half a ping-pong round trip) and message rate, RMA GET/PUT bandwidth by size against a memcpy of the same size measured in the same run.", backend, what),
-		Args: func(p Params) []string {
-			return benchArgs("^BenchmarkFabric$", pick(p, "100ms", "500ms"), "./fabric/"+backend+"/")
-		},
+		About:   fmt.Sprintf("fabrictest.Bench on the %s backend (%s): VELO 120 B one-way latency (half a ping-pong round trip) and message rate, RMA GET/PUT bandwidth by size against a memcpy of the same size measured in the same run.", backend, what),
+		Args:    bench("^BenchmarkFabric$", "100ms", "500ms", "./fabric/"+backend+"/"),
 		Extract: func(st *Stream, cmd string) ([]Result, []string) { return extractFabric(backend, st, cmd) },
 	}
 }

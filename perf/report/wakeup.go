@@ -15,10 +15,8 @@ var wakeupSection = Section{
 	ID: "wakeup", Title: "Wake-ups: exn0 and the fabric at low rates, and idle",
 	About: "Two namespaces running exnd on one shm fabric against a veth pair between two other namespaces, in one run: ping over exn0 at 1, 5 and 50 per second (p50 and worst), `exnctl ping` after a second of quiet (cold) and back to back (warm) beside the floor of any parking design (two C processes ping-ponging through FIFOs, parked in poll), sockperf TCP ping-pong with 64-byte messages, each exnd's idle CPU time over 10 s as a share of the wall time, and the mean idle share with 2 and with 32 idle nodes on one fabric. Design: docs/wakeup.md.",
 	Root:  true, Needs: []string{"ip", "ping", "sockperf", "gcc"},
-	Env: func(p Params) []string { return []string{"EXN_PERF_SECS=" + pick(p, "2", "4")} },
-	Args: func(p Params) []string {
-		return benchArgs("^BenchmarkWakeup(IdleScale)?$", "1x", "./perf/", "-timeout", "30m")
-	},
+	Env:     secsEnv(),
+	Args:    bench("^BenchmarkWakeup(IdleScale)?$", "1x", "1x", "./perf/", "-timeout", "30m"),
 	Extract: extractWakeup,
 }
 

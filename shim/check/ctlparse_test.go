@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,47 +30,27 @@ import (
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/internal/sys"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 var (
-	harnessOnce sync.Once
-	harnessBin  string
-	harnessErr  error
-	harnessMu   sync.Mutex
-	harnessIn   io.WriteCloser
-	harnessOut  *bufio.Reader
-	harnessCmd  *exec.Cmd
+	harnessBuilt testenv.Built
+	harnessMu    sync.Mutex
+	harnessIn    io.WriteCloser
+	harnessOut   *bufio.Reader
+	harnessCmd   *exec.Cmd
 )
 
 // harness builds shim/check/testdata/ctlharness.c (with ASan and UBSan
 // if gcc can) once per test process.
 func harness(t testing.TB) string {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("needs gcc")
-	}
-	harnessOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		here := filepath.Dir(file)
-		dir, err := os.MkdirTemp("", "extds-ctlharness-")
-		if err != nil {
-			harnessErr = err
-			return
-		}
-		harnessBin = filepath.Join(dir, "ctlharness")
-		base := []string{"-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I", filepath.Join(here, ".."), "-o", harnessBin,
-			filepath.Join(here, "testdata", "ctlharness.c")}
-		san := append([]string{"-fsanitize=address,undefined", "-fno-sanitize-recover=all"}, base...)
-		if out, err := exec.Command("gcc", san...).CombinedOutput(); err != nil {
-			if out2, err2 := exec.Command("gcc", base...).CombinedOutput(); err2 != nil {
-				harnessErr = fmt.Errorf("gcc: %v\n%s\n%s", err2, out, out2)
-			}
-		}
+	testenv.NeedGCC(t)
+	return harnessBuilt.Path(t, func() (string, error) {
+		bin := filepath.Join(binDir, "ctlharness")
+		return bin, testenv.CCSanitized("-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I", testenv.ModulePath("shim"), "-o", bin,
+			testenv.ModulePath("shim", "check", "testdata", "ctlharness.c"))
 	})
-	if harnessErr != nil {
-		t.Fatal(harnessErr)
-	}
-	return harnessBin
 }
 
 // cParse decodes line with the C decoder, through one long-running
@@ -260,11 +239,7 @@ func encodeGo(t *testing.T, rs []protoResponse) [][]byte {
 func TestCtlResponses(t *testing.T) {
 	rs := protoResponses()
 	lines := encodeGo(t, rs)
-	_, file, _, _ := runtime.Caller(0)
-	doc, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "shim.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := shimDoc(t)
 	for i, r := range rs {
 		line := lines[i]
 		got, ok := parseC(cParse(t, line))
@@ -287,11 +262,7 @@ func TestCtlResponses(t *testing.T) {
 // and those arguments.
 func TestCtlRequests(t *testing.T) {
 	bin := harness(t)
-	_, file, _, _ := runtime.Caller(0)
-	doc, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "shim.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := shimDoc(t)
 	out, err := exec.Command(bin, "req").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -389,4 +360,15 @@ func FuzzCtlParse(f *testing.F) {
 			t.Fatalf("%q: C decoded %+v, Go %+v", line, got, g)
 		}
 	})
+}
+
+// shimDoc returns docs/shim.md, whose protocol table the control lines
+// must stand in.
+func shimDoc(t *testing.T) []byte {
+	t.Helper()
+	doc, err := os.ReadFile(testenv.ModulePath("docs", "shim.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doc
 }

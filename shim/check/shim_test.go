@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,48 +22,37 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// build compiles libextds.so and shimtest into a temporary directory once
-// per test binary.
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-func build(t testing.TB) (lib, prog string) {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("needs gcc")
-	}
-	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		src := filepath.Join(filepath.Dir(file), "..")
-		buildDir, buildErr = os.MkdirTemp("", "extds-shim-")
-		if buildErr != nil {
-			return
-		}
-		for _, args := range [][]string{
-			{"-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(buildDir, "libextds.so"), filepath.Join(src, "libextds.c"), filepath.Join(src, "dring.c"), "-ldl"},
-			{"-O2", "-pthread", "-Wall", "-Werror", "-o", filepath.Join(buildDir, "shimtest"), filepath.Join(src, "test", "shimtest.c")},
-		} {
-			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("gcc %v: %v\n%s", args, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "libextds.so"), filepath.Join(buildDir, "shimtest")
-}
+// binDir holds the C programs the tests build, each once per test
+// process on first use; TestMain makes it and removes it.
+var binDir string
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
+	dir, err := os.MkdirTemp("", "extds-shim-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+var shimBuilt testenv.Built
+
+// build compiles libextds.so and shimtest into binDir.
+func build(t testing.TB) (lib, prog string) {
+	t.Helper()
+	testenv.NeedGCC(t)
+	lib = filepath.Join(binDir, "libextds.so")
+	prog = shimBuilt.Path(t, func() (string, error) {
+		prog := filepath.Join(binDir, "shimtest")
+		if err := testenv.CompileShim(lib); err != nil {
+			return "", err
+		}
+		return prog, testenv.CC("-O2", "-pthread", "-Wall", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "shimtest.c"))
+	})
+	return lib, prog
 }
 
 // localIP returns a non-loopback address of this host (the shim skips

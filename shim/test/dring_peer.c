@@ -1,6 +1,6 @@
 /*
  * dring_peer: the C half of the cross-language test of the direct
- * connection buffer (shim/check/dring_cross_test.go against extds/dring).
+ * connection buffer (shim/check/dring_test.go against extds/dring).
  *
  *   dring_peer SIDE RING MODE [N]
  *
