@@ -148,3 +148,13 @@ func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.Nod
 // liveness a direct connection's owner checks, since no EXT-DS Conn of
 // this Device watches its peer.
 func (d *Device) PeerAlive(node fabric.NodeID) error { return d.att.Alive(node) }
+
+// PeersChanged is the fabric's fabric.PeerWatcher channel (closed at the
+// next change of the peer set), or nil when the Attachment cannot
+// announce changes: a caller that watches PeerAlive then polls.
+func (d *Device) PeersChanged() <-chan struct{} {
+	if w, ok := d.att.(fabric.PeerWatcher); ok {
+		return w.PeersChanged()
+	}
+	return nil
+}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,3 +183,75 @@ func TestDirectNoCommitResets(t *testing.T) {
 		t.Fatalf("client read %v, want ErrReset", err)
 	}
 }
+
+// watchedNIC is a mem NIC that announces peer changes, as fabric/shm's
+// does (fabric.PeerWatcher): the test closes changed when it kills the
+// peer node.
+type watchedNIC struct {
+	fabric.NIC
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+func (w *watchedNIC) PeersChanged() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changed
+}
+
+func (w *watchedNIC) announce() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// With a fabric that announces peer changes, the peer node's death is
+// seen at the announcement, not by polling: the poll period is an hour
+// here, so only the PeerWatcher path can pass.
+func TestDirectPeerNodeDownWatched(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	dir := t.TempDir()
+	var wa *watchedNIC
+	a, b := newNodesWrapped(t, func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option) {
+		opts := []Option{WithDirect(DirectConfig{Fabric: "t", Dir: dir, Node: id, Ring: dring.MinRing * 4}), withLivenessPeriod(time.Hour)}
+		if id == 1 {
+			wa = &watchedNIC{NIC: nic, changed: make(chan struct{})}
+			return wa, opts
+		}
+		return nic, opts
+	})
+	ln := testenv.ListenTCP(t)
+	b.listen(t, ln)
+	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) { return b.switchDirect(t, "shim-accept", c), nil })
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
+	defer client.Close()
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.v.Close()
+	b.nic.Close() // the node's fabric presence goes
+	wa.announce()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.ep.Read(make([]byte, 1))
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, dring.ErrReset) {
+			t.Fatalf("read with the peer node down: %v, want ErrReset", err)
+		}
+	case <-time.After(10 * time.Second):
+		client.Close() // ends the read
+		<-errc
+		t.Fatal("the announced death of the peer node did not reset the connection")
+	}
+}
+
+func withLivenessPeriod(d time.Duration) Option { return func(s *Server) { s.livenessPeriod = d } }

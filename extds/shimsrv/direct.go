@@ -71,10 +71,13 @@ type dconn struct {
 }
 
 // directLivenessPeriod is how often the peer nodes of open direct
-// connections are checked: the shm fabric's own idle liveness period
-// (fabric/shm, idleLivenessPeriod), and only while a direct connection
-// is open. A peer node that died with its program (nobody left to store
-// fin) must not leave this side's program waiting forever.
+// connections are checked on a fabric that cannot announce a change of
+// its peers (no fabric.PeerWatcher; direct connections are made on shm,
+// which can, so this is the fallback): the shm fabric's own idle
+// liveness period (fabric/shm, idleLivenessPeriod), and only while a
+// direct connection is open. A peer node that died with its program
+// (nobody left to store fin) must not leave this side's program waiting
+// forever.
 const directLivenessPeriod = time.Second
 
 // directOpen is the connecting side's open hook: the accepting exnd made
@@ -222,6 +225,7 @@ func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
 	}
 	s.mu.Unlock()
 	go s.watch(dc)
+	s.checkPeer(dc) // after it is in s.dconns: see directLiveness
 	s.directConns.Add(1)
 	s.switched.Add(1)
 	s.logConn(slog.LevelDebug, "extds shim: direct", "id", dc.id, "side", dc.side, "pid", dc.pid,
@@ -386,18 +390,32 @@ func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File
 }
 
 // directLiveness resets the direct connections whose peer node the
-// fabric declares down. It runs while direct connections exist and ends
-// (livenessOn false) when the last one has gone: no timer while idle.
+// fabric declares down. It runs while direct connections exist. Where
+// the fabric announces changes of its peers (fabric/shm's PeerWatcher,
+// fed by the fabric's own liveness protocol) it has no timer: it checks
+// at each change, and ends (livenessOn false) at the first change that
+// finds no direct connection. Otherwise it polls every
+// directLivenessPeriod and ends at the first tick with none. A
+// connection entered after a check is checked once by enterDirect
+// (checkPeer), so a node that died before the connection was entered
+// is not missed either.
 func (s *Server) directLiveness() {
 	defer s.wg.Done()
-	t := time.NewTicker(directLivenessPeriod)
-	defer t.Stop()
+	changed := s.dev.PeersChanged()
+	var tick <-chan time.Time
+	if changed == nil {
+		t := time.NewTicker(s.livenessPeriod)
+		defer t.Stop()
+		tick = t.C
+	}
 	var dcs []*dconn
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-t.C:
+		case <-tick:
+		case <-changed:
+			changed = s.dev.PeersChanged() // before PeerAlive: no change is missed
 		}
 		s.mu.Lock()
 		if len(s.dconns) == 0 {
@@ -411,14 +429,19 @@ func (s *Server) directLiveness() {
 		}
 		s.mu.Unlock()
 		for _, dc := range dcs {
-			if err := s.dev.PeerAlive(dc.node); err != nil {
-				s.logConn(slog.LevelInfo, "extds shim: direct connection's peer node is down, reset", "id", dc.id, "peer", dc.peer, "err", err)
-				s.resets.Add(1)
-				dc.ep.Reset()
-				dc.uc.Close() // watch ends the connection
-			}
+			s.checkPeer(dc)
 		}
 		clear(dcs)
+	}
+}
+
+// checkPeer resets dc if the fabric declares its peer node down.
+func (s *Server) checkPeer(dc *dconn) {
+	if err := s.dev.PeerAlive(dc.node); err != nil {
+		s.logConn(slog.LevelInfo, "extds shim: direct connection's peer node is down, reset", "id", dc.id, "peer", dc.peer, "err", err)
+		s.resets.Add(1)
+		dc.ep.Reset()
+		dc.uc.Close() // watch ends the connection
 	}
 }
 

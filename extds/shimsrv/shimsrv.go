@@ -140,6 +140,8 @@ type Server struct {
 	dconns    map[uint64]*dconn
 	dnext     uint64
 	pool      ringPool // accepting side's ready buffers (dpool.go)
+	// livenessPeriod: directLiveness's poll without a PeerWatcher.
+	livenessPeriod time.Duration
 	// livenessOn: the directLiveness goroutine runs (direct.go).
 	livenessOn bool
 
@@ -165,8 +167,8 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 	s := &Server{
 		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
 		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn), listenAdded: make(chan struct{}, 1),
-		dconns: make(map[uint64]*dconn),
-		pool:   ringPool{ready: make(chan pooled, poolSize), want: make(chan struct{}, 1)},
+		dconns: make(map[uint64]*dconn), livenessPeriod: directLivenessPeriod,
+		pool: ringPool{ready: make(chan pooled, poolSize), want: make(chan struct{}, 1)},
 	}
 	for _, o := range opts {
 		o(s)

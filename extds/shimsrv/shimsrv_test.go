@@ -51,6 +51,13 @@ func newNodes(t *testing.T, opts ...Option) (a, b *node) {
 // newNodesPer is newNodes with options per node ID.
 func newNodesPer(t *testing.T, optsFor func(id fabric.NodeID) []Option) (a, b *node) {
 	t.Helper()
+	return newNodesWrapped(t, func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option) { return nic, optsFor(id) })
+}
+
+// newNodesWrapped is newNodesPer whose Devices attach through what
+// attach makes of each node's NIC.
+func newNodesWrapped(t *testing.T, attach func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option)) (a, b *node) {
+	t.Helper()
 	cl := mem.NewCluster()
 	mk := func(id, peer fabric.NodeID) *node {
 		n := &node{}
@@ -58,11 +65,12 @@ func newNodesPer(t *testing.T, optsFor func(id fabric.NodeID) []Option) (a, b *n
 		if n.nic, err = cl.NewNIC(id); err != nil {
 			t.Fatal(err)
 		}
-		if n.dev, err = extds.NewDevice(n.nic, extds.WithResolver(extds.StaticResolver{loopback: peer}),
+		att, opts := attach(id, n.nic)
+		if n.dev, err = extds.NewDevice(att, extds.WithResolver(extds.StaticResolver{loopback: peer}),
 			extds.WithHandshakeTimeout(500*time.Millisecond)); err != nil {
 			t.Fatal(err)
 		}
-		n.srv = New(n.dev, nil, nil, optsFor(id)...)
+		n.srv = New(n.dev, nil, nil, opts...)
 		n.cs = control.NewServer(nil)
 		n.srv.Register(n.cs)
 		n.path = filepath.Join(t.TempDir(), fmt.Sprintf("n%d.sock", id))
