@@ -27,44 +27,42 @@ import (
 func TestDirectNothingOnTCP(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, b, _ := newDirectNodes(t)
-	ln := testenv.ListenTCP(t)
-	b.listen(t, ln)
 	// Both TCP sockets outlive the switch (so no FIN is counted either).
-	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) {
-		keep, err := c.File()
-		if err != nil {
-			return nil, err
+	var mu sync.Mutex
+	var kept []*os.File
+	defer func() {
+		for _, f := range kept {
+			f.Close()
 		}
-		t.Cleanup(func() { keep.Close() })
-		return b.switchDirect(t, "shim-accept", c), nil
+	}()
+	connectDirect(t, a, b, func(c *net.TCPConn) {
+		f, err := c.File()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		kept = append(kept, f)
+		mu.Unlock()
 	})
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(kept) != 2 {
+		t.Fatalf("kept %d sockets, want 2", len(kept))
 	}
-	keep, err := c.(*net.TCPConn).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer keep.Close()
-	client := a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
-	defer client.Close()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	defer r.v.Close()
-	kc, err := net.FileConn(keep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
-	out, in, err := sys.TCPBytes(kc.(*net.TCPConn))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out != 0 || in != 0 {
-		t.Errorf("the shadow connection carried %d bytes out and %d in, want none", out, in)
+	for _, f := range kept {
+		kc, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, in, err := sys.TCPBytes(kc.(*net.TCPConn))
+		kc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != 0 || in != 0 {
+			t.Errorf("a shadow connection carried %d bytes out and %d in, want none", out, in)
+		}
 	}
 	if n := b.dev.Stats().DirectAgreed; n != 1 {
 		t.Errorf("accepting Device: DirectAgreed %d, want 1", n)
@@ -221,20 +219,7 @@ func TestDirectPeerNodeDownWatched(t *testing.T) {
 		}
 		return nic, opts
 	})
-	ln := testenv.ListenTCP(t)
-	b.listen(t, ln)
-	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) { return b.switchDirect(t, "shim-accept", c), nil })
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
-	defer client.Close()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	defer r.v.Close()
+	client, _ := connectDirect(t, a, b, nil)
 	b.nic.Close() // the node's fabric presence goes
 	wa.announce()
 	errc := make(chan error, 1)

@@ -79,21 +79,40 @@ func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp
 func directPair(t *testing.T) (a, b *node, dir string, client, server *directApp) {
 	t.Helper()
 	a, b, dir = newDirectNodes(t)
+	client, server = connectDirect(t, a, b, nil)
+	return a, b, dir, client, server
+}
+
+// connectDirect makes one direct connection from a to a listener on b
+// and closes both ends at the end of the test. seen, if not nil, gets
+// each TCP socket before it is handed over (the accepted one on the
+// accepting goroutine).
+func connectDirect(t *testing.T, a, b *node, seen func(*net.TCPConn)) (client, server *directApp) {
+	t.Helper()
 	ln := testenv.ListenTCP(t)
 	b.listen(t, ln)
-	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) { return b.switchDirect(t, "shim-accept", c), nil })
+	ch := acceptOne(ln, func(c *net.TCPConn) (*directApp, error) {
+		if seen != nil {
+			seen(c)
+		}
+		return b.switchDirect(t, "shim-accept", c), nil
+	})
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	if seen != nil {
+		seen(c.(*net.TCPConn))
+	}
 	client = a.switchDirect(t, "shim-connect", c.(*net.TCPConn))
 	r := <-ch
 	if r.err != nil {
+		client.Close()
 		t.Fatalf("accept: %v", r.err)
 	}
 	server = r.v
 	t.Cleanup(func() { client.Close(); server.Close() })
-	return a, b, dir, client, server
+	return client, server
 }
 
 func TestDirectBothWays(t *testing.T) {
