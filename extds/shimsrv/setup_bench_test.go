@@ -1,0 +1,98 @@
+package shimsrv
+
+// What exnd's part of a direct connection's setup costs on this machine
+// (issue #15, docs/shim.md "Where TCP_CRR's time goes"), step by step,
+// beside a baseline measured in the same run: a loopback TCP connect and
+// accept, the kernel's own cost of a connection.
+//
+//	go test -run '^$' -bench BenchmarkDirectSetup -benchtime 2000x ./extds/shimsrv/
+
+import (
+	"net"
+	"testing"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+func BenchmarkDirectSetup(b *testing.B) {
+	dir := b.TempDir()
+	s := New(nil, nil, nil, WithDirect(DirectConfig{Fabric: "bench", Dir: dir, Node: 1, Ring: 1 << 20}))
+	defer s.Close()
+	ln := testenv.ListenTCP(b)
+	b.Run("baseline-tcp-connect-accept", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			a, err := ln.Accept()
+			if err != nil {
+				b.Fatal(err)
+			}
+			a.Close()
+			c.Close()
+		}
+	})
+	// create: what the pool takes off the accepting side's path.
+	b.Run("create-buffer", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := s.makeBuf()
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.fs.Close()
+			if err := dring.Remove(dir, p.name); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	p, err := s.makeBuf()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		p.fs.Close()
+		_ = dring.Remove(dir, p.name)
+	}()
+	// open: the connecting side's step between CLAIM_DIRECT and COMMIT.
+	b.Run("open-buffer", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			fs, err := dring.Open(dir, p.name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fs.Close()
+		}
+	})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	a, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Close()
+	// prepare: the program's descriptors and exnd's endpoint, each side.
+	b.Run("prepare-and-discard", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			fs, err := dring.Open(dir, p.name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dp, err := s.prepareDirect(fs, &extds.DirectInfo{Node: 2}, c.(*net.TCPConn), control.Peer{}, sideConnect)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dp.discard(false)
+		}
+	})
+}
