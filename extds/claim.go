@@ -89,7 +89,7 @@ const (
 	stAgreed                          // both: the agreement was sent
 	stClosed                          // the acceptor went TCP: decline
 	stDirect                          // claimed by ClaimDirect and a direct CLAIM came: AgreeDirect answers
-	stReplied                         // CLAIM_DIRECT sent: in the commit table, waiting for COMMIT
+	stReplied                         // CLAIM_DIRECT sent: waiting for COMMIT
 )
 
 type claimEntry struct {
@@ -219,10 +219,14 @@ func (c *Claim) Close() (agreed bool) {
 		return true
 	case e.st == stAccepting:
 		e.st, e.expires, e.wake = stClosed, time.Now().Add(claimTombstone), nil
-	case e.st == stDirect:
-		// Never answered (OfferDirect moves an answered entry to the
-		// commit table): the client times out and goes TCP.
+	case e.st == stDirect, e.st == stReplied:
+		// Decided by AgreeDirect (or failed): a late COMMIT is dropped.
 		delete(t.m, c.key)
+		for k, ce := range t.commits {
+			if ce == e {
+				delete(t.commits, k)
+			}
+		}
 	}
 	return false
 }

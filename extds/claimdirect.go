@@ -102,10 +102,9 @@ func (c *Claim) DirectPending() bool {
 	return e != nil && e.st == stDirect
 }
 
-// AgreeDirect answers a pending direct CLAIM (DirectPending) and waits
-// for the client's decision: OfferDirect, prepare (when not nil; the
-// caller readies what the program will get while the client opens the
-// buffer), then Commit.Wait. The results, one of:
+// AgreeDirect answers a pending direct CLAIM (DirectPending): create makes
+// the buffer, CLAIM_DIRECT names it, and the client's COMMIT decides. The
+// results, one of:
 //   - (nil, info, nil): the client committed; the connection is direct
 //     and shadow is the caller's (nothing was written into it);
 //   - (c, nil, nil): the client aborted; c is shadow as plain TCP
@@ -116,49 +115,12 @@ func (c *Claim) DirectPending() bool {
 //     be sent, ctx ended or the Device closed. The caller fails the
 //     connection and resets what create made.
 //
-// The caller owns what create made, whatever the outcome.
+// prepare, when not nil, runs once CLAIM_DIRECT is on its way, before
+// the wait for COMMIT: the caller readies what the program will get
+// while the client opens the buffer (it must undo that unless the result
+// is a DirectInfo). The caller owns what create made, whatever the
+// outcome.
 func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() (DirectInfo, error), prepare func(DirectInfo)) (*Conn, *DirectInfo, error) {
-	di, cm, err := c.OfferDirect(ctx, create)
-	if err != nil || di == nil {
-		return nil, nil, err
-	}
-	if prepare != nil {
-		prepare(*di)
-	}
-	switch err := cm.Wait(ctx); {
-	case err == nil:
-		return nil, di, nil
-	case errors.Is(err, ErrDirectAborted):
-		fb := tcpConn(shadow, nil) // counted by Wait
-		fb.fb.why, fb.fb.fell = FallbackDirectAbort, true
-		return fb, nil, nil
-	default:
-		return nil, nil, err
-	}
-}
-
-// Commit is a CLAIM_DIRECT sent, waiting for the client's COMMIT.
-type Commit struct {
-	d   *Device
-	e   *claimEntry
-	key commitKey
-}
-
-// ErrDirectAborted: the client answered a direct connection's name with
-// an abort (it could not open it, or it had given up and gone TCP).
-// Nothing was written into the shadow connection on its side: it is
-// plain TCP there.
-var ErrDirectAborted = errors.New("extds: the client aborted the direct connection")
-
-// OfferDirect answers a pending direct CLAIM (DirectPending): create
-// makes the buffer and CLAIM_DIRECT names it. It returns the buffer's
-// DirectInfo and the Commit to wait on; or (nil, nil, nil) when create
-// failed, after telling the client to go ahead the ordinary way (its
-// hello, a direct offer, comes over the shadow connection); or an error
-// (nothing pending, the answer could not be sent). The caller owns what
-// create made, whatever the outcome. After OfferDirect the claim no
-// longer holds the connection: Claim.Close reports false.
-func (c *Claim) OfferDirect(ctx context.Context, create func() (DirectInfo, error)) (*DirectInfo, *Commit, error) {
 	d, t := c.d, &c.d.claims
 	t.mu.Lock()
 	e := t.m[c.key]
@@ -186,10 +148,7 @@ func (c *Claim) OfferDirect(ctx context.Context, create func() (DirectInfo, erro
 		t.mu.Unlock()
 		return nil, nil, nil
 	}
-	// The entry leaves the claim table (the CLAIM is answered) for the
-	// commit table, which Commit.Wait (or a COMMIT) empties.
 	e.st, e.commit = stReplied, make(chan uint8, 1)
-	delete(t.m, c.key)
 	t.commits[ck] = e
 	t.mu.Unlock()
 
@@ -198,56 +157,30 @@ func (c *Claim) OfferDirect(ctx context.Context, create func() (DirectInfo, erro
 	sctx, cancel := context.WithTimeout(ctx, ctrlSendTimeout)
 	_, err = vd.ep.Send(sctx, fm[:])
 	cancel()
-	cm := &Commit{d: d, e: e, key: ck}
 	if err != nil {
-		cm.drop()
 		d.ctr.handshakeErr.Add(1)
 		return nil, nil, fmt.Errorf("send CLAIM_DIRECT: %w", err)
 	}
-	return &di, cm, nil
-}
-
-// Wait waits for the client's COMMIT, at most the handshake timeout: nil
-// when it committed (the connection is direct), ErrDirectAborted when it
-// aborted (counted as a fallback, FallbackDirectAbort: the client's side
-// is plain TCP), errNoCommit when none came in time (the client may be
-// direct by then: the caller resets the buffer), or ctx's error or
-// net.ErrClosed. Wait or Drop is called once.
-func (cm *Commit) Wait(ctx context.Context) error {
-	d := cm.d
-	defer cm.drop()
+	if prepare != nil {
+		prepare(di)
+	}
 	timer := time.NewTimer(d.cfg.handshakeTO)
 	defer timer.Stop()
 	select {
-	case st := <-cm.e.commit:
+	case st := <-e.commit:
 		if st == 1 {
 			d.ctr.directAgreed.Add(1)
-			return nil
+			return nil, &di, nil
 		}
-		d.ctr.fallbacks[FallbackDirectAbort].Add(1)
-		d.ctr.connsTCP.Add(1)
-		return ErrDirectAborted
+		return d.fallback(shadow, nil, FallbackDirectAbort), nil, nil
 	case <-timer.C:
 		d.ctr.handshakeErr.Add(1)
-		return errNoCommit
+		return nil, nil, errNoCommit
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, nil, ctx.Err()
 	case <-d.ctx.Done():
-		return net.ErrClosed
+		return nil, nil, net.ErrClosed
 	}
-}
-
-// Drop is Wait for a caller that gave up on the connection: a COMMIT
-// arriving later is dropped (counted).
-func (cm *Commit) Drop() { cm.drop() }
-
-func (cm *Commit) drop() {
-	t := &cm.d.claims
-	t.mu.Lock()
-	if t.commits[cm.key] == cm.e {
-		delete(t.commits, cm.key)
-	}
-	t.mu.Unlock()
 }
 
 // onClaimDirect hands a CLAIM_DIRECT to the client waiting for it, or

@@ -144,7 +144,8 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		di    *extds.DirectInfo
 		fs    *dring.Files
 		dname string
-		cm    *extds.Commit // accept: the COMMIT to come (commit.go)
+		prep  *directPrep // accept: made while the COMMIT comes
+		perr  error
 	)
 	switch {
 	case side == sideConnect && direct:
@@ -152,8 +153,12 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	case side == sideConnect:
 		c, err = s.dialer.Upgrade(ctx, shadow)
 	case direct:
-		c, di, cm, err = s.accept(ctx, shadow, s.directCreate(&fs, &dname))
-		if dname != "" && cm == nil {
+		prepare := func(di extds.DirectInfo) {
+			prep, perr = s.prepareDirect(fs, &di, shadow, who, side)
+			fs = nil // taken over
+		}
+		c, di, err = s.accept(ctx, shadow, s.directCreate(&fs, &dname), prepare)
+		if dname != "" {
 			// Made by us: the client has opened the files (it acked) or
 			// never will. Either way the names go now.
 			if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
@@ -161,12 +166,14 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			}
 		}
 	default:
-		c, _, _, err = s.accept(ctx, shadow, nil)
+		c, _, err = s.accept(ctx, shadow, nil, nil)
 	}
-	if cm != nil {
-		// Offered over the fabric: the program gets its end now, and
-		// exnd waits for the client's COMMIT in the background.
-		return s.switchOffered(fs, dname, di, cm, shadow, who, side, restore)
+	if prep != nil && (err != nil || di == nil) {
+		prep.discard(err != nil) // the client may be direct: reset
+		prep = nil
+	}
+	if err == nil && perr != nil {
+		err = perr // prepareDirect reset the buffer
 	}
 	if err != nil && fs != nil && side == sideAccept {
 		// The client may have opened the buffer and be direct (a COMMIT
@@ -186,6 +193,15 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		shadow.Close()
 		restore()
 		return nil, nil, err
+	}
+	if prep != nil {
+		res, out, err := s.enterDirect(prep)
+		shadow.Close() // exnd's dup; the program's descriptor becomes V
+		if err != nil {
+			restore()
+			return nil, nil, err
+		}
+		return res, out, nil
 	}
 	if di != nil {
 		res, out, err := s.switchDirect(fs, di, shadow, who, side)
@@ -314,12 +330,12 @@ func rawFD(f *os.File, fn func(fd int)) error {
 // timeout, extended to the handshake timeout once the client was told to
 // go ahead. Trade-off: a plain client on the fabric of a
 // server-speaks-first protocol waits that long once per connection.
-func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() (extds.DirectInfo, error)) (*extds.Conn, *extds.DirectInfo, *extds.Commit, error) {
+func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() (extds.DirectInfo, error), prepare func(extds.DirectInfo)) (*extds.Conn, *extds.DirectInfo, error) {
 	la, lok := tcpAddrPort(shadow.LocalAddr())
 	ra, rok := tcpAddrPort(shadow.RemoteAddr())
 	if !lok || !rok || !s.dev.OnFabric(ra.Addr()) {
 		c, err := s.dev.AcceptShadow(ctx, shadow, nil)
-		return c, nil, nil, err
+		return c, nil, err
 	}
 	key := extds.TupleKey{Local: la, Remote: ra}
 	var cl *extds.Claim
@@ -336,11 +352,10 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 	// client would wait for the answer, on top of the peek timeout.
 	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout, cl.DirectPending)
 	if err == nil && cl.DirectPending() {
-		// Offered over the fabric, nothing in the stream
-		// (extds/claimdirect.go); the COMMIT is awaited by the caller.
-		di, cm, err := cl.OfferDirect(ctx, create)
-		if err != nil || di != nil {
-			return nil, di, cm, err
+		// Agreed over the fabric, nothing in the stream (claimdirect.go).
+		c, di, err := cl.AgreeDirect(ctx, shadow, create, prepare)
+		if err != nil || c != nil || di != nil {
+			return c, di, err
 		}
 		// create failed: the client was told to go ahead the ordinary
 		// way; its hello (a direct offer) follows on the stream.
@@ -351,14 +366,13 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		peeked, err = s.peek(shadow, extds.DefaultHandshakeTimeout, nil)
 	}
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if create == nil {
 		c, err := s.dev.AcceptShadow(ctx, shadow, peeked)
-		return c, nil, nil, err
+		return c, nil, err
 	}
-	c, di, err := s.dev.AcceptShadowDirect(ctx, shadow, peeked, create)
-	return c, di, nil, err
+	return s.dev.AcceptShadowDirect(ctx, shadow, peeked, create)
 }
 
 func tcpAddrPort(a net.Addr) (netip.AddrPort, bool) {
