@@ -276,8 +276,10 @@ func (s *Server) watch(dc *dconn) {
 	case !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed):
 		s.logConn(slog.LevelDebug, "extds shim: direct socket", "id", dc.id, "err", rerr)
 	}
-	dc.ep.CloseWrite()
+	// rd_closed before fin: a peer that has read the EOF then finds
+	// its writes refused, never accepted into a ring nobody reads.
 	dc.ep.CloseRead()
+	dc.ep.CloseWrite()
 	s.endDirect(dc)
 }
 
