@@ -104,6 +104,7 @@ type claimEntry struct {
 	direct      bool       // the acceptor claimed with ClaimDirect
 	wake        func()     // ClaimDirect's hook
 	commit      chan uint8 // cap 1, stReplied: COMMIT's status
+	ck          commitKey  // stReplied: its key in the commit table
 }
 
 type claimTable struct {
@@ -222,10 +223,8 @@ func (c *Claim) Close() (agreed bool) {
 	case e.st == stDirect, e.st == stReplied:
 		// Decided by AgreeDirect (or failed): a late COMMIT is dropped.
 		delete(t.m, c.key)
-		for k, ce := range t.commits {
-			if ce == e {
-				delete(t.commits, k)
-			}
+		if t.commits[e.ck] == e {
+			delete(t.commits, e.ck)
 		}
 	}
 	return false

@@ -148,7 +148,7 @@ func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() 
 		t.mu.Unlock()
 		return nil, nil, nil
 	}
-	e.st, e.commit = stReplied, make(chan uint8, 1)
+	e.st, e.commit, e.ck = stReplied, make(chan uint8, 1), ck
 	t.commits[ck] = e
 	t.mu.Unlock()
 
