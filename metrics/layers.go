@@ -193,6 +193,7 @@ func EXTDS(node fabric.NodeID, stats func() extds.Stats) prometheus.Collector {
 	b.counter("peer_down_total", "Connections ended because the peer node went down.", func(s *S) uint64 { return s.PeerDown })
 	b.counterMap("drops_total", "Incoming messages or notifications dropped, by reason.", "reason", func(s *S) map[string]uint64 { return s.Drops })
 	b.counter("handshake_errors_total", "Shadow-connection handshakes that failed.", func(s *S) uint64 { return s.HandshakeErrors })
+	b.counter("direct_agreements_total", "Direct connections agreed over the fabric (CLAIM_DIRECT and COMMIT), counted where accepted.", func(s *S) uint64 { return s.DirectAgreed })
 	b.counterVec("zcopy_transfers_total", "ZCopy transfers, by mode: read (receiver GET) or write (sender PUT).", "mode", []labelled[S, uint64]{
 		{"read", func(s *S) uint64 { return s.ZCopyReads }},
 		{"write", func(s *S) uint64 { return s.ZCopyWrites }},
