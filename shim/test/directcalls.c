@@ -432,6 +432,10 @@ static int server(void)
 
 /* ================= client ================= */
 
+/* In a check (why in scope): if cond, why says what (printf-style), with
+ * errno and the line, and the check returns -1. Descriptors and buffers a
+ * check holds are declared AUTOCLOSE, AUTOCLOSE_PIPE or AUTOFREE: they
+ * are released on every return. */
 #define FAILIF(cond, ...)                                                                                              \
 	do {                                                                                                           \
 		if (cond) {                                                                                            \
@@ -439,7 +443,7 @@ static int server(void)
 			int k_ = snprintf(why, WHYLEN, __VA_ARGS__);                                                   \
 			if (k_ >= 0 && k_ < WHYLEN)                                                                    \
 				snprintf(why + k_, (size_t)(WHYLEN - k_), " [errno %s, line %d]", strerror(e_), __LINE__); \
-			goto out;                                                                                      \
+			return -1;                                                                                     \
 		}                                                                                                      \
 	} while (0)
 
@@ -451,6 +455,18 @@ static int xclose(int *fd)
 	*fd = -1;
 	return r;
 }
+
+static void xclose_pipe(int (*pp)[2])
+{
+	xclose(&(*pp)[0]);
+	xclose(&(*pp)[1]);
+}
+
+static void xfree(unsigned char **p) { free(*p); }
+
+#define AUTOCLOSE __attribute__((cleanup(xclose)))
+#define AUTOCLOSE_PIPE __attribute__((cleanup(xclose_pipe)))
+#define AUTOFREE __attribute__((cleanup(xfree)))
 
 /* A blocking connection to the server in mode cmd, verified direct: the fd or -1 (why set). */
 static int dial(const char *cmd, int type, char *why)
@@ -501,20 +517,26 @@ static int expect_sum(int fd, uint64_t n, uint64_t h, char *why)
 	return 0;
 }
 
+/* Shut down writing to the sink on fd and check its answer for n bytes
+ * hashing to h. */
+static int shut_sum(int fd, uint64_t n, uint64_t h, char *why)
+{
+	if (shutdown(fd, SHUT_WR) < 0) {
+		snprintf(why, WHYLEN, "shutdown: %s", strerror(errno));
+		return -1;
+	}
+	return expect_sum(fd, n, h, why);
+}
+
 /* Echo round trip of n pattern bytes at offset off through fd. */
 static int echo_check(int fd, uint64_t off, size_t n, char *why)
 {
-	unsigned char *b = malloc(n), *want = malloc(n);
-	int rc = -1;
+	unsigned char *b AUTOFREE = malloc(n), *want AUTOFREE = malloc(n);
 	fill_pat(want, off, n);
 	FAILIF(wr_all(fd, want, n) < 0, "write");
 	FAILIF(rd_full(fd, b, n) != (ssize_t)n, "echo short");
 	FAILIF(memcmp(b, want, n) != 0, "echo differs");
-	rc = 0;
-out:
-	free(b);
-	free(want);
-	return rc;
+	return 0;
 }
 
 static int wait_child(pid_t p, char *why, const char *what)
