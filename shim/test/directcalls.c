@@ -67,6 +67,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "addr.h"
+
 #define WHYLEN 512
 #define FNV0 14695981039346656037ULL
 
@@ -198,16 +200,12 @@ static int send_pat(int fd, uint64_t *off, size_t n, uint64_t *h)
 	return 0;
 }
 
-static void addr_str(const struct sockaddr *sa, char *buf, size_t n)
+/* "IP:PORT/FAMILY" (addr_str of addr.h with the family). */
+static void addr_fam_str(const struct sockaddr *sa, char *buf, size_t n)
 {
-	char ip[INET6_ADDRSTRLEN] = "?";
-	int port = 0;
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *a = (const void *)sa;
-		inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-		port = ntohs(a->sin_port);
-	}
-	snprintf(buf, n, "%s:%d/%d", ip, port, sa->sa_family);
+	char ipport[INET6_ADDRSTRLEN + 8];
+	addr_str(sa, ipport, sizeof ipport);
+	snprintf(buf, n, "%s/%d", ipport, sa->sa_family);
 }
 
 /* ================= server ================= */
@@ -323,8 +321,8 @@ static void serve(int c, char *cmd)
 		if (getsockname(c, (void *)&a, &al) < 0 || getpeername(c, (void *)&b, &bl) < 0)
 			srv_fail(mode, "getsockname/getpeername");
 		char sa[80], sb[80], line[200];
-		addr_str((void *)&a, sa, sizeof sa);
-		addr_str((void *)&b, sb, sizeof sb);
+		addr_fam_str((void *)&a, sa, sizeof sa);
+		addr_fam_str((void *)&b, sb, sizeof sb);
 		int m = snprintf(line, sizeof line, "local=%s peer=%s len=%u,%u\n", sa, sb, (unsigned)al, (unsigned)bl);
 		if (wr_all(c, line, (size_t)m) < 0)
 			srv_fail(mode, "write");

@@ -382,8 +382,8 @@ static int c_names(int s, char *why)
 	FAILIF(getsockname(s, (void *)&a, &al) < 0, "getsockname");
 	FAILIF(getpeername(s, (void *)&b, &bl) < 0, "getpeername");
 	char sa[80], sb[80], want[200], line[200];
-	addr_str((void *)&a, sa, sizeof sa);
-	addr_str((void *)&b, sb, sizeof sb);
+	addr_fam_str((void *)&a, sa, sizeof sa);
+	addr_fam_str((void *)&b, sb, sizeof sb);
 	FAILIF(al != sizeof(struct sockaddr_in) || bl != sizeof(struct sockaddr_in), "lengths %u %u", (unsigned)al,
 	       (unsigned)bl);
 	struct sockaddr_in *pb = (void *)&b;
