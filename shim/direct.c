@@ -291,47 +291,29 @@ static int dflags(int fd, int mflags)
 	return f;
 }
 
-/* A receive on fd if it is direct: the count, -1 with errno, or NOT_DIRECT. */
-static ssize_t d_recv(int fd, const struct iovec *iov, int cnt, int mflags)
+/* A send (send 1) or receive (send 0) on fd if it is direct: the count, -1
+ * with errno, or NOT_DIRECT. A send takes only MSG_DONTWAIT of mflags. */
+static ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 {
 	struct dconn *c = dcof(fd);
 	if (!c)
 		return NOT_DIRECT;
 	if (mflags & MSG_OOB) {
-		errno = EINVAL; /* TCP without urgent data */
+		errno = send ? EOPNOTSUPP : EINVAL; /* TCP without urgent data */
 		return -1;
 	}
 	int saved = errno;
-	ssize_t r = dring_readv(&c->d, iov, cnt, dflags(fd, mflags));
+	ssize_t r;
+	if (send)
+		r = dring_writev(&c->d, iov, cnt, dflags(fd, mflags & MSG_DONTWAIT));
+	else
+		r = dring_readv(&c->d, iov, cnt, dflags(fd, mflags));
 	if (r == -DRING_RELAYED) {
 		errno = saved;
 		return NOT_DIRECT;
 	}
 	if (r < 0) {
-		errno = (int)-r;
-		return -1;
-	}
-	errno = saved;
-	return r;
-}
-
-static ssize_t d_send(int fd, const struct iovec *iov, int cnt, int mflags)
-{
-	struct dconn *c = dcof(fd);
-	if (!c)
-		return NOT_DIRECT;
-	if (mflags & MSG_OOB) {
-		errno = EOPNOTSUPP;
-		return -1;
-	}
-	int saved = errno;
-	ssize_t r = dring_writev(&c->d, iov, cnt, dflags(fd, mflags & MSG_DONTWAIT));
-	if (r == -DRING_RELAYED) {
-		errno = saved;
-		return NOT_DIRECT;
-	}
-	if (r < 0) {
-		if (r == -EPIPE && !(mflags & MSG_NOSIGNAL))
+		if (send && r == -EPIPE && !(mflags & MSG_NOSIGNAL))
 			raise(SIGPIPE);
 		errno = (int)-r;
 		return -1;
@@ -339,6 +321,10 @@ static ssize_t d_send(int fd, const struct iovec *iov, int cnt, int mflags)
 	errno = saved;
 	return r;
 }
+
+static ssize_t d_recv(int fd, const struct iovec *iov, int cnt, int mflags) { return d_io(fd, iov, cnt, mflags, 0); }
+
+static ssize_t d_send(int fd, const struct iovec *iov, int cnt, int mflags) { return d_io(fd, iov, cnt, mflags, 1); }
 
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
@@ -1234,49 +1220,39 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 
 #define EXECL_MAX 4096
 
-/* The execl family: argv from the variadic list, then the v form. */
-#define EXECL_ARGV(arg, ap, argv, n)                                                                                   \
-	do {                                                                                                           \
-		argv[0] = (char *)arg;                                                                                 \
-		for (n = 1; argv[n - 1] && n < EXECL_MAX; n++)                                                         \
-			argv[n] = va_arg(ap, char *);                                                                  \
-		if (argv[n - 1]) {                                                                                     \
-			va_end(ap);                                                                                    \
-			errno = E2BIG;                                                                                 \
-			return -1;                                                                                     \
-		}                                                                                                      \
-	} while (0)
-
-EXPORT int execl(const char *path, const char *arg, ...)
+/* The execl family: argv from the variadic list ap (for execle, envp
+ * after its NULL), then the v form: execv (kind 'l'), execvp ('p') or
+ * execve ('e'). -1 with E2BIG for more than EXECL_MAX arguments. */
+static int execl_va(const char *file, const char *arg, va_list ap, char kind)
 {
 	char *argv[EXECL_MAX];
 	int n;
-	va_list ap;
-	va_start(ap, arg);
-	EXECL_ARGV(arg, ap, argv, n);
-	va_end(ap);
-	return execv(path, argv);
+	argv[0] = (char *)arg;
+	for (n = 1; argv[n - 1] && n < EXECL_MAX; n++)
+		argv[n] = va_arg(ap, char *);
+	if (argv[n - 1]) {
+		errno = E2BIG;
+		return -1;
+	}
+	if (kind == 'e')
+		return execve(file, argv, va_arg(ap, char *const *));
+	if (kind == 'p')
+		return execvp(file, argv);
+	return execv(file, argv);
 }
 
-EXPORT int execlp(const char *file, const char *arg, ...)
-{
-	char *argv[EXECL_MAX];
-	int n;
-	va_list ap;
-	va_start(ap, arg);
-	EXECL_ARGV(arg, ap, argv, n);
-	va_end(ap);
-	return execvp(file, argv);
-}
+/* execl, execlp and execle differ only in kind; C cannot pass a variadic
+ * list on, so each hands execl_va a va_list. */
+#define EXECL_WRAPPER(name, kind)                                                                                      \
+	EXPORT int name(const char *file, const char *arg, ...)                                                        \
+	{                                                                                                              \
+		va_list ap;                                                                                            \
+		va_start(ap, arg);                                                                                     \
+		int r = execl_va(file, arg, ap, kind);                                                                 \
+		va_end(ap);                                                                                            \
+		return r;                                                                                              \
+	}
 
-EXPORT int execle(const char *path, const char *arg, ...)
-{
-	char *argv[EXECL_MAX];
-	int n;
-	va_list ap;
-	va_start(ap, arg);
-	EXECL_ARGV(arg, ap, argv, n);
-	char *const *envp = va_arg(ap, char *const *);
-	va_end(ap);
-	return execve(path, argv, envp);
-}
+EXECL_WRAPPER(execl, 'l')
+EXECL_WRAPPER(execlp, 'p')
+EXECL_WRAPPER(execle, 'e')

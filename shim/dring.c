@@ -502,13 +502,10 @@ static ssize_t data_wait(struct dring *d, int w, int flags, struct dcall *k)
 ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
 {
 	struct dcall k;
-	int r = data_begin(d, iov, iovcnt, flags, &d->out->prod_lock, &k);
-	if (r < 0)
-		return r;
-	ssize_t err = 0;
-	for (;;) {
-		if ((err = data_gone(d)) < 0)
-			break;
+	ssize_t err = data_begin(d, iov, iovcnt, flags, &d->out->prod_lock, &k);
+	if (err < 0)
+		return err;
+	while ((err = data_gone(d)) == 0) {
 		if (LD(&d->out->rd_closed) || LD(&d->out->fin)) {
 			err = -EPIPE;
 			break;
@@ -543,13 +540,10 @@ ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int f
 ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int flags)
 {
 	struct dcall k;
-	int r = data_begin(d, iov, iovcnt, flags, &d->in->cons_lock, &k);
-	if (r < 0)
-		return r;
-	ssize_t err = 0;
-	for (;;) {
-		if ((err = data_gone(d)) < 0)
-			break;
+	ssize_t err = data_begin(d, iov, iovcnt, flags, &d->in->cons_lock, &k);
+	if (err < 0)
+		return err;
+	while ((err = data_gone(d)) == 0) {
 		if (d->rd_shut || k.done == k.want)
 			break;
 		uint32_t fin = LD(&d->in->fin);

@@ -443,10 +443,7 @@ static int ctl_send(int s, const char *line, int fd)
 		char buf[CMSG_SPACE(sizeof(int))];
 		struct cmsghdr align;
 	} u;
-	struct msghdr mh;
-	memset(&mh, 0, sizeof mh);
-	mh.msg_iov = &iov;
-	mh.msg_iovlen = 1;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 	if (fd >= 0) {
 		memset(&u, 0, sizeof u);
 		mh.msg_control = u.buf;
@@ -500,12 +497,7 @@ static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 			char b[CMSG_SPACE(16 * sizeof(int))];
 			struct cmsghdr align;
 		} u;
-		struct msghdr mh;
-		memset(&mh, 0, sizeof mh);
-		mh.msg_iov = &iov;
-		mh.msg_iovlen = 1;
-		mh.msg_control = u.b;
-		mh.msg_controllen = sizeof u.b;
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
 		ssize_t n = real_recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -1034,31 +1026,31 @@ static void dup_copy(int oldfd, int newfd)
 	unlock();
 }
 
-EXPORT int dup(int fd)
+/* dup_result ends a dup, dup2 or dup3 of fd that returned r: on success
+ * the entry is copied to r. Returns r. */
+static int dup_result(int fd, int r)
 {
-	INIT();
-	int r = real_dup(fd);
 	if (r >= 0)
 		dup_copy(fd, r);
 	return r;
+}
+
+EXPORT int dup(int fd)
+{
+	INIT();
+	return dup_result(fd, real_dup(fd));
 }
 
 EXPORT int dup2(int fd, int fd2)
 {
 	INIT();
-	int r = real_dup2(fd, fd2);
-	if (r >= 0)
-		dup_copy(fd, r);
-	return r;
+	return dup_result(fd, real_dup2(fd, fd2));
 }
 
 EXPORT int dup3(int fd, int fd2, int flags)
 {
 	INIT();
-	int r = real_dup3(fd, fd2, flags);
-	if (r >= 0)
-		dup_copy(fd, r);
-	return r;
+	return dup_result(fd, real_dup3(fd, fd2, flags));
 }
 
 static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, void *arg)
@@ -1075,25 +1067,22 @@ static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, void *arg)
 	return r;
 }
 
-EXPORT int fcntl(int fd, int cmd, ...)
-{
-	va_list ap;
-	va_start(ap, cmd);
-	void *arg = va_arg(ap, void *);
-	va_end(ap);
-	INIT();
-	return do_fcntl(real_fcntl, fd, cmd, arg);
-}
+/* fcntl and fcntl64 differ only in the real call; C cannot pass a
+ * variadic list on, so each reads the optional argument itself (as a
+ * pointer: an int argument fits in it) for do_fcntl. */
+#define FCNTL_WRAPPER(name, real)                                                                                      \
+	EXPORT int name(int fd, int cmd, ...)                                                                          \
+	{                                                                                                              \
+		va_list ap;                                                                                            \
+		va_start(ap, cmd);                                                                                     \
+		void *arg = va_arg(ap, void *);                                                                        \
+		va_end(ap);                                                                                            \
+		INIT();                                                                                                \
+		return do_fcntl(real, fd, cmd, arg);                                                                   \
+	}
 
-EXPORT int fcntl64(int fd, int cmd, ...)
-{
-	va_list ap;
-	va_start(ap, cmd);
-	void *arg = va_arg(ap, void *);
-	va_end(ap);
-	INIT();
-	return do_fcntl(real_fcntl64, fd, cmd, arg);
-}
+FCNTL_WRAPPER(fcntl, real_fcntl)
+FCNTL_WRAPPER(fcntl64, real_fcntl64)
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
@@ -1161,23 +1150,22 @@ static int copy_addr(const union addr *a, socklen_t alen, struct sockaddr *out, 
 	return 0;
 }
 
-EXPORT int getsockname(int fd, struct sockaddr *addr, socklen_t *len)
+/* getsockname (peer 0) or getpeername (peer 1): a switched socket's TCP
+ * address from its entry, else the kernel's answer. */
+static int sock_name(int fd, int peer, struct sockaddr *addr, socklen_t *len)
 {
 	INIT();
 	struct fdent e;
-	if (switched(fd, &e))
-		return copy_addr(&e.local, e.llen, addr, len);
-	return real_getsockname(fd, addr, len);
+	if (!switched(fd, &e))
+		return (peer ? real_getpeername : real_getsockname)(fd, addr, len);
+	if (peer)
+		return copy_addr(&e.peer, e.plen, addr, len);
+	return copy_addr(&e.local, e.llen, addr, len);
 }
 
-EXPORT int getpeername(int fd, struct sockaddr *addr, socklen_t *len)
-{
-	INIT();
-	struct fdent e;
-	if (switched(fd, &e))
-		return copy_addr(&e.peer, e.plen, addr, len);
-	return real_getpeername(fd, addr, len);
-}
+EXPORT int getsockname(int fd, struct sockaddr *addr, socklen_t *len) { return sock_name(fd, 0, addr, len); }
+
+EXPORT int getpeername(int fd, struct sockaddr *addr, socklen_t *len) { return sock_name(fd, 1, addr, len); }
 
 #define EXTDS_MSS 65483 /* exn0 MTU 65521 - 20 IP - 18 TCP options... as TCP over exn0 reports */
 
@@ -1393,18 +1381,25 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 	return real_sendto(fd, buf, n, flags, addr, alen);
 }
 
+/* sendmsg (send 1) or recvmsg (send 0) on fd if it is direct: as d_send
+ * or d_recv, and EMSGSIZE for more than IOV_MAX iovecs, as the kernel. */
+static ssize_t d_msg(int fd, const struct msghdr *msg, int flags, int send)
+{
+	if (!msg || !dcof(fd))
+		return NOT_DIRECT;
+	if (msg->msg_iovlen > IOV_MAX) {
+		errno = EMSGSIZE;
+		return -1;
+	}
+	return d_io(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, send);
+}
+
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
 	INIT();
-	if (msg && dcof(fd)) {
-		if (msg->msg_iovlen > IOV_MAX) {
-			errno = EMSGSIZE;
-			return -1;
-		}
-		ssize_t d = d_send(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
-		if (d != NOT_DIRECT)
-			return d;
-	}
+	ssize_t d = d_msg(fd, msg, flags, 1);
+	if (d != NOT_DIRECT)
+		return d;
 	if (msg && msg->msg_name && (fdflags(fd) & F_SWITCHED)) {
 		struct msghdr m = *msg;
 		m.msg_name = NULL;
@@ -1444,20 +1439,14 @@ EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int fl
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
 	INIT();
-	if (msg && dcof(fd)) {
-		if (msg->msg_iovlen > IOV_MAX) {
-			errno = EMSGSIZE;
-			return -1;
+	ssize_t d = d_msg(fd, msg, flags, 0);
+	if (d != NOT_DIRECT) {
+		if (d >= 0) {
+			msg->msg_namelen = 0;
+			msg->msg_controllen = 0;
+			msg->msg_flags = 0;
 		}
-		ssize_t d = d_recv(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
-		if (d != NOT_DIRECT) {
-			if (d >= 0) {
-				msg->msg_namelen = 0;
-				msg->msg_controllen = 0;
-				msg->msg_flags = 0;
-			}
-			return d;
-		}
+		return d;
 	}
 	ssize_t r = real_recvmsg(fd, msg, flags);
 	if (r >= 0 && msg && msg->msg_name && (fdflags(fd) & F_SWITCHED))

@@ -67,6 +67,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "addr.h"
+
 #define WHYLEN 512
 #define FNV0 14695981039346656037ULL
 
@@ -198,16 +200,12 @@ static int send_pat(int fd, uint64_t *off, size_t n, uint64_t *h)
 	return 0;
 }
 
-static void addr_str(const struct sockaddr *sa, char *buf, size_t n)
+/* "IP:PORT/FAMILY" (addr_str of addr.h with the family). */
+static void addr_fam_str(const struct sockaddr *sa, char *buf, size_t n)
 {
-	char ip[INET6_ADDRSTRLEN] = "?";
-	int port = 0;
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *a = (const void *)sa;
-		inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-		port = ntohs(a->sin_port);
-	}
-	snprintf(buf, n, "%s:%d/%d", ip, port, sa->sa_family);
+	char ipport[INET6_ADDRSTRLEN + 8];
+	addr_str(sa, ipport, sizeof ipport);
+	snprintf(buf, n, "%s/%d", ipport, sa->sa_family);
 }
 
 /* ================= server ================= */
@@ -323,8 +321,8 @@ static void serve(int c, char *cmd)
 		if (getsockname(c, (void *)&a, &al) < 0 || getpeername(c, (void *)&b, &bl) < 0)
 			srv_fail(mode, "getsockname/getpeername");
 		char sa[80], sb[80], line[200];
-		addr_str((void *)&a, sa, sizeof sa);
-		addr_str((void *)&b, sb, sizeof sb);
+		addr_fam_str((void *)&a, sa, sizeof sa);
+		addr_fam_str((void *)&b, sb, sizeof sb);
 		int m = snprintf(line, sizeof line, "local=%s peer=%s len=%u,%u\n", sa, sb, (unsigned)al, (unsigned)bl);
 		if (wr_all(c, line, (size_t)m) < 0)
 			srv_fail(mode, "write");
@@ -432,6 +430,10 @@ static int server(void)
 
 /* ================= client ================= */
 
+/* In a check (why in scope): if cond, why says what (printf-style), with
+ * errno and the line, and the check returns -1. Descriptors and buffers a
+ * check holds are declared AUTOCLOSE, AUTOCLOSE_PIPE or AUTOFREE: they
+ * are released on every return. */
 #define FAILIF(cond, ...)                                                                                              \
 	do {                                                                                                           \
 		if (cond) {                                                                                            \
@@ -439,7 +441,7 @@ static int server(void)
 			int k_ = snprintf(why, WHYLEN, __VA_ARGS__);                                                   \
 			if (k_ >= 0 && k_ < WHYLEN)                                                                    \
 				snprintf(why + k_, (size_t)(WHYLEN - k_), " [errno %s, line %d]", strerror(e_), __LINE__); \
-			goto out;                                                                                      \
+			return -1;                                                                                     \
 		}                                                                                                      \
 	} while (0)
 
@@ -451,6 +453,18 @@ static int xclose(int *fd)
 	*fd = -1;
 	return r;
 }
+
+static void xclose_pipe(int (*pp)[2])
+{
+	xclose(&(*pp)[0]);
+	xclose(&(*pp)[1]);
+}
+
+static void xfree(unsigned char **p) { free(*p); }
+
+#define AUTOCLOSE __attribute__((cleanup(xclose)))
+#define AUTOCLOSE_PIPE __attribute__((cleanup(xclose_pipe)))
+#define AUTOFREE __attribute__((cleanup(xfree)))
 
 /* A blocking connection to the server in mode cmd, verified direct: the fd or -1 (why set). */
 static int dial(const char *cmd, int type, char *why)
@@ -501,20 +515,26 @@ static int expect_sum(int fd, uint64_t n, uint64_t h, char *why)
 	return 0;
 }
 
+/* Shut down writing to the sink on fd and check its answer for n bytes
+ * hashing to h. */
+static int shut_sum(int fd, uint64_t n, uint64_t h, char *why)
+{
+	if (shutdown(fd, SHUT_WR) < 0) {
+		snprintf(why, WHYLEN, "shutdown: %s", strerror(errno));
+		return -1;
+	}
+	return expect_sum(fd, n, h, why);
+}
+
 /* Echo round trip of n pattern bytes at offset off through fd. */
 static int echo_check(int fd, uint64_t off, size_t n, char *why)
 {
-	unsigned char *b = malloc(n), *want = malloc(n);
-	int rc = -1;
+	unsigned char *b AUTOFREE = malloc(n), *want AUTOFREE = malloc(n);
 	fill_pat(want, off, n);
 	FAILIF(wr_all(fd, want, n) < 0, "write");
 	FAILIF(rd_full(fd, b, n) != (ssize_t)n, "echo short");
 	FAILIF(memcmp(b, want, n) != 0, "echo differs");
-	rc = 0;
-out:
-	free(b);
-	free(want);
-	return rc;
+	return 0;
 }
 
 static int wait_child(pid_t p, char *why, const char *what)

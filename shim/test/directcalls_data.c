@@ -10,7 +10,7 @@
 
 static int c_nb_connect(char *why)
 {
-	int rc = -1, s = -1, before = ndirect();
+	int s AUTOCLOSE = -1, before = ndirect();
 	char buf[16];
 	s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
 	FAILIF(s < 0, "socket");
@@ -35,15 +35,12 @@ static int c_nb_connect(char *why)
 	FAILIF(poll(&p, 1, 10000) != 1 || !(p.revents & POLLIN), "poll POLLIN");
 	FAILIF(read(s, buf, sizeof buf) != 4 || memcmp(buf, "ping", 4), "echo");
 	FAILIF(getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) < 0 || err != 0, "SO_ERROR later: %d", err);
-	rc = 0;
-out:
-	xclose(&s);
-	return rc;
+	return 0;
 }
 
 static int c_nb_connect_refused(char *why)
 {
-	int rc = -1, s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int s AUTOCLOSE = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
 	FAILIF(s < 0, "socket");
 	struct sockaddr_in a = g_srv;
 	a.sin_port = htons((uint16_t)(g_port + 1)); /* nothing listens there */
@@ -59,15 +56,11 @@ static int c_nb_connect_refused(char *why)
 	}
 	errno = err;
 	FAILIF(err != ECONNREFUSED, "want ECONNREFUSED");
-	rc = 0;
-out:
-	xclose(&s);
-	return rc;
+	return 0;
 }
 
 static int c_rcvtimeo(int s, char *why)
 {
-	int rc = -1;
 	char b[8];
 	struct timeval tv = {0, 200000}, got = {0, 0};
 	socklen_t l = sizeof got;
@@ -80,11 +73,7 @@ static int c_rcvtimeo(int s, char *why)
 	int64_t dt = now_ms() - t0;
 	FAILIF(r != -1 || (errno != EAGAIN && errno != EWOULDBLOCK), "read with nothing there: %zd, want EAGAIN", r);
 	FAILIF(dt < 150 || dt > 5000, "timed out after %lld ms, want about 200", (long long)dt);
-	if (echo_check(s, 0, 1000, why) < 0)
-		goto out; /* why says what */
-	rc = 0;
-out:
-	return rc;
+	return echo_check(s, 0, 1000, why);
 }
 
 /* Connect to a "fill" server: returns fd and the server child's pid. */
@@ -107,7 +96,7 @@ static int dial_fill(pid_t *pid, char *why)
 static int c_sndtimeo(char *why)
 {
 	pid_t pid = 0;
-	int rc = -1, s = dial_fill(&pid, why);
+	int s AUTOCLOSE = dial_fill(&pid, why);
 	if (s < 0)
 		return -1;
 	uint64_t off = 0, h = FNV0;
@@ -133,13 +122,7 @@ static int c_sndtimeo(char *why)
 	tv.tv_usec = 0;
 	FAILIF(setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0, "clear SO_SNDTIMEO");
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "write after the server drained");
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&s);
-	return rc;
+	return shut_sum(s, off, h, why);
 }
 
 /* Fill the ring (non-blocking) until EAGAIN. */
@@ -180,7 +163,6 @@ static int wait_nread(int s, int want)
 
 static int c_msg_peek(int s, char *why)
 {
-	int rc = -1;
 	unsigned char b[2000], want[1000];
 	fill_pat(want, 0, sizeof want);
 	FAILIF(wait_nread(s, 1000) != 1000, "FIONREAD");
@@ -190,46 +172,36 @@ static int c_msg_peek(int s, char *why)
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || n != 1000, "FIONREAD after peeking: %d", n);
 	FAILIF(recv(s, b, sizeof b, 0) != 1000 || memcmp(b, want, 1000), "read after peeking");
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || n != 0, "FIONREAD after reading: %d", n);
-	rc = 0;
-out:
-	return rc;
+	return 0;
 }
 
 static int c_fionread(int s, char *why)
 {
-	int rc = -1, n = -1;
+	int n = -1;
 	unsigned char b[1000];
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || (n != 0 && n != 12345), "FIONREAD: %d, want 0 or 12345", n);
 	FAILIF((n = wait_nread(s, 12345)) != 12345, "FIONREAD: %d, want 12345", n);
 	FAILIF(rd_full(s, b, sizeof b) != sizeof b, "read");
 	FAILIF(ioctl(s, FIONREAD, &n) < 0 || n != 12345 - 1000, "FIONREAD after reading 1000: %d", n);
-	rc = 0;
-out:
-	return rc;
+	return 0;
 }
 
 static int c_msg_waitall(char *why)
 {
 	enum { N = 200000 };
-	int rc = -1, s = dial("source 200000 1000 300", 0, why);
+	int s AUTOCLOSE = dial("source 200000 1000 300", 0, why);
 	if (s < 0)
 		return -1;
-	unsigned char *b = malloc(N), *want = malloc(N);
+	unsigned char *b AUTOFREE = malloc(N), *want AUTOFREE = malloc(N);
 	fill_pat(want, 0, N);
 	ssize_t r = recv(s, b, N, MSG_WAITALL);
 	FAILIF(r != N, "MSG_WAITALL returned %zd of %d", r, N);
 	FAILIF(memcmp(b, want, N), "bytes differ");
-	rc = 0;
-out:
-	free(b);
-	free(want);
-	xclose(&s);
-	return rc;
+	return 0;
 }
 
 static int c_msg_dontwait(int s, char *why)
 {
-	int rc = -1;
 	char b[16];
 	int64_t t0 = now_ms();
 	errno = 0;
@@ -241,15 +213,12 @@ static int c_msg_dontwait(int s, char *why)
 	FAILIF(poll(&p, 1, 10000) != 1, "poll");
 	FAILIF(recv(s, b, sizeof b, MSG_DONTWAIT) != 2 || memcmp(b, "hi", 2), "recv MSG_DONTWAIT");
 	FAILIF(fcntl(s, F_GETFL) & O_NONBLOCK, "the descriptor became non-blocking");
-	rc = 0;
-out:
-	return rc;
+	return 0;
 }
 
 /* shutdown(SHUT_WR): the peer reads EOF and still answers; writing is EPIPE. */
 static int c_half_close(int s, char *why)
 {
-	int rc = -1;
 	uint64_t off = 0, h = FNV0;
 	char b[8];
 	FAILIF(send_pat(s, &off, 300000, &h) < 0, "write");
@@ -257,11 +226,9 @@ static int c_half_close(int s, char *why)
 	errno = 0;
 	FAILIF(send(s, "x", 1, MSG_NOSIGNAL) != -1 || errno != EPIPE, "send after SHUT_WR: want EPIPE");
 	if (expect_sum(s, off, h, why) < 0)
-		goto out;
+		return -1;
 	FAILIF(read(s, b, sizeof b) != 0, "want EOF after the server closed");
-	rc = 0;
-out:
-	return rc;
+	return 0;
 }
 
 static void on_sigpipe(int s)
@@ -273,7 +240,6 @@ static void on_sigpipe(int s)
 /* The peer closes: POLLIN|POLLRDHUP, the bytes, EOF; then writes fail with EPIPE and SIGPIPE. */
 static int c_peer_close(int s, char *why)
 {
-	int rc = -1;
 	unsigned char b[16], want[10];
 	fill_pat(want, 0, 10);
 	struct pollfd p = {s, POLLIN | POLLRDHUP, 0};
@@ -297,58 +263,51 @@ static int c_peer_close(int s, char *why)
 	w = write(s, "z", 1);
 	FAILIF(w >= 0 || (errno != EPIPE && errno != ECONNRESET), "write: %zd", w);
 	FAILIF(errno == EPIPE && g_sigpipe != before + 1, "EPIPE without SIGPIPE");
-	rc = 0;
-out:
-	return rc;
+	return 0;
+}
+
+/* Lay n iovecs over buf, back to back: iovec i has first + i * step bytes,
+ * cut to the cap bytes buf has. The bytes laid. */
+static size_t iov_lay(struct iovec *v, int n, unsigned char *buf, size_t cap, long first, long step)
+{
+	size_t total = 0;
+	for (int i = 0; i < n; i++) {
+		size_t k = (size_t)(first + i * step);
+		if (k > cap - total)
+			k = cap - total;
+		v[i] = (struct iovec){buf + total, k};
+		total += k;
+	}
+	return total;
 }
 
 static int c_readv_writev(int s, char *why)
 {
-	int rc = -1;
 	enum { NW = 16, NR = 7 };
 	static unsigned char src[NW * 997 * 8], dst[sizeof src];
 	struct iovec wv[NW], rv[NR];
-	size_t total = 0;
-	for (int i = 0; i < NW; i++) {
-		wv[i] = (struct iovec){src + total, (size_t)(i * 997 + 1)};
-		total += wv[i].iov_len;
-	}
+	size_t total = iov_lay(wv, NW, src, sizeof src, 1, 997);
 	fill_pat(src, 0, total);
 	ssize_t w = writev(s, wv, NW);
 	FAILIF(w != (ssize_t)total, "writev: %zd of %zu", w, total);
 	size_t got = 0;
 	while (got < total) {
 		/* odd sizes across the iovecs, wrapping whatever came */
-		size_t rest = total - got, o = got;
-		for (int i = 0; i < NR; i++) {
-			size_t k = (size_t)(i * 1511 + 3);
-			if (k > rest)
-				k = rest;
-			rv[i] = (struct iovec){dst + o, k};
-			o += k;
-			rest -= k;
-		}
+		iov_lay(rv, NR, dst + got, total - got, 3, 1511);
 		ssize_t r = readv(s, rv, NR);
 		FAILIF(r <= 0, "readv: %zd after %zu", r, got);
 		got += (size_t)r;
 	}
 	FAILIF(memcmp(src, dst, total), "bytes differ");
-	rc = 0;
-out:
-	return rc;
+	return 0;
 }
 
 static int c_msg_iov64(int s, char *why)
 {
-	int rc = -1;
 	enum { NV = 64 };
 	static unsigned char src[NV * 200 * 70], dst[sizeof src];
 	struct iovec wv[NV], rv[NV];
-	size_t total = 0;
-	for (int i = 0; i < NV; i++) {
-		wv[i] = (struct iovec){src + total, (size_t)(i * 131 + 1)};
-		total += wv[i].iov_len;
-	}
+	size_t total = iov_lay(wv, NV, src, sizeof src, 1, 131);
 	fill_pat(src, 0, total);
 	struct msghdr m = {0};
 	m.msg_iov = wv;
@@ -357,15 +316,7 @@ static int c_msg_iov64(int s, char *why)
 	FAILIF(w != (ssize_t)total, "sendmsg: %zd of %zu", w, total);
 	size_t got = 0;
 	while (got < total) {
-		size_t rest = total - got, o = got;
-		for (int i = 0; i < NV; i++) {
-			size_t k = (size_t)((NV - i) * 97 + 1);
-			if (k > rest)
-				k = rest;
-			rv[i] = (struct iovec){dst + o, k};
-			o += k;
-			rest -= k;
-		}
+		iov_lay(rv, NV, dst + got, total - got, NV * 97 + 1, -97); /* sizes going down */
 		struct sockaddr_storage from;
 		char ctl[64];
 		struct msghdr r = {0};
@@ -383,15 +334,13 @@ static int c_msg_iov64(int s, char *why)
 		got += (size_t)n;
 	}
 	FAILIF(memcmp(src, dst, total), "bytes differ");
-	rc = 0;
-out:
-	return rc;
+	return 0;
 }
 
 static int c_sendfile(char *why)
 {
 	enum { N = 3 << 20, A = 2 << 20, B = 5 << 19 };
-	int rc = -1, f = -1, s = dial("sink", 0, why);
+	int f AUTOCLOSE = -1, s AUTOCLOSE = dial("sink", 0, why);
 	if (s < 0)
 		return -1;
 	char path[] = "/tmp/directcalls-sendfile-XXXXXX";
@@ -422,27 +371,19 @@ static int c_sendfile(char *why)
 		ssize_t r = sendfile64(s, f, &o64, (size_t)(N - o64));
 		FAILIF(r <= 0, "sendfile64: %zd at %lld", r, (long long)o64);
 	}
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, N, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&f);
-	xclose(&s);
-	return rc;
+	return shut_sum(s, N, h, why);
 }
 
 /* getsockname/getpeername are the TCP addresses, crossed with the server's view. */
 static int c_names(int s, char *why)
 {
-	int rc = -1;
 	struct sockaddr_storage a, b;
 	socklen_t al = sizeof a, bl = sizeof b;
 	FAILIF(getsockname(s, (void *)&a, &al) < 0, "getsockname");
 	FAILIF(getpeername(s, (void *)&b, &bl) < 0, "getpeername");
 	char sa[80], sb[80], want[200], line[200];
-	addr_str((void *)&a, sa, sizeof sa);
-	addr_str((void *)&b, sb, sizeof sb);
+	addr_fam_str((void *)&a, sa, sizeof sa);
+	addr_fam_str((void *)&b, sb, sizeof sb);
 	FAILIF(al != sizeof(struct sockaddr_in) || bl != sizeof(struct sockaddr_in), "lengths %u %u", (unsigned)al,
 	       (unsigned)bl);
 	struct sockaddr_in *pb = (void *)&b;
@@ -454,18 +395,14 @@ static int c_names(int s, char *why)
 	FAILIF(rd_line(s, line, sizeof line) < 0, "no line from the server");
 	snprintf(want, sizeof want, "local=%s peer=%s len=16,16", sb, sa);
 	FAILIF(strcmp(line, want), "server says \"%s\", want \"%s\"", line, want);
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, 0, FNV0, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	return rc;
+	return shut_sum(s, 0, FNV0, why);
 }
 
 /* dup, dup2, dup3, F_DUPFD_CLOEXEC: each copy writes; closing copies is not the last close. */
 static int c_dup(char *why)
 {
-	int rc = -1, s = dial("sink", 0, why), d1 = -1, d2 = -1, d3 = -1, d4 = -1;
+	int s AUTOCLOSE = dial("sink", 0, why), d1 AUTOCLOSE = -1, d2 AUTOCLOSE = -1, d3 AUTOCLOSE = -1,
+	    d4 AUTOCLOSE = -1;
 	if (s < 0)
 		return -1;
 	uint64_t off = 0, h = FNV0;
@@ -490,23 +427,13 @@ static int c_dup(char *why)
 	struct sockaddr_in a;
 	socklen_t al = sizeof a;
 	FAILIF(getpeername(d4, (void *)&a, &al) < 0 || a.sin_port != g_srv.sin_port, "getpeername on the copy");
-	FAILIF(shutdown(d4, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(d4, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&s);
-	xclose(&d1);
-	xclose(&d2);
-	xclose(&d3);
-	xclose(&d4);
-	return rc;
+	return shut_sum(d4, off, h, why);
 }
 
 static int c_splice(char *why)
 {
 	enum { N = 1 << 20 };
-	int rc = -1, f = -1, pp[2] = {-1, -1}, s = dial("sink", 0, why), s2 = -1;
+	int f AUTOCLOSE = -1, pp[2] AUTOCLOSE_PIPE = {-1, -1}, s AUTOCLOSE = dial("sink", 0, why), s2 AUTOCLOSE = -1;
 	if (s < 0)
 		return -1;
 	char path[] = "/tmp/directcalls-splice-XXXXXX";
@@ -536,13 +463,12 @@ static int c_splice(char *why)
 	FAILIF(splice(pp[0], &o, s, NULL, 1, SPLICE_F_NONBLOCK) != -1 || errno != ESPIPE, "an offset on the pipe: want ESPIPE");
 	errno = 0;
 	FAILIF(splice(f, NULL, s, NULL, 1, 0) != -1 || errno != EINVAL, "no pipe on either side: want EINVAL");
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, N, fnv(FNV0, b, N), why) < 0)
-		goto out;
+	if (shut_sum(s, N, fnv(FNV0, b, N), why) < 0)
+		return -1;
 	/* connection -> pipe */
 	s2 = dial("source 1048576 65536 0", 0, why);
 	if (s2 < 0)
-		goto out;
+		return -1;
 	done = 0;
 	while (done < N) {
 		ssize_t k = splice(s2, NULL, pp[1], NULL, N - done, 0);
@@ -554,14 +480,7 @@ static int c_splice(char *why)
 	errno = 0;
 	FAILIF(splice(s2, NULL, pp[1], NULL, 1, SPLICE_F_NONBLOCK) != -1 || errno != EAGAIN,
 	       "SPLICE_F_NONBLOCK with nothing there: want EAGAIN");
-	rc = 0;
-out:
-	xclose(&f);
-	xclose(&pp[0]);
-	xclose(&pp[1]);
-	xclose(&s);
-	xclose(&s2);
-	return rc;
+	return 0;
 }
 
 /* On a full ring with O_NONBLOCK, sendfile, sendfile64 and splice say
@@ -571,7 +490,7 @@ static int c_full_ring_nb(char *why)
 {
 	enum { N = 200000 };
 	pid_t pid = 0;
-	int rc = -1, f = -1, pp[2] = {-1, -1}, s = dial_fill(&pid, why), n = -1;
+	int f AUTOCLOSE = -1, pp[2] AUTOCLOSE_PIPE = {-1, -1}, s AUTOCLOSE = dial_fill(&pid, why), n = -1;
 	if (s < 0)
 		return -1;
 	uint64_t off = 0, h = FNV0;
@@ -583,7 +502,7 @@ static int c_full_ring_nb(char *why)
 	FAILIF(pipe2(pp, O_CLOEXEC) < 0, "pipe");
 	FAILIF(fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK) < 0, "O_NONBLOCK");
 	if (fill_ring(s, &off, &h, why) < 0)
-		goto out;
+		return -1;
 	fill_pat(b, off, N);
 	FAILIF(wr_all(f, b, N) < 0, "write the file");
 	FAILIF(wr_all(pp[1], "0123456789", 10) < 0, "write the pipe");
@@ -607,15 +526,6 @@ static int c_full_ring_nb(char *why)
 	FAILIF(splice(pp[0], NULL, s, NULL, 10, 0) != 10, "splice after the peer read");
 	h = fnv(h, "0123456789", 10);
 	off += 10;
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&f);
-	xclose(&pp[0]);
-	xclose(&pp[1]);
-	xclose(&s);
-	return rc;
+	return shut_sum(s, off, h, why);
 }
 

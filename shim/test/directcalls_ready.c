@@ -6,24 +6,35 @@
  * dial_fill).
  */
 
+/* An epoll set (CLOEXEC) watching s for ev: its descriptor, or -1 (errno
+ * set). */
+static int ep_with(int s, struct epoll_event *ev)
+{
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, ev) == 0)
+		return ep;
+	int e = errno;
+	close(ep);
+	errno = e;
+	return -1;
+}
+
 /* A full ring is not writable until the peer reads, then it is: mux p, s or e. */
 static int pollout(char *why, char mux)
 {
 	pid_t pid = 0;
-	int rc = -1, ep = -1, s = dial_fill(&pid, why), n;
+	int s AUTOCLOSE = dial_fill(&pid, why), ep AUTOCLOSE = -1, n; /* ep closes first */
 	if (s < 0)
 		return -1;
 	uint64_t off = 0, h = FNV0;
 	if (fill_ring(s, &off, &h, why) < 0)
-		goto out;
+		return -1;
 	struct pollfd p = {s, POLLOUT, 0};
 	fd_set w;
 	struct timeval tv;
 	struct epoll_event ev = {EPOLLOUT, {.u64 = 77}};
-	if (mux == 'e') {
-		ep = epoll_create1(EPOLL_CLOEXEC);
-		FAILIF(ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0, "epoll_ctl");
-	}
+	if (mux == 'e')
+		FAILIF((ep = ep_with(s, &ev)) < 0, "epoll_ctl");
 	for (int round = 0; round < 3; round++) {
 		/* 0: immediate; 1: parks 200 ms, not writable; 2: the server
 		 * drains after SIGUSR1 and 100 ms: writable */
@@ -63,14 +74,7 @@ static int pollout(char *why, char mux)
 		       (long long)dt);
 	}
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "write after the server drained");
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&ep);
-	xclose(&s);
-	return rc;
+	return shut_sum(s, off, h, why);
 }
 
 static int c_pollout_poll(char *why) { return pollout(why, 'p'); }
@@ -81,7 +85,7 @@ static int c_pollout_epoll(char *why) { return pollout(why, 'e'); }
  * (the wait parks); a plain pipe in the same set keeps working. mux p or s. */
 static int pollin(char *why, char mux)
 {
-	int rc = -1, s = dial("echo 50", 0, why), pp[2] = {-1, -1}, n;
+	int s AUTOCLOSE = dial("echo 50", 0, why), pp[2] AUTOCLOSE_PIPE = {-1, -1}, n;
 	if (s < 0)
 		return -1;
 	char b[16];
@@ -119,12 +123,7 @@ static int pollin(char *why, char mux)
 		FAILIF(round == 2 && (pr || !sr), "round 2: want only the socket (pipe %d socket %d)", pr, sr);
 	}
 	FAILIF(rd_full(s, b, 5) != 5 || memcmp(b, "hello", 5), "echo");
-	rc = 0;
-out:
-	xclose(&pp[0]);
-	xclose(&pp[1]);
-	xclose(&s);
-	return rc;
+	return 0;
 }
 
 static int c_pollin_poll(char *why) { return pollin(why, 'p'); }
@@ -141,11 +140,10 @@ static int ep_wait1(int ep, struct epoll_event *ev, int tmo)
 /* Level-triggered: EPOLLOUT at once; EPOLLIN while bytes are left. */
 static int c_epoll_lt(int s, char *why)
 {
-	int rc = -1, ep = -1;
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLOUT, {.u64 = 0x1234567890ull}};
-	ep = epoll_create1(EPOLL_CLOEXEC);
-	FAILIF(ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0, "epoll_ctl ADD");
+	int ep AUTOCLOSE = ep_with(s, &ev);
+	FAILIF(ep < 0, "epoll_ctl ADD");
 	FAILIF(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0 || errno != EEXIST, "second ADD: want EEXIST");
 	FAILIF(ep_wait1(ep, &ev, 0) != 1 || ev.events != EPOLLOUT || ev.data.u64 != 0x1234567890ull,
 	       "want EPOLLOUT alone at once: %#x", ev.events);
@@ -160,20 +158,16 @@ static int c_epoll_lt(int s, char *why)
 	FAILIF(ep_wait1(ep, &ev, 50) != 0, "EPOLLIN with the ring empty: %#x", ev.events);
 	FAILIF(epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL) < 0, "DEL");
 	FAILIF(epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL) == 0 || errno != ENOENT, "second DEL: want ENOENT");
-	rc = 0;
-out:
-	xclose(&ep);
-	return rc;
+	return 0;
 }
 
 /* Edge-triggered: one event per arrival, none for bytes already reported. */
 static int c_epoll_et(int s, char *why)
 {
-	int rc = -1, ep = -1;
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLET, {.u64 = 7}};
-	ep = epoll_create1(EPOLL_CLOEXEC);
-	FAILIF(ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0, "epoll_ctl ADD");
+	int ep AUTOCLOSE = ep_with(s, &ev);
+	FAILIF(ep < 0, "epoll_ctl ADD");
 	FAILIF(write(s, "abcdef", 6) != 6, "write");
 	FAILIF(ep_wait1(ep, &ev, 10000) != 1 || !(ev.events & EPOLLIN), "no edge for the echo");
 	FAILIF(read(s, b, 2) != 2, "read 2");
@@ -182,20 +176,16 @@ static int c_epoll_et(int s, char *why)
 	FAILIF(ep_wait1(ep, &ev, 10000) != 1 || !(ev.events & EPOLLIN), "no edge for new bytes");
 	FAILIF(rd_full(s, b, 7) != 7 || memcmp(b, "cdefghi", 7), "bytes");
 	FAILIF(ep_wait1(ep, &ev, 50) != 0, "an edge with nothing new");
-	rc = 0;
-out:
-	xclose(&ep);
-	return rc;
+	return 0;
 }
 
 /* EPOLLONESHOT: one report, then none until EPOLL_CTL_MOD re-arms. */
 static int c_epoll_oneshot(int s, char *why)
 {
-	int rc = -1, ep = -1;
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLONESHOT, {.u64 = 9}};
-	ep = epoll_create1(EPOLL_CLOEXEC);
-	FAILIF(ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0, "epoll_ctl ADD");
+	int ep AUTOCLOSE = ep_with(s, &ev);
+	FAILIF(ep < 0, "epoll_ctl ADD");
 	FAILIF(write(s, "xyz", 3) != 3, "write");
 	FAILIF(ep_wait1(ep, &ev, 10000) != 1 || !(ev.events & EPOLLIN) || ev.data.u64 != 9, "no event");
 	FAILIF(ep_wait1(ep, &ev, 100) != 0, "a second event before re-arming");
@@ -205,16 +195,13 @@ static int c_epoll_oneshot(int s, char *why)
 	       "no event after re-arming (bytes still there)");
 	FAILIF(ep_wait1(ep, &ev, 100) != 0, "an event after the re-armed one fired");
 	FAILIF(rd_full(s, b, 3) != 3 || memcmp(b, "xyz", 3), "bytes");
-	rc = 0;
-out:
-	xclose(&ep);
-	return rc;
+	return 0;
 }
 
 /* The child does all the I/O; the parent closes its copy at once. */
 static int c_fork_child(char *why)
 {
-	int rc = -1, s = dial("sink", 0, why);
+	int s AUTOCLOSE = dial("sink", 0, why);
 	if (s < 0)
 		return -1;
 	pid_t p = fork();
@@ -234,18 +221,12 @@ static int c_fork_child(char *why)
 		_exit(0);
 	}
 	xclose(&s); /* not the last close: the child has it */
-	if (wait_child(p, why, "child") < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&s);
-	return rc;
+	return wait_child(p, why, "child");
 }
 
 /* Parent writes, the child writes and exits, the parent writes again and reads the answer. */
 static int c_fork_both(int s, char *why)
 {
-	int rc = -1;
 	uint64_t off = 0, h = FNV0;
 	FAILIF(send_pat(s, &off, 200000, &h) < 0, "parent write");
 	pid_t p = fork();
@@ -255,26 +236,21 @@ static int c_fork_both(int s, char *why)
 		_exit(send_pat(s, &off, 300000, &h) < 0 ? 1 : 0);
 	}
 	if (wait_child(p, why, "child") < 0)
-		goto out;
+		return -1;
 	/* the child's bytes, as it hashed them */
 	static unsigned char b[300000];
 	fill_pat(b, off, sizeof b);
 	h = fnv(h, b, sizeof b);
 	off += sizeof b;
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "parent write after the child exited");
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	return rc;
+	return shut_sum(s, off, h, why);
 }
 
 /* The server execs /bin/sh -c 'exec cat' (no shim) on the connection: exnd relays its side. */
 static int c_exec_server(char *why)
 {
 	enum { N = 300000 };
-	int rc = -1, s = dial("exec", 0, why);
+	int s AUTOCLOSE = dial("exec", 0, why);
 	if (s < 0)
 		return -1;
 	static unsigned char b[N + 1], want[N];
@@ -284,10 +260,7 @@ static int c_exec_server(char *why)
 	ssize_t r = rd_full(s, b, sizeof b);
 	FAILIF(r != N, "cat echoed %zd bytes, want %d", r, N);
 	FAILIF(memcmp(b, want, N), "cat echoed other bytes");
-	rc = 0;
-out:
-	xclose(&s);
-	return rc;
+	return 0;
 }
 
 /* A child execs /bin/sh (no shim) with the connection as stdout; the
@@ -295,7 +268,7 @@ out:
 static int c_exec_client(char *why)
 {
 	static const char msg[] = "written-by-an-exec-without-the-shim";
-	int rc = -1, s = dial("sink", 0, why);
+	int s AUTOCLOSE = dial("sink", 0, why);
 	if (s < 0)
 		return -1;
 	uint64_t off = 0, h = FNV0;
@@ -312,18 +285,12 @@ static int c_exec_client(char *why)
 		_exit(3);
 	}
 	if (wait_child(p, why, "exec'd child") < 0)
-		goto out;
+		return -1;
 	h = fnv(h, msg, sizeof msg - 1);
 	off += sizeof msg - 1;
 	/* the pattern continues at off: the sink hashes the stream */
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "write after the exec");
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	xclose(&s);
-	return rc;
+	return shut_sum(s, off, h, why);
 }
 
 /* splice from a pipe into the connection (the pipe filled from a file,
@@ -337,7 +304,6 @@ static char g_startfds[256];
  * new program; this process keeps using it directly. */
 static int c_cloexec(int s, char *why)
 {
-	int rc = -1;
 	uint64_t off = 0, h = FNV0;
 	FAILIF(!(fcntl(s, F_GETFD) & FD_CLOEXEC), "FD_CLOEXEC not set");
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "write");
@@ -352,16 +318,11 @@ static int c_cloexec(int s, char *why)
 		_exit(3);
 	}
 	if (wait_child(p, why, "fdcheck") < 0)
-		goto out;
+		return -1;
 	int before = ndirect();
 	FAILIF(before < 1, "the connection buffer is no longer mapped");
 	FAILIF(send_pat(s, &off, 100000, &h) < 0, "write after the exec");
-	FAILIF(shutdown(s, SHUT_WR) < 0, "shutdown");
-	if (expect_sum(s, off, h, why) < 0)
-		goto out;
-	rc = 0;
-out:
-	return rc;
+	return shut_sum(s, off, h, why);
 }
 
 

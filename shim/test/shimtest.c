@@ -35,6 +35,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "addr.h"
+
 static void die(const char *what)
 {
 	fprintf(stderr, "shimtest: %s: %s\n", what, strerror(errno));
@@ -76,22 +78,6 @@ static int make_addr(const char *ip, int port, struct sockaddr_storage *ss, sock
 	}
 	fprintf(stderr, "shimtest: bad address %s\n", ip);
 	exit(2);
-}
-
-static void addr_str(const struct sockaddr_storage *ss, char *buf, size_t n)
-{
-	char ip[INET6_ADDRSTRLEN] = "?";
-	int port = 0;
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *a = (const void *)ss;
-		inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-		port = ntohs(a->sin_port);
-	} else if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *a = (const void *)ss;
-		inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-		port = ntohs(a->sin6_port);
-	}
-	snprintf(buf, n, "%s:%d", ip, port);
 }
 
 static void serve(int c)
