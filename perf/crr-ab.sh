@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# netperf TCP_CRR through libextds.so with two exnd builds, interleaved
+# (issue #15): an A/B of a change to connection setup, since single
+# TCP_CRR runs on two shared vCPUs move by a third. Needs root, iproute2
+# and the netperf build (make netperf). Usage:
+#
+#   perf/crr-ab.sh ROUNDS SECS EXND_A EXND_B [LIBEXTDS]
+#
+# Each round starts two exnd nodes of one binary on a fresh shm fabric in
+# two namespaces (10.78.0.1/2), runs netserver and netperf under the shim
+# (default bin/libextds.so) for SECS seconds, stops everything, then does
+# the same with the other binary. It prints one line per run and the
+# medians. Everything it starts is stopped, and its namespaces and shm
+# files removed, on exit.
+set -euo pipefail
+[ $# -ge 4 ] || { sed -n '2,14p' "$0"; exit 2; }
+rounds=$1 secs=$2
+shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+np=${EXN_NETPERF_DIR:-$root/build/netperf}
+lib=${5:-$root/bin/libextds.so}
+bins=("$1" "$2")
+tag=crrab$$
+tmp=$(mktemp -d)
+pids=()
+stop() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	pids=()
+	for i in 1 2; do
+		ip netns pids "$tag$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+		ip netns del "$tag$i" 2>/dev/null || true
+	done
+	rm -f /dev/shm/exn-"$tag"-*
+}
+trap 'stop; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+run() { # run BIN: prints transactions per second
+	for i in 1 2; do
+		ip netns add "$tag$i"
+		ip -n "$tag$i" link set lo up
+		ip netns exec "$tag$i" "$1" --fabric "shm:$tag" --node-id $i --control "$tmp/n$i.sock" \
+			--addr 10.78.0.$i/24 --log-level warn >"$tmp/n$i.log" 2>&1 &
+		pids+=($!)
+	done
+	for _ in $(seq 50); do [ -S "$tmp/n1.sock" ] && [ -S "$tmp/n2.sock" ] && break; sleep 0.1; done
+	ip netns exec "${tag}2" env LD_PRELOAD="$lib" EXTDS_CONTROL="$tmp/n2.sock" "$np/netserver" -D -p 12865 >/dev/null 2>&1 &
+	pids+=($!)
+	sleep 0.5
+	ip netns exec "${tag}1" env LD_PRELOAD="$lib" EXTDS_CONTROL="$tmp/n1.sock" timeout $((secs + 20)) \
+		"$np/netperf" -H 10.78.0.2 -t TCP_CRR -l "$secs" 2>/dev/null | awk 'NF >= 6 && $1 ~ /^[0-9]+$/ { print $6; exit }'
+	stop
+}
+
+echo "load at the start: $(cat /proc/loadavg)"
+declare -A res
+for r in $(seq "$rounds"); do
+	for k in 0 1; do
+		v=$(run "${bins[$k]}")
+		echo "round $r ${bins[$k]} ${v:-failed} trans/s"
+		res[$k]="${res[$k]:-} ${v:-0}"
+	done
+done
+for k in 0 1; do
+	echo "median ${bins[$k]}: $(echo "${res[$k]}" | tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}') trans/s"
+done
+echo "load at the end: $(cat /proc/loadavg)"
