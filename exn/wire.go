@@ -54,9 +54,9 @@ package exn
 
 import (
 	"encoding/binary"
-	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/vnet"
 )
 
 const (
