@@ -34,12 +34,13 @@ package exn
 import (
 	"context"
 	"fmt"
-	"github.com/exn-project/exn/internal/vnet"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/fabric"
 )

@@ -24,8 +24,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/exn-project/exn/internal/vnet"
 	"unsafe"
+
+	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/fabric"
 )

@@ -19,6 +19,7 @@ package exn
 
 import (
 	"encoding/binary"
+
 	"github.com/exn-project/exn/internal/vnet"
 )
 

@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"github.com/exn-project/exn/internal/vnet"
 	"log/slog"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/fabric/mem"
 )

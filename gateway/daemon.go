@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/exn-project/exn/metrics"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/exn-project/exn/metrics"
 
 	"github.com/exn-project/exn/arp"
 	"github.com/exn-project/exn/control"

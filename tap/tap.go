@@ -3,7 +3,6 @@ package tap
 import (
 	"errors"
 	"fmt"
-	"github.com/exn-project/exn/internal/vnet"
 	"io"
 	"log/slog"
 	"net"
@@ -14,7 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/exn-project/exn/internal/vnet"
+
 	"cmp"
+
 	"github.com/exn-project/exn/internal/ratelog"
 	"github.com/exn-project/exn/internal/sys"
 	"github.com/vishvananda/netlink"

@@ -18,6 +18,7 @@ package tap
 
 import (
 	"encoding/binary"
+
 	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/internal/sys"

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"github.com/exn-project/exn/internal/vnet"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/internal/vnet"
 
 	"github.com/exn-project/exn/internal/testenv"
 	"github.com/exn-project/exn/tap"

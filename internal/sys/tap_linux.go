@@ -3,8 +3,9 @@ package sys
 import (
 	"fmt"
 
-	"golang.org/x/sys/unix"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // TUN/TAP device node and the TUNSETIFF request block.
