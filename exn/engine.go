@@ -40,9 +40,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/exn-project/exn/internal/vnet"
-
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/vnet"
 )
 
 const (

@@ -26,9 +26,8 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/exn-project/exn/internal/vnet"
-
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/vnet"
 )
 
 // ErrNotLent is returned by TransmitLent for a frame that does not start a

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exn-project/exn/internal/vnet"
-
 	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/internal/vnet"
 )
 
 // superTCP builds a TCP super-frame from src to dst (IPv4, or IPv6 if v6)

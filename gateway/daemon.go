@@ -12,8 +12,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/exn-project/exn/metrics"
-
 	"github.com/exn-project/exn/arp"
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/exn"
@@ -22,6 +20,7 @@ import (
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
 	"github.com/exn-project/exn/fabric/fping"
+	"github.com/exn-project/exn/metrics"
 	"github.com/exn-project/exn/tap"
 	"github.com/prometheus/client_golang/prometheus"
 )

@@ -1,6 +1,7 @@
 package tap
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -13,12 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/exn-project/exn/internal/vnet"
-
-	"cmp"
-
 	"github.com/exn-project/exn/internal/ratelog"
 	"github.com/exn-project/exn/internal/sys"
+	"github.com/exn-project/exn/internal/vnet"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )

@@ -19,9 +19,8 @@ package tap
 import (
 	"encoding/binary"
 
-	"github.com/exn-project/exn/internal/vnet"
-
 	"github.com/exn-project/exn/internal/sys"
+	"github.com/exn-project/exn/internal/vnet"
 )
 
 // VnetHdr is struct virtio_net_hdr (include/uapi/linux/virtio_net.h),

@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exn-project/exn/internal/vnet"
-
 	"github.com/exn-project/exn/internal/testenv"
+	"github.com/exn-project/exn/internal/vnet"
 	"github.com/exn-project/exn/tap"
 )
 

@@ -2,7 +2,6 @@ package sys
 
 import (
 	"fmt"
-
 	"unsafe"
 
 	"golang.org/x/sys/unix"
