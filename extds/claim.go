@@ -101,8 +101,7 @@ type claimEntry struct {
 	sport   uint16    // the server port (COMMIT's check)
 	// Direct agreement (claimdirect.go).
 	offerDirect bool       // the CLAIM offered a direct connection
-	direct      bool       // the acceptor claimed with ClaimDirect
-	wake        func()     // ClaimDirect's hook
+	wake        func()     // ClaimDirect's hook (nil: Claim's acceptor, no direct)
 	commit      chan uint8 // cap 1, stReplied: COMMIT's status
 	ck          commitKey  // stReplied: its key in the commit table
 }
@@ -171,25 +170,24 @@ func (d *Device) Claim(key TupleKey) *Claim { return d.claim(key, nil) }
 // claim is Claim, or ClaimDirect when wake is not nil.
 func (d *Device) claim(key TupleKey, wake func()) *Claim {
 	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
-	direct := wake != nil
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.m[key]
 	switch {
-	case e != nil && e.st == stOffered && direct && e.offerDirect:
-		e.st, e.direct, e.wake = stDirect, true, wake // DirectPending: the caller answers
+	case e != nil && e.st == stOffered && wake != nil && e.offerDirect:
+		e.st, e.wake = stDirect, wake // DirectPending: the caller answers
 	case e != nil && e.st == stOffered:
 		e.st = stAgreed
 		d.claimReply(e, key.Local.Port(), 1, 0)
 	case e == nil && len(t.m) < maxClaims:
-		t.m[key] = &claimEntry{st: stAccepting, direct: direct, wake: wake}
+		t.m[key] = &claimEntry{st: stAccepting, wake: wake}
 	case e == nil:
 		// Full: no entry, so a CLAIM is declined (busy) and the
 		// client stays TCP; Agreed reports false.
 	default:
 		// A stale tombstone of a reused 4-tuple.
-		e.st, e.direct, e.wake = stAccepting, direct, wake
+		e.st, e.wake = stAccepting, wake
 	}
 	return &Claim{d: d, key: key}
 }
@@ -233,11 +231,7 @@ func (c *Claim) Close() (agreed bool) {
 // claimReply queues a CLAIM_REPLY; under t.mu (the control sender never
 // takes it).
 func (d *Device) claimReply(e *claimEntry, port uint16, status, reason uint8) {
-	select {
-	case d.ctrlq <- ctrlReq{vd: e.vd, peer: e.from, conn: e.token, tag: TagClaimRep, port: port, status: status, reason: reason}:
-	default:
-		d.ctr.drops[DropCtrlQueue].Add(1)
-	}
+	d.queueCtl(ctrlReq{vd: e.vd, peer: e.from, conn: e.token, tag: TagClaimRep, port: port, status: status, reason: reason})
 }
 
 func decodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, flags uint32, ok bool) {
@@ -313,7 +307,7 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 	case e == nil:
 		reply.st, reply.expires = stOffered, time.Now().Add(2*DefaultClaimTimeout)
 		t.m[key] = reply
-	case e.st == stAccepting && e.direct && offerDirect:
+	case e.st == stAccepting && e.wake != nil && offerDirect:
 		e.st, e.token, e.from, e.vd, e.sport, e.offerDirect = stDirect, m.conn, from, v, sport, true
 		wake = e.wake
 	case e.st == stAccepting:

@@ -154,10 +154,7 @@ func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() 
 
 	var fm [1]fabric.Message
 	encClaimDirect(&fm[0], from, ctok, c.key.Local.Port(), di)
-	sctx, cancel := context.WithTimeout(ctx, ctrlSendTimeout)
-	_, err = vd.ep.Send(sctx, fm[:])
-	cancel()
-	if err != nil {
+	if err := vd.sendNow(ctx, &fm); err != nil {
 		d.ctr.handshakeErr.Add(1)
 		return nil, nil, fmt.Errorf("send CLAIM_DIRECT: %w", err)
 	}
@@ -233,11 +230,7 @@ func (d *Device) onCommit(v *vdev, from fabric.Addr, m *msg) {
 // commit queues a COMMIT (an abort from the rx loop); under t.mu is fine
 // (the control sender never takes it).
 func (d *Device) commit(v *vdev, peer fabric.Addr, token uint32, port uint16, status uint8) {
-	select {
-	case d.ctrlq <- ctrlReq{vd: v, peer: peer, conn: token, tag: TagCommit, port: port, status: status}:
-	default:
-		d.ctr.drops[DropCtrlQueue].Add(1)
-	}
+	d.queueCtl(ctrlReq{vd: v, peer: peer, conn: token, tag: TagCommit, port: port, status: status})
 }
 
 // clientDirectClaim is the client's side once a CLAIM_DIRECT came: open
@@ -253,9 +246,7 @@ func (d *Device) clientDirectClaim(ctx context.Context, v *vdev, peer fabric.Add
 	}
 	var fm [1]fabric.Message
 	encCommit(&fm[0], peer, a.token, port, status)
-	sctx, cancel := context.WithTimeout(ctx, ctrlSendTimeout)
-	_, err := v.ep.Send(sctx, fm[:])
-	cancel()
+	err := v.sendNow(ctx, &fm)
 	switch {
 	case err != nil && oerr == nil:
 		// The acceptor will fail the connection without our COMMIT.

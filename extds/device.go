@@ -335,14 +335,30 @@ func (d *Device) notify(v *vdev, n *fabric.Notification) {
 	c.onNotify(n)
 }
 
-// sendCtl queues a control message for the control sender; it never
-// blocks (a full queue is a counted drop).
+// sendCtl queues a control message for the control sender.
 func (d *Device) sendCtl(v *vdev, peer fabric.Addr, conn uint32, tag fabric.Tag) {
+	d.queueCtl(ctrlReq{vd: v, peer: peer, conn: conn, tag: tag})
+}
+
+// queueCtl hands r to the control sender; it never blocks (a full queue
+// is a counted drop), so the rx loop and callers under a leaf lock may
+// use it.
+func (d *Device) queueCtl(r ctrlReq) {
 	select {
-	case d.ctrlq <- ctrlReq{vd: v, peer: peer, conn: conn, tag: tag}:
+	case d.ctrlq <- r:
 	default:
 		d.ctr.drops[DropCtrlQueue].Add(1)
 	}
+}
+
+// sendNow sends fm from v at once, on the caller's goroutine, bounded by
+// ctrlSendTimeout and ctx: a control message whose sender waits on its
+// effect (the control sender's queue is for the rx loop's answers).
+func (v *vdev) sendNow(ctx context.Context, fm *[1]fabric.Message) error {
+	sctx, cancel := context.WithTimeout(ctx, ctrlSendTimeout)
+	defer cancel()
+	_, err := v.ep.Send(sctx, fm[:])
+	return err
 }
 
 func (d *Device) ctrlLoop() {
@@ -363,8 +379,7 @@ func (d *Device) ctrlLoop() {
 			default:
 				encCtl(&fm[0], r.peer, r.tag, r.conn)
 			}
-			ctx, cancel := context.WithTimeout(d.ctx, ctrlSendTimeout)
-			if _, err := r.vd.ep.Send(ctx, fm[:]); err == nil {
+			if err := r.vd.sendNow(d.ctx, &fm); err == nil {
 				switch r.tag {
 				case TagReset:
 					d.ctr.resetsSent.Add(1)
@@ -372,7 +387,6 @@ func (d *Device) ctrlLoop() {
 					d.ctr.noConnSent.Add(1)
 				}
 			}
-			cancel()
 		}
 	}
 }

@@ -65,11 +65,7 @@ func (d *Device) onProbe(v *vdev, from fabric.Addr, m *msg) {
 		st = 1
 	}
 	d.ctr.probesServed.Add(1)
-	select {
-	case d.ctrlq <- ctrlReq{vd: v, peer: from, conn: m.conn, tag: TagProbeRep, port: port, status: st}:
-	default:
-		d.ctr.drops[DropCtrlQueue].Add(1)
-	}
+	d.queueCtl(ctrlReq{vd: v, peer: from, conn: m.conn, tag: TagProbeRep, port: port, status: st})
 }
 
 // onProbeReply hands an answer to the probe waiting for it.

@@ -81,7 +81,7 @@ type dconn struct {
 const directLivenessPeriod = time.Second
 
 // directOpen is the connecting side's open hook: the accepting exnd made
-// the files; open them and keep them for switchDirect.
+// the files; open them and keep them for prepareDirect.
 func (s *Server) directOpen(out **dring.Files) func(extds.DirectInfo) error {
 	return func(di extds.DirectInfo) error {
 		fs, err := dring.Open(s.directCfg.Dir, dring.Name(s.directCfg.Fabric, di.Node, di.ID))
@@ -104,17 +104,6 @@ func (s *Server) directCreate(out **dring.Files, name *string) func() (extds.Dir
 		*out, *name = b.fs, b.name
 		return extds.DirectInfo{Node: s.directCfg.Node, Token: uint32(b.id) | 1, ID: b.id, Ring: uint32(s.directCfg.Ring)}, nil
 	}
-}
-
-// switchDirect hands a direct connection's descriptors to the program:
-// V, the buffer, its data and space bells, the peer's data and space
-// bells (docs/direct.md). It takes fs over.
-func (s *Server) switchDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string) (any, []*os.File, error) {
-	p, err := s.prepareDirect(fs, di, shadow, who, side)
-	if err != nil {
-		return nil, nil, err
-	}
-	return s.enterDirect(p)
 }
 
 // directPrep is a direct connection made ready for the program but not
@@ -140,8 +129,19 @@ func (p *directPrep) discard(reset bool) {
 	}
 }
 
+// resetFiles stores rst in a buffer exnd will not use (a peer may have
+// it mapped) and closes fs, which it takes over.
+func resetFiles(fs *dring.Files, side int) {
+	if ep, err := dring.Attach(fs, side); err == nil { // Attach closes fs on error
+		ep.Reset()
+		ep.Close()
+	}
+}
+
 // prepareDirect attaches fs (which it takes over) as this side and makes
-// the program's descriptors. When it fails after attaching, it resets
+// the program's descriptors: V, the buffer, its data and space bells,
+// the peer's data and space bells (docs/direct.md); enterDirect hands
+// them over. When it fails after attaching, it resets
 // the buffer (the peer may be direct already).
 func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string) (*directPrep, error) {
 	si := 0
@@ -154,10 +154,7 @@ func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *ne
 		for _, f := range out {
 			f.Close()
 		}
-		if ep, aerr := dring.Attach(fs, si); aerr == nil {
-			ep.Reset()
-			ep.Close()
-		}
+		resetFiles(fs, si)
 		return nil, err
 	}
 	app, mine, err := sys.Socketpair("extds-direct")

@@ -175,19 +175,16 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	if err == nil && perr != nil {
 		err = perr // prepareDirect reset the buffer
 	}
-	if err != nil && fs != nil && side == sideAccept {
+	switch {
+	case err != nil && fs != nil && side == sideAccept:
 		// The client may have opened the buffer and be direct (a COMMIT
 		// that never came): it must read a reset, not wait forever.
-		if ep, aerr := dring.Attach(fs, 1); aerr == nil {
-			ep.Reset()
-			ep.Close()
-		}
-		fs = nil
-	}
-	if err != nil || di == nil {
-		if fs != nil {
-			fs.Close()
-		}
+		resetFiles(fs, 1)
+	case (err != nil || di == nil) && fs != nil:
+		fs.Close()
+	case err == nil && di != nil && prep == nil:
+		// Agreed in the shadow handshake, or on the connecting side.
+		prep, err = s.prepareDirect(fs, di, shadow, who, side)
 	}
 	if err != nil {
 		shadow.Close()
@@ -196,15 +193,6 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	}
 	if prep != nil {
 		res, out, err := s.enterDirect(prep)
-		shadow.Close() // exnd's dup; the program's descriptor becomes V
-		if err != nil {
-			restore()
-			return nil, nil, err
-		}
-		return res, out, nil
-	}
-	if di != nil {
-		res, out, err := s.switchDirect(fs, di, shadow, who, side)
 		shadow.Close() // exnd's dup; the program's descriptor becomes V
 		if err != nil {
 			restore()
