@@ -199,7 +199,7 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, nil, ctx.Err()
-	case err != nil && di == nil && open != nil && errors.Is(err, errCommitUnsent):
+	case errors.Is(err, errCommitUnsent):
 		return nil, nil, err // the acceptor fails the connection: so do we
 	case err != nil:
 		dev.rlog.warn("extds: cannot claim, using tcp", "err", err)
