@@ -41,6 +41,16 @@ type srcErr struct{ err error }
 
 func (e srcErr) Error() string { return e.err.Error() }
 
+// copyErr is what ReadFrom and WriteTo return for err: the source's or
+// destination's own error unwrapped, else c's *net.OpError for op.
+func (c *Conn) copyErr(op string, err error) error {
+	var se srcErr
+	if errors.As(err, &se) {
+		return se.err
+	}
+	return c.opErr(op, err)
+}
+
 // readFrom is ReadFrom on an EXT-DS connection.
 func (c *Conn) readFrom(r io.Reader) (int64, error) {
 	c.wsem.Lock()
@@ -48,11 +58,7 @@ func (c *Conn) readFrom(r io.Reader) (int64, error) {
 	c.wmu.Lock()
 	n, err := c.readFromLocked(r)
 	c.wmu.Unlock()
-	var se srcErr
-	if errors.As(err, &se) {
-		return n, se.err
-	}
-	return n, c.opErr("readfrom", err)
+	return n, c.copyErr("readfrom", err)
 }
 
 // readFromLocked is ReadFrom with wsem and wmu held (wmu is released
@@ -146,11 +152,7 @@ func (c *Conn) writeTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	n, err := c.writeToLocked(w)
-	var se srcErr
-	if errors.As(err, &se) {
-		return n, se.err
-	}
-	return n, c.opErr("writeto", err)
+	return n, c.copyErr("writeto", err)
 }
 
 func (c *Conn) writeToLocked(w io.Writer) (int64, error) {

@@ -165,6 +165,16 @@ func (c *Conn) takeNoteLocked() func() {
 	return c.rxNote
 }
 
+// unlockNote releases mu and then calls the notify function if the
+// handling done under mu made it due (rx loop: onMsg, onNotify).
+func (c *Conn) unlockNote() {
+	f := c.takeNoteLocked()
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
 func (c *Conn) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

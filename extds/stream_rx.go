@@ -32,11 +32,7 @@ func (c *Conn) protoErr(why string, args ...any) {
 func (c *Conn) onMsg(m *msg) {
 	c.mu.Lock()
 	c.onMsgLocked(m)
-	f := c.takeNoteLocked()
-	c.mu.Unlock()
-	if f != nil {
-		f()
-	}
+	c.unlockNote()
 }
 
 func (c *Conn) onMsgLocked(m *msg) {
@@ -175,11 +171,7 @@ func (c *Conn) pushLocked(s seg) bool {
 func (c *Conn) onNotify(n *fabric.Notification) {
 	c.mu.Lock()
 	c.onNotifyLocked(n)
-	f := c.takeNoteLocked()
-	c.mu.Unlock()
-	if f != nil {
-		f()
-	}
+	c.unlockNote()
 }
 
 func (c *Conn) onNotifyLocked(n *fabric.Notification) {

@@ -63,10 +63,7 @@ func BenchmarkDirectSetup(b *testing.B) {
 	b.Run("open-buffer", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			fs, err := dring.Open(dir, p.name)
-			if err != nil {
-				b.Fatal(err)
-			}
+			fs := mustOpen(b, dir, p.name)
 			fs.Close()
 		}
 	})
@@ -84,10 +81,7 @@ func BenchmarkDirectSetup(b *testing.B) {
 	b.Run("prepare-and-discard", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			fs, err := dring.Open(dir, p.name)
-			if err != nil {
-				b.Fatal(err)
-			}
+			fs := mustOpen(b, dir, p.name)
 			dp, err := s.prepareDirect(fs, &extds.DirectInfo{Node: 2}, c.(*net.TCPConn), control.Peer{}, sideConnect)
 			if err != nil {
 				b.Fatal(err)
@@ -95,4 +89,15 @@ func BenchmarkDirectSetup(b *testing.B) {
 			dp.discard(false)
 		}
 	})
+}
+
+// mustOpen opens buffer name in dir, as the connecting exnd does, or
+// ends the benchmark.
+func mustOpen(tb testing.TB, dir, name string) *dring.Files {
+	tb.Helper()
+	fs, err := dring.Open(dir, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return fs
 }
