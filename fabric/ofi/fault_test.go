@@ -85,10 +85,7 @@ func TestUnreachablePeer(t *testing.T) {
 	if got := nic.Peers(); len(got) != 0 {
 		t.Errorf("Peers() = %v, want none up", got)
 	}
-	reg, err := ep.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := fabrictest.Register(t, ep, 4096)
 	if _, err := ep.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: m.Peer, Local: reg.NLA, Remote: fabric.MakeNLA(1, 0), Len: 64}}); err != nil {
 		t.Fatal(err)
 	}
