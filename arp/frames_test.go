@@ -59,8 +59,12 @@ func whoHas() []byte { return arpFrame(1, node1, ip1, zeroMAC, ip2) }
 
 // solicit is node1's neighbour solicitation (ll1 asks for ll2, with its
 // source link-layer option), the NDP frame most tests start from.
-func solicit(tb testing.TB) []byte {
-	return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1)))
+func solicit(tb testing.TB) []byte { return nsFrame(tb, nsBody(ll2, llOpt(1, node1))) }
+
+// nsFrame is a neighbour solicitation from node1 (ll1) to the
+// solicited-node address snm with ICMPv6 body body.
+func nsFrame(tb testing.TB, body []byte) []byte {
+	return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, body)
 }
 
 // withByte returns f with f[i] set to b, to spoil one field of a frame.

@@ -179,17 +179,13 @@ func TestObserve(t *testing.T) {
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ndp zero-length option",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, []byte{1, 0, 0, 0, 0, 0, 0, 0}))
-			},
+			name:  "ndp zero-length option",
+			frame: func(tb testing.TB) []byte { return nsFrame(tb, nsBody(ll2, []byte{1, 0, 0, 0, 0, 0, 0, 0})) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ndp option past end",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, []byte{1, 2, 0, 0, 0, 0, 0, 0}))
-			},
+			name:  "ndp option past end",
+			frame: func(tb testing.TB) []byte { return nsFrame(tb, nsBody(ll2, []byte{1, 2, 0, 0, 0, 0, 0, 0})) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
@@ -206,10 +202,8 @@ func TestObserve(t *testing.T) {
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ns truncated before target",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, []byte{0, 0, 0, 0, 1, 2})
-			},
+			name:  "ns truncated before target",
+			frame: func(tb testing.TB) []byte { return nsFrame(tb, []byte{0, 0, 0, 0, 1, 2}) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{

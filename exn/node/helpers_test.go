@@ -74,6 +74,20 @@ func dial(t testing.TB, ctx context.Context, from *Node, network, addr string) n
 	return c
 }
 
+// acceptOne accepts one connection on l, in a goroutine, and sends it; if
+// Accept fails it closes the channel instead.
+func acceptOne(l net.Listener) <-chan net.Conn {
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			acc <- c
+		}
+		close(acc)
+	}()
+	return acc
+}
+
 // writeUntilErr writes size-byte buffers to w, in a goroutine, until a
 // write fails, and then sends that error.
 func writeUntilErr(w io.Writer, size int) <-chan error {

@@ -204,24 +204,21 @@ func TestLargeTransfer(t *testing.T) {
 func TestCloseMidTransfer(t *testing.T) {
 	_, a, b := twoNodes(t)
 	l := listen(t, b, "tcp", ":5002")
-	accepted := make(chan net.Conn, 1)
+	accepted := acceptOne(l)
+	conn := dial(t, testCtx(t, 10*time.Second), a, "tcp", hostPort(b, 5002))
+	bConn := <-accepted
+	if bConn == nil {
+		t.Fatal("accept failed")
+	}
+	defer bConn.Close()
 	bReadErr := make(chan error, 1)
 	go func() {
-		conn, err := l.Accept()
-		if err != nil {
-			bReadErr <- err
-			return
-		}
-		accepted <- conn
-		_, err = io.Copy(io.Discard, conn)
+		_, err := io.Copy(io.Discard, bConn)
 		if err == nil {
 			err = errors.New("read ended with EOF, want an error")
 		}
 		bReadErr <- err
 	}()
-	conn := dial(t, testCtx(t, 10*time.Second), a, "tcp", hostPort(b, 5002))
-	bConn := <-accepted
-	defer bConn.Close()
 	aWriteErr := writeUntilErr(conn, 256<<10)
 	time.Sleep(200 * time.Millisecond) // mid-transfer
 	if err := b.Close(); err != nil {

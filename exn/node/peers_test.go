@@ -36,14 +36,7 @@ func TestPeerCrashResets(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 
 	lb := listen(t, b, "tcp", ":7000")
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, err := lb.Accept()
-		if err == nil {
-			acc <- c
-		}
-		close(acc)
-	}()
+	acc := acceptOne(lb)
 	// a dials b: a's conn is the dialer side of a dead peer.
 	ab := dial(t, ctx, a, "tcp", hostPort(b, 7000))
 	bSide := <-acc
