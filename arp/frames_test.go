@@ -53,6 +53,26 @@ func arpFrame(op uint16, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareA
 	return append(f, make([]byte, 18)...) // pad to the 60-byte minimum, as a NIC would
 }
 
+// whoHas is node1's ARP request (ip1 asks for ip2), the frame most
+// tests start from.
+func whoHas() []byte { return arpFrame(1, node1, ip1, zeroMAC, ip2) }
+
+// solicit is node1's neighbour solicitation (ll1 asks for ll2, with its
+// source link-layer option), the NDP frame most tests start from.
+func solicit(tb testing.TB) []byte { return nsFrame(tb, nsBody(ll2, llOpt(1, node1))) }
+
+// nsFrame is a neighbour solicitation from node1 (ll1) to the
+// solicited-node address snm with ICMPv6 body body.
+func nsFrame(tb testing.TB, body []byte) []byte {
+	return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, body)
+}
+
+// withByte returns f with f[i] set to b, to spoil one field of a frame.
+func withByte(f []byte, i int, b byte) []byte {
+	f[i] = b
+	return f
+}
+
 func llOpt(typ byte, m net.HardwareAddr) []byte {
 	return append([]byte{typ, 1}, m...)
 }

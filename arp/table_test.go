@@ -65,7 +65,7 @@ func TestObserve(t *testing.T) {
 	}{
 		{
 			name:  "arp request",
-			frame: func(testing.TB) []byte { return arpFrame(1, node1, ip1, zeroMAC, ip2) },
+			frame: func(testing.TB) []byte { return whoHas() },
 			learn: []want{{ip1, 1}},
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
@@ -78,7 +78,7 @@ func TestObserve(t *testing.T) {
 		{
 			name: "arp in 802.1q",
 			frame: func(testing.TB) []byte {
-				f := arpFrame(1, node1, ip1, zeroMAC, ip2)
+				f := whoHas()
 				tagged := append([]byte{}, f[:12]...)
 				tagged = append(tagged, 0x81, 0x00, 0x00, 0x05)
 				return append(tagged, f[12:]...)
@@ -98,25 +98,17 @@ func TestObserve(t *testing.T) {
 		},
 		{
 			name:  "arp truncated",
-			frame: func(testing.TB) []byte { return arpFrame(1, node1, ip1, zeroMAC, ip2)[:14+20] },
+			frame: func(testing.TB) []byte { return whoHas()[:14+20] },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "arp bad opcode",
-			frame: func(testing.TB) []byte {
-				f := arpFrame(1, node1, ip1, zeroMAC, ip2)
-				f[14+7] = 9
-				return f
-			},
+			name:  "arp bad opcode",
+			frame: func(testing.TB) []byte { return withByte(whoHas(), 14+7, 9) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "arp wrong hlen",
-			frame: func(testing.TB) []byte {
-				f := arpFrame(1, node1, ip1, zeroMAC, ip2)
-				f[14+4] = 8
-				return f
-			},
+			name:  "arp wrong hlen",
+			frame: func(testing.TB) []byte { return withByte(whoHas(), 14+4, 8) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
@@ -125,10 +117,8 @@ func TestObserve(t *testing.T) {
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ns with sll",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1)))
-			},
+			name:  "ns with sll",
+			frame: solicit,
 			learn: []want{{ll1, 1}},
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
@@ -182,48 +172,38 @@ func TestObserve(t *testing.T) {
 		{
 			name: "ndp bad checksum",
 			frame: func(tb testing.TB) []byte {
-				f := ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1)))
+				f := solicit(tb)
 				f[len(f)-1] ^= 0x40
 				return f
 			},
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ndp zero-length option",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, []byte{1, 0, 0, 0, 0, 0, 0, 0}))
-			},
+			name:  "ndp zero-length option",
+			frame: func(tb testing.TB) []byte { return nsFrame(tb, nsBody(ll2, []byte{1, 0, 0, 0, 0, 0, 0, 0})) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ndp option past end",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, []byte{1, 2, 0, 0, 0, 0, 0, 0}))
-			},
+			name:  "ndp option past end",
+			frame: func(tb testing.TB) []byte { return nsFrame(tb, nsBody(ll2, []byte{1, 2, 0, 0, 0, 0, 0, 0})) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ndp hop limit not 255",
-			frame: func(tb testing.TB) []byte {
-				f := ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1)))
-				f[14+7] = 64
-				return f
-			},
+			name:  "ndp hop limit not 255",
+			frame: func(tb testing.TB) []byte { return withByte(solicit(tb), 14+7, 64) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
 			name: "ndp payload length past end",
 			frame: func(tb testing.TB) []byte {
-				f := ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1)))
+				f := solicit(tb)
 				return f[:len(f)-4]
 			},
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "ns truncated before target",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, []byte{0, 0, 0, 0, 1, 2})
-			},
+			name:  "ns truncated before target",
+			frame: func(tb testing.TB) []byte { return nsFrame(tb, []byte{0, 0, 0, 0, 1, 2}) },
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
@@ -266,11 +246,11 @@ func TestObserve(t *testing.T) {
 
 func TestConflictAndRefresh(t *testing.T) {
 	tab, clk := newTable(t)
-	tab.Observe(arpFrame(1, node1, ip1, zeroMAC, ip2))
+	tab.Observe(whoHas())
 	t0 := clk.Now()
 
 	clk.Add(time.Second)
-	tab.Observe(arpFrame(1, node1, ip1, zeroMAC, ip2)) // same mac: refresh
+	tab.Observe(whoHas()) // same mac: refresh
 	e, _ := tab.Lookup(ip1)
 	if !e.Updated.Equal(t0.Add(time.Second)) || e.Node != 1 {
 		t.Fatalf("after refresh: %+v", e)
@@ -324,7 +304,7 @@ func TestInvalidateNodeAndNeighbors(t *testing.T) {
 	tab, _ := newTable(t)
 	tab.Observe(arpFrame(1, node2, ip2, zeroMAC, ip1))
 	tab.Observe(ndpFrame(t, node2, ipv6.ICMPTypeNeighborAdvertisement, gua2, allN, naBody(gua2, llOpt(2, node2))))
-	tab.Observe(arpFrame(1, node1, ip1, zeroMAC, ip2))
+	tab.Observe(whoHas())
 	tab.Observe(ndpFrame(t, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1))))
 
 	got := tab.Neighbors()
@@ -362,8 +342,7 @@ func TestMaxEntries(t *testing.T) {
 func TestLogRateLimited(t *testing.T) {
 	var buf bytes.Buffer
 	tab := arp.New(prefix, slog.New(slog.NewTextHandler(&buf, nil)))
-	f := arpFrame(1, node1, ip1, zeroMAC, ip2)
-	f[14+7] = 9 // bad opcode
+	f := withByte(whoHas(), 14+7, 9) // bad opcode
 	for range 1000 {
 		tab.Observe(f)
 	}
@@ -422,34 +401,23 @@ func TestObserveNonARPAllocs(t *testing.T) {
 		}
 	}
 	// A refresh of a known neighbour does not allocate either.
-	f := arpFrame(1, node1, ip1, zeroMAC, ip2)
+	f := whoHas()
 	tab.Observe(f)
 	if a := testing.AllocsPerRun(100, func() { tab.Observe(f) }); a != 0 {
 		t.Fatalf("Observe(known ARP) allocates %v times", a)
 	}
 }
 
-func BenchmarkObserveNonARP(b *testing.B) {
-	tab, _ := newTable(b)
-	f := ipv4TCP(1500)
-	b.ReportAllocs()
-	for b.Loop() {
-		tab.Observe(f)
-	}
-}
+func BenchmarkObserveNonARP(b *testing.B) { benchObserve(b, ipv4TCP(1500)) }
 
-func BenchmarkObserveARPRefresh(b *testing.B) {
-	tab, _ := newTable(b)
-	f := arpFrame(1, node1, ip1, zeroMAC, ip2)
-	b.ReportAllocs()
-	for b.Loop() {
-		tab.Observe(f)
-	}
-}
+func BenchmarkObserveARPRefresh(b *testing.B) { benchObserve(b, whoHas()) }
 
-func BenchmarkObserveNS(b *testing.B) {
+func BenchmarkObserveNS(b *testing.B) { benchObserve(b, solicit(b)) }
+
+// benchObserve measures Observe of the same frame f over and over, on a
+// table that learns from its first.
+func benchObserve(b *testing.B, f []byte) {
 	tab, _ := newTable(b)
-	f := ndpFrame(b, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1)))
 	b.ReportAllocs()
 	for b.Loop() {
 		tab.Observe(f)
@@ -458,7 +426,7 @@ func BenchmarkObserveNS(b *testing.B) {
 
 func BenchmarkLookupParallel(b *testing.B) {
 	tab, _ := newTable(b)
-	tab.Observe(arpFrame(1, node1, ip1, zeroMAC, ip2))
+	tab.Observe(whoHas())
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -468,7 +436,7 @@ func BenchmarkLookupParallel(b *testing.B) {
 }
 
 func FuzzObserve(f *testing.F) {
-	f.Add(arpFrame(1, node1, ip1, zeroMAC, ip2))
+	f.Add(whoHas())
 	f.Add(arpFrame(2, foreign, ip2, node1, ip1))
 	f.Add(ndpFrame(f, node1, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, node1))))
 	f.Add(ndpFrame(f, node2, ipv6.ICMPTypeNeighborAdvertisement, gua2, allN, naBody(gua2, llOpt(2, node2))))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -147,10 +148,7 @@ type attacker struct {
 func newAttacker(tb testing.TB, c *mem.Cluster, id fabric.NodeID) *attacker {
 	tb.Helper()
 	nic, ep := openEth(tb, c, id)
-	reg, err := ep.Register(1 << 16)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	reg := fabrictest.Register(tb, ep, 1<<16)
 	tb.Cleanup(func() { nic.Close() })
 	return &attacker{nic: nic, ep: ep, reg: reg}
 }
@@ -192,14 +190,8 @@ func TestBadInput(t *testing.T) {
 
 	// A second VPID on the attacker owns a region: an advert pointing
 	// there must not be able to read it.
-	ep1, err := at.nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg1, err := ep1.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep1 := fabrictest.OpenEP(t, at.nic, 1)
+	reg1 := fabrictest.Register(t, ep1, 4096)
 	copy(at.reg.Buf, good)
 
 	for _, tc := range []struct {

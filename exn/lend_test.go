@@ -16,14 +16,20 @@ import (
 // lendOne lends one buffer, waiting at most 5 s.
 func lendOne(tb testing.TB, e *Engine) []byte {
 	tb.Helper()
+	return lend(tb, e, 1)[0]
+}
+
+// lend lends n buffers, waiting at most 5 s, and fails tb unless it gets
+// all n.
+func lend(tb testing.TB, e *Engine, n int) [][]byte {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	bufs := make([][]byte, 1)
-	n, err := e.Lend(ctx, bufs, true)
-	if err != nil || n != 1 {
-		tb.Fatalf("Lend: n=%d err=%v", n, err)
+	bufs := make([][]byte, n)
+	if got, err := e.Lend(ctx, bufs, true); err != nil || got != n {
+		tb.Fatalf("Lend: n=%d err=%v", got, err)
 	}
-	return bufs[0]
+	return bufs
 }
 
 func TestLendTransmitContent(t *testing.T) {
@@ -151,11 +157,8 @@ func TestLendBackPressure(t *testing.T) {
 func TestLendNotLent(t *testing.T) {
 	a, b := pair(t, Config{TxSlots: 4})
 	ctx := context.Background()
-	bufs := make([][]byte, 3)
+	bufs := lend(t, a.eng, 3)
 	t.Cleanup(func() { a.eng.Return(bufs) })
-	if n, err := a.eng.Lend(ctx, bufs, true); n != 3 || err != nil {
-		t.Fatalf("Lend: n=%d err=%v", n, err)
-	}
 	f := frame(b.eng.MAC(), a.eng.MAC(), 100, 1)
 	for _, buf := range bufs {
 		copy(buf, f)
@@ -195,11 +198,8 @@ func TestLendNotLent(t *testing.T) {
 func TestCloseWithLent(t *testing.T) {
 	a, b := pair(t, Config{TxSlots: 4})
 	ctx := context.Background()
-	bufs := make([][]byte, 2)
+	bufs := lend(t, a.eng, 2)
 	t.Cleanup(func() { a.eng.Return(bufs) })
-	if n, err := a.eng.Lend(ctx, bufs, true); n != 2 || err != nil {
-		t.Fatalf("Lend: n=%d err=%v", n, err)
-	}
 	closed := make(chan error, 1)
 	go func() { closed <- a.eng.Close() }()
 	select {
@@ -232,10 +232,7 @@ func TestCloseWithLent(t *testing.T) {
 func TestLendBlockedClose(t *testing.T) {
 	a, _ := pair(t, Config{TxSlots: 1})
 	ctx := context.Background()
-	bufs := make([][]byte, 1)
-	if n, err := a.eng.Lend(ctx, bufs, true); n != 1 || err != nil {
-		t.Fatalf("Lend: n=%d err=%v", n, err)
-	}
+	bufs := lend(t, a.eng, 1)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := a.eng.Lend(ctx, make([][]byte, 1), true)

@@ -158,25 +158,33 @@ func (r *rxState) index(a fabric.NLA) int32 {
 	return int32(i)
 }
 
+// drain takes what is ready into buf with take (an endpoint's Recv or
+// PollNotifications) and hands each item to handle, in order. It returns
+// how many items it took, or take's error.
+func drain[T any](buf []T, take func([]T) (int, error), handle func(*T)) (int, error) {
+	n, err := take(buf)
+	if err != nil {
+		return 0, err
+	}
+	for i := range buf[:n] {
+		handle(&buf[i])
+	}
+	return n, nil
+}
+
 func (e *Engine) rxLoop() {
 	defer e.wg.Done()
 	rx := &e.rx
 	for !e.closed.Load() {
-		n, err := e.ep.Recv(rx.msgs)
+		n, err := drain(rx.msgs, e.ep.Recv, e.handleMsg)
 		if err != nil {
 			e.rxFailed(err)
 			return
 		}
-		for i := range rx.msgs[:n] {
-			e.handleMsg(&rx.msgs[i])
-		}
-		m, err := e.ep.PollNotifications(rx.notes)
+		m, err := drain(rx.notes, e.ep.PollNotifications, e.handleNote)
 		if err != nil {
 			e.rxFailed(err)
 			return
-		}
-		for i := range rx.notes[:m] {
-			e.handleNote(&rx.notes[i])
 		}
 		e.finishRound()
 		t := e.tick.Load()

@@ -45,16 +45,23 @@ func TestDecodeDescriptorRejects(t *testing.T) {
 	}
 }
 
+// rejected reports whether a fuzzer's input was refused (err is not
+// nil), failing t if the refusal is not ErrInvalid.
+func rejected(t testing.TB, err error) bool {
+	t.Helper()
+	if err != nil && !errors.Is(err, ErrInvalid) {
+		t.Fatalf("error not ErrInvalid: %v", err)
+	}
+	return err != nil
+}
+
 func FuzzDecodeDescriptor(f *testing.F) {
 	f.Add(Descriptor{Node: 5, VPID: 1, Tag: 2, Len: 120}.Encode())
 	f.Add(Descriptor{Node: 63, MC: true}.Encode())
 	f.Add(uint64(math.MaxUint64))
 	f.Fuzz(func(t *testing.T, w uint64) {
 		d, err := DecodeDescriptor(w)
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error not ErrInvalid: %v", err)
-			}
+		if rejected(t, err) {
 			return
 		}
 		if d.Len > MaxVELOPayload || d.MC && d.Node >= MaxGroups {
@@ -245,10 +252,7 @@ func FuzzParseMACPrefix(f *testing.F) {
 	f.Add("2e:87:04:07:00:00")
 	f.Fuzz(func(t *testing.T, s string) {
 		p, err := ParseMACPrefix(s)
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error not ErrInvalid: %v", err)
-			}
+		if rejected(t, err) {
 			return
 		}
 		if p.Validate() != nil {

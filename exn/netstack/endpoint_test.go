@@ -78,19 +78,25 @@ func newHost(t testing.TB, ep *Endpoint, ip tcpip.Address) *host {
 	return &host{ep: ep, s: s}
 }
 
+// newEndpoint makes an Endpoint of cfg, failing t if New does; it is
+// closed when t ends (Close is idempotent).
+func newEndpoint(t testing.TB, cfg Config) *Endpoint {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
 // newPair joins two stacks by two endpoints and a wire each way.
 func newPair(t testing.TB, cfg Config) (a, b *host, wa, wb *wire) {
 	t.Helper()
 	ca, cb := cfg, cfg
 	ca.MAC, cb.MAC = macA, macB
-	ea, err := New(ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eb, err := New(cb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ea := newEndpoint(t, ca)
+	eb := newEndpoint(t, cb)
 	wa, wb = &wire{peer: eb}, &wire{peer: ea}
 	if err := ea.Start(wa); err != nil {
 		t.Fatal(err)
@@ -134,10 +140,7 @@ func TestNewConfig(t *testing.T) {
 }
 
 func TestStartErrors(t *testing.T) {
-	e, err := New(Config{MAC: macA})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newEndpoint(t, Config{MAC: macA})
 	if err := e.Start(nil); err == nil {
 		t.Error("Start(nil): no error")
 	}
@@ -253,10 +256,7 @@ func udpPacket(t testing.TB, payload int) *stack.PacketBuffer {
 // the stuck Transmit and returns.
 func TestWritePacketsNeverBlocks(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	e, err := New(Config{MAC: macA, TxQueueLen: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newEndpoint(t, Config{MAC: macA, TxQueueLen: 8})
 	bl := &blocker{entered: make(chan struct{}), release: make(chan struct{})}
 	if err := e.Start(bl); err != nil {
 		t.Fatal(err)
@@ -319,11 +319,7 @@ func (d *countDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *sta
 func (d *countDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
 
 func TestDeliverFramesDrops(t *testing.T) {
-	e, err := New(Config{MAC: macA, MTU: 1500})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEndpoint(t, Config{MAC: macA, MTU: 1500})
 	frames := [][]byte{make([]byte, 60)}
 	if err := e.DeliverFrames(frames); err != nil {
 		t.Fatal(err)
@@ -357,11 +353,7 @@ func TestDeliverFramesDrops(t *testing.T) {
 // counted, and the rest of its batch still goes out.
 func TestTransmitErrorSkipsFrame(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	e, err := New(Config{MAC: macA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEndpoint(t, Config{MAC: macA})
 	var mu sync.Mutex
 	var sent []int
 	tx := txFunc(func(ctx context.Context, frames [][]byte) (int, error) {
@@ -411,11 +403,7 @@ func TestWritePacketsNoAlloc(t *testing.T) {
 	if testing.CoverMode() != "" || raceEnabled {
 		t.Skip("allocation counts are not meaningful under -race or -cover")
 	}
-	e, err := New(Config{MAC: macA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEndpoint(t, Config{MAC: macA})
 	if err := e.Start(txFunc(func(ctx context.Context, f [][]byte) (int, error) { return len(f), nil })); err != nil {
 		t.Fatal(err)
 	}

@@ -20,11 +20,7 @@ import (
 // other.
 func TestReadFrames(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	ep, err := New(Config{MAC: macA, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	ep := newEndpoint(t, Config{MAC: macA, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	var pl stack.PacketBufferList
 	for _, size := range []int{100, 3000, 200} {
 		pl.PushBack(udpPacket(t, size))
@@ -75,11 +71,7 @@ func TestReadFrames(t *testing.T) {
 }
 
 func TestReadFramesAfterStart(t *testing.T) {
-	ep, err := New(Config{MAC: macA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	ep := newEndpoint(t, Config{MAC: macA})
 	if err := ep.Start(txFunc(nil)); err != nil {
 		t.Fatal(err)
 	}

@@ -121,10 +121,7 @@ func fabricPair(tb testing.TB, edit func(*Config)) pairDialer {
 		tb.Fatal(err)
 	}
 	a, b := c.Node(0), c.Node(1)
-	l, err := b.Listen("tcp", ":5001")
-	if err != nil {
-		tb.Fatal(err)
-	}
+	l := listen(tb, b, "tcp", ":5001")
 	return pairDialer{
 		dial:   func(ctx context.Context) (net.Conn, error) { return a.DialContext(ctx, "tcp", "10.88.0.2:5001") },
 		listen: l,
@@ -141,20 +138,18 @@ func stackPair(tb testing.TB, la, lb stack.LinkEndpoint) pairDialer {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	sa, err := newStack(t)
-	if err != nil {
-		tb.Fatal(err)
+	// side is a stack with link attached as the NIC of address addr.
+	side := func(link stack.LinkEndpoint, addr netip.Prefix) *stack.Stack {
+		s, err := newStack(t)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := attach(s, ethernet.New(link), addr); err != nil {
+			tb.Fatal(err)
+		}
+		return s
 	}
-	sb, err := newStack(t)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := attach(sa, ethernet.New(la), benchA); err != nil {
-		tb.Fatal(err)
-	}
-	if err := attach(sb, ethernet.New(lb), benchB); err != nil {
-		tb.Fatal(err)
-	}
+	sa, sb := side(la, benchA), side(lb, benchB)
 	l, err := gonet.ListenTCP(sb, tcpip.FullAddress{NIC: nicID, Port: 5001}, ipv4.ProtocolNumber)
 	if err != nil {
 		tb.Fatal(err)

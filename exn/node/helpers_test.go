@@ -43,6 +43,67 @@ func newCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	return c
 }
 
+// twoNodes starts a 2-node cluster as newCluster does and returns it with
+// its nodes.
+func twoNodes(t testing.TB, opts ...ClusterOption) (c *Cluster, a, b *Node) {
+	t.Helper()
+	c = newCluster(t, 2, opts...)
+	return c, c.Node(0), c.Node(1)
+}
+
+// listen listens on network and address addr of node n, failing t if it
+// cannot.
+func listen(t testing.TB, n *Node, network, addr string) net.Listener {
+	t.Helper()
+	l, err := n.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// dial connects node from to addr over network, failing t if it cannot;
+// the connection is closed when t ends.
+func dial(t testing.TB, ctx context.Context, from *Node, network, addr string) net.Conn {
+	t.Helper()
+	c, err := from.DialContext(ctx, network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// acceptOne accepts one connection on l, in a goroutine, and sends it; if
+// Accept fails it closes the channel instead.
+func acceptOne(l net.Listener) <-chan net.Conn {
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			acc <- c
+		}
+		close(acc)
+	}()
+	return acc
+}
+
+// writeUntilErr writes size-byte buffers to w, in a goroutine, until a
+// write fails, and then sends that error.
+func writeUntilErr(w io.Writer, size int) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		buf := make([]byte, size)
+		for {
+			if _, err := w.Write(buf); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	return errc
+}
+
 // testCtx is a context that ends after d or with the test.
 func testCtx(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
@@ -72,17 +133,8 @@ func echoServer(t testing.TB, l net.Listener) {
 // from node from; the connection is closed when t ends.
 func dialEcho(t testing.TB, ctx context.Context, from, to *Node, port int) net.Conn {
 	t.Helper()
-	l, err := to.Listen("tcp", fmt.Sprintf(":%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoServer(t, l)
-	c, err := from.DialContext(ctx, "tcp", hostPort(to, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	echoServer(t, listen(t, to, "tcp", fmt.Sprintf(":%d", port)))
+	return dial(t, ctx, from, "tcp", hostPort(to, port))
 }
 
 // hostPort is node n's IPv4 address with port.

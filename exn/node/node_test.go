@@ -39,16 +39,8 @@ func TestTCPEcho(t *testing.T) {
 	c := newCluster(t, 3)
 	nodes := c.Nodes()
 	for _, n := range nodes {
-		l, err := n.Listen("tcp", ":7")
-		if err != nil {
-			t.Fatal(err)
-		}
-		echoServer(t, l) // dual-stack
-		l6, err := n.Listen("tcp6", "[::]:8")
-		if err != nil {
-			t.Fatal(err)
-		}
-		echoServer(t, l6)
+		echoServer(t, listen(t, n, "tcp", ":7")) // dual-stack
+		echoServer(t, listen(t, n, "tcp6", "[::]:8"))
 		if _, err := n.Listen("tcp4", ":8"); err != nil {
 			t.Errorf("tcp4 :8 beside a v6-only listener: %v", err)
 		}
@@ -94,8 +86,7 @@ func TestTCPEcho(t *testing.T) {
 }
 
 func TestUDP(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.Node(0), c.Node(1)
+	_, a, b := twoNodes(t)
 	pc, err := b.ListenPacket("udp", ":9")
 	if err != nil {
 		t.Fatal(err)
@@ -110,11 +101,7 @@ func TestUDP(t *testing.T) {
 			pc.WriteTo(buf[:n], from)
 		}
 	}()
-	conn, err := a.DialContext(testCtx(t, 10*time.Second), "udp", hostPort(b, 9))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, testCtx(t, 10*time.Second), a, "udp", hostPort(b, 9))
 	// Sizes across eager (<= 480 B frames), rendezvous and IP fragmentation
 	// (over the MTU: gVisor fragments and reassembles).
 	for _, size := range []int{1, 400, 1400, 20000, 65507} {
@@ -139,8 +126,7 @@ func TestUDP(t *testing.T) {
 }
 
 func TestPing(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.Node(0), c.Node(1)
+	_, a, b := twoNodes(t)
 	ctx := testCtx(t, 10*time.Second)
 	for _, dst := range []netip.Addr{b.Addr().Addr(), b.Addr6().Addr()} {
 		rtt, err := a.Ping(ctx, dst, []byte("exn"))
@@ -162,16 +148,12 @@ func TestPing(t *testing.T) {
 // TestLargeTransfer moves tens of MiB one way, checked by sha256; every
 // full-size segment crosses the rendezvous path.
 func TestLargeTransfer(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.Node(0), c.Node(1)
+	_, a, b := twoNodes(t)
 	size := 64 << 20
 	if testenv.Small() {
 		size = 8 << 20
 	}
-	l, err := b.Listen("tcp", hostPort(b, 5001))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listen(t, b, "tcp", hostPort(b, 5001))
 	type result struct {
 		n   int64
 		sum []byte
@@ -189,10 +171,7 @@ func TestLargeTransfer(t *testing.T) {
 		n, err := io.Copy(h, conn)
 		res <- result{n, h.Sum(nil), err}
 	}()
-	conn, err := a.DialContext(testCtx(t, 60*time.Second), "tcp", hostPort(b, 5001))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, testCtx(t, 60*time.Second), a, "tcp", hostPort(b, 5001))
 	h := sha256.New()
 	chunk := make([]byte, 1<<20)
 	for off := 0; off < size; off += len(chunk) {
@@ -223,51 +202,31 @@ func TestLargeTransfer(t *testing.T) {
 // connections, so the peer's blocked Write fails promptly, and its own
 // blocked Read fails too.
 func TestCloseMidTransfer(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.Node(0), c.Node(1)
-	l, err := b.Listen("tcp", ":5002")
-	if err != nil {
-		t.Fatal(err)
+	_, a, b := twoNodes(t)
+	l := listen(t, b, "tcp", ":5002")
+	accepted := acceptOne(l)
+	conn := dial(t, testCtx(t, 10*time.Second), a, "tcp", hostPort(b, 5002))
+	bConn := <-accepted
+	if bConn == nil {
+		t.Fatal("accept failed")
 	}
-	accepted := make(chan net.Conn, 1)
+	defer bConn.Close()
 	bReadErr := make(chan error, 1)
 	go func() {
-		conn, err := l.Accept()
-		if err != nil {
-			bReadErr <- err
-			return
-		}
-		accepted <- conn
-		_, err = io.Copy(io.Discard, conn)
+		_, err := io.Copy(io.Discard, bConn)
 		if err == nil {
 			err = errors.New("read ended with EOF, want an error")
 		}
 		bReadErr <- err
 	}()
-	conn, err := a.DialContext(testCtx(t, 10*time.Second), "tcp", hostPort(b, 5002))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	bConn := <-accepted
-	defer bConn.Close()
-	aWriteErr := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 256<<10)
-		for {
-			if _, err := conn.Write(buf); err != nil {
-				aWriteErr <- err
-				return
-			}
-		}
-	}()
+	aWriteErr := writeUntilErr(conn, 256<<10)
 	time.Sleep(200 * time.Millisecond) // mid-transfer
 	if err := b.Close(); err != nil {
 		t.Fatalf("close b: %v", err)
 	}
 	const bound = 5 * time.Second
 	start := time.Now()
-	err = testenv.Within(t, "peer's write after the node closed", aWriteErr, bound)
+	err := testenv.Within(t, "peer's write after the node closed", aWriteErr, bound)
 	t.Logf("peer's write failed after %v: %v", time.Since(start), err)
 	err = testenv.Within(t, "closed node's read", bReadErr, bound)
 	t.Logf("closed node's read failed: %v", err)
@@ -288,10 +247,7 @@ func TestCloseMidTransfer(t *testing.T) {
 func TestCloseUnblocks(t *testing.T) {
 	c := newCluster(t, 2)
 	a := c.Node(0)
-	l, err := a.Listen("tcp", ":80")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listen(t, a, "tcp", ":80")
 	pc, err := a.ListenPacket("udp", ":53")
 	if err != nil {
 		t.Fatal(err)

@@ -35,39 +35,18 @@ func TestPeerCrashResets(t *testing.T) {
 	a, b, live := c.Node(0), c.Node(1), c.Node(2)
 	ctx := testCtx(t, 20*time.Second)
 
-	lb, err := b.Listen("tcp", ":7000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, err := lb.Accept()
-		if err == nil {
-			acc <- c
-		}
-		close(acc)
-	}()
+	lb := listen(t, b, "tcp", ":7000")
+	acc := acceptOne(lb)
 	// a dials b: a's conn is the dialer side of a dead peer.
-	ab, err := a.DialContext(ctx, "tcp", hostPort(b, 7000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ab.Close()
+	ab := dial(t, ctx, a, "tcp", hostPort(b, 7000))
 	bSide := <-acc
 	if bSide == nil {
 		t.Fatal("accept failed")
 	}
 	defer bSide.Close()
 	// b dials a: a's conn is the acceptor side of a dead peer.
-	la, err := a.Listen("tcp", ":7001")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ba, err := b.DialContext(ctx, "tcp", hostPort(a, 7001))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ba.Close()
+	la := listen(t, a, "tcp", ":7001")
+	dial(t, ctx, b, "tcp", hostPort(a, 7001))
 	aAcc, err := la.Accept()
 	if err != nil {
 		t.Fatal(err)
@@ -83,16 +62,7 @@ func TestPeerCrashResets(t *testing.T) {
 		_, err := ab.Read(make([]byte, 1))
 		readErr <- err
 	}()
-	writeErr := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 1<<20)
-		for {
-			if _, err := aAcc.Write(buf); err != nil {
-				writeErr <- err
-				return
-			}
-		}
-	}()
+	writeErr := writeUntilErr(aAcc, 1<<20)
 	time.Sleep(100 * time.Millisecond) // let both block
 	select {
 	case err := <-readErr:
@@ -106,7 +76,7 @@ func TestPeerCrashResets(t *testing.T) {
 	if err := c.NIC(1).Close(); err != nil { // b crashes: NIC gone, node not closed
 		t.Fatal(err)
 	}
-	for name, ch := range map[string]chan error{"read (dialer side)": readErr, "write (acceptor side)": writeErr} {
+	for name, ch := range map[string]<-chan error{"read (dialer side)": readErr, "write (acceptor side)": writeErr} {
 		if err := testenv.Within(t, name+" after the peer crashed", ch, 3*time.Second); err == nil || errors.Is(err, io.EOF) {
 			t.Errorf("%s: %v, want a reset error", name, err)
 		}
@@ -135,8 +105,7 @@ func TestPeerCrashResets(t *testing.T) {
 // TestPeerCheckOff: with the check off, a crashed peer's connection is not
 // reset (so the test above measures the check, not something else).
 func TestPeerCheckOff(t *testing.T) {
-	c := newCluster(t, 2, WithConfig(func(cfg *Config) { cfg.PeerCheck = -1 }))
-	a, b := c.Node(0), c.Node(1)
+	c, a, b := twoNodes(t, WithConfig(func(cfg *Config) { cfg.PeerCheck = -1 }))
 	ctx := testCtx(t, 10*time.Second)
 	ab := dialEcho(t, ctx, a, b, 7000)
 	if err := c.NIC(1).Close(); err != nil {

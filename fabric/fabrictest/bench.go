@@ -188,7 +188,7 @@ func memcpyNs(size int) float64 {
 func benchRMA(b *testing.B, f Factory, op fabric.Op, size int) {
 	nics := f(b, 2)
 	a, p := OpenEP(b, nics[0], 1), OpenEP(b, nics[1], 1)
-	la, rp := register(b, a, size), register(b, p, size)
+	la, rp := Register(b, a, size), Register(b, p, size)
 	fill(la.Buf, 1)
 	fill(rp.Buf, 2)
 	reqs := []fabric.RMA{{Op: op, Peer: p.Addr(), Local: la.NLA, Remote: rp.NLA, Len: uint32(size), Notify: fabric.NotifyRequester}}

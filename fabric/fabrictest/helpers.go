@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +59,26 @@ func NICs(t testing.TB, n int, newNIC func(fabric.NodeID) (fabric.NIC, error)) [
 	return nics
 }
 
-func register(t testing.TB, ep fabric.Endpoint, size int) fabric.Region {
+// Spawn runs f(0) to f(n-1), each in a goroutine of its own, and returns
+// a function that waits for them all and returns their errors joined (nil
+// if none failed). It does not touch a testing.TB, so f may run after the
+// test's goroutine has moved on; the returned function may be called more
+// than once.
+func Spawn(n int, f func(i int) error) (wait func() error) {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	return func() error {
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+}
+
+// Register registers a region of size bytes on ep, failing t if it
+// cannot.
+func Register(t testing.TB, ep fabric.Endpoint, size int) fabric.Region {
 	t.Helper()
 	r, err := ep.Register(size)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -64,30 +63,23 @@ func testVELOOrder(t *testing.T, f Factory) {
 	// The destination VPID 5 also gets traffic on node 1 itself (loopback).
 	srcs = append(srcs, src{nics[0], OpenEP(t, nics[0], 6)})
 
-	var wg sync.WaitGroup
-	errs := make(chan error, len(srcs))
-	for _, s := range srcs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			const batch = 7 // odd, so batches straddle the mailbox wrap
-			for i := 0; i < per; i += batch {
-				var b [batch]fabric.Message
-				k := min(batch, per-i)
-				for j := range k {
-					b[j] = msg(dst.Addr(), fabric.Tag(s.ep.Addr().VPID), uint64(i+j), 8+(i+j)%113)
-				}
-				if n, err := s.ep.Send(context.Background(), b[:k]); err != nil || n != k {
-					errs <- fmt.Errorf("%v: send: n=%d err=%w", s.ep.Addr(), n, err)
-					return
-				}
+	wait := Spawn(len(srcs), func(si int) error {
+		s := srcs[si]
+		const batch = 7 // odd, so batches straddle the mailbox wrap
+		for i := 0; i < per; i += batch {
+			var b [batch]fabric.Message
+			k := min(batch, per-i)
+			for j := range k {
+				b[j] = msg(dst.Addr(), fabric.Tag(s.ep.Addr().VPID), uint64(i+j), 8+(i+j)%113)
 			}
-		}()
-	}
+			if n, err := s.ep.Send(context.Background(), b[:k]); err != nil || n != k {
+				return fmt.Errorf("%v: send: n=%d err=%w", s.ep.Addr(), n, err)
+			}
+		}
+		return nil
+	})
 	got := recvN(t, dst, per*len(srcs))
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
 	next := map[fabric.Addr]uint64{}
@@ -278,7 +270,7 @@ func table31() []notifyCase {
 func testNotificationTable(t *testing.T, f Factory) {
 	nics := f(t, 2)
 	a, b := OpenEP(t, nics[0], 3), OpenEP(t, nics[1], 4)
-	la, rb := register(t, a, 4096), register(t, b, 4096)
+	la, rb := Register(t, a, 4096), Register(t, b, 4096)
 	const off, n = 100, 1000
 	for _, tc := range table31() {
 		t.Run(fmt.Sprintf("%v-%03b", tc.op, tc.flags), func(t *testing.T) {
@@ -342,7 +334,7 @@ func testNotificationLocal(t *testing.T, f Factory) {
 	}
 	const off = 48 // non-zero start, so LastFrame is checked relative to it
 	maxSize := sizes[len(sizes)-1] + off
-	la, rb := register(t, a, maxSize), register(t, b, maxSize)
+	la, rb := Register(t, a, maxSize), Register(t, b, maxSize)
 	for _, size := range sizes {
 		for _, op := range []fabric.Op{fabric.OpPut, fabric.OpGet} {
 			t.Run(fmt.Sprintf("%v-%d", op, size), func(t *testing.T) {
@@ -385,7 +377,7 @@ func testNotificationLocal(t *testing.T, f Factory) {
 func testRMALoopback(t *testing.T, f Factory) {
 	nics := f(t, 1)
 	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[0], 2)
-	ra, rb := register(t, a, 2048), register(t, b, 2048)
+	ra, rb := Register(t, a, 2048), Register(t, b, 2048)
 	fill(ra.Buf, 1)
 	post(t, a, fabric.RMA{Op: fabric.OpPut, Peer: b.Addr(), Local: ra.NLA, Remote: rb.NLA + 10, Len: 1000, Notify: fabric.NotifyCompleter})
 	n := pollN(t, b, 1)[0]
@@ -403,7 +395,7 @@ func testRMALoopback(t *testing.T, f Factory) {
 func testRMALocalFaults(t *testing.T, f Factory) {
 	nics := f(t, 2)
 	a, other, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[0], 2), OpenEP(t, nics[1], 1)
-	la, lo, rb := register(t, a, 1024), register(t, other, 1024), register(t, b, 1024)
+	la, lo, rb := Register(t, a, 1024), Register(t, other, 1024), Register(t, b, 1024)
 	ok := fabric.RMA{Op: fabric.OpPut, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA, Len: 16, Notify: fabric.NotifyRequester}
 	cases := []struct {
 		name string
@@ -436,10 +428,10 @@ func testRMALocalFaults(t *testing.T, f Factory) {
 func testRMARemoteFaults(t *testing.T, f Factory) {
 	nics := f(t, 2)
 	a, b, b2 := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1), OpenEP(t, nics[1], 2)
-	la := register(t, a, 1024)
-	rb := register(t, b, 1024)
-	rb2 := register(t, b2, 1024) // same node, another VPID
-	gone := register(t, b, 1024)
+	la := Register(t, a, 1024)
+	rb := Register(t, b, 1024)
+	rb2 := Register(t, b2, 1024) // same node, another VPID
+	gone := Register(t, b, 1024)
 	if err := b.Deregister(gone.NLA); err != nil {
 		t.Fatal(err)
 	}
@@ -489,13 +481,13 @@ func testRMARemoteFaults(t *testing.T, f Factory) {
 func testRMAVsDeregister(t *testing.T, f Factory) {
 	nics := f(t, 2)
 	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
-	la := register(t, a, 64<<10)
+	la := Register(t, a, 64<<10)
 	rounds := 50
 	if testenv.Small() {
 		rounds = 10
 	}
 	for range rounds {
-		rb := register(t, b, 64<<10)
+		rb := Register(t, b, 64<<10)
 		done := make(chan struct{})
 		var posted int
 		go func() {
@@ -524,7 +516,7 @@ func testRMAVsDeregister(t *testing.T, f Factory) {
 func testNotifyOverflow(t *testing.T, f Factory) {
 	nics := f(t, 2)
 	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
-	la, rb := register(t, a, 64), register(t, b, 64)
+	la, rb := Register(t, a, 64), Register(t, b, 64)
 	const extra = 100
 	total := fabric.DefaultNotifyDepth + extra
 	reqs := make([]fabric.RMA, 256)
@@ -634,7 +626,7 @@ func testMulticast(t *testing.T, f Factory) {
 func testPeerDown(t *testing.T, f Factory) {
 	nics := f(t, 3)
 	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
-	la, rb := register(t, a, 4096), register(t, b, 4096)
+	la, rb := Register(t, a, 4096), Register(t, b, 4096)
 	ch, _ := fillAndBlock(t, nics[0], a, b.Addr(), context.Background())
 	start := time.Now()
 	if err := nics[1].Close(); err != nil {
@@ -743,7 +735,7 @@ func testCloseUnblocks(t *testing.T, f Factory) {
 func testWaitWakes(t *testing.T, f Factory) {
 	nics := f(t, 2)
 	a, b := OpenEP(t, nics[0], 1), OpenEP(t, nics[1], 1)
-	la, rb := register(t, a, 64), register(t, b, 64)
+	la, rb := Register(t, a, 64), Register(t, b, 64)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	err := b.Wait(ctx)
 	cancel()

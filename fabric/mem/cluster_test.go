@@ -61,10 +61,7 @@ func TestNotifyDepthOverflow(t *testing.T) {
 	c := mem.NewCluster(mem.WithNotifyDepth(depth), mem.WithLogger(slog.New(slog.NewTextHandler(&logBuf, nil))))
 	n := newNIC(t, c, 1)
 	ep := fabrictest.OpenEP(t, n, 1)
-	r, err := ep.Register(64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := fabrictest.Register(t, ep, 64)
 	req := fabric.RMA{Op: fabric.OpPut, Peer: ep.Addr(), Local: r.NLA, Remote: r.NLA + 32, Len: 8, Notify: fabric.NotifyRequester | fabric.NotifyCompleter}
 	for range depth {
 		if _, err := ep.Post([]fabric.RMA{req}); err != nil {

@@ -18,18 +18,8 @@ import (
 )
 
 func TestOpenMissingProvider(t *testing.T) {
-	nic, err := ofi.Open(ofi.Config{Provider: "nosuchprovider", Node: 1})
-	if nic != nil || err == nil {
-		t.Fatalf("Open = %v, %v; want an error", nic, err)
-	}
-	for _, want := range []string{`"nosuchprovider" not found`, "available:", "tcp"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
-	}
-	if _, err := ofi.Open(ofi.Config{Node: 1}); !errors.Is(err, fabric.ErrInvalid) {
-		t.Errorf("Open without a provider: %v, want ErrInvalid", err)
-	}
+	openRefused(t, ofi.Config{Provider: "nosuchprovider", Node: 1}, nil, `"nosuchprovider" not found`, "available:", "tcp")
+	openRefused(t, ofi.Config{Node: 1}, fabric.ErrInvalid) // no provider
 }
 
 // TestOpenProviderWithoutRDM runs Open("udp") in a child process whose
@@ -85,10 +75,7 @@ func TestUnreachablePeer(t *testing.T) {
 	if got := nic.Peers(); len(got) != 0 {
 		t.Errorf("Peers() = %v, want none up", got)
 	}
-	reg, err := ep.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := fabrictest.Register(t, ep, 4096)
 	if _, err := ep.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: m.Peer, Local: reg.NLA, Remote: fabric.MakeNLA(1, 0), Len: 64}}); err != nil {
 		t.Fatal(err)
 	}

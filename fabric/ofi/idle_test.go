@@ -56,14 +56,8 @@ func TestIdleHoldsNoCore(t *testing.T) {
 		echo(a, b)
 		echo(b, a)
 	}
-	la, err := a.Register(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := b.Register(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	la := fabrictest.Register(t, a, 1<<20)
+	rb := fabrictest.Register(t, b, 1<<20)
 	for _, op := range []fabric.Op{fabric.OpGet, fabric.OpPut} {
 		if _, err := a.Post([]fabric.RMA{{Op: op, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA, Len: 1 << 20, Notify: fabric.NotifyRequester}}); err != nil {
 			t.Fatal(err)

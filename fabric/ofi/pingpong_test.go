@@ -38,21 +38,8 @@ func TestHelperOFIEcho(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nic, err := ofi.Open(ofi.Config{Provider: prov, Node: 2, Bind: bindFor(prov)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
-	n := nic.(*ofi.NIC)
+	n, ep, name := openNamed(t, prov, 2)
 	if err := n.AddPeer(1, parent); err != nil {
-		t.Fatal(err)
-	}
-	ep, err := nic.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, err := n.Name()
-	if err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("%s%x\n", echoNamePfx, name)
@@ -62,6 +49,25 @@ func TestHelperOFIEcho(t *testing.T) {
 		ep.Close()
 	}()
 	fabrictest.Echo(ep)
+}
+
+// openNamed opens node on prov and its VPID 1, both closed when tb ends,
+// and returns the NIC's fi_getname address, which the other process adds
+// as its peer.
+func openNamed(tb testing.TB, prov string, node fabric.NodeID) (*ofi.NIC, fabric.Endpoint, []byte) {
+	tb.Helper()
+	nic, err := ofi.Open(ofi.Config{Provider: prov, Node: node, Bind: bindFor(prov)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { nic.Close() })
+	n := nic.(*ofi.NIC)
+	ep := fabrictest.OpenEP(tb, nic, 1)
+	name, err := n.Name()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n, ep, name
 }
 
 // BenchmarkPingPong2Proc measures VELO one-way latency (half the round
@@ -75,27 +81,14 @@ func BenchmarkPingPong2Proc(b *testing.B) {
 }
 
 func benchPingPong2Proc(b *testing.B, prov string) {
-	nic, err := ofi.Open(ofi.Config{Provider: prov, Node: 1, Bind: bindFor(prov)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nic.Close()
-	n := nic.(*ofi.NIC)
-	ep, err := nic.Open(1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ep.Close()
-	name, err := n.Name()
-	if err != nil {
-		b.Fatal(err)
-	}
+	n, ep, name := openNamed(b, prov, 1)
 	_, stdin, stdout := testenv.StartPipedHelper(b, "TestHelperOFIEcho", echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
 	defer stdin.Close() // the child stops; it is killed and reaped when b ends
 	var child []byte
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if h, ok := strings.CutPrefix(sc.Text(), echoNamePfx); ok {
+			var err error
 			if child, err = hex.DecodeString(h); err != nil {
 				b.Fatal(err)
 			}

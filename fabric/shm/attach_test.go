@@ -158,20 +158,14 @@ func TestAttachGrants(t *testing.T) {
 	}
 	// RMA: the app's region lies in its lease's block; node 2 GETs it
 	// and the app PUTs into node 2's.
-	r, err := ep.Register(8192)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := fabrictest.Register(t, ep, 8192)
 	if idx := r.NLA.Region(); idx < leaseRegionLo(0) || idx >= leaseRegionLo(0)+leaseRegions {
 		t.Fatalf("attached region index %d outside lease block %d+%d", idx, leaseRegionLo(0), leaseRegions)
 	}
 	for i := range r.Buf {
 		r.Buf[i] = byte(i * 13)
 	}
-	pr, err := pe.Register(8192)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := fabrictest.Register(t, pe, 8192)
 	if _, err := pe.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: ep.Addr(), Local: pr.NLA, Remote: r.NLA, Len: 8192,
 		Notify: fabric.NotifyRequester | fabric.NotifyResponder}}); err != nil {
 		t.Fatal(err)
@@ -248,10 +242,7 @@ func TestAttachGrants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := ep2.Register(64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r2 := fabrictest.Register(t, ep2, 64)
 	if r2.NLA.Region() == r.NLA.Region() {
 		if _, err := pe.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: ep2.Addr(), Local: pr.NLA, Remote: r2.NLA, Len: 64, Notify: fabric.NotifyRequester}}); err != nil {
 			t.Fatal(err)

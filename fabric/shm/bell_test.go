@@ -74,14 +74,9 @@ func bellChild(fab string) error {
 	if _, err := ep.Send(ctx, []fabric.Message{m}); err != nil {
 		return err
 	}
-	buf := make([]fabric.Message, 4)
-	for {
-		n, err := ep.Recv(buf)
-		if err != nil {
-			return err
-		}
-		for i := range buf[:n] {
-			if buf[i].Tag == tagStop {
+	return serve(ctx, ep, 4, func(msgs []fabric.Message) (bool, error) {
+		for i := range msgs {
+			if msgs[i].Tag == tagStop {
 				w := nic.(*nicT).WakeStats()
 				var r fabric.Message
 				r.Peer, r.Tag = parent, tagReport
@@ -90,20 +85,16 @@ func bellChild(fab string) error {
 				binary.LittleEndian.PutUint64(b[8:], w.BellSleeps)
 				r.SetPayload(b[:])
 				_, err := ep.Send(ctx, []fabric.Message{r})
-				return err
+				return true, err
 			}
 			time.Sleep(delay)
-			buf[i].Peer = parent
-			if _, err := ep.Send(ctx, buf[i:i+1]); err != nil {
-				return err
+			msgs[i].Peer = parent
+			if _, err := ep.Send(ctx, msgs[i:i+1]); err != nil {
+				return false, err
 			}
 		}
-		if n == 0 {
-			if err := ep.Wait(ctx); err != nil {
-				return err
-			}
-		}
-	}
+		return false, nil
+	})
 }
 
 // TestBellWakeAcrossProcesses: a Wait asleep on its doorbell FIFO is woken
@@ -112,9 +103,7 @@ func bellChild(fab string) error {
 func TestBellWakeAcrossProcesses(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
-	fab := uniqueFabric(t)
-	nic := openNIC(t, fab, 1, withBackstop(longBackstop))
-	ep := fabrictest.OpenEP(t, nic, 1)
+	fab, nic, ep := nodeOne(t, withBackstop(longBackstop))
 	cmd := testenv.StartHelper(t, "TestBellHelper", bellChildEnv+"="+fab)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -184,9 +173,7 @@ func TestBellWakeAcrossProcesses(t *testing.T) {
 // go with the rest of its files, and a restarted node makes new ones.
 func TestBellReclaimedWithDeadIncarnation(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	fab := uniqueFabric(t)
-	nic := openNIC(t, fab, 1)
-	ep := fabrictest.OpenEP(t, nic, 1)
+	fab, nic, ep := nodeOne(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd, _ := startChild(t, ctx, fab, ep) // once it has announced, its VPID is open
@@ -437,14 +424,8 @@ func TestBellOwnNotification(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	nics := factory(withBackstop(longBackstop))(t, 2)
 	a, b := fabrictest.OpenEP(t, nics[0], 1), fabrictest.OpenEP(t, nics[1], 1)
-	la, err := a.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := b.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	la := fabrictest.Register(t, a, 4096)
+	rb := fabrictest.Register(t, b, 4096)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for i := 0; i < 5; i++ {

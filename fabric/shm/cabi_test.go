@@ -237,15 +237,8 @@ func newCABI(t *testing.T) *cabiSetup {
 	testenv.VerifyNoLeaks(t)
 	bin := buildCPeer(t)
 	s := &cabiSetup{fab: uniqueFabric(t)}
-	var err error
-	if s.owner, err = Open(s.fab, 1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.owner.Close() })
-	if s.node2, err = Open(s.fab, 2, withBackstop(longBackstop)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.node2.Close() })
+	s.owner = openNIC(t, s.fab, 1)
+	s.node2 = openNIC(t, s.fab, 2, withBackstop(longBackstop))
 	s.ep1 = fabrictest.OpenEP(t, s.owner, 1)
 	s.ep2 = fabrictest.OpenEP(t, s.node2, 1)
 	s.c = startCPeer(t, bin)
@@ -375,10 +368,7 @@ func TestCABIRMA(t *testing.T) {
 	const size = 4096
 	cn := s.c.region(10, size)
 	c.ok("fill %d %d 3", cn, size)
-	gr, err := s.ep2.Register(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gr := fabrictest.Register(t, s.ep2, size)
 	copy(gr.Buf, seeded(size, 50))
 	all := fabric.NotifyRequester | fabric.NotifyCompleter
 
@@ -419,10 +409,7 @@ func TestCABIRMA(t *testing.T) {
 	}
 
 	// Same node: C PUT into the owner's VPID 1 region.
-	or, err := s.ep1.Register(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	or := fabrictest.Register(t, s.ep1, size)
 	c.ok("post 10 1 1 1 %d %d 496 %d", cn, or.NLA, all)
 	noteWant(t, c, 10, fabric.Notification{Kind: fabric.KindRequester, Op: fabric.OpPut, Peer: s.ep1.Addr(), Len: 496, Local: cn})
 	pollWant(t, s.ep1, fabric.Notification{Kind: fabric.KindCompleter, Op: fabric.OpPut, Peer: cAddr, Len: 496, Local: or.NLA})
@@ -499,10 +486,7 @@ func TestCABIBadInput(t *testing.T) {
 		t.Errorf("c corrupt = %d after 3 forged slots, want 3", st["corrupt"])
 	}
 	forgeMailbox(t, n2, cAddr, "note")
-	gr, err := s.ep2.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gr := fabrictest.Register(t, s.ep2, 4096)
 	cn := c.region(10, 4096)
 	if _, err := s.ep2.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: cAddr, Local: gr.NLA, Remote: cn, Len: 64, Notify: fabric.NotifyCompleter}}); err != nil {
 		t.Fatal(err)
@@ -541,10 +525,7 @@ func TestCABIBadInput(t *testing.T) {
 			t.Errorf("%s: %s, want err -22", bad, r)
 		}
 	}
-	or, err := s.ep1.Register(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	or := fabrictest.Register(t, s.ep1, 4096)
 	remote := []struct {
 		peer fabric.Addr
 		nla  fabric.NLA
@@ -705,9 +686,7 @@ func TestCABIPeerDies(t *testing.T) {
 	})
 
 	// (2) on a fabric of its own: node 2 is TestHelperProcess's child.
-	fab := uniqueFabric(t)
-	owner := openNIC(t, fab, 1)
-	ep := fabrictest.OpenEP(t, owner, 1)
+	fab, owner, ep := nodeOne(t)
 	child, _ := startChild(t, ctx, fab, ep)
 	c2 := startCPeer(t, buildCPeer(t))
 	attachC(t, c2, fab, owner, 10, 1)
@@ -761,17 +740,8 @@ func BenchmarkCABI(b *testing.B) {
 	bin := buildCPeer(b)
 	b.Run("pingpong-120B/C-Go", func(b *testing.B) {
 		fab := uniqueFabric(b)
-		owner, err := Open(fab, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer owner.Close()
-		n2, err := Open(fab, 2)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer n2.Close()
-		ep := fabrictest.OpenEP(b, n2, 1)
+		owner := openNIC(b, fab, 1)
+		ep := fabrictest.OpenEP(b, openNIC(b, fab, 2), 1)
 		c := startCPeer(b, bin)
 		attachC(b, c, fab, owner, 10, 1)
 		c.ok("open 10 0")
@@ -798,11 +768,7 @@ func BenchmarkCABI(b *testing.B) {
 	})
 	b.Run("pingpong-120B/C-C", func(b *testing.B) {
 		fab := uniqueFabric(b)
-		owner, err := Open(fab, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer owner.Close()
+		owner := openNIC(b, fab, 1)
 		echo, ping := startCPeer(b, bin), startCPeer(b, bin)
 		attachC(b, echo, fab, owner, 10, 1)
 		attachC(b, ping, fab, owner, 20, 1)

@@ -105,28 +105,40 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // so that its mailbox fills (the test then SIGKILLs the process). It runs
 // in the re-executed child processes.
 func echo(ctx context.Context, ep fabric.Endpoint, to fabric.Addr) error {
-	buf := make([]fabric.Message, 16)
-	for {
-		n, err := ep.Recv(buf)
-		if err != nil {
-			return err
-		}
-		for i := range buf[:n] {
-			switch buf[i].Tag {
+	return serve(ctx, ep, 16, func(msgs []fabric.Message) (bool, error) {
+		for i := range msgs {
+			switch msgs[i].Tag {
 			case tagStop:
-				return nil
+				return true, nil
 			case tagStall:
 				select {} // hold the full mailbox until SIGKILL
 			}
-			buf[i].Peer = to
+			msgs[i].Peer = to
 		}
-		if _, err := ep.Send(ctx, buf[:n]); err != nil {
+		_, err := ep.Send(ctx, msgs)
+		return false, err
+	})
+}
+
+// serve receives batches of up to batch messages on ep, waiting on ep
+// while its mailbox is empty, and hands each batch to handle until handle
+// says it is done or returns an error, or ep fails. The child processes
+// run it, so it does not touch a testing.TB.
+func serve(ctx context.Context, ep fabric.Endpoint, batch int, handle func([]fabric.Message) (done bool, err error)) error {
+	buf := make([]fabric.Message, batch)
+	for {
+		n, err := ep.Recv(buf)
+		if err != nil {
 			return err
 		}
 		if n == 0 {
 			if err := ep.Wait(ctx); err != nil {
 				return err
 			}
+			continue
+		}
+		if done, err := handle(buf[:n]); done || err != nil {
+			return err
 		}
 	}
 }

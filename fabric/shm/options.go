@@ -43,23 +43,24 @@ func applyOptions(opts []Option) (options, error) {
 // WithSlots sets the number of 128-byte slots in each VELO mailbox this
 // node opens: a power of two in 2..65536. Default DefaultSlots.
 func WithSlots(n int) Option {
-	return func(o *options) error {
-		if !validSlots(n) {
-			return fmt.Errorf("shm: %d mailbox slots: want a power of two in %d..%d: %w", n, minSlots, maxSlots, fabric.ErrInvalid)
-		}
-		o.slots = n
-		return nil
-	}
+	return pow2Option(n, validSlots, minSlots, maxSlots, "%d mailbox slots", func(o *options) { o.slots = n })
 }
 
 // WithNotifyDepth sets each notification queue's depth: a power of two
 // from fabric.DefaultNotifyDepth to 262144. Default fabric.DefaultNotifyDepth.
 func WithNotifyDepth(n int) Option {
+	return pow2Option(n, validDepth, minNotifyDepth, maxNotifyDepth, "notify depth %d", func(o *options) { o.depth = n })
+}
+
+// pow2Option is an Option that applies set if valid(n), and otherwise
+// fails with fabric.ErrInvalid: n, described by what (a format with one
+// %d for n), is not a power of two in lo..hi.
+func pow2Option(n int, valid func(int) bool, lo, hi int, what string, set func(*options)) Option {
 	return func(o *options) error {
-		if !validDepth(n) {
-			return fmt.Errorf("shm: notify depth %d: want a power of two in %d..%d: %w", n, minNotifyDepth, maxNotifyDepth, fabric.ErrInvalid)
+		if !valid(n) {
+			return fmt.Errorf("shm: %s: want a power of two in %d..%d: %w", fmt.Sprintf(what, n), lo, hi, fabric.ErrInvalid)
 		}
-		o.depth = n
+		set(o)
 		return nil
 	}
 }

@@ -58,9 +58,7 @@ func child(fab string) error {
 func TestTwoProcesses(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	testenv.VerifyNoFDLeaks(t)
-	fab := uniqueFabric(t)
-	nic := openNIC(t, fab, 1)
-	ep := fabrictest.OpenEP(t, nic, 1)
+	fab, nic, ep := nodeOne(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	recv1 := func() fabric.Message { t.Helper(); return recvOne(t, ctx, ep) }
@@ -86,10 +84,7 @@ func TestTwoProcesses(t *testing.T) {
 	}
 
 	// 3. RMA GET of the child's region, checked by content.
-	local, err := ep.Register(childRegionSize)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := fabrictest.Register(t, ep, childRegionSize)
 	if _, err := ep.Post([]fabric.RMA{{Op: fabric.OpGet, Peer: child, Local: local.NLA, Remote: remote,
 		Len: childRegionSize, Notify: fabric.NotifyRequester}}); err != nil {
 		t.Fatal(err)

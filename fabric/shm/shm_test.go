@@ -50,6 +50,15 @@ func factory(opts ...Option) fabrictest.Factory {
 	}
 }
 
+// nodeOne opens node 1 of a new fabric fab and its VPID 1 (ep), both
+// closed at the end of the test.
+func nodeOne(t testing.TB, opts ...Option) (fab string, nic fabric.NIC, ep fabric.Endpoint) {
+	t.Helper()
+	fab = uniqueFabric(t)
+	nic = openNIC(t, fab, 1, opts...)
+	return fab, nic, fabrictest.OpenEP(t, nic, 1)
+}
+
 func TestConformance(t *testing.T) { fabrictest.Run(t, factory()) }
 
 // TestConformanceSmallRings runs the suite with 2-slot mailboxes, so the

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,16 +47,10 @@ func TestNoLostWakeup(t *testing.T) {
 			prods := []fabric.Endpoint{fabrictest.OpenEP(t, nics[1], 1), fabrictest.OpenEP(t, nics[1], 2), fabrictest.OpenEP(t, nics[2], 1)}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var wg sync.WaitGroup
-			errs := make(chan error, len(prods))
-			for i, p := range prods {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs <- produce(ctx, p, cons.Addr(), uint32(i), per)
-				}()
-			}
-			defer func() { cancel(); wg.Wait() }() // producers blocked on a full ring stop
+			wait := fabrictest.Spawn(len(prods), func(i int) error {
+				return produce(ctx, prods[i], cons.Addr(), uint32(i), per)
+			})
+			defer func() { cancel(); wait() }() // producers blocked on a full ring stop
 			next := make([]uint64, len(prods))
 			got, waits, sleeps := 0, 0, 0
 			var batch [16]fabric.Message
@@ -99,10 +92,8 @@ func TestNoLostWakeup(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			for range prods {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
-				}
+			if err := wait(); err != nil {
+				t.Fatal(err)
 			}
 			w := wakeStats(t, nics[0])
 			t.Logf("%d messages, %d waits, %d parked, wake stats %+v", got, waits, sleeps, w)

@@ -15,11 +15,7 @@ import (
 func TestPeersChanged(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	name := uniqueFabric(t)
-	a, err := Open(name, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := openNIC(t, name, 1)
 	w, ok := a.(fabric.PeerWatcher)
 	if !ok {
 		t.Fatalf("%T is not a fabric.PeerWatcher", a)
