@@ -50,7 +50,7 @@ func Port() int {
 
 // PortArg is Port as a command-line argument, the form every server and
 // client the tests start takes it in.
-func PortArg() string { return PortArg() }
+func PortArg() string { return strconv.Itoa(Port()) }
 
 // StartIperf3Server starts an unmodified iperf3 server for one test
 // (-s -1) in ns, bound to ip on a fresh port, with the extra environment
