@@ -87,7 +87,7 @@ func TestDirectCalls(t *testing.T) {
 	c := shmShimCluster(t, nstest.Build(t), 43, "--metrics", directMetrics)
 	prog := buildDirectCalls(t, t.TempDir())
 	ip := c.nodes[1].IP.String()
-	port := strconv.Itoa(nstest.Port())
+	port := nstest.PortArg()
 
 	before := [2]directCount{c.directCounts(t, 0), c.directCounts(t, 1)}
 	// EXN_DIRECT_CHECKS (space-separated names) runs only those checks,

@@ -6,7 +6,6 @@ package integration
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,9 +61,8 @@ func checkSockperf(t *testing.T, a, b *nstest.Node) {
 // anyway.
 func iperfTowards(t *testing.T, from, to *nstest.Node) (srv, cli *nstest.Proc) {
 	t.Helper()
-	port := strconv.Itoa(nstest.Port())
-	srv = to.NS.Start(t, "iperf3", "-s", "-1", "-B", to.IP.String(), "-p", port)
-	if err := to.NS.WaitListening(srv, port, 10*time.Second); err != nil {
+	srv, port, err := nstest.StartIperf3Server(t, to.NS, nil, to.IP.String())
+	if err != nil {
 		t.Fatal(err)
 	}
 	cli = from.NS.Start(t, "iperf3", "-c", to.IP.String(), "-p", port, "-t", "6", "--connect-timeout", "2000", "--snd-timeout", "3000", "--forceflush")

@@ -235,10 +235,7 @@ func TestInterop(t *testing.T) {
 		}
 	})
 
-	if err := user.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := user.Wait(10 * time.Second); err != nil {
+	if err := user.Stop(10 * time.Second); err != nil {
 		t.Fatalf("exnd --netstack: %v after SIGTERM\n%s", err, user.Output())
 	}
 	if !strings.Contains(user.Output(), "exnd stopped") {

@@ -342,7 +342,7 @@ func TestSafetyAttack(t *testing.T) {
 		u := strconv.Itoa(uid)
 		return []string{"setpriv", "--reuid=" + u, "--regid=" + u, "--clear-groups", bin}
 	}
-	port := strconv.Itoa(nstest.Port())
+	port := nstest.PortArg()
 	addr := c.nodes[1].IP.String() + ":" + port
 	srv := c.nodes[1].NS.StartEnv(t, []string{"EXNT_ATTACK=victim-server", "EXNT_CTL=" + c.nodes[1].Control, "EXNT_ADDR=" + addr}, as(uidA)...)
 	ready := waitLine(t, srv, "ready ")

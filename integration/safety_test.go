@@ -54,7 +54,7 @@ func startSafety(t *testing.T, subnet int, access [2]string) *safetyCluster {
 	fab := nstest.ShmFabric(t)
 	for i := range c.nodes {
 		ip := nstest.NodeIP(subnet, i+1).String()
-		mport := strconv.Itoa(nstest.Port())
+		mport := nstest.PortArg()
 		c.metrics[i] = "http://" + ip + ":" + mport + "/metrics"
 		ctl := filepath.Join(dir, fmt.Sprintf("n%d.sock", i+1))
 		c.nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1, "--control", ctl,
@@ -124,7 +124,7 @@ func (c *safetyCluster) counters(t *testing.T) safetyCounters {
 // otherwise) and waits for its listener.
 func (c *safetyCluster) server(t *testing.T, mode string, workers int, env []string) (*nstest.Proc, string) {
 	t.Helper()
-	port := strconv.Itoa(nstest.Port())
+	port := nstest.PortArg()
 	s := c.nodes[1].NS.StartEnv(t, env, c.prog, "server", c.nodes[1].IP.String(), port, strconv.Itoa(workers), mode)
 	if err := c.nodes[1].NS.WaitListening(s, port, 10*time.Second); err != nil {
 		t.Fatal(err)

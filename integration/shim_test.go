@@ -197,9 +197,8 @@ type iperfOut struct {
 func (c *shimCluster) iperf3(t *testing.T, srvEnv, cliEnv []string, ip string, secs int, extra ...string) (float64, float64) {
 	t.Helper()
 	srv, cli := c.nodes[1].NS, c.nodes[0].NS
-	port := strconv.Itoa(nstest.Port())
-	s := srv.StartEnv(t, srvEnv, "iperf3", "-s", "-1", "-B", ip, "-p", port)
-	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
+	s, port, err := nstest.StartIperf3Server(t, srv, srvEnv, ip)
+	if err != nil {
 		t.Fatal(err)
 	}
 	args := append([]string{"iperf3", "-c", ip, "-p", port, "-t", strconv.Itoa(secs), "-J"}, extra...)
@@ -223,7 +222,7 @@ func (c *shimCluster) iperf3(t *testing.T, srvEnv, cliEnv []string, ip string, s
 func (c *shimCluster) sockperf(t *testing.T, srvEnv, cliEnv []string, ip, test, mux string, secs int) string {
 	t.Helper()
 	srv, cli := c.nodes[1].NS, c.nodes[0].NS
-	port := strconv.Itoa(nstest.Port())
+	port := nstest.PortArg()
 	feed := filepath.Join(t.TempDir(), "feed")
 	if err := os.WriteFile(feed, []byte("T:"+ip+":"+port+"\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -254,7 +253,7 @@ func tailStr(s string) string {
 func (c *shimCluster) shimTransfer(t *testing.T, srvEnv, cliEnv []string, fork bool, size int, clients ...string) []string {
 	t.Helper()
 	ip := c.nodes[1].IP.String()
-	port := strconv.Itoa(nstest.Port())
+	port := nstest.PortArg()
 	args := []string{c.prog, "server", ip, port, strconv.Itoa(len(clients))}
 	if fork {
 		args = append(args, "fork")
@@ -384,7 +383,7 @@ func TestShim(t *testing.T) {
 
 	// Last: it kills exnd on node 2.
 	t.Run("exnd-killed", func(t *testing.T) {
-		port := strconv.Itoa(nstest.Port())
+		port := nstest.PortArg()
 		s := c.nodes[1].NS.StartEnv(t, srvEnv, c.prog, "server", ip, port, "1")
 		if err := c.nodes[1].NS.WaitListening(s, port, 10*time.Second); err != nil {
 			t.Fatal(err)

@@ -430,8 +430,7 @@ func BenchmarkExtDS(b *testing.B) {
 	startServer := func(ns *nstest.Netns, ctl string, extra ...string) (dsPort, tcpPort string) {
 		p := ns.StartEnv(b, append([]string{dsRoleEnv + "=server", dsCtlEnv + "=" + ctl, copyEnv, hashEnv}, extra...), self)
 		b.Cleanup(func() { // graceful first: the Device detaches
-			_ = p.Signal(syscall.SIGTERM)
-			_ = p.Wait(5 * time.Second)
+			_ = p.Stop(5 * time.Second)
 		})
 		var line string
 		err := nstest.Eventually(10*time.Second, func() error {

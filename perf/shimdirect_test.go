@@ -1,9 +1,7 @@
 package perf
 
 import (
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,41 +124,12 @@ func cpuTicks(pids []int) uint64 {
 // sockperfEnv is sockperf TCP ping-pong with 64-byte messages, both
 // programs with their way's environment; it returns the p50 in µs.
 func sockperfEnv(b *testing.B, w shimWay, secs int) (float64, error) {
-	port := strconv.Itoa(nstest.Port())
-	s := w.srv.StartEnv(b, w.srvEnv, "sockperf", "server", "--tcp", "-i", w.ip, "-p", port)
-	defer func() { _ = s.Wait(0) }()
-	if err := w.srv.WaitListening(s, port, 10*time.Second); err != nil {
-		return 0, err
-	}
-	out, err := w.cli.RunEnv(time.Duration(secs+20)*time.Second, w.cliEnv, "sockperf", "ping-pong", "--tcp", "-m", "64",
-		"-i", w.ip, "-p", port, "-t", strconv.Itoa(secs))
-	m := spP50.FindStringSubmatch(out)
-	if err != nil || m == nil {
-		return 0, fmt.Errorf("sockperf %s: %v: %s", w.ip, err, out)
-	}
-	return strconv.ParseFloat(m[1], 64)
+	r, err := nstest.SockperfEnv(b, w.srv, w.cli, w.srvEnv, w.cliEnv, w.ip, secs, "-m", "64")
+	return r.P50, err
 }
 
 // iperf3Env is one iperf3 TCP stream; it returns the receiver's Gbit/s.
 func iperf3Env(b *testing.B, w shimWay, secs int) (float64, error) {
-	port := strconv.Itoa(nstest.Port())
-	s := w.srv.StartEnv(b, w.srvEnv, "iperf3", "-s", "-1", "-B", w.ip, "-p", port)
-	if err := w.srv.WaitListening(s, port, 10*time.Second); err != nil {
-		return 0, err
-	}
-	out, err := w.cli.RunEnv(time.Duration(secs+20)*time.Second, w.cliEnv, "iperf3", "-c", w.ip, "-p", port,
-		"-t", strconv.Itoa(secs), "-J")
-	_ = s.Wait(10 * time.Second)
-	var j struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-		Error string `json:"error"`
-	}
-	if jerr := json.Unmarshal([]byte(out), &j); err != nil || jerr != nil || j.Error != "" || j.End.SumReceived.BitsPerSecond == 0 {
-		return 0, fmt.Errorf("iperf3 %s: %v %v %s: %.500s", w.ip, err, jerr, j.Error, out)
-	}
-	return j.End.SumReceived.BitsPerSecond / 1e9, nil
+	r, err := nstest.Iperf3Env(b, w.srv, w.cli, w.srvEnv, w.cliEnv, w.ip, secs)
+	return r.BitsPerSecond / 1e9, err
 }

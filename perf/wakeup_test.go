@@ -3,7 +3,6 @@ package perf
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -129,7 +128,7 @@ func BenchmarkWakeupIdleScale(b *testing.B) {
 		t0 := make([]uint64, size)
 		for i, n := range nodes {
 			var err error
-			if t0[i], err = cpuNanos(n.Proc.Pid()); err != nil {
+			if t0[i], err = nstest.CPUNanos(n.Proc.Pid()); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -138,7 +137,7 @@ func BenchmarkWakeupIdleScale(b *testing.B) {
 		wall := time.Since(w0)
 		var sum, worst float64
 		for i, n := range nodes {
-			t1, err := cpuNanos(n.Proc.Pid())
+			t1, err := nstest.CPUNanos(n.Proc.Pid())
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -200,8 +199,6 @@ func fabricPings(n *nstest.Node) (cold, warm []float64, err error) {
 	return cold, r.RTT, nil
 }
 
-var spP50 = regexp.MustCompile(`percentile 50\.000 =\s+([0-9.]+)`)
-
 // sockperf64 runs sockperf TCP ping-pong with 64-byte messages for secs
 // seconds (server in srv, client in cli) and returns the p50 in µs.
 func sockperf64(b *testing.B, srv, cli *nstest.Netns, ip string, secs int) (float64, error) {
@@ -235,40 +232,17 @@ func fifoFloor(b *testing.B, count int, gap time.Duration) (float64, error) {
 
 // idleShare is pid's CPU time over d as a percentage of d.
 func idleShare(pid int, d time.Duration) (float64, error) {
-	t0, err := cpuNanos(pid)
+	t0, err := nstest.CPUNanos(pid)
 	if err != nil {
 		return 0, err
 	}
 	w0 := time.Now()
 	time.Sleep(d)
-	t1, err := cpuNanos(pid)
+	t1, err := nstest.CPUNanos(pid)
 	if err != nil {
 		return 0, err
 	}
 	return float64(t1-t0) / float64(time.Since(w0).Nanoseconds()) * 100, nil
-}
-
-// cpuNanos is the CPU time of every thread of pid, in ns
-// (/proc/PID/task/*/schedstat: more precise than /proc/PID/stat's ticks).
-func cpuNanos(pid int) (uint64, error) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
-	var sum uint64
-	for _, e := range ents {
-		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
-		if err != nil {
-			continue // the thread exited
-		}
-		f := strings.Fields(string(b))
-		if len(f) > 0 {
-			v, _ := strconv.ParseUint(f[0], 10, 64)
-			sum += v
-		}
-	}
-	return sum, nil
 }
 
 // pct is the p-th percentile of v (p = 100: the largest).

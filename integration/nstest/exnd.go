@@ -3,11 +3,9 @@ package nstest
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -110,35 +108,13 @@ func (n *Node) WaitIPv6(timeout time.Duration) (netip.Addr, error) {
 
 // Stop sends SIGTERM and waits for exnd to exit.
 func (n *Node) Stop(timeout time.Duration) error {
-	if err := n.Proc.Signal(syscall.SIGTERM); err != nil {
-		return fmt.Errorf("node %d: sigterm: %w", n.ID, err)
+	if err := n.Proc.Stop(timeout); err != nil {
+		return fmt.Errorf("node %d: %w", n.ID, err)
 	}
-	return n.Proc.Wait(timeout)
+	return nil
 }
 
 func runIP(args ...string) (string, error) {
 	out, err := execOutput(5*time.Second, "ip", args...)
 	return out, err
-}
-
-// CPUTicks returns utime+stime of pid in clock ticks, from /proc/PID/stat.
-func CPUTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the parenthesised comm; utime and stime are fields 14
-	// and 15 of the whole line, 12 and 13 after ") ".
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: short", pid)
-	}
-	u, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad times", pid)
-	}
-	return u + st, nil
 }

@@ -246,22 +246,3 @@ func StartNetserverDaemon(t testing.TB, ns *Netns, netserver string, env []strin
 	}
 	return pid
 }
-
-// pidsNamed lists the processes of the namespace whose comm is name.
-func (n *Netns) pidsNamed(name string) []int {
-	out, err := exec.Command("ip", "netns", "pids", n.Name).Output()
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(out)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			continue
-		}
-		if comm, err := os.ReadFile("/proc/" + f + "/comm"); err == nil && strings.TrimSpace(string(comm)) == name {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}

@@ -320,6 +320,15 @@ func (p *Proc) Exited() bool {
 // Signal sends sig to the process (not its group).
 func (p *Proc) Signal(sig syscall.Signal) error { return syscall.Kill(p.Pid(), sig) }
 
+// Stop sends SIGTERM to the process and waits up to timeout for it to
+// exit, as Wait does.
+func (p *Proc) Stop(timeout time.Duration) error {
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("%s: sigterm: %w", p.Name, err)
+	}
+	return p.Wait(timeout)
+}
+
 // Wait waits up to timeout for the process to exit and returns its exit
 // error (nil for status 0). On timeout it kills the group and returns an
 // error saying so.

@@ -48,24 +48,42 @@ func Port() int {
 	return portSeq
 }
 
+// PortArg is Port as a command-line argument, the form every server and
+// client the tests start takes it in.
+func PortArg() string { return strconv.Itoa(Port()) }
+
+// StartIperf3Server starts an unmodified iperf3 server for one test
+// (-s -1) in ns, bound to ip on a fresh port, with the extra environment
+// env (nil for none), and waits until it listens. It returns the server
+// and its port.
+func StartIperf3Server(t testing.TB, ns *Netns, env []string, ip string) (*Proc, string, error) {
+	t.Helper()
+	port := PortArg()
+	s := ns.StartEnv(t, env, "iperf3", "-s", "-1", "-B", ip, "-p", port)
+	return s, port, ns.WaitListening(s, port, 10*time.Second)
+}
+
 // Iperf3 runs an unmodified iperf3 server in srv (one test, -1) and the
 // client in cli against ip, for secs seconds, with extra client args
 // (e.g. "-u", "-b", "100M" or "-P", "2"). It retries the client while the
 // server is not listening yet. Every process is bounded by a timeout.
 func Iperf3(t testing.TB, srv, cli *Netns, ip string, secs int, extra ...string) (Iperf3Result, error) {
 	t.Helper()
-	port := strconv.Itoa(Port())
-	s := srv.Start(t, "iperf3", "-s", "-1", "-B", ip, "-p", port)
-	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
+	return Iperf3Env(t, srv, cli, nil, nil, ip, secs, extra...)
+}
+
+// Iperf3Env is Iperf3 with extra environments for the server (srvEnv) and
+// the client (cliEnv), such as the shim's LD_PRELOAD; nil for none.
+func Iperf3Env(t testing.TB, srv, cli *Netns, srvEnv, cliEnv []string, ip string, secs int, extra ...string) (Iperf3Result, error) {
+	t.Helper()
+	s, port, err := StartIperf3Server(t, srv, srvEnv, ip)
+	if err != nil {
 		return Iperf3Result{}, err
 	}
 	args := append([]string{"iperf3", "-c", ip, "-p", port, "-t", strconv.Itoa(secs), "-J", "--connect-timeout", "2000"}, extra...)
-	var (
-		out string
-		err error
-	)
+	var out string
 	for attempt := 0; attempt < 20; attempt++ {
-		out, err = cli.Run(time.Duration(secs)*time.Second+20*time.Second, args...)
+		out, err = cli.RunEnv(time.Duration(secs)*time.Second+20*time.Second, cliEnv, args...)
 		if !strings.Contains(out, "Connection refused") {
 			break
 		}
@@ -111,19 +129,27 @@ var (
 // client in cli for secs seconds.
 func Sockperf(t testing.TB, srv, cli *Netns, ip string, secs int) (SockperfResult, error) {
 	t.Helper()
-	port := strconv.Itoa(Port())
-	s := srv.Start(t, "sockperf", "server", "--tcp", "-i", ip, "-p", port)
+	return SockperfEnv(t, srv, cli, nil, nil, ip, secs)
+}
+
+// SockperfEnv is Sockperf with extra environments for the server (srvEnv)
+// and the client (cliEnv), nil for none, and extra client args (e.g.
+// "-m", "64").
+func SockperfEnv(t testing.TB, srv, cli *Netns, srvEnv, cliEnv []string, ip string, secs int, extra ...string) (SockperfResult, error) {
+	t.Helper()
+	port := PortArg()
+	s := srv.StartEnv(t, srvEnv, "sockperf", "server", "--tcp", "-i", ip, "-p", port)
 	defer func() { _ = s.Wait(0) }() // the server never exits on its own
 	if err := srv.WaitListening(s, port, 10*time.Second); err != nil {
 		return SockperfResult{}, err
 	}
-	args := []string{"sockperf", "ping-pong", "--tcp", "-i", ip, "-p", port, "-t", strconv.Itoa(secs)}
+	args := append([]string{"sockperf", "ping-pong", "--tcp", "-i", ip, "-p", port, "-t", strconv.Itoa(secs)}, extra...)
 	var (
 		out string
 		err error
 	)
 	for attempt := 0; attempt < 20; attempt++ {
-		out, err = cli.Run(time.Duration(secs)*time.Second+20*time.Second, args...)
+		out, err = cli.RunEnv(time.Duration(secs)*time.Second+20*time.Second, cliEnv, args...)
 		if err == nil && spP50.MatchString(out) {
 			break
 		}
