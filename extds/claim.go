@@ -326,18 +326,38 @@ func (d *Device) claimReplyNow(e *claimEntry, port uint16, status, reason uint8)
 	d.claims.mu.Unlock()
 }
 
+// statusBody decodes the body that CLAIM_REPLY and COMMIT begin with: the
+// port, then a status byte that is 0 or 1. ok is false if the message is
+// not n bytes long (header included) or the status is anything else.
+func statusBody(m *msg, n int) (port uint16, status uint8, ok bool) {
+	if len(m.data) != n-hdrLen || m.data[2] > 1 {
+		return 0, 0, false
+	}
+	return binary.LittleEndian.Uint16(m.data), m.data[2], true
+}
+
+// waitingLocked returns the client's claim that an answer from peer on
+// vdev v for token and port belongs to, or nil (t.mu held).
+func (t *claimTable) waitingLocked(v *vdev, peer fabric.Addr, token uint32, port uint16) *claimWait {
+	w := t.waits[token]
+	if w == nil || w.vd != v || w.peer != peer || w.port != port {
+		return nil
+	}
+	return w
+}
+
 // onClaimReply hands an answer to the client waiting for it.
 func (d *Device) onClaimReply(v *vdev, from fabric.Addr, m *msg) {
-	if len(m.data) != claimRepLen-hdrLen || m.data[2] > 1 {
+	port, _, ok := statusBody(m, claimRepLen)
+	if !ok {
 		d.drop(DropProbe, "from", from, "why", "malformed claim reply")
 		return
 	}
-	port := binary.LittleEndian.Uint16(m.data)
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	w := t.waits[m.conn]
-	if w == nil || w.vd != v || w.peer != from || w.port != port {
+	w := t.waitingLocked(v, from, m.conn, port)
+	if w == nil {
 		d.drop(DropProbe, "from", from, "token", m.conn, "why", "claim reply matches no claim")
 		return
 	}

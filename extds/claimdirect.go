@@ -192,8 +192,7 @@ func (d *Device) onClaimDirect(v *vdev, from fabric.Addr, m *msg) {
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	w := t.waits[m.conn]
-	if w != nil && w.vd == v && w.peer == from && w.port == port && w.direct {
+	if w := t.waitingLocked(v, from, m.conn, port); w != nil && w.direct {
 		select {
 		case w.ch <- claimAns{status: statusDirectAns, token: tok, ring: ring, id: id}:
 			return
@@ -206,11 +205,11 @@ func (d *Device) onClaimDirect(v *vdev, from fabric.Addr, m *msg) {
 
 // onCommit hands a COMMIT to the acceptor waiting for it (rx loop).
 func (d *Device) onCommit(v *vdev, from fabric.Addr, m *msg) {
-	if len(m.data) != commitLen-hdrLen || m.data[2] > 1 || m.data[3] != 0 {
+	port, status, ok := statusBody(m, commitLen)
+	if !ok || m.data[3] != 0 {
 		d.drop(DropProbe, "from", from, "why", "malformed commit")
 		return
 	}
-	port := binary.LittleEndian.Uint16(m.data)
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -222,7 +221,7 @@ func (d *Device) onCommit(v *vdev, from fabric.Addr, m *msg) {
 	}
 	delete(t.commits, k)
 	select {
-	case e.commit <- m.data[2]:
+	case e.commit <- status:
 	default:
 	}
 }

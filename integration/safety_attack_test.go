@@ -34,6 +34,7 @@ import (
 
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/integration/nstest"
+	"github.com/exn-project/exn/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,13 +183,8 @@ func victimClient() error {
 	fmt.Printf("switched id=%d\n", r.ID)
 	for range 2 {
 		<-usr1
-		msg := []byte("ping " + strconv.Itoa(os.Getpid()) + "\n")
-		if _, err := uf.Write(msg); err != nil {
-			return err
-		}
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(uf, got); err != nil || string(got) != string(msg) {
-			return fmt.Errorf("echo %q: %q, %v", msg, got, err)
+		if err := testenv.Carry(uf, uf, []byte("ping "+strconv.Itoa(os.Getpid())+"\n")); err != nil {
+			return fmt.Errorf("echo: %w", err)
 		}
 		fmt.Println("echo ok")
 	}

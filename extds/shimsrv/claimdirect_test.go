@@ -8,7 +8,6 @@ package shimsrv
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -96,13 +95,8 @@ func TestDirectAbortIsTCP(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	defer r.v.Close()
-	msg := []byte("GET / HTTP/1.0\r\n\r\n")
-	if _, err := c.Write(msg); err != nil {
+	if err := testenv.Carry(c, r.v, []byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
 		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(r.v, got); err != nil || string(got) != string(msg) {
-		t.Fatalf("server read %q, %v", got, err)
 	}
 	for _, nd := range []*node{a, b} {
 		if n := nd.dev.Stats().Fallbacks["direct_abort"]; n != 1 {

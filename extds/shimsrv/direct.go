@@ -348,12 +348,9 @@ func (s *Server) endDirect(dc *dconn) {
 // descriptor open; from now on exnd moves this side's bytes over V.
 func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 	const op = "shim-relay"
-	who, err := s.caller(ctx, op)
+	who, err := s.callerWithFile(ctx, op, "descriptor", r)
 	if err != nil {
 		return nil, nil, err
-	}
-	if len(r.Args) != 0 || len(r.Files) != 1 {
-		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 descriptor, got %d and %d", op, len(r.Args), len(r.Files))
 	}
 	var st unix.Stat_t
 	if err := rawStat(r.Files[0], &st); err != nil {

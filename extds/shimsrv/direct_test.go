@@ -177,23 +177,29 @@ func TestDirectLastClose(t *testing.T) {
 	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }
 
+// relayV sends shim-relay with side's V on a's control socket, as the
+// shim does before exec.
+func relayV(t testing.TB, a *node, side *directApp) {
+	t.Helper()
+	f, err := side.v.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := a.cl.CallFDs(t.Context(), nil, []*os.File{f}, "shim-relay"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // shim-relay (before exec): the client side's V becomes a plain socket
 // that exnd relays; the server side stays direct.
 func TestDirectRelay(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, _, _, client, server := directPair(t)
-	f, err := client.v.File()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := a.cl.Call(t.Context(), nil, "shim-relay"); err == nil {
 		t.Fatal("shim-relay without a descriptor accepted")
 	}
-	_, err = a.cl.CallFDs(t.Context(), nil, []*os.File{f}, "shim-relay")
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	relayV(t, a, client)
 	if _, err := client.v.Write([]byte("ping")); err != nil {
 		t.Fatal(err)
 	}
@@ -293,15 +299,7 @@ func TestDirectPeerNodeDown(t *testing.T) {
 func TestDirectRelayHalfClose(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, _, _, client, server := directPair(t)
-	f, err := client.v.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = a.cl.CallFDs(t.Context(), nil, []*os.File{f}, "shim-relay")
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	relayV(t, a, client)
 	if _, err := client.v.Write([]byte("request")); err != nil {
 		t.Fatal(err)
 	}

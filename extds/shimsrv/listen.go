@@ -47,12 +47,9 @@ type listenReg struct {
 // the descriptor, so a listener the application closes really closes.
 func (s *Server) listen(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 	const op = "shim-listen"
-	who, err := s.caller(ctx, op)
+	who, err := s.callerWithFile(ctx, op, "listening socket", r)
 	if err != nil {
 		return nil, nil, err
-	}
-	if len(r.Args) != 0 || len(r.Files) != 1 {
-		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 listening socket, got %d and %d", op, len(r.Args), len(r.Files))
 	}
 	var port uint16
 	var ino uint64

@@ -256,6 +256,19 @@ func (s *Server) caller(ctx context.Context, op string) (control.Peer, error) {
 	return p, nil
 }
 
+// callerWithFile is caller for a request that takes no arguments and
+// exactly one descriptor (what names the descriptor in the refusal).
+func (s *Server) callerWithFile(ctx context.Context, op, what string, r *control.Request) (control.Peer, error) {
+	who, err := s.caller(ctx, op)
+	if err != nil {
+		return who, err
+	}
+	if len(r.Args) != 0 || len(r.Files) != 1 {
+		return who, s.refuse(ReasonBadRequest, "%s: want no arguments and 1 %s, got %d and %d", op, what, len(r.Args), len(r.Files))
+	}
+	return who, nil
+}
+
 var empty = struct{}{}
 
 const (

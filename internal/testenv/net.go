@@ -1,7 +1,9 @@
 package testenv
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -54,6 +56,23 @@ func ServeTCP(t testing.TB, handle func(net.Conn)) string {
 	}()
 	t.Cleanup(func() { ln.Close(); <-done })
 	return ln.Addr().String()
+}
+
+// Carry writes msg to w, reads len(msg) bytes from r and fails unless
+// they are exactly msg: one message across a connection, intact (w and r
+// may be one echoing connection).
+func Carry(w io.Writer, r io.Reader, msg []byte) error {
+	if _, err := w.Write(msg); err != nil {
+		return fmt.Errorf("write %q: %w", msg, err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(r, got); err != nil {
+		return fmt.Errorf("read %q: got %q, %w", msg, got, err)
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("read %q, want %q", got, msg)
+	}
+	return nil
 }
 
 // EchoSized is the server half of a sized ping-pong: it reads a message
