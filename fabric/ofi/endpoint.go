@@ -26,7 +26,6 @@ package ofi
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -410,9 +409,7 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 			return fmt.Errorf("ofi: velo send to node %d: %v: %w", p.node, err, fabric.ErrPeerDown)
 		}
 		// The provider's queue is full: progress drains it.
-		if !n.poll() {
-			runtime.Gosched()
-		}
+		n.spinStep()
 		if up, _ := p.state(); !up {
 			p.leave()
 			release()
@@ -597,22 +594,20 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	n.spinners.Add(1)
 	start := time.Now()
 	for {
-		if !n.poll() {
-			runtime.Gosched()
-		}
+		n.spinStep()
 		if e.Ready() {
-			n.unspin()
+			n.unspin(true)
 			return nil
 		}
 		if e.Closed.Load() {
-			n.unspin()
+			n.unspin(false)
 			return e.ErrClosed("wait")
 		}
 		if time.Since(start) > waitSpin {
 			break
 		}
 	}
-	n.unspin()
+	n.unspin(false)
 	return e.WaitResult(ctx, e.W.Park(ctx))
 }
 

@@ -131,6 +131,7 @@ type NIC struct {
 	bgWake   chan struct{}   // capacity 1: wakes a parked background goroutine
 	waitFile *os.File        // dup of the CQ wait fd in the netpoller, or nil
 	waitRC   syscall.RawConn // waitFile's handle, or nil
+	waitable bool            // waitRC was set at Open; never changes (Close clears waitRC)
 
 	done   chan struct{} // closed by Close
 	closed atomic.Bool

@@ -113,7 +113,9 @@ func benchPingPong2Proc(b *testing.B, prov string) {
 		if _, err := ep.Send(ctx, out); err != nil {
 			b.Fatal(err)
 		}
-		fabrictest.RecvWait(b, ctx, ep, in)
+		if _, err := fabrictest.AwaitRecv(ctx, ep, in); err != nil {
+			b.Fatal(err)
+		}
 	}
 	const warmup = 1000 // connection set-up, credit query, caches
 	for range warmup {

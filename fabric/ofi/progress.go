@@ -64,6 +64,27 @@ func (n *NIC) poll() bool {
 	return w
 }
 
+// spinStep is one turn of a caller's spin: a progress step, then a
+// yield (runtime.Gosched) when another goroutine holds the progress lock
+// (it needs a P to finish, on 2 vCPUs), or when the step found nothing
+// on a provider with a wait fd. Such a provider's transport is the
+// kernel's (ofi:tcp): a spinner that never yields keeps the CPU that
+// the kernel's network processing needs, and the round trip doubled
+// (docs/fabric-ofi.md, "Why the ofi spins still yield"). On ofi:shm the
+// peer writes into shared memory itself, and an empty step polls again
+// at once.
+func (n *NIC) spinStep() {
+	if !n.progMu.TryLock() {
+		runtime.Gosched()
+		return
+	}
+	w := n.step()
+	n.progMu.Unlock()
+	if !w && n.waitable {
+		runtime.Gosched()
+	}
+}
+
 // step is one progress step; progMu held.
 func (n *NIC) step() bool {
 	work := false
@@ -93,25 +114,29 @@ func (n *NIC) step() bool {
 // reports whether cond held.
 func (n *NIC) spinUntil(cond func() bool) bool {
 	n.spinners.Add(1)
-	defer n.unspin()
 	start := time.Now()
 	for {
 		if cond() {
+			n.unspin(true)
 			return true
 		}
-		if !n.poll() {
-			runtime.Gosched()
-		}
+		n.spinStep()
 		if time.Since(start) > waitSpin {
+			n.unspin(false)
 			return false
 		}
 	}
 }
 
-// unspin ends a caller's spin; the last one out lets the background
-// goroutine park on the wait fd again.
-func (n *NIC) unspin() {
-	if n.spinners.Add(-1) == 0 && n.bgParked.Load() {
+// unspin ends a caller's spin (done: it found what it waited for); the
+// last one out lets the background goroutine park on the wait fd again.
+// Without a wait fd the background sleeps on its timer meanwhile, and a
+// spin that succeeded does not wake it: on ofi:shm that wake-up made the
+// background step between every two operations of a busy caller and
+// contend with its next one for the provider's locks
+// (docs/fabric-ofi.md, "RMA against a raw libfabric loop").
+func (n *NIC) unspin(done bool) {
+	if n.spinners.Add(-1) == 0 && n.bgParked.Load() && !(done && !n.waitable) {
 		select {
 		case n.bgWake <- struct{}{}:
 		default:
@@ -148,7 +173,7 @@ func (n *NIC) openWaitFile() {
 		f.Close()
 		return
 	}
-	n.waitFile, n.waitRC = f, rc
+	n.waitFile, n.waitRC, n.waitable = f, rc, true
 }
 
 // background is the NIC's one goroutine: it progresses when no caller
@@ -186,9 +211,9 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 	if n.kicked.Swap(false) || n.ctlPending.Load() {
 		return
 	}
-	if n.spinners.Load() > 0 {
+	if n.spinners.Load() > 0 && n.waitRC != nil {
 		// A caller is polling: it makes the progress, and wakes us when
-		// it stops.
+		// it stops. (Without a wait fd: the timed sleep below.)
 		select {
 		case <-n.bgWake:
 		case <-n.done:

@@ -56,6 +56,11 @@ func benchRawRMA(b *testing.B, prov string, write, dc bool, size int) {
 	}
 	lm, lr := mem(req, 1)
 	rm, rr := mem(tgt, 2)
+	// Touch both buffers as fabrictest.Bench does for exn's regions:
+	// untouched anonymous pages all map the kernel's zero page, and a
+	// copy out of one cache-hot page would flatter the baseline.
+	fillPattern(lm.bytes(), 1)
+	fillPattern(rm.bytes(), 2)
 	name, err := tgt.name()
 	if err != nil {
 		b.Fatal(err)
@@ -111,5 +116,12 @@ func benchRawRMA(b *testing.B, prov string, write, dc bool, size int) {
 				break
 			}
 		}
+	}
+}
+
+// fillPattern writes a non-zero pattern seeded by seed into b.
+func fillPattern(b []byte, seed byte) {
+	for i := range b {
+		b[i] = seed + byte(i)
 	}
 }

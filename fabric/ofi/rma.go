@@ -28,7 +28,6 @@ package ofi
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -383,9 +382,7 @@ func (e *endpoint) post(r *fabric.RMA) error {
 			return nil
 		}
 		// The provider's queue is full: progress drains it.
-		if !n.poll() {
-			runtime.Gosched()
-		}
+		n.spinStep()
 	}
 }
 
