@@ -71,8 +71,17 @@ func BenchmarkWakeup(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The same between two Go processes parked in the netpoller, as
+	// exnd parks: what the Go runtime adds to a cold wake-up.
+	goCold, err := goFloor(b, 10, time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
 	fmt.Fprintf(&sb, "| exnctl ping, cold (after 1 s quiet), p50 of %d; floor = C FIFO ping-pong after 1 s | %.1f us (floor) | %.1f us | %.2fx floor | <= 100 us |\n",
 		len(cold), floorCold, pct(cold, 50), pct(cold, 50)/floorCold)
+	fmt.Fprintf(&sb, "| exnctl ping, cold, against two Go processes ping-ponging through FIFOs in the netpoller after 1 s (Go floor) | %.1f us (Go floor) | %.1f us | %.2fx Go floor | |\n",
+		goCold, pct(cold, 50), pct(cold, 50)/goCold)
+	b.ReportMetric(goCold, "go-floor-cold-us")
 	fmt.Fprintf(&sb, "| exnctl ping, warm (back to back), p50 of %d; floor back to back | %.1f us (floor) | %.1f us | %.2fx floor | |\n",
 		len(warm), floorWarm, pct(warm, 50), pct(warm, 50)/floorWarm)
 	b.ReportMetric(floorCold, "fifo-floor-cold-us")
