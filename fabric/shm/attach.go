@@ -117,8 +117,7 @@ func Attach(fabricName string, node fabric.NodeID, g Grant, opts ...Option) (*At
 	n.self = &peer{id: node, inc: n.inc, m: n.nodeMap, groups: n.groups, self: true}
 	n.nodeMap.acquire()
 	n.hook = n.checkOwner
-	n.wg.Add(1)
-	go n.monitor()
+	n.startMonitor()
 	n.log.Debug("shm: attached", "vpids", fmt.Sprintf("%d-%d", a.base, int(a.base)+a.count-1))
 	return &Attached{n: n}, nil
 }
@@ -401,8 +400,7 @@ func (a *Attached) Close() error {
 	}
 	n.orphans, n.keepMaps = nil, false
 	n.regMu.Unlock()
-	close(n.stop)
-	n.wg.Wait()
+	n.stopMonitor()
 	n.dropPeers()
 	n.dropSelf()
 	n.log.Debug("shm: detached")

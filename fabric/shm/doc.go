@@ -28,9 +28,11 @@
 //
 // Liveness rests on flock: a node holds an exclusive lock on its node file
 // (and on each VPID file) for its lifetime, and the kernel drops the lock
-// when the process dies, however it dies. Every NIC probes its peers' locks
-// every idleLivenessPeriod, or livenessPeriod while one of its senders is
-// blocked on a full mailbox; a lock it can take belongs to a dead node,
+// when the process dies, however it dies, and the process's files close.
+// Every NIC watches the fabric's directory for closed files (inotify) and
+// then probes its peers' locks; also every livenessPeriod while one of its
+// senders is blocked on a full mailbox, and every idleLivenessPeriod where
+// inotify is unavailable. A lock it can take belongs to a dead node,
 // whose files it then unlinks. See ring.go for the ring protocol and nic.go for
 // discovery and reclamation; docs/fabric-shm.md has the measurements.
 //

@@ -19,7 +19,10 @@ package shm
 // itself in nic.blocked and kicks the monitor when it is the first). It
 // rescans the directory when the
 // fabric epoch moved (or every discoveryPeriod), and probes each known
-// peer's node-file lock. A lock it can take belongs to a dead node: the
+// peer's node-file lock when a peer may have died: a close of one of the
+// fabric's files seen by the watcher of the directory (inotify; a dead
+// node's files close with its process), a join or leave, a blocked
+// sender; or every period where inotify is unavailable. A lock it can take belongs to a dead node: the
 // monitor marks the peer down (senders blocked on it see ErrPeerDown on
 // their next wait slice), drops the cached mappings, and, still holding
 // the lock, unlinks the dead incarnation's files. Holding the lock is what
@@ -63,11 +66,11 @@ const (
 	// stale Peers and the down marks are when nothing waits on a peer
 	// (Alive probes at once; a sender that blocks switches the monitor to
 	// livenessPeriod at once), and how late the owner reclaims a dead
-	// attached process's lease. One period costs one flock(2) per peer
-	// (a raw syscall, about 1 µs) plus one timer wake-up, so an idle
-	// node's liveness cost grows linearly with its peers from a base
-	// that does not: at 100 ms the wake-ups alone were most of an idle
-	// exnd's CPU (docs/wakeup.md).
+	// attached process's lease. An idle period costs one timer wake-up
+	// and no probe: peers are probed (one flock(2) each) only after a
+	// close event in the fabric's directory (see the top of this file),
+	// so an idle node's cost does not grow with its peers; at 100 ms the
+	// wake-ups alone were most of an idle exnd's CPU (docs/wakeup.md).
 	idleLivenessPeriod = time.Second
 	// discoveryPeriod bounds how stale the peer list is when an epoch bump
 	// was missed (it never should be; this is a backstop, checked at the
@@ -147,6 +150,13 @@ type nicT struct {
 	// kicks hurry (capacity 1), so the monitor probes at livenessPeriod.
 	blocked atomic.Int32
 	hurry   chan struct{}
+	// closes watches the fabric's directory for closed files (nil if
+	// inotify is unavailable: the monitor then probes every period).
+	// probeDue is set by the watcher at a close of one of this fabric's
+	// files (it also kicks hurry) and cleared by the probe round it asks
+	// for.
+	closes   *os.File
+	probeDue atomic.Bool
 
 	faults ratelog.Faults // per-message and per-peer faults, one line per logInterval
 
@@ -162,17 +172,18 @@ type WakeStats struct {
 	BellRings    uint64 `json:"bell_rings"`    // bytes written to other consumers' FIFOs
 	RingFailed   uint64 `json:"ring_failed"`   // rings that could not open or write the FIFO
 	BellFallback uint64 `json:"bell_fallback"` // VPIDs opened without a FIFO (futex fallback)
+	ProbeRounds  uint64 `json:"probe_rounds"`  // monitor rounds that probed every peer's lock
 }
 
 type wakeCounters struct {
-	bellSleeps, futexSleeps, backstops, rings, ringFailed, bellFallback atomic.Uint64
+	bellSleeps, futexSleeps, backstops, rings, ringFailed, bellFallback, probeRounds atomic.Uint64
 }
 
 // WakeStats returns the wake-up counters of the NIC from Open.
 func (n *nicT) WakeStats() WakeStats {
 	c := &n.wc
 	return WakeStats{BellSleeps: c.bellSleeps.Load(), FutexSleeps: c.futexSleeps.Load(), Backstops: c.backstops.Load(),
-		BellRings: c.rings.Load(), RingFailed: c.ringFailed.Load(), BellFallback: c.bellFallback.Load()}
+		BellRings: c.rings.Load(), RingFailed: c.ringFailed.Load(), BellFallback: c.bellFallback.Load(), ProbeRounds: c.probeRounds.Load()}
 }
 
 // newNIC makes the NIC of Open and Attach before it touches the fabric's
@@ -223,8 +234,7 @@ func Open(fabricName string, node fabric.NodeID, opts ...Option) (fabric.NIC, er
 	n.self = &peer{id: node, inc: n.inc, m: n.nodeMap, groups: n.groups, self: true}
 	n.nodeMap.acquire()
 	n.epoch.Add(1)
-	n.wg.Add(1)
-	go n.monitor()
+	n.startMonitor()
 	n.log.Debug("shm node up", "inc", fmt.Sprintf("%016x", n.inc))
 	return n, nil
 }
@@ -496,8 +506,7 @@ func (n *nicT) Close() error {
 	// senders report ErrPeerDown, not ErrUnknownNode.
 	n.state.Store(nodeClosed)
 	n.closeEndpoints()
-	close(n.stop)
-	n.wg.Wait()
+	n.stopMonitor()
 	n.epoch.Add(1)
 	n.dropRegions()
 	n.dropPeers()

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -231,6 +232,59 @@ func (n *nicT) probe(p *peer) bool {
 	return false
 }
 
+// startMonitor starts the NIC's liveness goroutines (Open, Attach):
+// the monitor, and the watcher of the fabric directory's close events
+// when inotify is available. stopMonitor stops them.
+func (n *nicT) startMonitor() {
+	n.probeDue.Store(true) // the first period probes the peers found so far
+	if f, err := sys.WatchCloses(n.dir); err == nil {
+		n.closes = f
+		n.wg.Add(1)
+		go n.watchCloses()
+	} else {
+		n.log.Debug("shm: no close events, probing peers every period", "err", err)
+	}
+	n.wg.Add(1)
+	go n.monitor()
+}
+
+// stopMonitor stops the goroutines of startMonitor and waits for them
+// (Close, Detach).
+func (n *nicT) stopMonitor() {
+	close(n.stop)
+	if n.closes != nil {
+		n.closes.Close() // ends watchCloses's Read
+	}
+	n.wg.Wait()
+}
+
+// watchCloses turns close events of this fabric's files into probe
+// rounds: a node's files close when its process ends, however it ends,
+// so an idle monitor need not probe every peer each period. It returns
+// when the watch file is closed.
+func (n *nicT) watchCloses() {
+	defer n.wg.Done()
+	prefix := []byte("exn-" + n.fab + "-")
+	buf := make([]byte, 64*sys.CloseEventSize)
+	for {
+		k, err := n.closes.Read(buf)
+		if err != nil {
+			return
+		}
+		due := false
+		sys.CloseEventNames(buf[:k], func(name []byte) {
+			due = due || len(name) == 0 || bytes.HasPrefix(name, prefix)
+		})
+		if due {
+			n.probeDue.Store(true)
+			select {
+			case n.hurry <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
 // monitor is the NIC's liveness loop; see the top of nic.go.
 func (n *nicT) monitor() {
 	defer n.wg.Done()
@@ -259,10 +313,33 @@ func (n *nicT) monitor() {
 	}
 }
 
-// runMonitor is one monitor period: rescan if needed, probe every peer,
-// run the hook. ps is scratch space kept across periods.
+// runMonitor is one monitor period: rescan if needed, probe every peer
+// if needed, run the hook. ps is scratch space kept across periods.
 func (n *nicT) runMonitor(ps *[]*peer) {
 	n.scan(false)
+	if n.probeNeeded() {
+		n.probeAll(ps)
+	}
+	if n.hook != nil {
+		n.hook()
+	}
+}
+
+// probeNeeded reports whether a monitor period must probe every peer's
+// lock: when a peer may have died (a close event in the fabric's
+// directory), when a sender is blocked on a full mailbox (it must learn
+// of a dead peer within livenessPeriod), or always without close
+// events. An idle node with a watcher so costs the same beside 2 peers
+// as beside 32 (docs/wakeup.md, "Idle").
+func (n *nicT) probeNeeded() bool {
+	due := n.probeDue.Swap(false)
+	return n.closes == nil || n.blocked.Load() > 0 || due
+}
+
+// probeAll probes every peer not yet down; ps is scratch space kept
+// across periods.
+func (n *nicT) probeAll(ps *[]*peer) {
+	n.wc.probeRounds.Add(1)
 	*ps = (*ps)[:0]
 	n.peerMu.RLock()
 	for _, p := range n.peers {
@@ -273,9 +350,6 @@ func (n *nicT) runMonitor(ps *[]*peer) {
 		if !p.down.Load() {
 			n.probe(p)
 		}
-	}
-	if n.hook != nil {
-		n.hook()
 	}
 }
 
@@ -302,8 +376,15 @@ func (n *nicT) scan(force bool) {
 		n.getPeer(id) //nolint:errcheck // a node that is not up is simply not a peer
 	}
 	n.peerMu.Lock()
+	moved := e != n.seenEpoch
 	n.seenEpoch, n.lastScan = e, time.Now()
 	n.peerMu.Unlock()
+	if moved || force {
+		// A node joined or left: probe every peer once, the ones just
+		// found included (a node killed before this scan looks up until
+		// its lock is probed).
+		n.probeDue.Store(true)
+	}
 }
 
 func (n *nicT) Peers() []fabric.NodeID {
