@@ -157,6 +157,10 @@ type nicT struct {
 	// for.
 	closes   *os.File
 	probeDue atomic.Bool
+	// scanDue is set by the watcher at any event of this fabric's files:
+	// with a watcher, the directory is rescanned on events and epoch
+	// moves only, not every discoveryPeriod.
+	scanDue atomic.Bool
 
 	faults ratelog.Faults // per-message and per-peer faults, one line per logInterval
 

@@ -272,10 +272,11 @@ func (n *nicT) watchCloses() {
 			return
 		}
 		due := false
-		sys.CloseEventNames(buf[:k], func(name []byte) {
-			due = due || len(name) == 0 || bytes.HasPrefix(name, prefix)
+		sys.CloseEventNames(buf[:k], func(name []byte, lost bool) {
+			due = due || lost || bytes.HasPrefix(name, prefix)
 		})
 		if due {
+			n.scanDue.Store(true)
 			n.probeDue.Store(true)
 			select {
 			case n.hurry <- struct{}{}:
@@ -353,14 +354,18 @@ func (n *nicT) probeAll(ps *[]*peer) {
 	}
 }
 
-// scan rediscovers peers if the fabric epoch moved (or force, or the last
+// scan rediscovers peers if the fabric epoch moved, or force, or the
+// watcher saw an event of the fabric's files (without a watcher: the last
 // scan is older than discoveryPeriod).
 func (n *nicT) scan(force bool) {
 	e := n.epoch.Load()
 	n.peerMu.RLock()
-	fresh := e == n.seenEpoch && time.Since(n.lastScan) < discoveryPeriod
+	// With a watcher, its events stand in for the discoveryPeriod
+	// backstop: a directory read costs in proportion to the fabric's
+	// files, so a periodic one grew an idle node's cost with its peers.
+	fresh := e == n.seenEpoch && (n.closes != nil || time.Since(n.lastScan) < discoveryPeriod)
 	n.peerMu.RUnlock()
-	if fresh && !force {
+	if fresh && !n.scanDue.Swap(false) && !force {
 		return
 	}
 	ents, err := os.ReadDir(n.dir)
