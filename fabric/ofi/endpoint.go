@@ -593,7 +593,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	n := e.nic
 	n.spinners.Add(1)
 	start := time.Now()
-	for {
+	for i := 1; ; i++ {
 		n.spinStep()
 		if e.Ready() {
 			n.unspin(true)
@@ -603,7 +603,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 			n.unspin(false)
 			return e.ErrClosed("wait")
 		}
-		if time.Since(start) > waitSpin {
+		if i%spinClockEvery == 0 && time.Since(start) > waitSpin {
 			break
 		}
 	}
