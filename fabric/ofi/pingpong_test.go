@@ -83,7 +83,18 @@ func BenchmarkPingPong2Proc(b *testing.B) {
 func benchPingPong2Proc(b *testing.B, prov string) {
 	n, ep, name := openNamed(b, prov, 1)
 	_, stdin, stdout := testenv.StartPipedHelper(b, "TestHelperOFIEcho", echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
-	defer stdin.Close() // the child stops; it is killed and reaped when b ends
+	exited := make(chan struct{})
+	defer func() {
+		// Closing stdin stops the child, which closes its NIC and exits
+		// (its stdout then ends). Wait for that before b's cleanup kills
+		// it: a child killed inside its NIC's Close leaves the shm
+		// provider's region file in /dev/shm.
+		stdin.Close()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second): // a hang detector; the cleanup kills it
+		}
+	}()
 	var child []byte
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
@@ -98,7 +109,8 @@ func benchPingPong2Proc(b *testing.B, prov string) {
 	if child == nil {
 		b.Fatal("echo child printed no address")
 	}
-	go func() { // drain the rest of the child's output
+	go func() { // drain the rest of the child's output, until it exits
+		defer close(exited)
 		for sc.Scan() {
 		}
 	}()
