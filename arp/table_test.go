@@ -31,22 +31,9 @@ var (
 	zeroMAC = mac("00:00:00:00:00:00")
 )
 
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func newTable(tb testing.TB, opts ...arp.Option) (*arp.Table, *fakeClock) {
+func newTable(tb testing.TB, opts ...arp.Option) (*arp.Table, *testenv.Clock) {
 	tb.Helper()
-	clk := &fakeClock{t: time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)}
+	clk := testenv.NewClock(time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC))
 	opts = append([]arp.Option{arp.WithClock(clk.Now)}, opts...)
 	return arp.New(prefix, slog.New(slog.DiscardHandler), opts...), clk
 }
@@ -249,14 +236,14 @@ func TestConflictAndRefresh(t *testing.T) {
 	tab.Observe(whoHas())
 	t0 := clk.Now()
 
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	tab.Observe(whoHas()) // same mac: refresh
 	e, _ := tab.Lookup(ip1)
 	if !e.Updated.Equal(t0.Add(time.Second)) || e.Node != 1 {
 		t.Fatalf("after refresh: %+v", e)
 	}
 
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	tab.Observe(arpFrame(2, node2, ip1, node1, ip2)) // ip1 moves to node2
 	e, _ = tab.Lookup(ip1)
 	if e.Node != 0x0102 || !bytes.Equal(e.MAC, node2) {

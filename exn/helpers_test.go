@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,16 +75,9 @@ func (l *collectLink) wait(tb testing.TB, n int, timeout time.Duration) [][]byte
 	}
 }
 
-// fakeClock is an injected clock tests advance by hand.
-type fakeClock struct{ ns atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := &fakeClock{}
-	c.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	return c
+func newFakeClock() *testenv.Clock {
+	return testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 }
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 type node struct {
 	nic  fabric.NIC
@@ -110,7 +102,7 @@ func openEth(tb testing.TB, c *mem.Cluster, id fabric.NodeID) (fabric.NIC, fabri
 
 // clockedNode starts node 1 of cluster c with cfg on a fake clock it
 // returns (cfg.Now is replaced).
-func clockedNode(tb testing.TB, c *mem.Cluster, cfg Config) (*node, *fakeClock) {
+func clockedNode(tb testing.TB, c *mem.Cluster, cfg Config) (*node, *testenv.Clock) {
 	tb.Helper()
 	clk := newFakeClock()
 	cfg.Now = clk.Now

@@ -30,6 +30,7 @@ package exn
 // All state here is owned by rxLoop; only counters are shared.
 
 import (
+	"cmp"
 	"errors"
 	"net"
 	"time"
@@ -158,31 +159,21 @@ func (r *rxState) index(a fabric.NLA) int32 {
 	return int32(i)
 }
 
-// drain takes what is ready into buf with take (an endpoint's Recv or
-// PollNotifications) and hands each item to handle, in order. It returns
-// how many items it took, or take's error.
-func drain[T any](buf []T, take func([]T) (int, error), handle func(*T)) (int, error) {
-	n, err := take(buf)
-	if err != nil {
-		return 0, err
-	}
-	for i := range buf[:n] {
-		handle(&buf[i])
-	}
-	return n, nil
-}
-
 func (e *Engine) rxLoop() {
 	defer e.wg.Done()
 	rx := &e.rx
 	for !e.closed.Load() {
-		n, err := drain(rx.msgs, e.ep.Recv, e.handleMsg)
-		if err != nil {
-			e.rxFailed(err)
-			return
+		// A failing Recv or PollNotifications returns nothing; the
+		// round ends with the first error.
+		n, rerr := e.ep.Recv(rx.msgs)
+		for i := range rx.msgs[:n] {
+			e.handleMsg(&rx.msgs[i])
 		}
-		m, err := drain(rx.notes, e.ep.PollNotifications, e.handleNote)
-		if err != nil {
+		m, nerr := e.ep.PollNotifications(rx.notes)
+		for i := range rx.notes[:m] {
+			e.handleNote(&rx.notes[i])
+		}
+		if err := cmp.Or(rerr, nerr); err != nil {
 			e.rxFailed(err)
 			return
 		}

@@ -84,7 +84,7 @@ func (s *Service) loop() {
 	defer close(s.done)
 	msgs := make([]fabric.Message, batch)
 	for {
-		n, err := s.ep.Recv(msgs)
+		n, err := s.receive(msgs)
 		if err != nil {
 			return
 		}
@@ -92,12 +92,19 @@ func (s *Service) loop() {
 			if err := s.ep.Wait(s.ctx); err != nil {
 				return
 			}
-			continue
-		}
-		for i := range msgs[:n] {
-			s.handle(&msgs[i])
 		}
 	}
+}
+
+// receive takes what is in the mailbox and handles it (the loop, and a
+// Ping spinning for its answer: Recv serialises the two). It returns how
+// many messages it took.
+func (s *Service) receive(msgs []fabric.Message) (int, error) {
+	n, err := s.ep.Recv(msgs)
+	for i := range msgs[:n] {
+		s.handle(&msgs[i])
+	}
+	return n, err
 }
 
 func (s *Service) handle(m *fabric.Message) {
@@ -178,12 +185,8 @@ func (s *Service) spinFor(ch chan time.Time, start time.Time) (time.Time, bool) 
 			return t, true
 		default:
 		}
-		n, err := s.ep.Recv(msgs[:])
-		if err != nil {
+		if _, err := s.receive(msgs[:]); err != nil {
 			break
-		}
-		for i := range msgs[:n] {
-			s.handle(&msgs[i])
 		}
 	}
 	return time.Time{}, false

@@ -217,7 +217,7 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 	if n.kicked.Swap(false) || n.ctlPending.Load() {
 		return
 	}
-	if n.spinners.Load() > 0 && n.waitRC != nil {
+	if n.spinners.Load() > 0 && n.waitable {
 		// A caller is polling: it makes the progress, and wakes us when
 		// it stops. (Without a wait fd: the timed sleep below.)
 		select {
