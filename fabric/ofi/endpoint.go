@@ -392,10 +392,13 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 		} else {
 			err = n.f.send(n.tx.at(off), size, n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
 		}
+		n.ringPeer(p) // sent, or the queue is full: either needs p's progress
 		if err == nil {
 			p.leave()
 			if inline {
 				n.txFree <- slot
+			} else {
+				n.awaitCompletion()
 			}
 			return nil
 		}

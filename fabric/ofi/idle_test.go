@@ -12,6 +12,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/fabrictest"
+	"github.com/exn-project/exn/fabric/ofi"
 )
 
 // cpuTicks is this process's user+system CPU time in clock ticks
@@ -32,15 +33,24 @@ func cpuTicks(t testing.TB) int64 {
 	return u + k
 }
 
-// TestIdleHoldsNoCore checks that two ofi:tcp NICs that have exchanged
-// traffic (VELO both ways and an RMA GET and PUT, so connections, send
-// slots and the provider's queues have all been used) park once idle:
-// the background goroutine sleeps in the netpoller on the CQ wait fd with
-// no deadline, so an idle second costs no more than a few ticks of CPU.
-// A park that returned at once (a wait fd left readable, a trywait that
-// never arms) would spin and burn the whole second.
+// TestIdleHoldsNoCore checks that two NICs that have exchanged traffic
+// (VELO both ways and an RMA GET and PUT, so connections, send slots and
+// the provider's queues have all been used) park once idle, on each
+// provider's wait: ofi:tcp in the netpoller on the CQ wait fd, ofi:shm on
+// its host bell (hostbell.go), both with no deadline, so an idle second
+// costs no more than a few ticks of CPU. A park that returned at once (a
+// wait fd left readable, a trywait that never arms) would spin and burn
+// the whole second. Nor may the background goroutines wake at all while
+// idle: on shm the timed poll the bell replaced woke up to 1000 times a
+// second.
 func TestIdleHoldsNoCore(t *testing.T) {
-	nics := factory("tcp", nil)(t, 2)
+	for _, prov := range []string{"tcp", "shm"} {
+		t.Run(prov, func(t *testing.T) { testIdle(t, prov) })
+	}
+}
+
+func testIdle(t *testing.T, prov string) {
+	nics := factory(prov, nil)(t, 2)
 	a := fabrictest.OpenEP(t, nics[0], 1)
 	b := fabrictest.OpenEP(t, nics[1], 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -69,12 +79,24 @@ func TestIdleHoldsNoCore(t *testing.T) {
 		}
 	}
 	time.Sleep(50 * time.Millisecond) // let spins end and both sides park
-	const idle = time.Second
-	t0 := cpuTicks(t)
-	time.Sleep(idle)
-	used := cpuTicks(t) - t0
-	t.Logf("CPU over %v idle: %d ticks", idle, used)
-	if used > 15 { // 15 % of a core at 100 ticks/s; a spinning park burns ~100
-		t.Errorf("two idle ofi:tcp NICs used %d clock ticks of CPU in %v: a park does not sleep", used, idle)
+	wakes := func() (w uint64) {
+		for _, n := range nics {
+			w += n.(*ofi.NIC).WakeStats().BackgroundWakes
+		}
+		return w
 	}
+	const idle = time.Second
+	w0, t0 := wakes(), cpuTicks(t)
+	time.Sleep(idle)
+	used, woke := cpuTicks(t)-t0, wakes()-w0
+	t.Logf("over %v idle: %d ticks of CPU, %d background wake-ups", idle, used, woke)
+	if used > 15 { // 15 % of a core at 100 ticks/s; a spinning park burns ~100
+		t.Errorf("two idle ofi:%s NICs used %d clock ticks of CPU in %v: a park does not sleep", prov, used, idle)
+	}
+	if woke != 0 {
+		t.Errorf("two idle ofi:%s NICs' background goroutines woke %d times in %v; want 0", prov, woke, idle)
+	}
+	// The bell still works after the idle second: a message wakes the
+	// parked side.
+	echo(a, b)
 }

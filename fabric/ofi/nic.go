@@ -132,6 +132,13 @@ type NIC struct {
 	waitFile *os.File        // dup of the CQ wait fd in the netpoller, or nil
 	waitRC   syscall.RawConn // waitFile's handle, or nil
 	waitable bool            // waitRC was set at Open; never changes (Close clears waitRC)
+	// bell is the host bell (hostbell.go) of a provider without a wait
+	// object on one host (shm), or nil. Set at Open, closed by freeAll.
+	bell                           *ownBell
+	bellRings, bellFailed, bgWakes atomic.Uint64
+	retiredMu                      sync.Mutex
+	retired                        []*peerBell  // forgotten peer bells, closed by freeAll
+	fence                          atomic.Int32 // awaitCompletion's barrier
 
 	done   chan struct{} // closed by Close
 	closed atomic.Bool
@@ -151,6 +158,9 @@ type peer struct {
 	// process by pointer: a send after the peer closed would fault).
 	busy  atomic.Int32
 	acked atomic.Bool // acknowledged our goodbye
+
+	bell  atomic.Pointer[peerBell] // its host bell, opened on first use (hostbell.go)
+	fence atomic.Int32             // ringPeer's barrier
 
 	mu   sync.Mutex
 	up   bool
@@ -246,6 +256,12 @@ func open(cfg Config) (*NIC, error) {
 		n.addPeer(p.Node, fa)
 	}
 	n.openWaitFile()
+	if !n.waitable && f.provider() == "shm" {
+		if err := n.openBell(); err != nil {
+			n.freeAll()
+			return nil, fmt.Errorf("ofi %s: %w", cfg.Provider, err)
+		}
+	}
 	n.ctlIdle.Store(true)
 	n.wg.Add(1)
 	go n.background()
@@ -392,6 +408,7 @@ func (n *NIC) freeAll() {
 		n.waitFile.Close()
 		n.waitFile, n.waitRC = nil, nil
 	}
+	n.closeBells()
 }
 
 // Name returns this NIC's libfabric address (fi_getname), for an
@@ -468,6 +485,7 @@ func (n *NIC) peerDown(p *peer, why string) {
 	} else {
 		n.log.Warn("ofi peer down", "peer", p.node, "why", why)
 	}
+	n.forgetBell(p)
 	n.dropRemote(p.node)
 	n.eps.Each(func(e *endpoint) { e.peerGone(p.node) })
 }
@@ -485,6 +503,7 @@ func (n *NIC) peerUp(p *peer) {
 	p.up = true
 	p.down = make(chan struct{})
 	p.mu.Unlock()
+	n.forgetBell(p)
 	n.dropRemote(p.node)
 	n.log.Info("ofi peer up", "peer", p.node)
 }
@@ -695,7 +714,11 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 			e.Notify(nt)
 		}
 	case pHello:
-		// The peer is (again) up: receive already revived it.
+		// The peer is (again) up: receive already revived it. It may
+		// have restarted under the same address: new bell files.
+		if p := n.peer(src); p != nil {
+			n.forgetBell(p)
+		}
 	}
 }
 

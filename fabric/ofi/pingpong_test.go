@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -80,34 +81,47 @@ func BenchmarkPingPong2Proc(b *testing.B) {
 	}
 }
 
-func benchPingPong2Proc(b *testing.B, prov string) {
-	n, ep, name := openNamed(b, prov, 1)
-	_, stdin, stdout := testenv.StartPipedHelper(b, "TestHelperOFIEcho", echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
+// startEcho opens node 1 on prov in this process and an echo child
+// process as node 2 (TestHelperOFIEcho), and returns node 1's VPID 1.
+// The child is stopped, and waited for, when tb ends.
+func startEcho(tb testing.TB, prov string) fabric.Endpoint {
+	tb.Helper()
+	n, ep, name := openNamed(tb, prov, 1)
+	var child []byte
+	// Registered before the helper, so it runs after the helper's
+	// cleanup has killed the child, if it had to: a child killed before
+	// its NIC's Close leaves its files in /dev/shm.
+	tb.Cleanup(func() {
+		if child != nil {
+			ofi.RemoveHostFiles(child)
+		}
+	})
+	_, stdin, stdout := testenv.StartPipedHelper(tb, "TestHelperOFIEcho", echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))
 	exited := make(chan struct{})
-	defer func() {
-		// Closing stdin stops the child, which closes its NIC and exits
-		// (its stdout then ends). Wait for that before b's cleanup kills
-		// it: a child killed inside its NIC's Close leaves the shm
-		// provider's region file in /dev/shm.
+	// Closing stdin stops the child, which closes its NIC and exits (its
+	// stdout then ends). Wait for that before tb's cleanup kills it: a
+	// child killed inside its NIC's Close leaves the shm provider's
+	// region file in /dev/shm. (Cleanups run last-in first-out: this
+	// one runs before StartPipedHelper's.)
+	tb.Cleanup(func() {
 		stdin.Close()
 		select {
 		case <-exited:
-		case <-time.After(10 * time.Second): // a hang detector; the cleanup kills it
+		case <-time.After(10 * time.Second): // a hang detector; the helper's cleanup kills it
 		}
-	}()
-	var child []byte
+	})
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if h, ok := strings.CutPrefix(sc.Text(), echoNamePfx); ok {
 			var err error
 			if child, err = hex.DecodeString(h); err != nil {
-				b.Fatal(err)
+				tb.Fatal(err)
 			}
 			break
 		}
 	}
 	if child == nil {
-		b.Fatal("echo child printed no address")
+		tb.Fatal("echo child printed no address")
 	}
 	go func() { // drain the rest of the child's output, until it exits
 		defer close(exited)
@@ -115,8 +129,47 @@ func benchPingPong2Proc(b *testing.B, prov string) {
 		}
 	}()
 	if err := n.AddPeer(2, child); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
+	return ep
+}
+
+// TestWakeAcrossProcesses ping-pongs with an echo child process with
+// pauses between rounds long enough for both sides to stop spinning and
+// park (the background goroutines on their host bells on shm, on the CQ
+// wait fd on tcp), so every round needs a cross-process wake-up, and the
+// pauses vary so sends race the parks. Nothing but a wake-up ends a park
+// (no deadline): a lost one leaves a round waiting, and the round's bound
+// fails the test.
+func TestWakeAcrossProcesses(t *testing.T) {
+	rounds := 200
+	if testenv.Small() {
+		rounds = 40
+	}
+	for _, prov := range []string{"shm", "tcp"} {
+		t.Run(prov, func(t *testing.T) {
+			ep := startEcho(t, prov)
+			rng := rand.New(rand.NewPCG(1, 2))
+			out := []fabric.Message{{Peer: fabric.Addr{Node: 2, VPID: 1}, Tag: 1, Len: 8}}
+			in := make([]fabric.Message, 1)
+			for i := range rounds {
+				// 0-3 ms: from racing the spin's end to well past it.
+				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if _, err := ep.Send(ctx, out); err != nil {
+					t.Fatalf("round %d: %v", i, err)
+				}
+				if _, err := fabrictest.AwaitRecv(ctx, ep, in); err != nil {
+					t.Fatalf("round %d: no echo: %v (a lost wake-up)", i, err)
+				}
+				cancel()
+			}
+		})
+	}
+}
+
+func benchPingPong2Proc(b *testing.B, prov string) {
+	ep := startEcho(b, prov)
 	out := []fabric.Message{{Peer: fabric.Addr{Node: 2, VPID: 1}, Tag: 1, Len: fabric.MaxVELOPayload}}
 	in := make([]fabric.Message, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

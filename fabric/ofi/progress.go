@@ -18,8 +18,13 @@ package ofi
 //	      fd after fi_trywait and a poll(0) of its level; the provider's
 //	      events (data in, room to send) or fi_cq_signal (kick) wake it;
 //	      no deadline
-//	  ──► no wait object (shm 1.17): sleep idle/64, 20 µs..1 ms, on a timer
-//	      that bgWake cuts short (docs/fabric-ofi.md: the missing capability)
+//	  ──► no wait object (shm 1.17), nothing of ours awaiting a completion
+//	      (quiescent): park in Go's netpoller on the NIC's host bell, which
+//	      peers ring after operations towards it (hostbell.go); no deadline
+//	  ──► no wait object, operations of ours outstanding (their completions
+//	      may come from the peer provider's progress alone, which rings
+//	      nothing): sleep idle/64, 20 µs..1 ms, on a timer that bgWake cuts
+//	      short (docs/fabric-ofi.md: the missing capability)
 //	control packets ──► sendCtl: fi_inject at once (ctlMu, so they stay in
 //	      order) when they fit the provider's inject size and nothing is
 //	      queued; else ctlQ, sent from send slots by the next progress step
@@ -45,10 +50,12 @@ const (
 	// scheduling hiccup, so a busy ping-pong never parks, while an idle
 	// endpoint costs one such spin per Wait.
 	waitSpin = 50 * time.Microsecond
-	// progressPollSleep and progressPollMax bound the idle sleep of the
-	// background goroutine on a provider without a wait object: 1/64 of
-	// the idle time so far, so an exchange that just paused pays tens of
-	// µs and an idle node wakes at most 1000 times a second.
+	// progressPollSleep and progressPollMax bound the timed sleep of the
+	// background goroutine on a provider without a wait object while a
+	// caller spins or an operation of ours awaits its completion: 1/64
+	// of the idle time so far, so an exchange that just paused pays tens
+	// of µs. Once nothing is outstanding it parks on the host bell
+	// instead, with no timer.
 	progressPollSleep = 20 * time.Microsecond
 	progressPollMax   = time.Millisecond
 	// spinClockEvery is how many spin steps pass between two reads of
@@ -161,6 +168,9 @@ func (n *NIC) kick() {
 		if n.waitRC != nil {
 			n.f.signal()
 		}
+		if n.bell != nil {
+			n.bell.ring()
+		}
 	}
 }
 
@@ -207,6 +217,7 @@ func (n *NIC) background() {
 			continue
 		}
 		n.park(idle, idleSince)
+		n.bgWakes.Add(1)
 	}
 }
 
@@ -238,6 +249,10 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 			}
 			return !armed // not armed: completions pending, go read them
 		})
+		return
+	}
+	if n.bell != nil && n.spinners.Load() == 0 && n.quiescent() {
+		n.parkOnBell()
 		return
 	}
 	idle.Reset(min(max(time.Since(idleSince)/64, progressPollSleep), progressPollMax))
@@ -306,8 +321,10 @@ func (n *NIC) injectCtl(dst fabric.NodeID, hdr uint64, body []byte) (sent bool, 
 	err = n.f.inject(n.ctlScratch.p, size, p.fa)
 	switch {
 	case err == nil:
+		n.ringPeer(p)
 		return true, nil, nil
 	case isAgain(err):
+		n.ringPeer(p) // a full queue (or shm's connection set-up) drains by p's progress
 		return false, nil, nil
 	}
 	return true, p, err
@@ -369,6 +386,9 @@ func (n *NIC) drainCtl() bool {
 		putHeader(buf, pk.hdr)
 		copy(buf[headerSize:], pk.body[:pk.n])
 		err = n.f.send(n.ctl.at(int(slot)*packetSize), headerSize+int(pk.n), n.ctlMR.desc, p.fa, mkctx(ctxCtrl, int(slot)))
+		if err == nil || isAgain(err) {
+			n.ringPeer(p)
+		}
 		if ptype(pk.hdr>>hdrTypeShift) != pByeAck {
 			p.leave()
 		}
@@ -383,6 +403,8 @@ func (n *NIC) drainCtl() bool {
 		}
 		n.ctlFree = n.ctlFree[:len(n.ctlFree)-1]
 		n.ctlDests[slot] = p
+		n.ctlIdle.Store(false)
+		n.awaitCompletion()
 		sent++
 	}
 	n.ctlQ = append(n.ctlQ[:0], q[sent:]...)

@@ -366,7 +366,9 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	defer p.leave()
 	for {
 		err := n.f.rma(r.Op == fabric.OpPut, n.needDC(r), buf, int(r.Len), local.mr.desc, p.fa, raddr, ans.key, mkctx(ctxRMA, int(slot)))
+		n.ringPeer(p) // a delivery-complete PUT, and a full queue, wait for the target's progress
 		if err == nil {
+			n.awaitCompletion()
 			return nil
 		}
 		up, _ := p.state()

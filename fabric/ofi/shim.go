@@ -173,6 +173,8 @@ fail:
 
 static int exn_getname(exn_ofi *o, void *buf, size_t *len) { return fi_getname(&o->ep->fid, buf, len); }
 
+static int exn_av_lookup(exn_ofi *o, uint64_t fa, void *buf, size_t *len) { return fi_av_lookup(o->av, fa, buf, len); }
+
 static int exn_av_insert(exn_ofi *o, const void *addr, uint64_t *fa) {
 	fi_addr_t a = FI_ADDR_NOTAVAIL;
 	int ret = fi_av_insert(o->av, addr, 1, &a, 0, NULL);
@@ -479,6 +481,22 @@ func (f *fab) name() ([]byte, error) {
 	n := C.size_t(maxName)
 	if ret := C.exn_getname(f.o, buf, &n); ret != 0 {
 		return nil, fiError("fi_getname", C.ssize_t(ret))
+	}
+	return C.GoBytes(buf, C.int(n)), nil
+}
+
+// avLookup returns the address inserted as fa (fi_av_lookup): for a
+// peer added with its Name, the bytes of that Name.
+func (f *fab) avLookup(fa uint64) ([]byte, error) {
+	const maxName = 512
+	buf := C.malloc(maxName)
+	defer C.free(buf)
+	n := C.size_t(maxName)
+	if ret := C.exn_av_lookup(f.o, C.uint64_t(fa), buf, &n); ret != 0 {
+		return nil, fiError("fi_av_lookup", C.ssize_t(ret))
+	}
+	if n > maxName {
+		return nil, fmt.Errorf("fi_av_lookup: address of %d bytes", n)
 	}
 	return C.GoBytes(buf, C.int(n)), nil
 }
