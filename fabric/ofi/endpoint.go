@@ -205,13 +205,8 @@ func (e *endpoint) lookupPair(dst fabric.Addr) *pair {
 func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error) {
 	counted := false
 	for {
-		var down <-chan struct{}
-		if p != nil {
-			up, d := p.state()
-			if !up {
-				return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
-			}
-			down = d
+		if p != nil && !p.isUp.Load() {
+			return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
 		}
 		pr.mu.Lock()
 		waitCredits, query := false, false
@@ -237,6 +232,14 @@ func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error
 		}
 		ch := pr.ch
 		pr.mu.Unlock()
+		var down <-chan struct{}
+		if p != nil {
+			up, d := p.state()
+			if !up {
+				return 0, fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
+			}
+			down = d
+		}
 		if query {
 			e.nic.sendCtl(pr.dst.Node, header{typ: pOpenQ, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: pr.dst.VPID}, nil)
 		}

@@ -165,13 +165,19 @@ type peer struct {
 	mu   sync.Mutex
 	up   bool
 	down chan struct{} // closed when the peer goes down; replaced when it returns
+	// isUp mirrors up (written under mu) for enter, which runs on every
+	// send: a load instead of the mutex.
+	isUp atomic.Bool
 }
 
 // enter marks a libfabric call to p in progress; it fails if p is down.
-// Every successful enter is paired with leave.
+// Every successful enter is paired with leave. The increment of busy and
+// the load of isUp, against peerDown's store of isUp and load of busy,
+// are a Dekker pair: either enter sees the peer down or peerDown waits
+// for the call.
 func (p *peer) enter() bool {
 	p.busy.Add(1)
-	if up, _ := p.state(); !up {
+	if !p.isUp.Load() {
 		p.busy.Add(-1)
 		return false
 	}
@@ -439,6 +445,7 @@ func (n *NIC) AddPeer(node fabric.NodeID, name []byte) error {
 
 func (n *NIC) addPeer(node fabric.NodeID, fa uint64) {
 	p := &peer{node: node, fa: fa, up: true, down: make(chan struct{})}
+	p.isUp.Store(true)
 	n.peersMu.Lock()
 	if old := n.peers[node]; old != nil {
 		delete(n.byFI, old.fa)
@@ -475,6 +482,7 @@ func (n *NIC) peerDown(p *peer, why string) {
 		return
 	}
 	p.up = false
+	p.isUp.Store(false)
 	close(p.down)
 	p.mu.Unlock()
 	for p.busy.Load() > 0 {
@@ -501,6 +509,7 @@ func (n *NIC) peerUp(p *peer) {
 		return
 	}
 	p.up = true
+	p.isUp.Store(true)
 	p.down = make(chan struct{})
 	p.mu.Unlock()
 	n.forgetBell(p)
