@@ -362,18 +362,21 @@ func (e *endpoint) peerGone(node fabric.NodeID) {
 	e.mu.Unlock()
 }
 
-// transmit sends one VELO packet to p from a send slot: with fi_inject
-// when the packet fits the provider's inject size (the slot is free again
-// on return, no completion), else with fi_send (the slot returns on its
-// completion). A full provider queue (EAGAIN) is drained by driving
-// progress from here.
+// transmit sends one VELO packet to p: with fi_inject from the inject
+// scratch buffer when the packet fits the provider's inject size (the
+// provider has copied it on return; no completion), else with fi_send
+// from a send slot (the slot returns on its completion). A full provider
+// queue (EAGAIN) is drained by driving progress from here.
 func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m *fabric.Message) error {
+	size := headerSize + int(m.Len)
+	if size <= n.inject {
+		return n.transmitInline(e, p, hdr, m, size)
+	}
 	slot, err := n.takeSlot(ctx, e, p)
 	if err != nil {
 		return err
 	}
 	off := int(slot) * packetSize
-	size := headerSize + int(m.Len)
 	buf := n.tx.bytes()[off : off+packetSize]
 	putHeader(buf, hdr)
 	copy(buf[headerSize:], m.Data[:m.Len])
@@ -385,43 +388,68 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 		n.txFree <- slot
 		return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
 	}
-	inline := size <= n.inject
-	if !inline {
-		n.txDests[slot].Store(p)
-	}
+	n.txDests[slot].Store(p)
 	for {
-		if inline {
-			err = n.f.inject(n.tx.at(off), size, p.fa)
-		} else {
-			err = n.f.send(n.tx.at(off), size, n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
-		}
+		err = n.f.send(n.tx.at(off), size, n.txMR.desc, p.fa, mkctx(ctxSend, int(slot)))
 		n.ringPeer(p) // sent, or the queue is full: either needs p's progress
 		if err == nil {
 			p.leave()
-			if inline {
-				n.txFree <- slot
-			} else {
-				n.awaitCompletion()
-			}
+			n.awaitCompletion()
 			return nil
 		}
-		if !isAgain(err) || n.closed.Load() || e.Closed.Load() {
-			p.leave()
+		if err := n.sendFailed(e, p, err); err != nil {
 			release()
-			if e.Closed.Load() || n.closed.Load() {
-				return e.ErrClosed("send")
-			}
-			n.peerDown(p, err.Error())
-			return fmt.Errorf("ofi: velo send to node %d: %v: %w", p.node, err, fabric.ErrPeerDown)
-		}
-		// The provider's queue is full: progress drains it.
-		n.spinStep()
-		if up, _ := p.state(); !up {
-			p.leave()
-			release()
-			return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+			return err
 		}
 	}
+}
+
+// transmitInline is transmit's fi_inject path. The scratch buffer is
+// shared by the NIC's senders under injMu, held only for the copy and the
+// call: a send slot would cost two channel operations per message for a
+// buffer the provider is done with on return.
+func (n *NIC) transmitInline(e *endpoint, p *peer, hdr uint64, m *fabric.Message, size int) error {
+	if !p.enter() {
+		return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+	}
+	for {
+		n.injMu.Lock()
+		buf := n.injScratch.bytes()[:size]
+		putHeader(buf, hdr)
+		copy(buf[headerSize:], m.Data[:m.Len])
+		err := n.f.inject(n.injScratch.p, size, p.fa)
+		n.injMu.Unlock()
+		n.ringPeer(p) // sent, or the queue is full: either needs p's progress
+		if err == nil {
+			p.leave()
+			return nil
+		}
+		if err := n.sendFailed(e, p, err); err != nil {
+			return err
+		}
+	}
+}
+
+// sendFailed handles a VELO send to p that failed with err: nil when the
+// provider's queue was full and the caller should try again (progress was
+// driven meanwhile); else the error for the caller, with p's enter
+// released (and p marked down if the provider failed it).
+func (n *NIC) sendFailed(e *endpoint, p *peer, err error) error {
+	if !isAgain(err) || n.closed.Load() || e.Closed.Load() {
+		p.leave()
+		if e.Closed.Load() || n.closed.Load() {
+			return e.ErrClosed("send")
+		}
+		n.peerDown(p, err.Error())
+		return fmt.Errorf("ofi: velo send to node %d: %v: %w", p.node, err, fabric.ErrPeerDown)
+	}
+	// The provider's queue is full: progress drains it.
+	n.spinStep()
+	if !p.isUp.Load() {
+		p.leave()
+		return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
+	}
+	return nil
 }
 
 // takeSlot takes a free send slot. None free: slots return on send

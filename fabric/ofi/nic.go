@@ -120,6 +120,8 @@ type NIC struct {
 	ctlMu      sync.Mutex // ctlQ, jobs, ctlScratch; inside progMu, never around it
 	ctlQ       []ctlPkt
 	ctlScratch cmem // inject buffer of sendCtl
+	injMu      sync.Mutex
+	injScratch cmem // inject buffer of VELO sends (transmitInline), under injMu
 	inject     int  // largest fi_inject packet (tx_attr->inject_size)
 	jobs       []func()
 	ctlPending atomic.Bool // ctlQ or jobs non-empty
@@ -360,6 +362,9 @@ func (n *NIC) setupBuffers() error {
 	if n.ctlScratch, err = mmapMem(packetSize); err != nil {
 		return err
 	}
+	if n.injScratch, err = mmapMem(packetSize); err != nil {
+		return err
+	}
 	if n.batch, err = newCQBatch(cqBatchSize); err != nil {
 		return err
 	}
@@ -406,6 +411,7 @@ func (n *NIC) freeAll() {
 	n.tx.free()
 	n.ctl.free()
 	n.ctlScratch.free()
+	n.injScratch.free()
 	if n.batch != nil {
 		n.batch.free()
 		n.batch = nil
@@ -651,7 +657,7 @@ func (n *NIC) receive(b []byte, src uint64) {
 		p.acked.Store(true)
 		return
 	}
-	if up, _ := p.state(); !up {
+	if !p.isUp.Load() {
 		n.peerUp(p)
 	}
 	n.dispatch(h, p.node, b[headerSize:])
