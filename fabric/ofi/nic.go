@@ -117,6 +117,7 @@ type NIC struct {
 	progMu sync.Mutex // whoever holds it progresses: the CQ, batch, ctlFree, ctlDests, jobs
 	batch  *cqBatch   // guarded by progMu
 
+	repostErrs uint64     // the provider's deferred-repost failures seen so far; under progMu
 	ctlMu      sync.Mutex // ctlQ, jobs, ctlScratch; inside progMu, never around it
 	ctlQ       []ctlPkt
 	ctlScratch cmem // inject buffer of sendCtl

@@ -106,6 +106,10 @@ func (n *NIC) step() bool {
 	}
 	b := n.batch
 	got, err := n.f.poll(b, n.rx, n.rxMR.desc)
+	if e := n.f.repostErrs(); e != n.repostErrs {
+		n.repostErrs = e
+		n.faults.Warn("ofi receive repost failed; retried on the next progress step", "failures", e)
+	}
 	switch {
 	case err == errAvail:
 		n.handleCQErr(b)

@@ -35,6 +35,10 @@ package ofi
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
+// EXN_MAXPEND bounds the receive buffers exn_poll leaves to repost on its
+// next call: one batch of completions (cqBatchSize in nic.go).
+#define EXN_MAXPEND 64
+
 // exn_mr_modes is every memory-registration mode the Go side handles.
 #define EXN_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT)
 
@@ -52,6 +56,12 @@ typedef struct {
 	uint64_t mr_mode;  // the domain's required FI_MR_* bits
 	uint64_t addr_format;
 	char prov[64];
+	// Receive buffers whose packets the last exn_poll returned, reposted
+	// by the next one (under the Go side's progress lock), and how many
+	// such reposts have failed other than with -FI_EAGAIN.
+	uint64_t pend[EXN_MAXPEND];
+	int npend;
+	uint64_t repost_errs;
 } exn_ofi;
 
 typedef struct {
@@ -255,11 +265,29 @@ typedef struct {
 
 // exn_poll is one progress step in one cgo call: it reads up to n
 // completions; every receive completion's packet is copied into
-// stage[i*slot] and its buffer reposted at once (result in rerr), so
-// receive buffers never wait for Go. It returns the count, 0 for none,
-// or a negative fi_errno (-FI_EAVAIL: an error entry is queued).
+// stage[i*slot]. Its buffer is reposted at the start of the next call,
+// not before this one returns: the repost (a provider call) is then off
+// the path between a packet's arrival and its delivery, and the next call
+// comes at once while anything is arriving (a spinning caller's next
+// step, the background goroutine's next round). A repost that fails with
+// -FI_EAGAIN is retried on the next call; one that fails otherwise too,
+// and is counted in repost_errs. When the deferred list is full the
+// buffer is reposted at once (result in rerr). It returns the count, 0
+// for none, or a negative fi_errno (-FI_EAVAIL: an error entry is
+// queued).
 static ssize_t exn_poll(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs, exn_cqe *out, size_t n,
 		char *stage, char *rx, size_t slot, void *rxdesc) {
+	int keep = 0;
+	for (int i = 0; i < o->npend; i++) {
+		uint64_t c = o->pend[i];
+		size_t idx = (size_t)(c & ((1ULL << EXN_CTX_SHIFT) - 1));
+		ssize_t r = fi_recv(o->ep, rx + idx * slot, slot, rxdesc, FI_ADDR_UNSPEC, (void *)(uintptr_t)c);
+		if (r != 0) {
+			if (r != -FI_EAGAIN) o->repost_errs++;
+			o->pend[keep++] = c;
+		}
+	}
+	o->npend = keep;
 	ssize_t ret = fi_cq_readfrom(o->cq, ents, n, (fi_addr_t *)srcs);
 	if (ret == -FI_EAGAIN) return 0;
 	if (ret <= 0) return ret;
@@ -272,7 +300,10 @@ static ssize_t exn_poll(exn_ofi *o, struct fi_cq_msg_entry *ents, uint64_t *srcs
 		if ((c >> EXN_CTX_SHIFT) == EXN_CTX_RECV) {
 			size_t idx = (size_t)(c & ((1ULL << EXN_CTX_SHIFT) - 1));
 			memcpy(stage + i * slot, rx + idx * slot, out[i].len);
-			out[i].rerr = (int32_t)fi_recv(o->ep, rx + idx * slot, slot, rxdesc, FI_ADDR_UNSPEC, (void *)(uintptr_t)c);
+			if (o->npend < EXN_MAXPEND)
+				o->pend[o->npend++] = c;
+			else
+				out[i].rerr = (int32_t)fi_recv(o->ep, rx + idx * slot, slot, rxdesc, FI_ADDR_UNSPEC, (void *)(uintptr_t)c);
 		}
 	}
 	return ret;
@@ -642,6 +673,10 @@ func (f *fab) poll(b *cqBatch, rx cmem, rxDesc unsafe.Pointer) (int, error) {
 	}
 	return 0, fiError("fi_cq_read", ret)
 }
+
+// repostErrs is how many deferred receive reposts have failed other than
+// with -FI_EAGAIN (each is retried on the next poll); progress lock held.
+func (f *fab) repostErrs() uint64 { return uint64(f.o.repost_errs) }
 
 // trywait reports whether nothing is pending and the wait fd is armed.
 func (f *fab) trywait() bool { return C.exn_trywait(f.o) != 0 }
