@@ -11,7 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/exn-project/exn/fabric/ofi"
 	"github.com/exn-project/exn/integration/nstest"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -20,17 +22,51 @@ import (
 // underlay (fabric/ofi DefaultPort).
 const ofiPort = 7471
 
-// TestOFIFabric runs EXT-Eth over real libfabric (provider tcp): two
-// namespaces joined only by an underlay bridge, each running exnd with
-// --fabric ofi:tcp and a peers file naming the underlay addresses. It
-// checks exn0, ping both ways (a small frame on the eager path and a
-// large one on the rendezvous path, RMA GET through fi_read), and
-// unmodified iperf3 over exn0. Built only with -tags ofi (make ofi).
+// TestOFIFabric runs EXT-Eth over real libfabric: two namespaces joined
+// only by an underlay bridge, each running exnd with --fabric ofi:PROV and
+// a peers file naming the underlay addresses, on provider tcp and on shm
+// (whose addresses are strings: the peers file's "HOST:PORT" becomes the
+// name "fi_ns://HOST:PORT" on both sides, fabric/ofi insertPeer; its
+// background goroutines park on host bells). It checks exn0, ping both
+// ways (a small frame on the eager path and a large one on the
+// rendezvous path, RMA GET through fi_read), and unmodified iperf3 over
+// exn0. Built only with -tags ofi (make ofi).
 func TestOFIFabric(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "iperf3", "ping")
 	exnd := nstest.Build(t)
-	c := nstest.StartUnderlayCluster(t, exnd, "ofi:tcp", ofiPort, 31, []int{1, 2})
+	for _, tc := range []struct {
+		prov   string
+		subnet int
+	}{{"tcp", 31}, {"shm", 33}} {
+		t.Run(tc.prov, func(t *testing.T) { testOFIFabric(t, exnd, "ofi:"+tc.prov, tc.subnet) })
+	}
+}
+
+func testOFIFabric(t *testing.T, exnd, spec string, subnet int) {
+	// What each node's NIC keeps in /dev/shm on ofi:shm (its provider
+	// region and host bell), by its address: the NICs remove them when
+	// exnd stops (checked at the end); this cleanup, registered before the
+	// cluster's (so it runs after exnd was killed), removes them if the
+	// test ends early.
+	var files []string
+	if spec == "ofi:shm" {
+		for _, id := range []int{1, 2} {
+			name := fmt.Sprintf("fi_ns://%s:%d\x00", nstest.UnderlayIP(subnet, id), ofiPort)
+			files = append(files, ofi.HostFiles([]byte(name))...)
+		}
+	}
+	t.Cleanup(func() {
+		for _, f := range files {
+			os.Remove(f)
+		}
+	})
+	c := nstest.StartUnderlayCluster(t, exnd, spec, ofiPort, subnet, []int{1, 2})
 	a, b := c.Nodes[0], c.Nodes[1]
+	for _, f := range files {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s up: %v", spec, err) // the names above are not what the NICs use
+		}
+	}
 
 	var st struct {
 		Fabric string `json:"fabric"`
@@ -38,8 +74,8 @@ func TestOFIFabric(t *testing.T) {
 	if err := a.Call(&st, "status"); err != nil {
 		t.Fatal(err)
 	}
-	if st.Fabric != "ofi:tcp" {
-		t.Fatalf("status fabric = %q, want ofi:tcp", st.Fabric)
+	if st.Fabric != spec {
+		t.Fatalf("status fabric = %q, want %s", st.Fabric, spec)
 	}
 	for _, size := range []int{56, 20000} {
 		if _, err := nstest.Ping(a.NS, b.IP.String(), 3, size, "a5"); err != nil {
@@ -51,14 +87,24 @@ func TestOFIFabric(t *testing.T) {
 	}
 	r, err := nstest.Iperf3(t, b.NS, a.NS, b.IP.String(), 2)
 	if err != nil {
-		t.Fatalf("iperf3 over exn0 on ofi:tcp: %v", err)
+		t.Fatalf("iperf3 over exn0 on %s: %v", spec, err)
 	}
 	if r.BitsPerSecond <= 0 {
 		t.Fatalf("iperf3 moved nothing: %+v", r)
 	}
-	t.Logf("iperf3 over exn0 on ofi:tcp: %.2f Gbit/s", r.BitsPerSecond/1e9)
+	t.Logf("iperf3 over exn0 on %s: %.2f Gbit/s", spec, r.BitsPerSecond/1e9)
 	if s := engineStats(t, a); s == nil {
 		t.Fatal("no engine stats")
+	}
+	for _, n := range c.Nodes {
+		if err := n.Stop(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s left after exnd stopped", f)
+		}
 	}
 }
 

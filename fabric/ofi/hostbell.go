@@ -37,9 +37,7 @@ package ofi
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"os"
-	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -48,9 +46,6 @@ import (
 )
 
 const (
-	// bellDir is where host bells live: the shm provider's own regions
-	// are there too.
-	bellDir   = "/dev/shm"
 	bellMagic = 0x4c42584f // "OXBL"
 	bellWords = 4096       // one page
 	// Offsets of the shared words, each on its own cache line: the
@@ -62,14 +57,6 @@ const (
 	// one byte per park the common case.
 	bellDrain = 64
 )
-
-// bellBase is the path of the host bell of the NIC whose address is name,
-// without its suffix.
-func bellBase(name []byte) string {
-	h := fnv.New64a()
-	h.Write(name)
-	return filepath.Join(bellDir, fmt.Sprintf("exn-ofi-%016x", h.Sum64()))
-}
 
 // bellMap is a mapping of a bell's word file.
 type bellMap struct {

@@ -256,8 +256,7 @@ func open(cfg Config) (*NIC, error) {
 		if p.Node == cfg.Node {
 			continue
 		}
-		host, port := splitHostPort(p.Addr)
-		fa, err := f.avInsertSvc(host, port)
+		fa, err := insertPeer(f, p.Addr)
 		if err != nil {
 			n.freeAll()
 			return nil, fmt.Errorf("ofi %s: peer %d at %s: %w", cfg.Provider, p.Node, p.Addr, err)
@@ -295,6 +294,19 @@ func bindAddr(cfg *Config) (string, string, error) {
 		}
 	}
 	return "", "", nil
+}
+
+// insertPeer inserts a peers-file address into the address vector:
+// fi_av_insertsvc(host, port), or on a provider without it whose
+// addresses are strings (shm), the string address the peer's own bind of
+// the same line gives it (its fi_getname): "fi_ns://HOST:PORT".
+func insertPeer(f *fab, addr string) (uint64, error) {
+	host, port := splitHostPort(addr)
+	fa, err := f.avInsertSvc(host, port)
+	if err == nil || f.addrFormat() != addrFormatStr {
+		return fa, err
+	}
+	return f.avInsert(append([]byte("fi_ns://"+host+":"+port), 0))
 }
 
 func splitHostPort(a string) (string, string) {

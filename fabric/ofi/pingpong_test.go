@@ -92,8 +92,8 @@ func startEcho(tb testing.TB, prov string) fabric.Endpoint {
 	// cleanup has killed the child, if it had to: a child killed before
 	// its NIC's Close leaves its files in /dev/shm.
 	tb.Cleanup(func() {
-		if child != nil {
-			ofi.RemoveHostFiles(child)
+		for _, f := range ofi.HostFiles(child) { // none without a child
+			os.Remove(f)
 		}
 	})
 	_, stdin, stdout := testenv.StartPipedHelper(tb, "TestHelperOFIEcho", echoProvEnv+"="+prov, echoPeerEnv+"="+hex.EncodeToString(name))

@@ -504,6 +504,9 @@ func (f *fab) waitable() bool     { return f.o.waitfd >= 0 }
 func (f *fab) saw() bool          { return f.o.saw != 0 }
 func (f *fab) addrFormat() uint64 { return uint64(f.o.addr_format) }
 
+// addrFormatStr is FI_ADDR_STR: addresses that are strings (shm).
+const addrFormatStr = uint64(C.FI_ADDR_STR)
+
 // name returns this endpoint's address (fi_getname).
 func (f *fab) name() ([]byte, error) {
 	const maxName = 512 // larger than any provider address (sockaddr, shm names, IB GIDs)
