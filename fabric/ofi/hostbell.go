@@ -47,7 +47,7 @@ import (
 
 const (
 	bellMagic = 0x4c42584f // "OXBL"
-	bellWords = 4096       // one page
+	bellSize  = 4096       // the word file: one page
 	// Offsets of the shared words, each on its own cache line: the
 	// receiver writes parked and rung on every park, senders only read
 	// parked (and swap rung once per park).
@@ -66,7 +66,7 @@ type bellMap struct {
 }
 
 func mapBell(f *os.File) (bellMap, error) {
-	mem, err := sys.MapShared(f, bellWords)
+	mem, err := sys.MapShared(f, bellSize)
 	if err != nil {
 		return bellMap{}, err
 	}
@@ -100,7 +100,7 @@ func openOwnBell(name []byte) (*ownBell, error) {
 		return nil, fmt.Errorf("host bell: %w", err)
 	}
 	defer f.Close()
-	if err := f.Truncate(bellWords); err != nil {
+	if err := f.Truncate(bellSize); err != nil {
 		os.Remove(word)
 		return nil, fmt.Errorf("host bell: %w", err)
 	}
@@ -173,8 +173,8 @@ func openPeerBell(name []byte) (*peerBell, error) {
 		return nil, err
 	}
 	defer f.Close()
-	if size, err := sys.FileSize(f); err != nil || size != bellWords {
-		return nil, fmt.Errorf("host bell %s: size %d, want %d (%v)", base, size, bellWords, err)
+	if size, err := sys.FileSize(f); err != nil || size != bellSize {
+		return nil, fmt.Errorf("host bell %s: size %d, want %d (%v)", base, size, bellSize, err)
 	}
 	m, err := mapBell(f)
 	if err != nil {
