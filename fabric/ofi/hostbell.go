@@ -40,6 +40,7 @@ import (
 	"os"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/exn-project/exn/internal/sys"
@@ -56,6 +57,12 @@ const (
 	// bellDrain is the scratch a drain reads the FIFO into: rung makes
 	// one byte per park the common case.
 	bellDrain = 64
+	// bellRetryAfter spaces the attempts to open a peer's bell that
+	// failed, so that a peer without one (permissions, a build without
+	// host bells) costs an open(2) a millisecond, not one per message. A
+	// peer creates its bell before it first parks on it, so one whose
+	// bell cannot be opened yet is not parked on it either.
+	bellRetryAfter = time.Millisecond
 )
 
 // bellMap is a mapping of a bell's word file.
@@ -208,7 +215,11 @@ func (n *NIC) ringPeer(p *peer) {
 	}
 	b := p.bell.Load()
 	if b == nil {
+		if time.Now().UnixNano() < p.bellRetry.Load() {
+			return
+		}
 		if b = n.openPeerBell(p); b == nil {
+			p.bellRetry.Store(time.Now().Add(bellRetryAfter).UnixNano())
 			return
 		}
 	}
@@ -228,7 +239,8 @@ func (n *NIC) ringPeer(p *peer) {
 }
 
 // openPeerBell opens p's bell on first use. A peer whose bell cannot be
-// opened is retried on its next operation, counted once per failure.
+// opened is retried on an operation at least bellRetryAfter later (and
+// at once after its next hello), counted once per failure.
 func (n *NIC) openPeerBell(p *peer) *peerBell {
 	name, err := n.f.avLookup(p.fa)
 	if err != nil {
@@ -252,6 +264,7 @@ func (n *NIC) openPeerBell(p *peer) *peerBell {
 // ring opens the bell files anew. The old mapping is kept until freeAll,
 // since a sender may still be reading it; one per restart of a peer.
 func (n *NIC) forgetBell(p *peer) {
+	p.bellRetry.Store(0)
 	if b := p.bell.Swap(nil); b != nil {
 		n.retiredMu.Lock()
 		n.retired = append(n.retired, b)

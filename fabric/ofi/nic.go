@@ -162,8 +162,9 @@ type peer struct {
 	busy  atomic.Int32
 	acked atomic.Bool // acknowledged our goodbye
 
-	bell  atomic.Pointer[peerBell] // its host bell, opened on first use (hostbell.go)
-	fence atomic.Int32             // ringPeer's barrier
+	bell      atomic.Pointer[peerBell] // its host bell, opened on first use (hostbell.go)
+	bellRetry atomic.Int64             // no new attempt to open it before this (Unix ns)
+	fence     atomic.Int32             // ringPeer's barrier
 
 	mu   sync.Mutex
 	up   bool
