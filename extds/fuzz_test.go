@@ -112,6 +112,14 @@ func FuzzDecodeHello(f *testing.F) {
 		if string(out[:]) != string(p) {
 			t.Fatalf("re-encode mismatch")
 		}
+		if h.flags == flagDirect && h.ring == 0 {
+			// A direct offer (wire.go): the node only, everything else
+			// zero; the connection's parameters follow in CLAIM_DIRECT.
+			if h.vpid != 0 || h.conn != 0 || h.ringSize != 0 || h.eagerWin != 0 {
+				t.Fatalf("accepted direct offer with fields set %+v", h)
+			}
+			return
+		}
 		if h.conn == 0 || h.ringSize < minRingSize || h.eagerWin < minEagerWin {
 			t.Fatalf("accepted invalid hello %+v", h)
 		}
