@@ -147,16 +147,16 @@ func takeN[T any](t testing.TB, ep fabric.Endpoint, n int, get func([]T) (int, e
 // it in their timed loops.
 func RecvWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, in []fabric.Message) int {
 	tb.Helper()
-	return awaitSome(tb, ctx, ep, ep.Recv, in)
+	return awaitSome(tb, ctx, ep, fabric.Endpoint.Recv, in)
 }
 
 // PollWait is RecvWait for notifications.
 func PollWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, ns []fabric.Notification) int {
 	tb.Helper()
-	return awaitSome(tb, ctx, ep, ep.PollNotifications, ns)
+	return awaitSome(tb, ctx, ep, fabric.Endpoint.PollNotifications, ns)
 }
 
-func awaitSome[T any](tb testing.TB, ctx context.Context, ep fabric.Endpoint, get func([]T) (int, error), buf []T) int {
+func awaitSome[T any](tb testing.TB, ctx context.Context, ep fabric.Endpoint, get func(fabric.Endpoint, []T) (int, error), buf []T) int {
 	tb.Helper()
 	k, err := await(ctx, ep, get, buf)
 	if err != nil {
@@ -168,24 +168,16 @@ func awaitSome[T any](tb testing.TB, ctx context.Context, ep fabric.Endpoint, ge
 // AwaitRecv is RecvWait for a benchmark's measured loop: it returns the
 // error instead of failing, and so costs no testing.TB.Helper call (a
 // stack walk) per message.
-// It calls ep.Recv itself rather than through await: the method value
-// would be an allocation per call inside the measured loop.
 func AwaitRecv(ctx context.Context, ep fabric.Endpoint, in []fabric.Message) (int, error) {
-	for {
-		if k, err := ep.Recv(in); err != nil || k > 0 {
-			return k, err
-		}
-		if err := ep.Wait(ctx); err != nil {
-			return 0, err
-		}
-	}
+	return await(ctx, ep, fabric.Endpoint.Recv, in)
 }
 
-// await calls get until it returns something, waiting on ep between
-// empty calls.
-func await[T any](ctx context.Context, ep fabric.Endpoint, get func([]T) (int, error), buf []T) (int, error) {
+// await calls get on ep until it returns something, waiting on ep
+// between empty calls. get is a method expression (fabric.Endpoint.Recv):
+// a method value bound to ep would be an allocation per call.
+func await[T any](ctx context.Context, ep fabric.Endpoint, get func(fabric.Endpoint, []T) (int, error), buf []T) (int, error) {
 	for {
-		k, err := get(buf)
+		k, err := get(ep, buf)
 		if err != nil || k > 0 {
 			return k, err
 		}

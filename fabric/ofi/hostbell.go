@@ -131,13 +131,26 @@ func openOwnBell(name []byte) (*ownBell, error) {
 	return b, nil
 }
 
+// ring writes one byte to fd, the bell's FIFO, if its owner is parked
+// and this caller wins rung 0→1 (so a burst of rings to a parked owner
+// costs one write). The caller has ordered its publication before the
+// load of parked with a full barrier. It reports whether it wrote; a
+// write that failed leaves rung clear for the next caller.
+func (m bellMap) ring(fd int) (bool, error) {
+	if m.parked.Load() == 0 || m.rung.Load() != 0 || m.rung.Swap(1) != 0 {
+		return false, nil
+	}
+	if err := sys.RingBell(fd); err != nil {
+		m.rung.Store(0)
+		return false, err
+	}
+	return true, nil
+}
+
 // ring wakes the owner's own background goroutine if it is parked on
 // the bell (kick, Close, an operation that awaits a completion).
 func (b *ownBell) ring() {
-	if b.parked.Load() == 0 || b.rung.Load() != 0 || b.rung.Swap(1) != 0 {
-		return
-	}
-	sys.RingBell(b.fd) //nolint:errcheck // the FIFO is ours and open: it cannot fail but for EAGAIN, a ring already pending
+	b.bellMap.ring(b.fd) //nolint:errcheck // the FIFO is ours and open: it cannot fail but for EAGAIN, a ring already pending
 }
 
 // sleep parks the calling goroutine in the netpoller until the FIFO
@@ -224,18 +237,12 @@ func (n *NIC) ringPeer(p *peer) {
 		}
 	}
 	p.fence.Add(1) // a full barrier: the provider's store into p's queue before our load of parked
-	if b.parked.Load() == 0 {
-		return
-	}
-	if b.rung.Load() != 0 || b.rung.Swap(1) != 0 {
-		return // rung since p last parked: the byte is on its way
-	}
-	if err := sys.RingBell(b.fd); err != nil {
+	switch rang, err := b.ring(b.fd); {
+	case err != nil:
 		n.bellFailed.Add(1)
-		b.rung.Store(0)
-		return
+	case rang:
+		n.bellRings.Add(1)
 	}
-	n.bellRings.Add(1)
 }
 
 // openPeerBell opens p's bell on first use. A peer whose bell cannot be

@@ -166,12 +166,11 @@ type peer struct {
 	bellRetry atomic.Int64             // no new attempt to open it before this (Unix ns)
 	fence     atomic.Int32             // ringPeer's barrier
 
-	mu   sync.Mutex
-	up   bool
-	down chan struct{} // closed when the peer goes down; replaced when it returns
-	// isUp mirrors up (written under mu) for enter, which runs on every
-	// send: a load instead of the mutex.
+	// isUp is whether the peer is up: loaded without the mutex on every
+	// send and receive; written only under mu, with down.
 	isUp atomic.Bool
+	mu   sync.Mutex
+	down chan struct{} // closed when the peer goes down; replaced when it returns
 }
 
 // enter marks a libfabric call to p in progress; it fails if p is down.
@@ -193,7 +192,7 @@ func (p *peer) leave() { p.busy.Add(-1) }
 func (p *peer) state() (up bool, down <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.up, p.down
+	return p.isUp.Load(), p.down
 }
 
 // ctlPkt is one queued control packet.
@@ -464,7 +463,7 @@ func (n *NIC) AddPeer(node fabric.NodeID, name []byte) error {
 }
 
 func (n *NIC) addPeer(node fabric.NodeID, fa uint64) {
-	p := &peer{node: node, fa: fa, up: true, down: make(chan struct{})}
+	p := &peer{node: node, fa: fa, down: make(chan struct{})}
 	p.isUp.Store(true)
 	n.peersMu.Lock()
 	if old := n.peers[node]; old != nil {
@@ -497,11 +496,10 @@ func (n *NIC) peerList() []*peer {
 // regions are released. Idempotent.
 func (n *NIC) peerDown(p *peer, why string) {
 	p.mu.Lock()
-	if !p.up {
+	if !p.isUp.Load() {
 		p.mu.Unlock()
 		return
 	}
-	p.up = false
 	p.isUp.Store(false)
 	close(p.down)
 	p.mu.Unlock()
@@ -524,11 +522,10 @@ const whyGoodbye = "goodbye"
 // peerUp revives a peer that was down (it restarted and spoke again).
 func (n *NIC) peerUp(p *peer) {
 	p.mu.Lock()
-	if p.up {
+	if p.isUp.Load() {
 		p.mu.Unlock()
 		return
 	}
-	p.up = true
 	p.isUp.Store(true)
 	p.down = make(chan struct{})
 	p.mu.Unlock()
