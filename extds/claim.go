@@ -14,6 +14,9 @@ package extds
 //	CLAIM        sport u16, cport u16, flags u32, client IP [16], server IP [16]   44 bytes
 //	CLAIM_REPLY  sport u16, status u8 (1 agreed, 0 declined), reason u8        8 bytes
 //
+// reason: 1 no listener, 2 late, 3 busy, 4 mismatch; 0x80 | q the port
+// is on hold for q more holdQuantum units (hold.go).
+//
 // flags: bit 0, the client can take a direct connection (claimdirect.go,
 // which also has the direct answer and its COMMIT); other bits zero.
 // IPs are 16-byte (IPv4 as IPv4-mapped). Claims are matched by token,
@@ -90,6 +93,7 @@ const (
 	stClosed                          // the acceptor went TCP: decline
 	stDirect                          // claimed by ClaimDirect and a direct CLAIM came: AgreeDirect answers
 	stReplied                         // CLAIM_DIRECT sent: waiting for COMMIT
+	stHeld                            // the CLAIM was declined by a hold (hold.go): no hello comes
 )
 
 type claimEntry struct {
@@ -114,6 +118,7 @@ type claimTable struct {
 	nextTk uint32
 	// commits: direct answers sent, by (client node, server token).
 	commits map[commitKey]*claimEntry
+	holds   map[uint16]time.Time // listener port → end of its hold (hold.go)
 }
 
 // claimWait is a client waiting for CLAIM_REPLY.
@@ -130,6 +135,7 @@ func (t *claimTable) init() {
 	t.ports = make(map[uint16]int)
 	t.waits = make(map[uint32]*claimWait)
 	t.commits = make(map[commitKey]*claimEntry)
+	t.holds = make(map[uint16]time.Time)
 }
 
 // RegisterClaimPort says a listener on TCP port is served on this node
@@ -175,6 +181,8 @@ func (d *Device) claim(key TupleKey, wake func()) *Claim {
 	defer t.mu.Unlock()
 	e := t.m[key]
 	switch {
+	case e != nil && e.st == stHeld:
+		// Declined by a hold before the acceptor came: Held reports it.
 	case e != nil && e.st == stOffered && wake != nil && e.offerDirect:
 		e.st, e.wake = stDirect, wake // DirectPending: the caller answers
 	case e != nil && e.st == stOffered:
@@ -218,6 +226,8 @@ func (c *Claim) Close() (agreed bool) {
 		return true
 	case e.st == stAccepting:
 		e.st, e.expires, e.wake = stClosed, time.Now().Add(claimTombstone), nil
+	case e.st == stHeld:
+		delete(t.m, c.key)
 	case e.st == stDirect, e.st == stReplied:
 		// Decided by AgreeDirect (or failed): a late COMMIT is dropped.
 		delete(t.m, c.key)
@@ -301,6 +311,19 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 		return
 	}
 	e := t.m[key]
+	if e == nil {
+		if left := t.holdLeftLocked(sport, time.Now()); left > 0 {
+			// On hold: the acceptors do not claim (hold.go). One
+			// that does after all (its window ended) learns from the
+			// entry that no hello comes (Claim.Held).
+			d.claimReply(reply, sport, 0, holdReason(left))
+			if len(t.m) < maxClaims {
+				reply.st, reply.expires = stHeld, time.Now().Add(claimTombstone)
+				t.m[key] = reply
+			}
+			return
+		}
+	}
 	switch {
 	case e == nil && len(t.m) >= maxClaims:
 		d.claimReply(reply, sport, 0, declineBusy)
@@ -374,7 +397,7 @@ func (d *Device) sweepClaims(now time.Time) {
 	t := &d.claims
 	t.mu.Lock()
 	for k, e := range t.m {
-		if (e.st == stOffered || e.st == stClosed) && now.After(e.expires) {
+		if (e.st == stOffered || e.st == stClosed || e.st == stHeld) && now.After(e.expires) {
 			delete(t.m, k)
 		}
 	}
@@ -439,6 +462,10 @@ func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote ne
 		return 0, true, nil, nil
 	case a.reason == declineNoListener:
 		return FallbackNoListener, false, nil, nil
+	}
+	if left, ok := holdOf(a.reason); ok {
+		d.holdPeer(remote, left)
+		return FallbackShortLived, false, nil, nil
 	}
 	return FallbackDeclined, false, nil, nil
 }

@@ -42,6 +42,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -79,7 +80,8 @@ type Device struct {
 	noConnRL rateLimit
 
 	negMu sync.Mutex
-	neg   map[string]time.Time // address → until: no EXT-DS there
+	neg   map[string]time.Time         // address → until: no EXT-DS there
+	held  map[netip.AddrPort]time.Time // server → until: on hold (hold.go)
 
 	claims claimTable // out-of-band agreement (claim.go)
 }
@@ -160,7 +162,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 	}
 	d := &Device{
 		att: att, cfg: cfg, ctrlq: make(chan ctrlReq, ctrlQueue),
-		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time),
+		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time), held: make(map[netip.AddrPort]time.Time),
 		byPeer: make(map[peerKey]*Conn), ports: make(map[uint16]int), probes: make(map[uint32]*probeWait),
 	}
 	d.claims.init()

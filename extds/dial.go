@@ -195,6 +195,9 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 	if !lok || !rok {
 		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
+	if dev.PeerHold(ra) > 0 {
+		return dev.fallback(raw, nil, FallbackShortLived), nil, nil
+	}
 	why, agreed, di, err := dev.offer(ctx, node, la, ra, open)
 	switch {
 	case err != nil && ctx.Err() != nil:

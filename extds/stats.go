@@ -43,10 +43,11 @@ const (
 	FallbackNoClaim                           // a listener is registered but no EXT-DS acceptor claimed the connection in time
 	FallbackDeclined                          // the server declined the claim (acceptor went TCP, table full, address mismatch)
 	FallbackDirectAbort                       // a direct connection was agreed but the client could not open it (claimdirect.go)
+	FallbackShortLived                        // the server's port is on hold: its connections are too short to gain (hold.go)
 	numFallbackReasons
 )
 
-var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined", "direct_abort"}
+var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined", "direct_abort", "short_lived"}
 
 func (r FallbackReason) String() string {
 	if r < numFallbackReasons {

@@ -17,8 +17,11 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
 	"github.com/exn-project/exn/fabric/peers"
@@ -62,8 +65,13 @@ type Config struct {
 	// through a shared buffer, without exnd in the data path
 	// (--extds-direct, default true; docs/direct.md).
 	EXTDSDirect bool
-	Metrics     string // host:port to serve /metrics on, "" for none
-	Control     string // control socket path, "" for none
+	// EXTDSShortHold is how long a listener port whose shimmed
+	// connections close within milliseconds stays plain TCP
+	// (--extds-short-hold, default 1s, 0 never; docs/shim.md "Short
+	// connections").
+	EXTDSShortHold time.Duration
+	Metrics        string // host:port to serve /metrics on, "" for none
+	Control        string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
 	ControlAccess control.Policy
 	LogLevel      slog.Level
@@ -162,6 +170,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
 	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "on an shm fabric, let two programs under libextds.so move their bytes through a shared buffer, with exnd out of the data path (false: exnd relays every byte)")
+	fs.DurationVar(&c.EXTDSShortHold, "extds-short-hold", shimsrv.DefaultShortHold, "keep a listener port whose shimmed connections close within milliseconds on plain TCP for this `DURATION`, then try EXT-DS again (0: never; at most 2.032s)")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
 	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")
 	fs.StringVar(&c.File, "config", "", "read settings from `FILE` ('name = value' lines; flags override it)")
@@ -304,6 +313,9 @@ func (c *Config) validate(nodeID, fab, logLevel string) error {
 	}
 	if c.MTU < minMTU || c.MTU > DefaultMTU {
 		return bad("mtu", "%d: want %d-%d", c.MTU, minMTU, DefaultMTU)
+	}
+	if c.EXTDSShortHold < 0 || c.EXTDSShortHold > extds.MaxHold {
+		return bad("extds-short-hold", "%v: want 0-%v", c.EXTDSShortHold, extds.MaxHold)
 	}
 	// The eager threshold bounds a whole frame, so it cannot be below the
 	// Ethernet header nor above the largest frame (MTU plus header).

@@ -62,6 +62,7 @@ func startEXTDS(d *Daemon) (started, error) {
 			Fabric: d.cfg.Fabric.Arg, Dir: "/dev/shm", Node: d.cfg.Node, Ring: dring.DefaultRing,
 		}))
 	}
+	sopts = append(sopts, shimsrv.WithShortHold(d.cfg.EXTDSShortHold))
 	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"), sopts...)
 	d.conns = func(ctx context.Context) any {
 		// Outside a control request (tests) the caller is exnd itself.

@@ -105,6 +105,7 @@ const netperfMetrics = "127.0.0.1:9464"
 // extdsCounts are one node's EXT-DS counters from its Prometheus metrics.
 type extdsCounts struct {
 	conns, fallbacks, rxBytes, handshakeErrs float64
+	holds                                    float64            // exn_shim_short_holds_total
 	byReason                                 map[string]float64 // exn_extds_fallbacks_total by reason
 }
 
@@ -144,6 +145,7 @@ func scrapeEXTDS(t *testing.T, n *nstest.Node) extdsCounts {
 		fallbacks:     sample(t, fams, "exn_extds_connections_total", "mode=tcp"),
 		rxBytes:       sample(t, fams, "exn_extds_rx_bytes_total") + sample(t, fams, "exn_shim_direct_bytes_total", "direction=in"),
 		handshakeErrs: sample(t, fams, "exn_extds_handshake_errors_total"),
+		holds:         sample(t, fams, "exn_shim_short_holds_total"),
 	}
 }
 
@@ -155,11 +157,14 @@ func scrapeEXTDS(t *testing.T, n *nstest.Node) extdsCounts {
 // HTTP in each namespace, must count every TCP connection netperf made as
 // an EXT-DS connection on both nodes (the control connection, and the
 // data connection or, for TCP_CRR, one per transaction), none as a
-// fallback, and for the bulk tests the payload as EXT-DS bytes.
+// fallback, and for the bulk tests the payload as EXT-DS bytes. exnd
+// runs without holds for short connections (--extds-short-hold=0), so
+// that TCP_CRR sets up every connection over EXT-DS;
+// TestNetperfShimShortHold runs it with them.
 func TestNetperfShim(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "ss", "ping", "gcc")
 	nstest.Netperf(t)
-	c := shmShimCluster(t, nstest.Build(t), 62, "--metrics", netperfMetrics)
+	c := shmShimCluster(t, nstest.Build(t), 62, "--metrics", netperfMetrics, "--extds-short-hold=0")
 	nodes := c.nodes
 	var b0, b1 extdsCounts
 	var pt0 float64

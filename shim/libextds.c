@@ -129,6 +129,7 @@ struct fdent {
 	uint64_t id;        /* F_SWITCHED: exnd's connection id */
 	int32_t dc;         /* F_DIRECT: index + 1 in direct.c's g_dc */
 	int32_t maxseg, tos;
+	uint64_t hold_until; /* F_LISTEN: accepts stay plain TCP until then (CLOCK_MONOTONIC ns; hold.c) */
 	union addr local, peer;
 	socklen_t llen, plen;
 };
@@ -684,6 +685,9 @@ static void settle(int fd)
 /* Direct connections: their data path and interposition. */
 #include "direct.c"
 
+/* Holds for short-lived connections. */
+#include "hold.c"
+
 /* ---- intercepted calls ---- */
 
 EXPORT int socket(int domain, int type, int protocol)
@@ -770,6 +774,16 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			dbg("connect fd %d: loopback, plain TCP", fd);
 		return real_connect(fd, addr, len);
 	}
+	if (g_mode != MODE_FORCE &&
+	    len >= (addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) &&
+	    held_peer(addr)) {
+		/* The server's port is on hold (hold.c): TCP, exnd not asked. */
+		int r = real_connect(fd, addr, len), e = errno;
+		settle(fd);
+		dbg("connect fd %d: server on hold (short connections), plain TCP", fd);
+		errno = e;
+		return r;
+	}
 	int saved = errno;
 	int r = real_connect(fd, addr, len);
 	if (r < 0) {
@@ -817,6 +831,8 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	}
 	if ((resp.mode != CTL_MODE_EXTDS && resp.mode != CTL_MODE_DIRECT) || ufd[0] < 0) {
 		close_fds(ufd);
+		if (resp.mode == CTL_MODE_TCP && resp.hold_ms)
+			hold_peer(addr, resp.hold_ms);
 		dbg("connect fd %d: plain TCP: %s", fd, buf);
 		goto tcp;
 	}
@@ -905,7 +921,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			e->family = le->family;
 		}
 		unlock();
-		if (!shim || g_mode == MODE_OFF) {
+		if (!shim || g_mode == MODE_OFF || held_listener(lfd)) {
 			errno = saved;
 			return fd;
 		}
@@ -926,6 +942,8 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		}
 		if (c == CTL_OK && resp.mode != CTL_MODE_EXTDS && resp.mode != CTL_MODE_DIRECT) {
 			close_fds(ufd);
+			if (resp.mode == CTL_MODE_TCP && resp.hold_ms)
+				hold_listener(lfd, resp.hold_ms);
 			int fl = real_fcntl(fd, F_GETFL);
 			if (fl >= 0 && !!(fl & O_NONBLOCK) != !!(flags & SOCK_NONBLOCK))
 				real_fcntl(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);

@@ -66,6 +66,7 @@ type dconn struct {
 	remote   string
 	peer     string
 	node     fabric.NodeID // the peer's node
+	lport    uint16        // the local TCP port (accept: the listener's)
 	since    time.Time
 	relaying atomic.Bool
 }
@@ -197,6 +198,9 @@ func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *ne
 		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: st.Ino,
 		local: shadow.LocalAddr().String(), remote: shadow.RemoteAddr().String(),
 		peer: fmt.Sprint(di.Node), node: di.Node, since: time.Now(),
+	}
+	if la, ok := tcpAddrPort(shadow.LocalAddr()); ok {
+		dc.lport = la.Port()
 	}
 	return &directPrep{dc: dc, out: out, si: si}, nil
 }
@@ -337,6 +341,7 @@ func (s *Server) endDirect(dc *dconn) {
 	if !ok {
 		return
 	}
+	s.connEnded(dc.side, dc.lport, dc.since)
 	sent, recvd := dc.ep.Counters()
 	s.directOut.Add(sent)
 	s.directIn.Add(recvd)

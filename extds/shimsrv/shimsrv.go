@@ -111,6 +111,10 @@ type Stats struct {
 	DirectRelays   uint64 `json:"direct_relays"`
 	DirectBytesIn  uint64 `json:"direct_bytes_in"`
 	DirectBytesOut uint64 `json:"direct_bytes_out"`
+	// Holds counts listener ports put on hold for short connections
+	// (hold.go); the answers given during holds are Fallbacks
+	// ["short_lived"].
+	Holds uint64 `json:"holds"`
 }
 
 // Server serves the shim's operations for one Device.
@@ -144,6 +148,11 @@ type Server struct {
 	livenessPeriod time.Duration
 	// livenessOn: the directLiveness goroutine runs (direct.go).
 	livenessOn bool
+	// Holds for short connections (hold.go): shortHold 0 is off.
+	shortHold time.Duration
+	holdMu    sync.Mutex
+	runs      map[uint16]int // listener port → short connections in a row
+	holds     atomic.Uint64
 
 	switched, errs, resets atomic.Uint64
 	bytesIn, bytesOut      atomic.Uint64
@@ -167,7 +176,7 @@ func New(dev *extds.Device, dialer *extds.Dialer, log *slog.Logger, opts ...Opti
 	s := &Server{
 		dev: dev, dialer: dialer, log: log, peekTO: DefaultPeekTimeout, sweep: DefaultSweep,
 		listens: make(map[listenKey]*listenReg), conns: make(map[uint64]*conn), listenAdded: make(chan struct{}, 1),
-		dconns: make(map[uint64]*dconn), livenessPeriod: directLivenessPeriod,
+		dconns: make(map[uint64]*dconn), livenessPeriod: directLivenessPeriod, runs: make(map[uint16]int),
 		pool: ringPool{ready: make(chan pooled, poolSize), want: make(chan struct{}, 1)},
 	}
 	for _, o := range opts {
@@ -352,6 +361,7 @@ func (s *Server) Stats() Stats {
 		return true
 	})
 	st.DirectConns, st.DirectRelays = s.directConns.Load(), s.relays.Load()
+	st.Holds = s.holds.Load()
 	st.DirectBytesIn, st.DirectBytesOut = s.directIn.Load(), s.directOut.Load()
 	s.mu.Lock()
 	st.Active, st.Listens, st.DirectActive = len(s.conns), len(s.listens), len(s.dconns)

@@ -46,6 +46,7 @@ type conn struct {
 	local     string
 	remote    string
 	peer      string
+	lport     uint16 // the local TCP port (accept: the listener's)
 	since     time.Time
 	in, out   atomic.Uint64
 	left      atomic.Int32 // splice goroutines still running
@@ -337,6 +338,7 @@ func (s *Server) done(e *conn) {
 		s.mu.Lock()
 		delete(s.conns, e.id)
 		s.mu.Unlock()
+		s.connEnded(e.side, e.lport, e.since)
 		s.logConn(slog.LevelDebug, "extds shim: closed", "id", e.id, "in", e.in.Load(), "out", e.out.Load())
 	}
 	s.wg.Done()

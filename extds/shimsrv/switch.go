@@ -38,6 +38,9 @@ type SwitchResult struct {
 	Side   *int   `json:"side,omitempty"`
 	Ring   int    `json:"ring,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// HoldMS: reason short_lived only: how long (ms) the shim may make
+	// such connections plain TCP without asking (hold.go).
+	HoldMS uint64 `json:"hold_ms,omitempty"`
 }
 
 // enter counts an operation in progress, unless the server is closed.
@@ -110,6 +113,9 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			_ = s.refuse(ReasonNotOwner, "shim-accept: port %d is registered by another user", la.Port())
 			s.fallback(ReasonNotOwner)
 			return SwitchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
+		}
+		if res, held := s.heldAccept(la.Port()); held {
+			return res, nil, nil
 		}
 	}
 	// net.FileConn dups f and sets O_NONBLOCK, which lives in the open
@@ -204,6 +210,13 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		why, _ := c.FallbackReason()
 		c.Close() // the dup only
 		restore()
+		if why == extds.FallbackShortLived {
+			var hold time.Duration
+			if side == sideConnect {
+				hold = s.peerHold(shadow.RemoteAddr())
+			}
+			return s.shortLived(hold), nil, nil
+		}
 		s.fallback(why.String())
 		return SwitchResult{Mode: "tcp", Reason: why.String()}, nil, nil
 	}
@@ -252,6 +265,9 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	}
 	if fp, ok := c.FabricPeer(); ok {
 		e.peer = fp.String()
+	}
+	if la, ok := tcpAddrPort(c.LocalAddr()); ok {
+		e.lport = la.Port()
 	}
 	if !s.start(e) {
 		app.Close()
@@ -335,6 +351,10 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		cl = s.dev.Claim(key)
 	}
 	defer cl.Close()
+	if cl.Held() {
+		// Its CLAIM was declined by a hold (extds/hold.go): no hello.
+		return s.dev.AcceptHeld(shadow), nil, nil
+	}
 	// The client's CLAIM may still be on its way (its exnd sends it after
 	// the TCP handshake and a control round trip): wait as long as the
 	// client would wait for the answer, on top of the peek timeout.

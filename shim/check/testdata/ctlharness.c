@@ -4,7 +4,7 @@
  *
  *   ctlharness parse   stdin: records (u32 little-endian length, bytes);
  *                      stdout: one line per record, "ERR" or
- *                      "OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu plain=%d reason=%s"
+ *                      "OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu hold=%llu plain=%d reason=%s"
  *   ctlharness req     stdout: every request ctl_req encodes, one per line,
  *                      as "OP ARG <encoded line>" ("ERR" where it refuses)
  */
@@ -31,9 +31,10 @@ static int parse_loop(void)
 		if (ctl_parse(in, n, &r) < 0)
 			printf("ERR\n");
 		else
-			printf("OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu plain=%d reason=%s\n",
+			printf("OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu hold=%llu plain=%d reason=%s\n",
 			       r.ok, r.mode, (unsigned long long)r.version, (unsigned long long)r.port,
 			       (unsigned long long)r.id, (unsigned long long)r.side, (unsigned long long)r.ring,
+			       (unsigned long long)r.hold_ms,
 			       r.reason_plain, r.reason_plain ? r.reason : "");
 		free(in);
 		fflush(stdout);

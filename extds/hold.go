@@ -1,0 +1,160 @@
+package extds
+
+// Holds for short-lived connections (issue #15; docs/extds.md, "Short
+// connections"). Setting up an EXT-DS connection costs the two exnds
+// and both programs about a millisecond (docs/shim.md, "Where TCP_CRR's
+// time goes"); a connection that closes within a few milliseconds of
+// that loses more than it gains. The accepting node's shim server
+// (extds/shimsrv/hold.go) learns which listener ports serve such
+// connections and puts a port on hold (HoldPort). While a port is held:
+//
+//   - a CLAIM for it that no acceptor claimed is declined at once, and the
+//     decline carries the hold's remaining time: CLAIM_REPLY's reason
+//     byte is declineHold | q, q the remaining time in holdQuantum units
+//     (rounded down; 0: too little left to cache);
+//   - the client's Device keeps the server address as held for that time
+//     minus HoldMargin (holdPeer): its connections to that address fall
+//     back (FallbackShortLived) without a CLAIM, and a shim asking its
+//     exnd is told how long to skip asking (PeerHold);
+//   - the accepting shims are told the port's remaining time minus
+//     HoldMargin (PortHold) and skip asking meanwhile.
+//
+// The windows are staggered: a client's ends 2·HoldMargin before the
+// server's exnd stops declining, the acceptors' HoldMargin before, so no
+// acceptor claims and waits for the hello of a client that still skips,
+// and no acceptor skips while a client offers and waits for it. A client
+// whose CLAIM was declined by a hold leaves a tombstone (stHeld): an
+// acceptor that claims that connection after all is told at once that
+// no hello comes (Claim.Held). A held connection is ordinary TCP:
+// nothing is written into it.
+//
+// Locks: holds live in claimTable (t.mu, a leaf lock); the client's
+// window cache under negMu (a leaf lock), as the negative cache.
+
+import (
+	"net"
+	"net/netip"
+	"time"
+)
+
+const (
+	// holdQuantum is the unit of a hold's remaining time on the wire;
+	// with 7 bits, MaxHold.
+	holdQuantum = 16 * time.Millisecond
+	// declineHold marks CLAIM_REPLY's reason byte as a hold (low 7 bits:
+	// quanta left). Reasons below 0x80 are the other declines.
+	declineHold uint8 = 0x80
+	// MaxHold is the longest hold the wire can say (HoldPort clamps).
+	MaxHold = 127 * holdQuantum
+	// HoldMargin is how much earlier than the server's exnd every other
+	// party ends a hold: far more than a control round trip or a fabric
+	// one-way trip (tens to hundreds of microseconds, docs/wakeup.md),
+	// and short against a hold, so little of it is lost.
+	HoldMargin = 10 * time.Millisecond
+	// maxHeldPeers bounds the client's cache; a full cache is cleared
+	// (its entries only save questions).
+	maxHeldPeers = 4096
+)
+
+// HoldPort puts the listener port on hold for d (at most MaxHold; 0 or
+// less ends a hold). See the file comment. Safe for concurrent use.
+func (d *Device) HoldPort(port uint16, dur time.Duration) {
+	t := &d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if dur <= 0 {
+		delete(t.holds, port)
+		return
+	}
+	if len(t.holds) >= maxClaims {
+		clear(t.holds)
+	}
+	t.holds[port] = time.Now().Add(min(dur, MaxHold))
+}
+
+// PortHold returns how long port stays on hold for this node's acceptors:
+// the remaining hold minus HoldMargin, 0 if none.
+func (d *Device) PortHold(port uint16) time.Duration {
+	t := &d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return max(t.holdLeftLocked(port, time.Now())-HoldMargin, 0)
+}
+
+// holdLeftLocked is the remaining hold of port (t.mu held); an expired
+// hold is dropped.
+func (t *claimTable) holdLeftLocked(port uint16, now time.Time) time.Duration {
+	until, ok := t.holds[port]
+	if !ok {
+		return 0
+	}
+	if left := until.Sub(now); left > 0 {
+		return left
+	}
+	delete(t.holds, port)
+	return 0
+}
+
+// holdReason is CLAIM_REPLY's reason for a remaining hold.
+func holdReason(left time.Duration) uint8 {
+	return declineHold | uint8(min(left/holdQuantum, 127))
+}
+
+// holdOf decodes a CLAIM_REPLY reason: the hold's remaining time and
+// whether the reason is a hold.
+func holdOf(reason uint8) (time.Duration, bool) {
+	if reason&declineHold == 0 {
+		return 0, false
+	}
+	return time.Duration(reason&^declineHold) * holdQuantum, true
+}
+
+// holdPeer keeps the server at addr as held for left minus twice
+// HoldMargin: a client's window ends a margin before the server's
+// acceptors' (PortHold), so that no acceptor, its window over, claims
+// and waits for the hello of a client that still skips asking.
+func (d *Device) holdPeer(addr netip.AddrPort, left time.Duration) {
+	left -= 2 * HoldMargin
+	if left <= 0 {
+		return
+	}
+	d.negMu.Lock()
+	defer d.negMu.Unlock()
+	if len(d.held) >= maxHeldPeers {
+		clear(d.held)
+	}
+	d.held[normAP(addr)] = time.Now().Add(left)
+}
+
+// PeerHold returns how long connections to the server at addr stay
+// plain TCP without asking (a hold its exnd announced), 0 if none.
+func (d *Device) PeerHold(addr netip.AddrPort) time.Duration {
+	addr = normAP(addr)
+	d.negMu.Lock()
+	defer d.negMu.Unlock()
+	until, ok := d.held[addr]
+	if !ok {
+		return 0
+	}
+	if left := time.Until(until); left > 0 {
+		return left
+	}
+	delete(d.held, addr)
+	return 0
+}
+
+// Held reports whether the client's CLAIM for this connection was
+// declined because the port is on hold: the client sends no hello.
+func (c *Claim) Held() bool {
+	t := &c.d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[c.key]
+	return e != nil && e.st == stHeld
+}
+
+// AcceptHeld is AcceptShadow for a connection whose claim is Held: shadow
+// as a ModeTCP Conn, counted as FallbackShortLived, nothing read.
+func (d *Device) AcceptHeld(shadow net.Conn) *Conn {
+	return d.fallback(shadow, nil, FallbackShortLived)
+}
