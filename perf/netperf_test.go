@@ -15,6 +15,8 @@ type netperfWay struct {
 	key, name      string
 	ip             string
 	srvEnv, cliEnv []string
+	cli, srv       *nstest.Netns // where netperf and netserver run (nil: nodes 1 and 2)
+	only           string        // the one test of this way ("": every test)
 }
 
 // BenchmarkNetperf is issue #15's benchmark: unmodified netperf
@@ -25,7 +27,9 @@ type netperfWay struct {
 // default 3) runs every test every way, interleaved; the table gives
 // medians, RR latency percentiles (P50/P90/P99 from the omni selectors)
 // and the ratios. EXN_PERF_SECS sets netperf -l (default 4). Needs the
-// netperf build (make netperf); perf/netperf.sh runs it:
+// netperf build (make netperf); perf/netperf.sh runs it. A fourth way,
+// on a second pair of nodes whose exnd holds no port (--extds-short-hold=0),
+// runs TCP_CRR with every connection set up over EXT-DS:
 //
 //	go test -run '^$' -bench '^BenchmarkNetperf$' -benchtime 1x -timeout 30m ./perf/
 func BenchmarkNetperf(b *testing.B) {
@@ -44,18 +48,32 @@ func BenchmarkNetperf(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// A second pair, with exnd's holds for short connections off
+	// (docs/shim.md, "Short connections"): TCP_CRR there sets up every
+	// connection over EXT-DS, which is what a connection costs to set up.
+	fab2 := nstest.ShmFabric(b)
+	n3 := nstest.StartNode(b, exnd, fab2, 14, 1, "--extds-short-hold=0")
+	n4 := nstest.StartNode(b, exnd, fab2, 14, 2, "--extds-short-hold=0")
+	if _, err := nstest.Ping(n3.NS, n4.IP.String(), 2, 56, ""); err != nil {
+		b.Fatal(err)
+	}
 	shim := func(n *nstest.Node) []string { return []string{"LD_PRELOAD=" + lib, "EXTDS_CONTROL=" + n.Control} }
 	ways := []netperfWay{
-		{"veth", "TCP over veth", vethB, nil, nil},
-		{"exn0", "TCP over exn0", n2.IP.String(), nil, nil},
-		{"shim", "shim (EXT-DS)", n2.IP.String(), shim(n2), shim(n1)},
+		{key: "veth", name: "TCP over veth", ip: vethB},
+		{key: "exn0", name: "TCP over exn0", ip: n2.IP.String()},
+		{key: "shim", name: "shim (EXT-DS)", ip: n2.IP.String(), srvEnv: shim(n2), cliEnv: shim(n1)},
+		{key: "shimsetup", name: "shim, holds off", ip: n4.IP.String(), srvEnv: shim(n4), cliEnv: shim(n3), cli: n3.NS, srv: n4.NS, only: "TCP_CRR"},
 	}
 	// One netserver per way: the shim's must be shimmed, the others not
 	// (a shimmed netserver would delay plain clients by exnd's peek).
 	ports := make([]int, len(ways))
 	for i, w := range ways {
 		ports[i] = nstest.Port()
-		nstest.StartNetserver(b, n2.NS, netserver, w.srvEnv, ports[i])
+		ns := n2.NS
+		if w.srv != nil {
+			ns = w.srv
+		}
+		nstest.StartNetserver(b, ns, netserver, w.srvEnv, ports[i])
 	}
 	tests := []string{"TCP_RR", "TCP_CRR", "TCP_STREAM"}
 	// res[test][way][rep]
@@ -66,7 +84,14 @@ func BenchmarkNetperf(b *testing.B) {
 	for rep := 0; rep < reps; rep++ {
 		for ti, test := range tests {
 			for wi, w := range ways {
-				r, err := nstest.RunNetperf(n1.NS, w.cliEnv, netperf, w.ip, ports[wi], d, test)
+				if w.only != "" && w.only != test {
+					continue
+				}
+				cli := n1.NS
+				if w.cli != nil {
+					cli = w.cli
+				}
+				r, err := nstest.RunNetperf(cli, w.cliEnv, netperf, w.ip, ports[wi], d, test)
 				if err == nil {
 					err = r.Sane()
 				}
@@ -96,7 +121,7 @@ func BenchmarkNetperf(b *testing.B) {
 		}
 		var m [3]float64
 		var runs [3]string
-		for wi := range ways {
+		for wi := range m {
 			m[wi], runs[wi] = med(res[ti][wi], thr)
 			b.ReportMetric(m[wi], test+"-"+ways[wi].key+"-"+strings.ReplaceAll(unit, "/", "-per-"))
 		}
@@ -116,11 +141,24 @@ func BenchmarkNetperf(b *testing.B) {
 			{"p90", func(r nstest.NetperfResult) float64 { return r.P90 }},
 			{"p99", func(r nstest.NetperfResult) float64 { return r.P99 }}} {
 			var m [3]float64
-			for wi := range ways {
+			for wi := range m {
 				m[wi], _ = med(res[ti][wi], p.f)
 				b.ReportMetric(m[wi], test+"-"+ways[wi].key+"-"+p.name+"-us")
 			}
 			fmt.Fprintf(&sb, "| %s | %s | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2fx |\n", test, p.name, m[0], m[1], m[2], m[1]/m[0], m[2]/m[1], m[2]/m[0])
+		}
+	}
+	// The fourth way: TCP_CRR with every connection set up over EXT-DS.
+	for ti, test := range tests {
+		const wi = 3
+		if rs := res[ti][wi]; len(rs) > 0 {
+			rate, runs := med(rs, thr)
+			p50, _ := med(rs, func(r nstest.NetperfResult) float64 { return r.P50 })
+			exn0, _ := med(res[ti][1], thr)
+			b.ReportMetric(rate, test+"-"+ways[wi].key+"-trans-per-s")
+			b.ReportMetric(p50, test+"-"+ways[wi].key+"-p50-us")
+			fmt.Fprintf(&sb, "\n%s with every connection set up over EXT-DS (a second node pair, exnd --extds-short-hold=0): %.0f trans/s (%s), %.2fx TCP over exn0; round trip p50 %.0f us\n",
+				test, rate, runs, rate/exn0, p50)
 		}
 	}
 	b.ReportMetric(float64(reps), "reps")

@@ -60,6 +60,9 @@ func extractNetperf(st *Stream, cmd string) ([]Result, []string) {
 		add(Result{Name: name + ", shim", Metric: t.metric, Value: v("shim"), Unit: unit, Baseline: v("exn0"), BaselineName: "TCP over exn0", Bar: t.bar, Series: "shim"})
 		add(Result{Name: name + ", shim", Metric: t.metric, Value: v("shim"), Unit: unit, Baseline: v("veth"), BaselineName: "veth", Bar: t.goal, Series: "shim"})
 		add(Result{Name: name + ", TCP over exn0", Metric: t.metric, Value: v("exn0"), Unit: unit, Baseline: v("veth"), BaselineName: "veth", Series: "exn0"})
+		if setup := v("shimsetup"); setup > 0 {
+			add(Result{Name: name + ", shim, every connection EXT-DS (holds off)", Metric: t.metric, Value: setup, Unit: unit, Baseline: v("exn0"), BaselineName: "TCP over exn0", Series: "shim"})
+		}
 		if !strings.HasSuffix(t.test, "RR") {
 			continue
 		}
