@@ -57,8 +57,10 @@ func startSafety(t *testing.T, subnet int, access [2]string) *safetyCluster {
 		mport := nstest.PortArg()
 		c.metrics[i] = "http://" + ip + ":" + mport + "/metrics"
 		ctl := filepath.Join(dir, fmt.Sprintf("n%d.sock", i+1))
+		// Holds for short connections off: these tests count every
+		// connection as switched (TestNetperfShimShortHold has holds).
 		c.nodes[i] = nstest.StartNode(t, exnd, fab, subnet, i+1, "--control", ctl,
-			"--metrics", ip+":"+mport, "--control-access", access[i])
+			"--metrics", ip+":"+mport, "--control-access", access[i], "--extds-short-hold=0")
 		c.nodes[i].Control = ctl // the flag above overrides the harness's path
 	}
 	c.fillNeighbours(t)
