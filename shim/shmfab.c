@@ -142,6 +142,7 @@ struct vmap {
 	uint32_t slots, depth;
 	int bell;   /* wait mode SHMFAB_WAIT_BELL */
 	int bellfd; /* producer: opened on first ring (-1); owner: its own */
+	int spacefd; /* owner: its space bell, rung for parked senders (-1: none, and producers' views) */
 	char bellpath[PATHLEN + 8];
 };
 
@@ -473,6 +474,7 @@ static int get_vmap(shmfab_node *n, struct peer *p, unsigned v, struct vmap **ou
 		return -ENOMEM;
 	}
 	c->bellfd = -1;
+	c->spacefd = -1;
 	int err = decode_vpid_header(hb, p->id, v, size, c);
 	if (err) {
 		close(fd);
@@ -561,12 +563,25 @@ static void ring_doorbell(shmfab_node *n, struct vmap *v)
 	st32(rung, 0); /* let another producer try */
 }
 
+/* After freeing slots: wake senders on the space futex (C senders, Go
+ * senders without a space bell) and, the first time since a parked sender
+ * cleared spaceRung, those parked on the space bell (docs/shm-abi.md). */
 static void wake_senders(struct vmap *v)
 {
-	if (ld32(w32(v->b, SHMFAB_V_OFF_SPACEW)) != 0) {
-		add32(w32(v->b, SHMFAB_V_OFF_SPACE), 1);
-		futex_wake(w32(v->b, SHMFAB_V_OFF_SPACE));
-	}
+	if (ld32(w32(v->b, SHMFAB_V_OFF_SPACEW)) == 0)
+		return;
+	add32(w32(v->b, SHMFAB_V_OFF_SPACE), 1);
+	futex_wake(w32(v->b, SHMFAB_V_OFF_SPACE));
+	uint32_t *rung = w32(v->b, SHMFAB_V_OFF_SPACERUNG);
+	if (v->spacefd < 0 || ld32(rung) != 0 || xchg32(rung, 1) != 0)
+		return;
+	char one = 1;
+	ssize_t r;
+	do
+		r = write(v->spacefd, &one, 1);
+	while (r < 0 && errno == EINTR);
+	if (r < 0 && errno != EAGAIN)
+		st32(rung, 0);
 }
 
 void shmfab_encode_note(const struct shmfab_note *nt, uint8_t body[16])
@@ -962,10 +977,13 @@ int shmfab_open(shmfab_node *n, unsigned v, unsigned slots, shmfab_ep **out)
 	e->vpid = (uint8_t)v;
 	e->fd = -1;
 	e->v.bellfd = -1;
+	e->v.spacefd = -1;
 	vpid_path(n, e->path, n->node, n->inc, v);
-	char tmp[PATHLEN + 16], tmpbell[PATHLEN + 16];
+	char tmp[PATHLEN + 16], tmpbell[PATHLEN + 16], tmpspace[PATHLEN + 16], space[PATHLEN + 16];
 	snprintf(tmp, sizeof tmp, "%s.tmp", e->path);
 	snprintf(tmpbell, sizeof tmpbell, "%s.tmp.bell", e->path);
+	snprintf(tmpspace, sizeof tmpspace, "%s.tmp.space", e->path);
+	snprintf(space, sizeof space, "%s.space", e->path);
 	snprintf(e->v.bellpath, sizeof e->v.bellpath, "%s.bell", e->path);
 	size_t size = vpid_file_size(slots, DEFAULT_DEPTH);
 	int err = 0, fd = create_file(tmp, size);
@@ -990,6 +1008,16 @@ int shmfab_open(shmfab_node *n, unsigned v, unsigned slots, shmfab_ep **out)
 			unlink(tmpbell);
 	}
 	e->v.bell = e->v.bellfd >= 0;
+	/* Its space bell, with the doorbell: Go senders blocked on a full
+	 * mailbox park on it; without one they sleep on the space futex. */
+	if (e->v.bell) {
+		unlink(tmpspace);
+		if (mkfifo(tmpspace, 0600) == 0) {
+			e->v.spacefd = open(tmpspace, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+			if (e->v.spacefd < 0)
+				unlink(tmpspace);
+		}
+	}
 	uint8_t *b = e->v.b;
 	*w64(b, SHMFAB_V_OFF_MAGIC) = SHMFAB_VPID_MAGIC;
 	*w32(b, SHMFAB_V_OFF_VERSION) = SHMFAB_LAYOUT_VERSION;
@@ -1015,6 +1043,11 @@ int shmfab_open(shmfab_node *n, unsigned v, unsigned slots, shmfab_ep **out)
 		unlink(e->path);
 		goto fail;
 	}
+	if (e->v.spacefd >= 0 && rename(tmpspace, space) != 0) {
+		close(e->v.spacefd);
+		e->v.spacefd = -1;
+		unlink(tmpspace);
+	}
 	n->eps[v] = e;
 	*out = e;
 	return 0;
@@ -1023,6 +1056,10 @@ fail:
 	if (e->v.bellfd >= 0) {
 		close(e->v.bellfd);
 		unlink(tmpbell);
+	}
+	if (e->v.spacefd >= 0) {
+		close(e->v.spacefd);
+		unlink(tmpspace);
 	}
 	if (e->v.b)
 		munmap(e->v.b, size);
@@ -1040,6 +1077,12 @@ void shmfab_close(shmfab_ep *e)
 	st32(w32(b, SHMFAB_V_OFF_STATE), SHMFAB_VPID_CLOSED);
 	add32(w32(b, SHMFAB_V_OFF_SPACE), 1);
 	futex_wake(w32(b, SHMFAB_V_OFF_SPACE));
+	if (e->v.spacefd >= 0) {
+		char one = 1; /* senders parked on the space bell see the state */
+		if (write(e->v.spacefd, &one, 1) < 0) {
+			/* full (a ring is pending) or broken: nothing more to do */
+		}
+	}
 	for (uint32_t i = 0; i < SHMFAB_LEASE_REGIONS; i++)
 		if (n->regs[i].used && n->regs[i].owner == e->vpid)
 			drop_region(n, i);
@@ -1048,6 +1091,12 @@ void shmfab_close(shmfab_ep *e)
 		unlink(e->v.bellpath);
 	if (e->v.bellfd >= 0)
 		close(e->v.bellfd);
+	if (e->v.spacefd >= 0) {
+		char space[PATHLEN + 16];
+		snprintf(space, sizeof space, "%s.space", e->path);
+		unlink(space);
+		close(e->v.spacefd);
+	}
 	munmap(b, e->v.size);
 	close(e->fd);
 	n->eps[e->vpid] = NULL;

@@ -37,7 +37,7 @@ extern "C" {
 
 /* ---- ABI constants (docs/shm-abi.md, fabric/shm/layout.go) ---------- */
 
-#define SHMFAB_LAYOUT_VERSION 3u
+#define SHMFAB_LAYOUT_VERSION 4u
 #define SHMFAB_PAGE 4096u
 #define SHMFAB_NODE_MAGIC 0x314e4d4853584e45ull   /* "ENXSHMN1" */
 #define SHMFAB_VPID_MAGIC 0x31564d4853584e45ull   /* "ENXSHMV1" */
@@ -101,6 +101,7 @@ extern "C" {
 #define SHMFAB_V_OFF_BELLW 208
 #define SHMFAB_V_OFF_SPACE 256
 #define SHMFAB_V_OFF_SPACEW 260
+#define SHMFAB_V_OFF_SPACERUNG 264 /* u32: 1 once the consumer rang the space bell since a sender cleared it */
 #define SHMFAB_V_OFF_NTAIL 320
 #define SHMFAB_V_OFF_MAILBOX 4096
 #define SHMFAB_VPID_OPEN 1u

@@ -677,7 +677,7 @@ func TestCABIPeerDies(t *testing.T) {
 	}
 	waitFor(t, "the C peer's files reclaimed", func() bool {
 		for _, f := range fabricFiles(t, s.fab) {
-			if strings.Contains(f, "-v1") && !strings.HasSuffix(f, "-v1") && !strings.HasSuffix(f, "-v1.bell") ||
+			if strings.Contains(f, "-v1") && !strings.HasSuffix(f, "-v1") && !strings.HasSuffix(f, "-v1.bell") && !strings.HasSuffix(f, "-v1.space") ||
 				strings.Contains(f, "-r4") || strings.Contains(f, "-a") {
 				return false
 			}

@@ -10,6 +10,8 @@
 //	exn-F-n<N>.<I>-v<V>     one per open VPID: header, VELO mailbox ring,
 //	                        notification queue
 //	exn-F-n<N>.<I>-v<V>.bell  the VPID's doorbell FIFO (mkfifo, 0600)
+//	exn-F-n<N>.<I>-v<V>.space its space bell: senders blocked on a full
+//	                        mailbox park on it (mkfifo, 0600; space.go)
 //	exn-F-n<N>.<I>-r<X>.<G> one per registered region X, generation G
 //
 // where I is the node's incarnation, a random 64-bit number chosen at Open,
@@ -24,7 +26,9 @@
 // then parks its goroutine in the Go netpoller on the VPID's doorbell
 // FIFO, so an idle consumer holds no thread in a blocking system call;
 // senders wake a consumer only when it has said it is asleep, and the way
-// it said it sleeps (endpoint.go, ring.go).
+// it said it sleeps (endpoint.go, ring.go). A sender blocked on a full
+// mailbox parks the same way on the target's space bell, rung by the
+// consumer when it frees slots (space.go).
 //
 // Liveness rests on flock: a node holds an exclusive lock on its node file
 // (and on each VPID file) for its lifetime, and the kernel drops the lock

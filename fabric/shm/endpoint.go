@@ -7,10 +7,11 @@ package shm
 //	      doorbell, only if the consumer sleeps: a raw FUTEX_WAKE for a
 //	      futex sleeper, one raw write(2) of a byte to the target's FIFO
 //	      (by the first producer since it fell asleep) for a netpoller
-//	      sleeper. A full ring: spin for
-//	      spinBudget, then sleep on the target's space futex in
-//	      sendWaitSlice slices, re-checking ctx, our Close and the target's
-//	      liveness between slices.
+//	      sleeper. A full ring: spin for spinBudget, then park in the
+//	      netpoller on the target's space bell (space.go), woken by the
+//	      consumer's ring, ctx, our Close or the target's death. A target
+//	      without one (futex mode): sleep on its space futex in
+//	      sendWaitSlice slices, re-checking between slices.
 //	Recv: under recvMu, consume from head; wake blocked senders once per
 //	      batch.
 //	Wait: spin for spinBudget, polling the rings without yielding. Then
@@ -54,8 +55,9 @@ import (
 )
 
 const (
-	// sendWaitSlice bounds one futex sleep of a blocked sender, and so how
-	// late it notices ctx, Close or a dead target.
+	// sendWaitSlice bounds one futex sleep of a blocked sender whose
+	// target has no space bell (a futex-mode VPID), and so how late it
+	// notices ctx, Close or a dead target.
 	sendWaitSlice = 2 * time.Millisecond
 	// spinBudget is how long Wait polls the rings before it parks. It is
 	// the cost of what it avoids: parking in the netpoller and being
@@ -177,17 +179,28 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 	} else {
 		defer os.Remove(tmpBell) // after a failure; renamed away on success
 	}
+	tmpSpace := path + ".tmp.space"
+	spaceFD := -1
+	if ep.bell != nil {
+		if spaceFD = makeSpaceBell(tmpSpace); spaceFD >= 0 {
+			defer os.Remove(tmpSpace) // after a failure; renamed away on success
+		}
+	}
 	h := vpidHeader{Addr: addr, Slots: n.opts.slots, Depth: n.opts.depth, Bell: ep.bell != nil}
 	encodeVPIDHeader(b, h)
 	vf := newVFile(newMapping(b), h)
 	vf.wc = &n.wc
 	vf.ownFD = ep.bellFD // -1 without a FIFO
+	vf.spaceFD = spaceFD
 	vf.initRings()
 	fail := func(err error) (fabric.Endpoint, error) {
 		vf.m.release()
 		f.Close()
 		if ep.bell != nil {
 			ep.bell.Close()
+		}
+		if spaceFD >= 0 {
+			sys.CloseFD(spaceFD) //nolint:errcheck
 		}
 		return nil, err
 	}
@@ -203,6 +216,12 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 			vf.state.Store(vpidClosed)
 			os.Remove(path)
 			return fail(fmt.Errorf("shm: open %v: doorbell: %w", addr, err))
+		}
+		// Without its space bell (counted by the senders that miss it)
+		// the VPID's blocked senders sleep on the space futex.
+		if spaceFD >= 0 && os.Rename(tmpSpace, path+".space") != nil {
+			sys.CloseFD(spaceFD) //nolint:errcheck
+			vf.spaceFD = -1
 		}
 	}
 	ep.v = vf
@@ -342,6 +361,13 @@ func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, pa
 		}
 	}
 	defer n.blocked.Add(-1)
+	if vf.hdr.Bell && vf.spacePath != "" {
+		if err, ok := e.parkSend(ctx, p, vf, desc, payload); ok {
+			return err
+		}
+	}
+	// No space bell (a futex-mode VPID, or it cannot be opened): sleep
+	// on the space futex in slices.
 	for {
 		switch {
 		case e.closed.Load():
@@ -732,6 +758,10 @@ func (e *endpoint) Close() error {
 	e.wakeSelf()
 	v.space.Add(1)
 	sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
+	if v.spaceFD >= 0 {
+		sys.RingBell(v.spaceFD) //nolint:errcheck // senders parked on us see the state
+	}
+	n.wakeParked(e, nil) // our own senders parked on a full target
 	e.wakeMu.Lock()
 	for i := range e.wakeRegs {
 		if r := &e.wakeRegs[i]; r.stop != nil {
@@ -753,6 +783,10 @@ func (e *endpoint) Close() error {
 	if e.bell != nil {
 		os.Remove(e.bellPath)
 		e.bell.Close()
+	}
+	if v.spaceFD >= 0 {
+		os.Remove(e.path + ".space")
+		sys.CloseFD(v.spaceFD) //nolint:errcheck
 	}
 	n.mu.Lock()
 	if n.eps[e.addr.VPID] == e {

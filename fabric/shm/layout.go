@@ -25,7 +25,7 @@ const (
 	// 3: the VPID header's wait mode, rung and bell-sleeper words (a
 	// consumer may sleep on a doorbell FIFO that version-2 producers would
 	// never ring).
-	layoutVersion = 3
+	layoutVersion = 4
 
 	// maxFabricName bounds the fabric name so every file name stays well
 	// under NAME_MAX (255) with the node, incarnation and region suffixes.
@@ -104,7 +104,8 @@ const (
 	vOffRung     = 204 // u32, atomic: 1 once a producer rang the bell since the consumer last slept
 	vOffBellW    = 208 // u32: consumers asleep on the doorbell FIFO
 	vOffSpace    = 256 // u32 futex: blocked senders sleep on it
-	vOffSpaceW   = 260 // u32: senders asleep on space
+	vOffSpaceW   = 260 // u32: senders asleep on space or parked on the space bell
+	vOffSpaceRng = 264 // u32, atomic: 1 once the consumer rang the space bell since a sender last cleared it
 	vOffNTail    = 320 // u64: notification tail, producers CAS
 	vOffMailbox  = pageSize
 )

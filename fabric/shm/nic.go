@@ -150,6 +150,10 @@ type nicT struct {
 	// kicks hurry (capacity 1), so the monitor probes at livenessPeriod.
 	blocked atomic.Int32
 	hurry   chan struct{}
+	// parked: senders parked on a target's space bell (space.go),
+	// under parkMu.
+	parkMu sync.Mutex
+	parked map[*parkedSend]struct{}
 	// closes watches the fabric's directory for closed files (nil if
 	// inotify is unavailable: the monitor then probes every period).
 	// probeDue is set by the watcher at a close of one of this fabric's
@@ -177,17 +181,26 @@ type WakeStats struct {
 	RingFailed   uint64 `json:"ring_failed"`   // rings that could not open or write the FIFO
 	BellFallback uint64 `json:"bell_fallback"` // VPIDs opened without a FIFO (futex fallback)
 	ProbeRounds  uint64 `json:"probe_rounds"`  // monitor rounds that probed every peer's lock
+	// Senders blocked on a full mailbox (space.go): parks on a space
+	// bell, bytes the consumers of this process wrote to their space
+	// bells, and blocked sends that slept on the space futex because
+	// the target's space bell could not be opened.
+	SpaceParks    uint64 `json:"space_parks"`
+	SpaceRings    uint64 `json:"space_rings"`
+	SpaceFallback uint64 `json:"space_fallback"`
 }
 
 type wakeCounters struct {
 	bellSleeps, futexSleeps, backstops, rings, ringFailed, bellFallback, probeRounds atomic.Uint64
+	spaceParks, spaceRings, spaceFallback                                          atomic.Uint64
 }
 
 // WakeStats returns the wake-up counters of the NIC from Open.
 func (n *nicT) WakeStats() WakeStats {
 	c := &n.wc
 	return WakeStats{BellSleeps: c.bellSleeps.Load(), FutexSleeps: c.futexSleeps.Load(), Backstops: c.backstops.Load(),
-		BellRings: c.rings.Load(), RingFailed: c.ringFailed.Load(), BellFallback: c.bellFallback.Load(), ProbeRounds: c.probeRounds.Load()}
+		BellRings: c.rings.Load(), RingFailed: c.ringFailed.Load(), BellFallback: c.bellFallback.Load(), ProbeRounds: c.probeRounds.Load(),
+		SpaceParks: c.spaceParks.Load(), SpaceRings: c.spaceRings.Load(), SpaceFallback: c.spaceFallback.Load()}
 }
 
 // newNIC makes the NIC of Open and Attach before it touches the fabric's
@@ -197,6 +210,7 @@ func newNIC(fabricName string, node fabric.NodeID, o options, log *slog.Logger, 
 	n := &nicT{
 		fab: fabricName, node: node, dir: o.dir, opts: o, log: log,
 		peers:   make(map[fabric.NodeID]*peer),
+		parked:  make(map[*parkedSend]struct{}),
 		gone:    make(map[fabric.NodeID]bool),
 		peersCh: make(chan struct{}),
 		regions: make(map[uint32]*localRegion),

@@ -143,6 +143,7 @@ func (n *nicT) discover(id fabric.NodeID) (*peer, error) {
 	p := &peer{id: id, inc: h.Inc, f: f, m: newMapping(b), groups: u64(b, nOffGroups), regions: map[uint32]*remoteRegion{}}
 	if old := n.peers[id]; old != nil {
 		old.drop()
+		n.wakeParked(nil, old)
 	}
 	n.peers[id] = p
 	delete(n.gone, id)
@@ -165,6 +166,7 @@ func (n *nicT) dropPeers() {
 	defer n.peerMu.Unlock()
 	for id, p := range n.peers {
 		p.drop()
+		n.wakeParked(nil, p)
 		delete(n.peers, id)
 	}
 	n.peersChangedLocked()
@@ -197,6 +199,7 @@ func (n *nicT) markDown(p *peer) {
 	}
 	n.peerMu.Unlock()
 	p.drop()
+	n.wakeParked(nil, p) // senders parked on its VPIDs
 }
 
 // isDead reports whether this NIC knows node id to be down.
@@ -478,6 +481,7 @@ func (n *nicT) vpid(p *peer, v fabric.VPID) (*vfile, error) {
 	vf.wc = &n.wc
 	if h.Bell {
 		vf.bellPath = path + ".bell"
+		vf.spacePath = path + ".space"
 	}
 	vf.m.acquire()
 	p.vpids[v] = vf

@@ -51,8 +51,9 @@ package shm
 //     stays in the FIFO until the consumer reads it, so a ring that
 //     lands before the consumer parks is not lost.
 //
-// Blocked senders use the futex pattern on the space word, woken by the
-// consumer after it frees slots.
+// Blocked senders park on the VPID's space bell, the same protocol with
+// the roles reversed (space.go); without one they sleep on the space
+// futex word. The consumer wakes both after it frees slots.
 //
 // Faults. Anything in the file may be corrupt. A published slot whose
 // descriptor does not decode is dropped and counted (Corrupt). A status
@@ -167,6 +168,12 @@ type vfile struct {
 	rung     *atomic.Uint32
 	space    *atomic.Uint32
 	spaceW   *atomic.Uint32
+	// spaceRung, spacePath, spaceFD: the space bell (space.go): its
+	// path in a producer's view of a waitBell VPID (empty otherwise),
+	// the owner's descriptor on it (-1 otherwise).
+	spaceRung *atomic.Uint32
+	spacePath string
+	spaceFD   int
 	// bellPath names the VPID's doorbell FIFO (a producer's view of a
 	// waitBell VPID; empty otherwise), ownFD is the owner's own
 	// descriptor on it (the owner's view; -1 otherwise: RMA completions
@@ -182,7 +189,7 @@ type vfile struct {
 
 func newVFile(m *mapping, h vpidHeader) *vfile {
 	b := m.b
-	v := &vfile{m: m, hdr: h, mask: uint64(h.Slots - 1), nmask: uint64(h.Depth - 1), ownFD: -1}
+	v := &vfile{m: m, hdr: h, mask: uint64(h.Slots - 1), nmask: uint64(h.Depth - 1), ownFD: -1, spaceFD: -1}
 	v.state = u32(b, vOffState)
 	v.tail = u64(b, vOffTail)
 	v.ntail = u64(b, vOffNTail)
@@ -192,6 +199,7 @@ func newVFile(m *mapping, h vpidHeader) *vfile {
 	v.bellW = u32(b, vOffBellW)
 	v.space = u32(b, vOffSpace)
 	v.spaceW = u32(b, vOffSpaceW)
+	v.spaceRung = u32(b, vOffSpaceRng)
 	for i := range v.stats {
 		v.stats[i] = u64(b, vOffStats+8*i)
 	}
@@ -318,14 +326,6 @@ func (v *vfile) bellFD() int {
 		return int(v.m.bell.Load() - 1)
 	}
 	return fd
-}
-
-// wakeSenders wakes producers sleeping on a full mailbox.
-func (v *vfile) wakeSenders() {
-	if v.spaceW.Load() != 0 {
-		v.space.Add(1)
-		sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
-	}
 }
 
 // pushNotify appends one notification. It never blocks: if the queue is

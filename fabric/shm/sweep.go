@@ -120,10 +120,13 @@ func (n *nicT) reclaimLease(s int, l leaseView) {
 			}
 		case strings.HasPrefix(rest, "v"):
 			// Left by a holder that died in Open or Close: a VPID file's
-			// temporary name, its doorbell FIFO or the FIFO's temporary
-			// name (the VPID files themselves: closeStaleVPID above).
+			// temporary name, its doorbell or space FIFO or their
+			// temporary names (the VPID files themselves:
+			// closeStaleVPID above).
 			num, suffix, _ := strings.Cut(rest[1:], ".")
-			if suffix != "tmp" && suffix != "bell" && suffix != "tmp.bell" {
+			switch suffix {
+			case "tmp", "bell", "tmp.bell", "space", "tmp.space":
+			default:
 				continue
 			}
 			if x, err := strconv.Atoi(num); err == nil && x >= base && x < base+count {
@@ -156,6 +159,9 @@ func (n *nicT) closeStaleVPID(path string) {
 		}
 	}
 	os.Remove(path)
-	// The holder is gone, so nobody sleeps on its FIFO; unlink it.
+	// The holder is gone, so nobody sleeps on its doorbell; senders
+	// parked on its space bell see the state once rung. Unlink both.
 	os.Remove(path + ".bell")
+	ringSpacePath(path + ".space")
+	os.Remove(path + ".space")
 }

@@ -103,6 +103,17 @@ func TestNoLostWakeup(t *testing.T) {
 			if w.RingFailed != 0 || w.Backstops != 0 {
 				t.Fatalf("rings failed or backstops fired: %+v", w)
 			}
+			// Senders blocked on the full mailbox parked on its space
+			// bell (space.go), each woken by a ring: one that was not
+			// would have stopped its producer and failed a Wait above.
+			w1, w2 := wakeStats(t, nics[1]), wakeStats(t, nics[2])
+			t.Logf("senders' wake stats %+v, %+v", w1, w2)
+			if w1.SpaceParks+w2.SpaceParks == 0 || w.SpaceRings == 0 {
+				t.Fatalf("no sender parked on the space bell (%d, %d parks, %d rings): the test did not exercise it", w1.SpaceParks, w2.SpaceParks, w.SpaceRings)
+			}
+			if w1.SpaceFallback+w2.SpaceFallback != 0 {
+				t.Fatalf("senders fell back to the space futex: %+v, %+v", w1, w2)
+			}
 		})
 	}
 }
