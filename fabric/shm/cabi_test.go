@@ -797,3 +797,50 @@ func (c *cPeer) ping(b *testing.B, format string, args ...any) {
 	b.ReportMetric(float64(p50), "p50-ns")
 	b.ReportMetric(float64(p99), "p99-ns")
 }
+
+// TestCABISpaceBell: a Go sender blocked on the full 2-slot mailbox of a
+// C consumer parks on its space bell (docs/shm-abi.md "Blocked
+// senders"), and each message the C consumer takes wakes it through the
+// bell: 40 messages go through, in order, without a futex fallback.
+// The send has no timer of its own: a ring the C side failed to write
+// leaves it parked until the test's deadline, which fails the test.
+func TestCABISpaceBell(t *testing.T) {
+	s := newCABI(t)
+	c := s.c
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c.ok("open 11 2")
+	dst := fabric.Addr{Node: 1, VPID: 11}
+	const n = 40
+	errc := make(chan error, 1)
+	go func() {
+		for i := range n {
+			var m fabric.Message
+			m.Peer, m.Tag = dst, fabric.Tag(i)
+			m.SetPayload([]byte{byte(i)})
+			if _, err := s.ep2.Send(ctx, []fabric.Message{m}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	waitFor(t, "the go sender parked on the space bell", func() bool { return wakeStats(t, s.node2).SpaceParks > 0 })
+	for i := range n {
+		c.send("recv 11 5000")
+		from, tag, p := c.recv2()
+		if from != s.ep2.Addr() || tag != fabric.Tag(i) || len(p) != 1 || p[0] != byte(i) {
+			t.Fatalf("message %d: from %v tag %d %x", i, from, tag, p)
+		}
+		time.Sleep(time.Millisecond) // let the sender park again
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("blocked send: %v", err)
+	}
+	ws := wakeStats(t, s.node2)
+	t.Logf("go sender's wake stats %+v", ws)
+	if ws.SpaceParks < 2 || ws.SpaceFallback != 0 {
+		t.Fatalf("space parks %d, fallbacks %d: want parks and no futex fallback", ws.SpaceParks, ws.SpaceFallback)
+	}
+	c.ok("exit")
+}
