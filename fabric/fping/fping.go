@@ -31,13 +31,16 @@ const payloadLen = fabric.MaxVELOPayload
 const batch = 16
 
 // replySpin is how long Ping polls the endpoint itself for the answer
-// before it leaves the receiving to the receive loop (which parks): a
-// cold round trip between two parked Go processes on the development VM
-// (two processes ping-ponging through FIFOs in the netpoller after 1 s
-// of quiet: 95–127 µs, BenchmarkWakeup's Go floor, docs/wakeup.md), so
-// a ping's round trip pays for the target's wake-up but not for the
-// pinger's own. It spins only between a Ping's send and its answer.
-const replySpin = 200 * time.Microsecond
+// before it leaves the receiving to the receive loop (which parks). A
+// warm round trip between two exnds on shm takes 3–5 µs, well inside
+// it, so back-to-back pings never pay the pinger's own wake-up. It is
+// short because a spinning pinger holds its CPU: on two vCPUs the kernel
+// often wakes the target on that very CPU, where it waits for the spin to
+// end. Cold pings (after 1 s of quiet) on the development VM, medians of
+// 15 from a client process that stays up (perf/cold-ping.sh): 158–281 µs
+// with a 200 µs spin, 129–133 µs with 50 µs, 119–120 µs with none; warm
+// p50 3 µs with 50 µs or 200 µs (docs/wakeup.md, "Sixth session").
+const replySpin = 50 * time.Microsecond
 
 // Service answers pings on ep and runs pings from it. It owns one
 // goroutine, the receive loop, started by New and stopped by Close.
