@@ -202,12 +202,17 @@ func (d *Device) claim(key TupleKey, wake func()) *Claim {
 
 // Agreed reports whether the client was told to go ahead (it will send
 // an EXT-DS hello unless it gave up first).
-func (c *Claim) Agreed() bool {
+func (c *Claim) Agreed() bool { return c.state() == stAgreed }
+
+// state is the claim's entry's state, 0 if it has none.
+func (c *Claim) state() claimState {
 	t := &c.d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.m[c.key]
-	return e != nil && e.st == stAgreed
+	if e := t.m[c.key]; e != nil {
+		return e.st
+	}
+	return 0
 }
 
 // Close ends the claim and reports whether it was agreed. A claim not

@@ -42,7 +42,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -80,8 +79,8 @@ type Device struct {
 	noConnRL rateLimit
 
 	negMu sync.Mutex
-	neg   map[string]time.Time         // address → until: no EXT-DS there
-	held  map[netip.AddrPort]time.Time // server → until: on hold (hold.go)
+	neg   map[string]time.Time // address → until: no EXT-DS there
+	held  heldPeers            // server → until: on hold (hold.go)
 
 	claims claimTable // out-of-band agreement (claim.go)
 }
@@ -162,7 +161,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 	}
 	d := &Device{
 		att: att, cfg: cfg, ctrlq: make(chan ctrlReq, ctrlQueue),
-		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time), held: make(map[netip.AddrPort]time.Time),
+		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time), held: make(heldPeers),
 		byPeer: make(map[peerKey]*Conn), ports: make(map[uint16]int), probes: make(map[uint32]*probeWait),
 	}
 	d.claims.init()

@@ -81,17 +81,22 @@ func (d *Device) PortHold(port uint16) time.Duration {
 	return max(t.holdLeftLocked(port, time.Now())-HoldMargin, 0)
 }
 
-// holdLeftLocked is the remaining hold of port (t.mu held); an expired
-// hold is dropped.
+// holdLeftLocked is the remaining hold of port (t.mu held).
 func (t *claimTable) holdLeftLocked(port uint16, now time.Time) time.Duration {
-	until, ok := t.holds[port]
+	return timeLeft(t.holds, port, now)
+}
+
+// timeLeft is the time from now until m[k]; 0 if there is no entry, and
+// an entry that has passed is deleted. The caller guards m.
+func timeLeft[K comparable](m map[K]time.Time, k K, now time.Time) time.Duration {
+	until, ok := m[k]
 	if !ok {
 		return 0
 	}
 	if left := until.Sub(now); left > 0 {
 		return left
 	}
-	delete(t.holds, port)
+	delete(m, k)
 	return 0
 }
 
@@ -108,6 +113,10 @@ func holdOf(reason uint8) (time.Duration, bool) {
 	}
 	return time.Duration(reason&^declineHold) * holdQuantum, true
 }
+
+// heldPeers maps a server to the end of its hold, as the client's Device
+// knows it (under negMu).
+type heldPeers map[netip.AddrPort]time.Time
 
 // holdPeer keeps the server at addr as held for left minus twice
 // HoldMargin: a client's window ends a margin before the server's
@@ -129,29 +138,14 @@ func (d *Device) holdPeer(addr netip.AddrPort, left time.Duration) {
 // PeerHold returns how long connections to the server at addr stay
 // plain TCP without asking (a hold its exnd announced), 0 if none.
 func (d *Device) PeerHold(addr netip.AddrPort) time.Duration {
-	addr = normAP(addr)
 	d.negMu.Lock()
 	defer d.negMu.Unlock()
-	until, ok := d.held[addr]
-	if !ok {
-		return 0
-	}
-	if left := time.Until(until); left > 0 {
-		return left
-	}
-	delete(d.held, addr)
-	return 0
+	return timeLeft(d.held, normAP(addr), time.Now())
 }
 
 // Held reports whether the client's CLAIM for this connection was
 // declined because the port is on hold: the client sends no hello.
-func (c *Claim) Held() bool {
-	t := &c.d.claims
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.m[c.key]
-	return e != nil && e.st == stHeld
-}
+func (c *Claim) Held() bool { return c.state() == stHeld }
 
 // AcceptHeld is AcceptShadow for a connection whose claim is Held: shadow
 // as a ModeTCP Conn, counted as FallbackShortLived, nothing read.

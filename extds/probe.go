@@ -246,12 +246,7 @@ func dropWait[V any](mu sync.Locker, m map[uint32]V, tok uint32) {
 func (d *Device) negative(addr string) bool {
 	d.negMu.Lock()
 	defer d.negMu.Unlock()
-	until, ok := d.neg[addr]
-	if ok && time.Now().After(until) {
-		delete(d.neg, addr)
-		return false
-	}
-	return ok
+	return timeLeft(d.neg, addr, time.Now()) > 0
 }
 
 func (d *Device) setNegative(addr string) {

@@ -15,33 +15,13 @@ set -euo pipefail
 [ $# -ge 3 ] || { sed -n '2,12p' "$0"; exit 2; }
 rounds=$1 n=$2
 shift 2
-tag=cping$$
-tmp=$(mktemp -d)
-pids=()
-stop() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	pids=()
-	for i in 1 2; do
-		ip netns pids "$tag$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-		ip netns del "$tag$i" 2>/dev/null || true
-	done
-	rm -f /dev/shm/exn-"$tag"-*
-}
-trap 'stop; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
+tag=cping$$ net=10.77.99
+. "$(dirname "$0")/twonodes.sh"
 
 echo "load at the start: $(cat /proc/loadavg)"
 for r in $(seq "$rounds"); do
 	for bin in "$@"; do
-		for i in 1 2; do
-			ip netns add "$tag$i"
-			ip -n "$tag$i" link set lo up
-			ip netns exec "$tag$i" "$bin" --fabric "shm:$tag" --node-id $i --control "$tmp/n$i.sock" \
-				--addr 10.77.99.$i/24 --log-level warn >"$tmp/n$i.log" 2>&1 &
-			pids+=($!)
-		done
-		for _ in $(seq 50); do [ -S "$tmp/n1.sock" ] && [ -S "$tmp/n2.sock" ] && break; sleep 0.1; done
+		start_nodes "$bin"
 		sleep 1
 		python3 - "$tmp/n1.sock" "$n" "$bin" <<'PY'
 import json, socket, statistics, sys, time
@@ -63,7 +43,7 @@ for _ in range(n):
 warm = ping(50)
 print("%s cold %s median %.0f us; warm p50 %.1f us" % (name, " ".join("%.0f" % x for x in cold), statistics.median(cold), statistics.median(warm)))
 PY
-		stop
+		stop_nodes
 	done
 done
 echo "load at the end: $(cat /proc/loadavg)"

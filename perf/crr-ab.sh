@@ -22,33 +22,13 @@ unit=trans/s
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 np=${EXN_NETPERF_DIR:-$root/build/netperf}
-lib=${5:-$root/bin/libextds.so}
+lib=${3:-$root/bin/libextds.so}
 bins=("$1" "$2")
-tag=crrab$$
-tmp=$(mktemp -d)
-pids=()
-stop() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	pids=()
-	for i in 1 2; do
-		ip netns pids "$tag$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-		ip netns del "$tag$i" 2>/dev/null || true
-	done
-	rm -f /dev/shm/exn-"$tag"-*
-}
-trap 'stop; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
+tag=crrab$$ net=10.78.0
+. "$root/perf/twonodes.sh"
 
-run() { # run BIN: prints transactions per second
-	for i in 1 2; do
-		ip netns add "$tag$i"
-		ip -n "$tag$i" link set lo up
-		ip netns exec "$tag$i" "$1" --fabric "shm:$tag" --node-id $i --control "$tmp/n$i.sock" \
-			--addr 10.78.0.$i/24 --log-level warn >"$tmp/n$i.log" 2>&1 &
-		pids+=($!)
-	done
-	for _ in $(seq 50); do [ -S "$tmp/n1.sock" ] && [ -S "$tmp/n2.sock" ] && break; sleep 0.1; done
+run() { # run BIN: prints transactions per second (AB_TEST=iperf3: Gbit/s)
+	start_nodes "$1"
 	if [ "$mode" = iperf3 ]; then
 		ip netns exec "${tag}2" iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
 		pids+=($!)
@@ -62,7 +42,7 @@ run() { # run BIN: prints transactions per second
 		ip netns exec "${tag}1" env LD_PRELOAD="$lib" EXTDS_CONTROL="$tmp/n1.sock" timeout $((secs + 20)) \
 			"$np/netperf" -H 10.78.0.2 -t TCP_CRR -l "$secs" 2>/dev/null | awk 'NF >= 6 && $1 ~ /^[0-9]+$/ { print $6; exit }'
 	fi
-	stop
+	stop_nodes
 }
 
 echo "load at the start: $(cat /proc/loadavg)"

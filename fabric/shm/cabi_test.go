@@ -805,13 +805,12 @@ func (c *cPeer) ping(b *testing.B, format string, args ...any) {
 // The send has no timer of its own: a ring the C side failed to write
 // leaves it parked until the test's deadline, which fails the test.
 func TestCABISpaceBell(t *testing.T) {
+	const n = 40
 	s := newCABI(t)
-	c := s.c
+	s.c.ok("open 11 2") // a 2-slot mailbox
+	c, dst := s.c, fabric.Addr{Node: 1, VPID: 11}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c.ok("open 11 2")
-	dst := fabric.Addr{Node: 1, VPID: 11}
-	const n = 40
 	errc := make(chan error, 1)
 	go func() {
 		for i := range n {

@@ -192,7 +192,7 @@ type WakeStats struct {
 
 type wakeCounters struct {
 	bellSleeps, futexSleeps, backstops, rings, ringFailed, bellFallback, probeRounds atomic.Uint64
-	spaceParks, spaceRings, spaceFallback                                          atomic.Uint64
+	spaceParks, spaceRings, spaceFallback                                            atomic.Uint64
 }
 
 // WakeStats returns the wake-up counters of the NIC from Open.
