@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/exn-project/exn/fabric"
 )
@@ -34,6 +35,8 @@ func FuzzDecodeMsg(f *testing.F) {
 	encClaimDirect(&m, peer, 7, 80, DirectInfo{Token: 9, Ring: 1 << 16, ID: 1 << 40})
 	f.Add(uint8(m.Tag), m.Payload())
 	encCommit(&m, peer, 9, 80, 1)
+	f.Add(uint8(m.Tag), m.Payload())
+	encClaimRep(&m, peer, 7, 80, 0, holdReason(time.Second))
 	f.Add(uint8(m.Tag), m.Payload())
 	f.Add(uint8(0x50), []byte{1, 0, 0, 0, 1, 2, 3, 4})
 	f.Add(uint8(0x99), []byte{1, 2, 3})
@@ -71,6 +74,11 @@ func FuzzDecodeMsg(f *testing.F) {
 			}
 			encClaim(&m, peer, d.conn, netip.AddrPortFrom(cip, cport), netip.AddrPortFrom(sip, sport), flags)
 		case TagClaimRep:
+			// A hold's time (hold.go) decodes to what encodes the
+			// same reason byte.
+			if left, ok := holdOf(d.data[3]); ok && holdReason(left) != d.data[3] {
+				t.Fatalf("hold reason %#x decodes to %v, which encodes %#x", d.data[3], left, holdReason(left))
+			}
 			encClaimRep(&m, peer, d.conn, binary.LittleEndian.Uint16(d.data), d.data[2], d.data[3])
 		case TagClaimDirect:
 			port, tok, ring, id, ok := decodeClaimDirect(d.data)
