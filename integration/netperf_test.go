@@ -318,4 +318,40 @@ func TestNetperfShimShortHold(t *testing.T) {
 	port := nstest.Port()
 	s := nstest.StartNetserver(t, nodes[1].NS, netserver, c.env(1), port)
 	netperfTests(t, nodes[0].NS, nodes[1].IP.String(), port, c.env(0), []string{"TCP_CRR", "TCP_RR"}, before, after, s.Output)
+
+	// A server that speaks first (an SMTP-style banner) and a client
+	// that opens one short connection after another for 3 s, across the
+	// ends of holds: no side may wait for the other there. A client that
+	// skipped asking while its acceptor asked would cost that acceptor
+	// the peek and claim timeouts and show as plain_client; an acceptor
+	// that skipped while its client asked would show as no_claim. Only
+	// short_lived may appear, and every banner must be exact.
+	t.Run("server-first", func(t *testing.T) {
+		ip, bport := nodes[1].IP.String(), nstest.PortArg()
+		srv := nodes[1].NS.StartEnv(t, c.env(1), c.prog, "banner", ip, bport)
+		if err := nodes[1].NS.WaitListening(srv, bport, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		before(t)
+		out, err := nodes[0].NS.RunEnv(60*time.Second, c.env(0), c.prog, "bannerc", ip, bport, "3")
+		if err != nil || !strings.Contains(out, "ok conns=") {
+			t.Fatalf("bannerc: %v\n%s\nserver: %s", err, out, srv.Output())
+		}
+		a0, a1 := scrapeEXTDS(t, nodes[0]), scrapeEXTDS(t, nodes[1])
+		t.Logf("%s; holds %.0f; client fallbacks: %s; server fallbacks: %s", strings.TrimSpace(out),
+			a1.holds-b1.holds, fallbackDelta(b0, a0), fallbackDelta(b1, a1))
+		if a1.holds <= b1.holds {
+			t.Error("the server's exnd never held the banner port")
+		}
+		for _, d := range []struct {
+			node          int
+			before, after extdsCounts
+		}{{1, b0, a0}, {2, b1, a1}} {
+			for reason, v := range d.after.byReason {
+				if v > d.before.byReason[reason] && reason != "short_lived" {
+					t.Errorf("node %d: %.0f fallbacks with reason %s", d.node, v-d.before.byReason[reason], reason)
+				}
+			}
+		}
+	})
 }

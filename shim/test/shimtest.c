@@ -6,6 +6,13 @@
  *       with "fork"): read to EOF, answer "bytes=N sum=X kernel=K peer=P\n".
  *   shimtest par N IP PORT BYTES
  *       N clients at once, one per thread, half of them "nb".
+ *   shimtest banner IP PORT
+ *       a server that speaks first, until killed: for each connection
+ *       write "220 banner\r\n", read until EOF or "QUIT", close.
+ *   shimtest bannerc IP PORT SECS
+ *       for SECS seconds, one short connection after another to a banner
+ *       server: read the banner, send "QUIT\r\n", close. Prints
+ *       "ok conns=N" and exits 0 when every banner was exact.
  *   shimtest client IP PORT BYTES [nb]
  *       connect (non-blocking, through epoll registered before connect,
  *       with "nb"), send BYTES of a pattern, shut down writing, read the
@@ -33,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "addr.h"
@@ -316,6 +324,71 @@ static int client(const char *ip, int port, long long bytes, int nb)
 	return ok ? 0 : 1;
 }
 
+#define BANNER "220 banner\r\n"
+
+static _Noreturn void banner(const char *ip, int port)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	int fam = make_addr(ip, port, &ss, &len);
+	int l = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int one = 1;
+	if (l < 0 || setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+	    bind(l, (struct sockaddr *)&ss, len) < 0 || listen(l, 128) < 0)
+		die("banner listen");
+	printf("listening\n");
+	fflush(stdout);
+	for (;;) {
+		int c = accept(l, NULL, NULL);
+		if (c < 0) {
+			if (errno == EINTR)
+				continue;
+			die("banner accept");
+		}
+		if (write(c, BANNER, strlen(BANNER)) != (ssize_t)strlen(BANNER))
+			die("banner write");
+		char buf[64];
+		ssize_t n;
+		while ((n = read(c, buf, sizeof buf)) > 0 && !memmem(buf, (size_t)n, "QUIT", 4))
+			;
+		close(c);
+	}
+}
+
+static int bannerc(const char *ip, int port, int secs)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	int fam = make_addr(ip, port, &ss, &len);
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	long conns = 0;
+	do {
+		int c = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (c < 0 || connect(c, (struct sockaddr *)&ss, len) < 0)
+			die("bannerc connect");
+		char buf[64];
+		size_t got = 0;
+		while (got < strlen(BANNER)) {
+			ssize_t n = read(c, buf + got, strlen(BANNER) - got);
+			if (n <= 0)
+				die("bannerc read");
+			got += (size_t)n;
+		}
+		if (memcmp(buf, BANNER, strlen(BANNER)) != 0) {
+			printf("MISMATCH banner %.*s\n", (int)got, buf);
+			return 1;
+		}
+		if (write(c, "QUIT\r\n", 6) != 6)
+			die("bannerc write");
+		close(c);
+		conns++;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while (t.tv_sec - t0.tv_sec < secs);
+	printf("ok conns=%ld\n", conns);
+	return 0;
+}
+
 struct par {
 	const char *ip;
 	int port, nb, rc;
@@ -357,6 +430,10 @@ int main(int argc, char **argv)
 		return client(argv[2], atoi(argv[3]), atoll(argv[4]), argc > 5 && !strcmp(argv[5], "nb"));
 	if (argc >= 6 && !strcmp(argv[1], "par"))
 		return par(atoi(argv[2]), argv[3], atoi(argv[4]), atoll(argv[5]));
-	fprintf(stderr, "usage: shimtest server IP PORT COUNT [fork] | client IP PORT BYTES [nb] | par N IP PORT BYTES\n");
+	if (argc >= 4 && !strcmp(argv[1], "banner"))
+		banner(argv[2], atoi(argv[3]));
+	if (argc >= 5 && !strcmp(argv[1], "bannerc"))
+		return bannerc(argv[2], atoi(argv[3]), atoi(argv[4]));
+	fprintf(stderr, "usage: shimtest server IP PORT COUNT [fork] | client IP PORT BYTES [nb] | par N IP PORT BYTES | banner IP PORT | bannerc IP PORT SECS\n");
 	return 2;
 }
