@@ -12,7 +12,8 @@
 //	shim-listen   + socket    → {"port":P}  register the listening socket
 //	shim-unlisten PORT        → {}          drop the caller's gone sockets
 //	shim-connect  + fd        → {"mode":"extds","id":N} + socketpair end
-//	                          | {"mode":"tcp","reason":R}  (no fd)
+//	                          | {"mode":"tcp","reason":R}  (no fd; R short_lived
+//	                            also gives hold_ms, hold.go)
 //	shim-accept   + fd        → same as shim-connect (claimed out of band)
 //
 // Any failure is {"ok":false,"error":"..."}; the shim then keeps plain
@@ -22,7 +23,8 @@
 // listen.go (the listen registry and its sweeper), switch.go
 // (shim-connect / shim-accept), splice.go (the bytes of a switched
 // connection), owner.go (which registration covers an accept), state.go
-// (registrations across exnd restarts). Each file opens with its
+// (registrations across exnd restarts), direct.go and dpool.go (direct
+// connections), hold.go (holds for short connections). Each file opens with its
 // goroutines and locks.
 //
 // # Ownership and imports
