@@ -59,6 +59,17 @@ static int held_key(const struct sockaddr *sa, uint16_t *family, uint16_t *port,
 	return 0;
 }
 
+/* The entry of a server in g_held (lock held), or NULL. */
+static struct held *held_find_locked(uint16_t family, uint16_t port, const uint8_t addr[16])
+{
+	for (int i = 0; i < HELD_MAX; i++) {
+		struct held *h = &g_held[i];
+		if (h->until && h->family == family && h->port == port && memcmp(h->addr, addr, 16) == 0)
+			return h;
+	}
+	return NULL;
+}
+
 /* Whether connections to sa are on hold now (the caller checked its
  * length covers its family). */
 static int held_peer(const struct sockaddr *sa)
@@ -70,16 +81,11 @@ static int held_peer(const struct sockaddr *sa)
 	uint64_t now = mono_ns();
 	int r = 0;
 	lock();
-	for (int i = 0; i < HELD_MAX; i++) {
-		struct held *h = &g_held[i];
-		if (h->until && h->family == family && h->port == port && memcmp(h->addr, addr, 16) == 0) {
-			if (now < h->until)
-				r = 1;
-			else
-				h->until = 0;
-			break;
-		}
-	}
+	struct held *h = held_find_locked(family, port, addr);
+	if (h && now < h->until)
+		r = 1;
+	else if (h)
+		h->until = 0;
 	unlock();
 	return r;
 }
@@ -95,15 +101,12 @@ static void hold_peer(const struct sockaddr *sa, uint64_t ms)
 		ms = 60000; /* exnd says at most 2 s (extds.MaxHold); a bound for a forged answer */
 	uint64_t now = mono_ns(), until = now + ms * 1000000ull;
 	lock();
-	struct held *slot = NULL;
-	for (int i = 0; i < HELD_MAX; i++) {
-		struct held *h = &g_held[i];
-		if (h->until && h->family == family && h->port == port && memcmp(h->addr, addr, 16) == 0) {
-			slot = h;
-			break;
-		}
-		if (!slot || h->until < slot->until)
-			slot = h; /* free (0) or the one that ends first */
+	struct held *slot = held_find_locked(family, port, addr);
+	if (!slot) { /* not known: a free entry (until 0) or the one that ends first */
+		slot = &g_held[0];
+		for (int i = 1; i < HELD_MAX; i++)
+			if (g_held[i].until < slot->until)
+				slot = &g_held[i];
 	}
 	slot->until = until;
 	slot->family = family;

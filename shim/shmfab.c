@@ -525,6 +525,18 @@ static int push(struct vmap *v, uint64_t desc, uint16_t src, const void *p, size
 	return 0;
 }
 
+/* ring_fifo writes one byte to a bell FIFO: 0, also when it is full (a
+ * ring is pending), or -1. */
+static int ring_fifo(int fd)
+{
+	uint8_t one = 1;
+	ssize_t r;
+	do
+		r = write(fd, &one, 1);
+	while (r < 0 && errno == EINTR);
+	return r == 1 || (r < 0 && errno == EAGAIN) ? 0 : -1;
+}
+
 /* ring_doorbell wakes v's consumer if it announced sleep (see
  * docs/shm-abi.md "Wake-up protocol"). */
 static void ring_doorbell(shmfab_node *n, struct vmap *v)
@@ -548,16 +560,9 @@ static void ring_doorbell(shmfab_node *n, struct vmap *v)
 		}
 		v->bellfd = fd;
 	}
-	if (v->bellfd >= 0) {
-		uint8_t one = 1;
-		ssize_t r;
-		do
-			r = write(v->bellfd, &one, 1);
-		while (r < 0 && errno == EINTR);
-		if (r == 1 || (r < 0 && errno == EAGAIN)) {
-			n->st.bell_rings++;
-			return;
-		}
+	if (v->bellfd >= 0 && ring_fifo(v->bellfd) == 0) {
+		n->st.bell_rings++;
+		return;
 	}
 	n->st.ring_failed++;
 	st32(rung, 0); /* let another producer try */
@@ -575,12 +580,7 @@ static void wake_senders(struct vmap *v)
 	uint32_t *rung = w32(v->b, SHMFAB_V_OFF_SPACERUNG);
 	if (v->spacefd < 0 || ld32(rung) != 0 || xchg32(rung, 1) != 0)
 		return;
-	char one = 1;
-	ssize_t r;
-	do
-		r = write(v->spacefd, &one, 1);
-	while (r < 0 && errno == EINTR);
-	if (r < 0 && errno != EAGAIN)
+	if (ring_fifo(v->spacefd) < 0)
 		st32(rung, 0);
 }
 
@@ -1077,12 +1077,8 @@ void shmfab_close(shmfab_ep *e)
 	st32(w32(b, SHMFAB_V_OFF_STATE), SHMFAB_VPID_CLOSED);
 	add32(w32(b, SHMFAB_V_OFF_SPACE), 1);
 	futex_wake(w32(b, SHMFAB_V_OFF_SPACE));
-	if (e->v.spacefd >= 0) {
-		char one = 1; /* senders parked on the space bell see the state */
-		if (write(e->v.spacefd, &one, 1) < 0) {
-			/* full (a ring is pending) or broken: nothing more to do */
-		}
-	}
+	if (e->v.spacefd >= 0)
+		ring_fifo(e->v.spacefd); /* senders parked on the space bell see the state */
 	for (uint32_t i = 0; i < SHMFAB_LEASE_REGIONS; i++)
 		if (n->regs[i].used && n->regs[i].owner == e->vpid)
 			drop_region(n, i);

@@ -361,7 +361,7 @@ func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, pa
 		}
 	}
 	defer n.blocked.Add(-1)
-	if vf.hdr.Bell && vf.spacePath != "" {
+	if vf.spacePath != "" { // a waitBell VPID has a space bell
 		if err, ok := e.parkSend(ctx, p, vf, desc, payload); ok {
 			return err
 		}
@@ -369,15 +369,8 @@ func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, pa
 	// No space bell (a futex-mode VPID, or it cannot be opened): sleep
 	// on the space futex in slices.
 	for {
-		switch {
-		case e.closed.Load():
-			return net.ErrClosed
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case !p.self && !p.up():
-			return fabric.ErrPeerDown
-		case vf.state.Load() != vpidOpen:
-			return fabric.ErrUnknownNode
+		if err := e.blockedErr(ctx, p, vf); err != nil {
+			return err
 		}
 		vf.spaceW.Add(1)
 		s := vf.space.Load()
@@ -392,6 +385,23 @@ func (e *endpoint) push(ctx context.Context, p *peer, vf *vfile, desc uint64, pa
 			return nil
 		}
 	}
+}
+
+// blockedErr is why a sender blocked on vf's full mailbox stops
+// waiting: our Close, ctx, the target node's death or its VPID's close;
+// nil to go on waiting.
+func (e *endpoint) blockedErr(ctx context.Context, p *peer, vf *vfile) error {
+	switch {
+	case e.closed.Load():
+		return net.ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case !p.self && !p.up():
+		return fabric.ErrPeerDown
+	case vf.state.Load() != vpidOpen:
+		return fabric.ErrUnknownNode
+	}
+	return nil
 }
 
 // multicast sends m to VPID m.Peer.VPID on every live member of group

@@ -29,11 +29,10 @@ package shm
 import (
 	"context"
 	"errors"
-	"net"
+	"math"
 	"os"
 	"time"
 
-	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/internal/sys"
 )
 
@@ -103,18 +102,11 @@ func (e *endpoint) parkSend(ctx context.Context, p *peer, vf *vfile, desc uint64
 		sys.DrainBell(int(fd), buf[:]) //nolint:errcheck // an empty or failing drain: the push decides
 		vf.spaceRung.Store(0)
 		pushed = vf.push(desc, n.node, payload)
-		return pushed || e.closed.Load() || vf.state.Load() != vpidOpen || (!p.self && p.down.Load())
+		return pushed || e.blockedErr(ctx, p, vf) != nil
 	}
 	for {
-		switch {
-		case e.closed.Load():
-			return net.ErrClosed, true
-		case ctx.Err() != nil:
-			return ctx.Err(), true
-		case !p.self && !p.up():
-			return fabric.ErrPeerDown, true
-		case vf.state.Load() != vpidOpen:
-			return fabric.ErrUnknownNode, true
+		if err := e.blockedErr(ctx, p, vf); err != nil {
+			return err, true
 		}
 		vf.ringDoorbell() // the consumer may be asleep with a full ring
 		n.wc.spaceParks.Add(1)
@@ -143,7 +135,7 @@ func (v *vfile) wakeSenders() {
 		return
 	}
 	v.space.Add(1)
-	sys.FutexWake(v.space, 1<<31-1) //nolint:errcheck
+	sys.FutexWake(v.space, math.MaxInt32) //nolint:errcheck
 	if v.spaceFD < 0 || v.spaceRung.Load() != 0 || v.spaceRung.Swap(1) != 0 {
 		return
 	}
