@@ -15,7 +15,16 @@
 # ratio, the ping p50 and p90 (over all rounds' replies), and the CPU time both exnd used per
 # GB moved over exn0 (user+system, /proc). With a profile-dir, `perf
 # record -g` of both exnd during the last round's exn0 run goes there
-# (perf report -i DIR/exnd-1.data). Run it under the benchmark lock:
+# (perf report -i DIR/exnd-1.data).
+#
+# NET=1 also starts exnd --fabric net in both namespaces over the same
+# veth (exn1 on 10.91.18.0/24, port 7472) and adds an iperf3 run over it
+# to every round, after the one over exn0, with its own ratio and CPU per
+# GB: exn's own TCP fabric against libfabric's, in the same run. STAT=1
+# counts, with `perf stat` during the last round's runs, the context
+# switches and system calls of both exnd of each pair, per 64 KiB frame
+# moved. exnd's environment is the caller's (GOMAXPROCS, FI_*).
+# Run it under the benchmark lock:
 #
 #   flock /tmp/exn-bench.lock perf/ofi-exn0.sh
 set -euo pipefail
@@ -25,6 +34,8 @@ SECS=${SECS:-3}
 PINGS=${PINGS:-30}
 PING_I=${PING_I:-0.2}
 PROVIDER=${PROVIDER:-tcp}
+NET=${NET:-}
+STAT=${STAT:-}
 prof=${1:-}
 tag=ofi2-$$ # unique per run: namespaces, veths
 nsA=exn-$tag-a nsB=exn-$tag-b
@@ -60,12 +71,31 @@ start() { # start NS ID
 }
 start "$nsA" 1
 start "$nsB" 2
+if [ -n "$NET" ]; then
+	printf '1 10.91.16.1:7472 10.91.18.1\n2 10.91.16.2:7472 10.91.18.2\n' >"$tmp/peers-net"
+	for i in 1 2; do
+		ns=$nsA
+		[ "$i" = 2 ] && ns=$nsB
+		ip netns exec "$ns" "$tmp/exnd" --node-id "$i" --fabric "net:10.91.16.$i:7472" --peers "$tmp/peers-net" \
+			--ifname exn1 --addr "10.91.18.$i/24" --control "$tmp/exnd-net-$i.sock" --log-level warn >"$tmp/exnd-net-$i.log" 2>&1 &
+		pids+=($!)
+		eval "net$i=$!"
+	done
+fi
 ok=
 for _ in $(seq 100); do
 	if ip netns exec "$nsA" ping -c 1 -W 1 10.91.17.2 >/dev/null 2>&1; then ok=1; break; fi
 	sleep 0.1
 done
 [ -n "$ok" ] || { cat "$tmp"/exnd-*.log >&2; echo "ofi-exn0: exn0 never came up" >&2; exit 1; }
+if [ -n "$NET" ]; then
+	ok=
+	for _ in $(seq 100); do
+		if ip netns exec "$nsA" ping -c 1 -W 1 10.91.18.2 >/dev/null 2>&1; then ok=1; break; fi
+		sleep 0.1
+	done
+	[ -n "$ok" ] || { cat "$tmp"/exnd-net-*.log >&2; echo "ofi-exn0: exn1 (net) never came up" >&2; exit 1; }
+fi
 ip netns exec "$nsA" ping -c 2 -W 1 10.91.16.2 >/dev/null
 
 ip netns exec "$nsB" iperf3 -s -p 5291 >/dev/null 2>&1 &
@@ -80,11 +110,40 @@ iperf() {
 # cpu PID: user+system clock ticks.
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-ul=() ex=() : >"$tmp/rtt" : >"$tmp/rtt-ul"
-ticks=0 bytes=0
+# stat LABEL PID1 PID2: perf stat of both exnd for SECS seconds, in the
+# background; the counts land in $tmp/stat-LABEL-{1,2}.
+stat() {
+	local i=1 p
+	for p in "$2" "$3"; do
+		perf stat -x, -e context-switches,raw_syscalls:sys_enter -o "$tmp/stat-$1-$i" -p "$p" -- sleep "$SECS" >/dev/null 2>&1 &
+		stats+=($!)
+		i=$((i + 1))
+	done
+}
+# counts LABEL GBIT: context switches and system calls of both exnd per
+# 64 KiB frame (the stat window is SECS seconds of an iperf3 run of SECS).
+counts() {
+	python3 - "$tmp/stat-$1-1" "$tmp/stat-$1-2" "$2" "$SECS" "$1" <<'PY'
+import sys
+tot = {}
+for f in sys.argv[1:3]:
+    for line in open(f):
+        parts = line.strip().split(",")
+        if len(parts) > 2 and parts[0].replace(".", "").isdigit():
+            tot[parts[2]] = tot.get(parts[2], 0) + float(parts[0])
+frames = float(sys.argv[3]) * 1e9 / 8 * float(sys.argv[4]) / 65536
+print("%s: per 64 KiB frame, both exnd: %.2f context switches, %.2f system calls"
+      % (sys.argv[5], tot.get("context-switches", 0) / frames, tot.get("raw_syscalls:sys_enter", 0) / frames))
+PY
+}
+
+echo "load at the start: $(cat /proc/loadavg); $(nproc) CPUs; GOMAXPROCS=${GOMAXPROCS:-unset}"
+ul=() ex=() en=() : >"$tmp/rtt" : >"$tmp/rtt-ul"
+ticks=0 bytes=0 nticks=0 nbytes=0 stats=()
 for r in $(seq "$ROUNDS"); do
 	ul+=("$(iperf 10.91.16.2)")
 	c0=$(( $(cpu "$exnd1") + $(cpu "$exnd2") ))
+	[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat ofi "$exnd1" "$exnd2"
 	if [ -n "$prof" ] && [ "$r" = "$ROUNDS" ]; then
 		perf record -g -o "$prof/exnd-1.data" -p "$exnd1" -- sleep "$SECS" >/dev/null 2>&1 &
 		pr1=$!
@@ -96,13 +155,31 @@ for r in $(seq "$ROUNDS"); do
 	[ -n "$prof" ] && [ "$r" = "$ROUNDS" ] && wait "$pr1" "$pr2"
 	ticks=$(( ticks + $(cpu "$exnd1") + $(cpu "$exnd2") - c0 ))
 	bytes=$(python3 -c "print($bytes + $g * 1e9 / 8 * $SECS)")
+	if [ -n "$STAT" ] && [ "$r" = "$ROUNDS" ]; then
+		wait "${stats[@]}"
+		counts ofi "$g" >"$tmp/counts"
+		stats=()
+	fi
+	if [ -n "$NET" ]; then
+		c0=$(( $(cpu "$net1") + $(cpu "$net2") ))
+		[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat net "$net1" "$net2"
+		g=$(iperf 10.91.18.2)
+		en+=("$g")
+		nticks=$(( nticks + $(cpu "$net1") + $(cpu "$net2") - c0 ))
+		nbytes=$(python3 -c "print($nbytes + $g * 1e9 / 8 * $SECS)")
+		if [ -n "$STAT" ] && [ "$r" = "$ROUNDS" ]; then
+			wait "${stats[@]}"
+			counts net "$g" >>"$tmp/counts"
+			stats=()
+		fi
+	fi
 	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.17.2 |
 		sed -n 's/.*time=\([0-9.]*\) ms/\1/p' >>"$tmp/rtt"
 	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.16.2 |
 		sed -n 's/.*time=\([0-9.]*\) ms/\1/p' >>"$tmp/rtt-ul"
 done
 hz=$(getconf CLK_TCK)
-python3 - "$tmp/rtt" "$tmp/rtt-ul" "$hz" "$ticks" "$bytes" "${ul[*]}" "${ex[*]}" <<'PY'
+python3 - "$tmp/rtt" "$tmp/rtt-ul" "$hz" "$ticks" "$bytes" "${ul[*]}" "${ex[*]}" "$nticks" "$nbytes" "${en[*]}" <<'PY'
 import sys, statistics as st
 rtt = sorted(float(x) for x in open(sys.argv[1]) if x.strip())
 rul = sorted(float(x) for x in open(sys.argv[2]) if x.strip())
@@ -117,4 +194,10 @@ print("exn0/underlay %.2fx (bar 0.5x)" % (me / mu))
 print("exn0 ping RTT ms over %d replies: p50 %.3f p90 %.3f min %.3f max %.3f (bar p50 1 ms)" % (len(rtt), p(0.5), p(0.9), rtt[0], rtt[-1]))
 print("underlay ping RTT ms over %d replies: p50 %.3f p90 %.3f" % (len(rul), p(0.5, rul), p(0.9, rul)))
 print("exnd CPU (both) per GB over exn0: %.2f s" % (ticks / hz / (nbytes / 1e9)))
+if sys.argv[10].strip():
+    en = [float(x) for x in sys.argv[10].split()]
+    print("exn1 on net iperf3 Gbit/s:     %s median %.2f, /underlay %.2fx, exnd CPU (both) per GB %.2f s"
+          % (en, st.median(en), st.median(en) / mu, float(sys.argv[8]) / hz / (float(sys.argv[9]) / 1e9)))
 PY
+[ -n "$STAT" ] && cat "$tmp/counts"
+echo "load at the end: $(cat /proc/loadavg)"
