@@ -12,8 +12,24 @@
 //     TCP_CRR and TCP_STREAM through the shim, over exn0 and over veth
 //     (issue #15); needs `make netperf`.
 //   - fabric-compare.sh: the fabric backends side by side.
-//   - bench.sh: the shared runner of ext-eth.sh, extds.sh and netperf.sh (build,
-//     run once, clean up namespaces and shm files even when killed).
+//   - wakeup.sh (BenchmarkWakeup, wakeup_test.go, gofloor_test.go): ping
+//     and sockperf over exn0 against veth, cold and warm `exnctl ping`
+//     against a C and a Go floor, idle CPU (issue #19); cold-ping.sh:
+//     cold and warm fabric pings of several exnd builds, interleaved.
+//   - offload.sh (BenchmarkOffload, offload_test.go): exn0 with and
+//     without TAP offloads against the kernel's path (issue #20);
+//     tap-bound.sh: what the TAP's own copies cost at -P 4, and the bound
+//     they put on exn0 against veth.
+//   - bench-ofi.sh (make bench-ofi): the ofi VELO ping-pong against
+//     fi_pingpong; ofi-exn0.sh: exn0 over ofi:tcp (and, with NET=1, over
+//     the net fabric) against their underlay (issue #16).
+//   - shim-direct.sh (BenchmarkShimDirect, shimdirect_test.go) and
+//     crr-ab.sh: the shim's direct connections, and an A/B of two exnd
+//     builds under netperf TCP_CRR (issues #14, #15).
+//   - bench.sh: the shared runner of ext-eth.sh, extds.sh, netperf.sh,
+//     wakeup.sh and offload.sh (build, run once, clean up namespaces and
+//     shm files even when killed); lib.sh and twonodes.sh are sourced by
+//     the scripts that start test binaries or exnd nodes themselves.
 //
 // The shim's numbers come from integration TestShimPerf, and
 // `exnperf report` (perf/report) runs them all into docs/benchmarks.md.

@@ -17,7 +17,10 @@
 # even an exnd that cost nothing else, with every CPU busy all the time,
 # could move at most NCPU / (veth CPU-s/GB + TAP copies CPU-s/GB) GB/s;
 # the script prints that as a ratio to the veth's measured rate (the
-# bound), beside the measured ratio. The bound means something only when
+# bound), beside the measured ratio. As a baseline for the copies it
+# also times memcpy of 64 KiB frames between two rings of 64 slots (a
+# C loop, the size of exnd's slot pools) and prints the same bound with
+# copies at that speed. The bound means something only when
 # the veth run keeps the CPUs busy too (at -P 4 on 2 CPUs it does, ~90 %;
 # at one stream it does not). Needs
 # root, iproute2, iperf3, python3 and perf (linux-perf). Usage:
@@ -37,6 +40,33 @@ if [ -z "$bin" ]; then
 	bin=$tmp/exnd
 	(cd "$root" && go build -o "$bin" ./cmd/exnd)
 fi
+
+# The memcpy baseline: CPU-seconds per GB for 64 KiB copies between two
+# 4 MiB rings, the source rewritten as a sending kernel would.
+cat >"$tmp/memcpy.c" <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+int main(void) {
+	const size_t fr = 65536, slots = 64, total = 16ull << 30;
+	char *src = aligned_alloc(4096, fr * slots), *dst = aligned_alloc(4096, fr * slots);
+	if (!src || !dst) return 1;
+	memset(src, 1, fr * slots);
+	memset(dst, 2, fr * slots);
+	struct timespec a, b;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+	for (size_t done = 0, i = 0; done < total; done += fr, i++) {
+		memcpy(dst + (i % slots) * fr, src + (i * 7 % slots) * fr, fr);
+		src[i * 7 % slots * fr] ^= 1;
+	}
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+	double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+	printf("%.5f %d\n", s / ((double)total / 1e9), dst[12345]);
+	return 0;
+}
+C
+gcc -O2 -o "$tmp/memcpy" "$tmp/memcpy.c"
 
 start_nodes "$bin"
 ip link add "v${tag}a" netns "${tag}1" type veth peer name "v${tag}b" netns "${tag}2"
@@ -79,11 +109,13 @@ sleep 1
 perf record -a -g -o "$tmp/perf.data" -- sleep "$secs" >/dev/null 2>&1
 wait "$ipf"
 perf report -i "$tmp/perf.data" --no-children --sort comm,sym -g none --stdio 2>/dev/null >"$tmp/report"
+mc=$("$tmp/memcpy" | cut -d' ' -f1)
 echo "load at the end: $(cat /proc/loadavg)"
 
-python3 - "$tmp/veth" "$tmp/exn0" "$tmp/report" "$tmp/prof.json" "$secs" "$(nproc)" "$streams" <<'PY'
+python3 - "$tmp/veth" "$tmp/exn0" "$tmp/report" "$tmp/prof.json" "$secs" "$(nproc)" "$streams" "$mc" <<'PY'
 import json, re, statistics as st, sys
-veth, exn0, report, prof, secs, ncpu, streams = sys.argv[1:8]
+veth, exn0, report, prof, secs, ncpu, streams, mc = sys.argv[1:9]
+mc = float(mc)
 secs, ncpu = float(secs), int(ncpu)
 def runs(path):
     return [tuple(map(float, l.split())) for l in open(path) if l.strip()]
@@ -111,4 +143,7 @@ print("profiled exn0 run %.2f Gbit/s: TAP read copy %.3f, TAP write copy %.3f CP
 best = ncpu / (vc + tap) * 8  # Gbit/s with all CPUs busy and exnd free besides the copies
 print("bound from the TAP copies alone: %d CPUs / (%.3f + %.3f) CPU-s/GB = %.2f Gbit/s = %.2fx veth"
       % (ncpu, vc, tap, best, best / vg))
+fast = ncpu / (vc + 2 * mc) * 8
+print("memcpy of 64 KiB frames: %.4f CPU-s/GB; the TAP copies cost %.1fx that; at memcpy speed the bound would be %.2fx veth"
+      % (mc, tap / 2 / mc, fast / vg))
 PY
