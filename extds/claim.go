@@ -94,6 +94,7 @@ const (
 	stDirect                          // claimed by ClaimDirect and a direct CLAIM came: AgreeDirect answers
 	stReplied                         // CLAIM_DIRECT sent: waiting for COMMIT
 	stHeld                            // the CLAIM was declined by a hold (hold.go): no hello comes
+	stSkipped                         // accepted as made during a hold's skip window (SkippedByHold): a late CLAIM is declined as held
 )
 
 type claimEntry struct {
@@ -119,6 +120,7 @@ type claimTable struct {
 	// commits: direct answers sent, by (client node, server token).
 	commits map[commitKey]*claimEntry
 	holds   map[uint16]time.Time // listener port → end of its hold (hold.go)
+	spans   map[uint16]holdSpan  // listener port → its latest hold, kept after it ends (hold.go)
 }
 
 // claimWait is a client waiting for CLAIM_REPLY.
@@ -136,6 +138,7 @@ func (t *claimTable) init() {
 	t.waits = make(map[uint32]*claimWait)
 	t.commits = make(map[commitKey]*claimEntry)
 	t.holds = make(map[uint16]time.Time)
+	t.spans = make(map[uint16]holdSpan)
 }
 
 // RegisterClaimPort says a listener on TCP port is served on this node
@@ -343,6 +346,11 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 		d.claimReply(e, sport, 1, 0)
 	case e.st == stClosed:
 		d.claimReply(reply, sport, 0, declineLate)
+	case e.st == stSkipped:
+		// Its acceptor took it as made while the client skipped
+		// (SkippedByHold): declined as held, with no time to cache.
+		delete(t.m, key)
+		d.claimReply(reply, sport, 0, declineHold)
 	default:
 		d.drop(DropProbe, "from", from, "why", "duplicate claim")
 	}
@@ -402,7 +410,7 @@ func (d *Device) sweepClaims(now time.Time) {
 	t := &d.claims
 	t.mu.Lock()
 	for k, e := range t.m {
-		if (e.st == stOffered || e.st == stClosed || e.st == stHeld) && now.After(e.expires) {
+		if (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped) && now.After(e.expires) {
 			delete(t.m, k)
 		}
 	}

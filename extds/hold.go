@@ -28,6 +28,15 @@ package extds
 // no hello comes (Claim.Held). A held connection is ordinary TCP:
 // nothing is written into it.
 //
+// The stagger assumes an acceptor asks about a connection soon after the
+// client made it. A server whose accept queue backs up (a loaded host)
+// accepts after its own window connections that a client made, without
+// a CLAIM, inside the client's: waiting for their CLAIM would cost the
+// claim and peek timeouts each, serially in a one-thread server, and the
+// next client's CLAIM would then time out (no_claim, and its negative
+// cache). So the port's latest hold is kept after it ends (spans), and
+// an acceptor asks SkippedByHold with the connection's age first.
+//
 // Locks: holds live in claimTable (t.mu, a leaf lock); the client's
 // window cache under negMu (a leaf lock), as the negative cache.
 
@@ -54,7 +63,15 @@ const (
 	// maxHeldPeers bounds the client's cache; a full cache is cleared
 	// (its entries only save questions).
 	maxHeldPeers = 4096
+	// skipSlack is how much earlier than a client's window ends a
+	// connection must have been made to count as skipped
+	// (SkippedByHold): the age the kernel gives is in jiffies (4 ms at
+	// 250 Hz).
+	skipSlack = 5 * time.Millisecond
 )
+
+// holdSpan is a port's latest hold: when it began and when it ends.
+type holdSpan struct{ start, end time.Time }
 
 // HoldPort puts the listener port on hold for d (at most MaxHold; 0 or
 // less ends a hold). See the file comment. Safe for concurrent use.
@@ -62,14 +79,49 @@ func (d *Device) HoldPort(port uint16, dur time.Duration) {
 	t := &d.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := time.Now()
 	if dur <= 0 {
 		delete(t.holds, port)
+		if sp, ok := t.spans[port]; ok && sp.end.After(now) {
+			sp.end = now
+			t.spans[port] = sp
+		}
 		return
 	}
 	if len(t.holds) >= maxClaims {
 		clear(t.holds)
 	}
-	t.holds[port] = time.Now().Add(min(dur, MaxHold))
+	if len(t.spans) >= maxClaims {
+		clear(t.spans)
+	}
+	end := now.Add(min(dur, MaxHold))
+	t.holds[port] = end
+	t.spans[port] = holdSpan{start: now, end: end}
+}
+
+// SkippedByHold reports whether the accepted connection key, made at
+// made, was made while a client skipped asking because its port was on
+// hold: inside the port's latest hold, and before the clients' window
+// of it ended (2·HoldMargin and skipSlack before its end). Such a
+// client sends no CLAIM and no hello, so the acceptor takes the
+// connection as TCP at once (AcceptHeld) instead of waiting for them.
+// It reports false if a CLAIM or a tombstone for key is known (Claim
+// decides those). When it reports true, a CLAIM for key that still comes
+// (its client did not skip after all) is declined as held, so that the
+// client goes plain TCP too and nothing is written into the stream.
+func (d *Device) SkippedByHold(key TupleKey, made time.Time) bool {
+	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
+	t := &d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sp, ok := t.spans[key.Local.Port()]
+	if !ok || t.m[key] != nil || made.Before(sp.start) || made.After(sp.end.Add(-2*HoldMargin-skipSlack)) {
+		return false
+	}
+	if len(t.m) < maxClaims {
+		t.m[key] = &claimEntry{st: stSkipped, expires: time.Now().Add(claimTombstone)}
+	}
+	return true
 }
 
 // PortHold returns how long port stays on hold for this node's acceptors:

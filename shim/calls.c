@@ -150,7 +150,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	if ((resp.mode != CTL_MODE_EXTDS && resp.mode != CTL_MODE_DIRECT) || ufd[0] < 0) {
 		close_fds(ufd);
 		if (resp.mode == CTL_MODE_TCP && resp.hold_ms)
-			hold_peer(addr, resp.hold_ms);
+			hold_peer(addr, resp.hold_ms, resp.hold_end);
 		dbg("connect fd %d: plain TCP: %s", fd, buf);
 		goto tcp;
 	}
@@ -261,7 +261,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		if (c == CTL_OK && resp.mode != CTL_MODE_EXTDS && resp.mode != CTL_MODE_DIRECT) {
 			close_fds(ufd);
 			if (resp.mode == CTL_MODE_TCP && resp.hold_ms)
-				hold_listener(lfd, resp.hold_ms);
+				hold_listener(lfd, resp.hold_ms, resp.hold_end);
 			int fl = real_fcntl(fd, F_GETFL);
 			if (fl >= 0 && !!(fl & O_NONBLOCK) != !!(flags & SOCK_NONBLOCK))
 				real_fcntl(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);

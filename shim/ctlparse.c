@@ -16,7 +16,7 @@
  *     take it), or that has an escape or a non-ASCII byte, is rejected;
  *     other unknown keys are skipped;
  *   - types: ok true/false/null; error string/null; data object/null;
- *     version, port, id, side, ring, hold_ms non-negative integers that fit 64 bits (no
+ *     version, port, id, side, ring, hold_ms, hold_end non-negative integers that fit 64 bits (no
  *     fraction or exponent) or null; mode, reason strings or null; mode
  *     with an escape is rejected (Go would unescape it);
  *   - a repeated key: the last one counts (null leaves the value), a
@@ -40,6 +40,7 @@ struct ctl_resp {
 	uint64_t side;         /* data.side (mode "direct": 0 connecting, 1 accepting) */
 	uint64_t ring;         /* data.ring (mode "direct": bytes per direction) */
 	uint64_t hold_ms;      /* data.hold_ms (mode "tcp", reason "short_lived": skip asking this long) */
+	uint64_t hold_end;     /* data.hold_end: the same hold's end, CLOCK_MONOTONIC ns (0: not given) */
 	int reason_plain;      /* reason holds data.reason exactly (no escape, ASCII, fits) */
 	char reason[32];       /* data.reason, "" if absent */
 };
@@ -292,7 +293,7 @@ static int jp_obj(struct jp *j, const char *const *keys, int nkeys, int (*fn)(st
 	}
 }
 
-static const char *const data_keys[] = {"version", "port", "id", "mode", "reason", "side", "ring", "hold_ms"};
+static const char *const data_keys[] = {"version", "port", "id", "mode", "reason", "side", "ring", "hold_ms", "hold_end"};
 
 static int data_member(struct jp *j, int i, struct ctl_resp *r)
 {
@@ -304,7 +305,7 @@ static int data_member(struct jp *j, int i, struct ctl_resp *r)
 		jp_ws(j);
 		if (jp_num(j, &v, &in) < 0 || !in)
 			return -1;
-		uint64_t *dst[] = {&r->version, &r->port, &r->id, NULL, NULL, &r->side, &r->ring, &r->hold_ms};
+		uint64_t *dst[] = {&r->version, &r->port, &r->id, NULL, NULL, &r->side, &r->ring, &r->hold_ms, &r->hold_end};
 		*dst[i] = v;
 		return 0;
 	}
@@ -355,12 +356,12 @@ static int top_member(struct jp *j, int i, struct ctl_resp *r)
 		return jp_is_null(j) ? 0 : jp_str(j, NULL, 0, NULL);
 	/* data: a new one replaces the old entirely */
 	r->mode = CTL_MODE_NONE;
-	r->version = r->port = r->id = r->side = r->ring = r->hold_ms = 0;
+	r->version = r->port = r->id = r->side = r->ring = r->hold_ms = r->hold_end = 0;
 	r->reason[0] = 0;
 	r->reason_plain = 1;
 	if (jp_is_null(j))
 		return 0;
-	return jp_obj(j, data_keys, 8, data_member, r);
+	return jp_obj(j, data_keys, (int)(sizeof data_keys / sizeof data_keys[0]), data_member, r);
 }
 
 /* Decode the response line s[0..n) into r. 0, or -1 if it is not one this decoder accepts. */

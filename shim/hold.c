@@ -4,9 +4,11 @@
  * control client.
  *
  * exnd answers a shim-connect or shim-accept "tcp", reason short_lived,
- * with hold_ms when the server's listener port is on hold: its
- * connections close too soon after they are set up to gain from EXT-DS.
- * For hold_ms the shim then makes such connections plain TCP without
+ * with hold_ms and hold_end when the server's listener port is on hold:
+ * its connections close too soon after they are set up to gain from
+ * EXT-DS. For hold_ms, and never past hold_end (the same end on the
+ * host's CLOCK_MONOTONIC, so that the time the answer took to reach us
+ * is not added), the shim then makes such connections plain TCP without
  * asking exnd at all:
  *
  *   - connect: g_held, the servers (address, port) on hold; a connect to
@@ -90,16 +92,30 @@ static int held_peer(const struct sockaddr *sa)
 	return r;
 }
 
-/* Remember that connections to sa stay plain TCP for ms milliseconds. */
-static void hold_peer(const struct sockaddr *sa, uint64_t ms)
+/* The end of a hold of ms milliseconds that exnd said ends at end
+ * (CLOCK_MONOTONIC ns, 0: not said): the earlier of the two, or 0 if it
+ * has ended already. */
+static uint64_t hold_until(uint64_t ms, uint64_t end)
+{
+	if (ms > 60000)
+		ms = 60000; /* exnd says at most 2 s (extds.MaxHold); a bound for a forged answer */
+	uint64_t now = mono_ns(), until = now + ms * 1000000ull;
+	if (end && end < until)
+		until = end;
+	return until > now ? until : 0;
+}
+
+/* Remember that connections to sa stay plain TCP for ms milliseconds,
+ * until end at the latest. */
+static void hold_peer(const struct sockaddr *sa, uint64_t ms, uint64_t end)
 {
 	uint16_t family, port;
 	uint8_t addr[16];
 	if (!ms || held_key(sa, &family, &port, addr) < 0)
 		return;
-	if (ms > 60000)
-		ms = 60000; /* exnd says at most 2 s (extds.MaxHold); a bound for a forged answer */
-	uint64_t now = mono_ns(), until = now + ms * 1000000ull;
+	uint64_t until = hold_until(ms, end);
+	if (!until)
+		return;
 	lock();
 	struct held *slot = held_find_locked(family, port, addr);
 	if (!slot) { /* not known: a free entry (until 0) or the one that ends first */
@@ -131,14 +147,13 @@ static int held_listener(int lfd)
 	return r;
 }
 
-/* Keep accepts on listener lfd plain TCP for ms milliseconds. */
-static void hold_listener(int lfd, uint64_t ms)
+/* Keep accepts on listener lfd plain TCP for ms milliseconds, until end
+ * at the latest. */
+static void hold_listener(int lfd, uint64_t ms, uint64_t end)
 {
-	if (!ms)
+	uint64_t until = ms ? hold_until(ms, end) : 0;
+	if (!until)
 		return;
-	if (ms > 60000)
-		ms = 60000;
-	uint64_t until = mono_ns() + ms * 1000000ull;
 	lock();
 	struct fdent *e = ent(lfd);
 	if (e && (e->flags & F_LISTEN))

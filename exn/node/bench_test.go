@@ -258,6 +258,7 @@ func benchPair(b *testing.B, p pairDialer) {
 	defer p.close()
 	transfer(b, p, 1<<20) // warm up: ARP, buffers
 	b.SetBytes(benchXfer)
+	b.ReportAllocs()
 	b.ResetTimer()
 	var total time.Duration
 	for range b.N {
@@ -306,6 +307,7 @@ func BenchmarkTCPRatio(b *testing.B) {
 		transfer(b, p, 1<<20)
 	}
 	b.SetBytes(3 * benchXfer)
+	b.ReportAllocs()
 	b.ResetTimer()
 	tf := make([]float64, 0, b.N)
 	tz := make([]float64, 0, b.N)

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/internal/sys"
 )
 
 const (
@@ -88,11 +89,20 @@ func (s *Server) heldAccept(port uint16) (SwitchResult, bool) {
 }
 
 // shortLived is the answer "tcp", reason short_lived, for a hold of
-// left (hold_ms rounded down), counted.
+// left (hold_ms rounded down, and hold_end: now plus left on the host's
+// monotonic clock), counted. A shim that read the answer late (a
+// descheduled server under load) would otherwise skip asking for longer
+// than exnd declines, and meet a claim that waits for it (the
+// server-first case of integration TestNetperfShimShortHold saw it).
 func (s *Server) shortLived(left time.Duration) SwitchResult {
 	why := extds.FallbackShortLived.String()
 	s.fallback(why)
-	return SwitchResult{Mode: "tcp", Reason: why, HoldMS: uint64(max(left.Milliseconds(), 0))}
+	left = max(left, 0)
+	r := SwitchResult{Mode: "tcp", Reason: why, HoldMS: uint64(left.Milliseconds())}
+	if now := sys.MonoNow(); now != 0 {
+		r.HoldEnd = now + uint64(left)
+	}
+	return r
 }
 
 // peerHold is how long the shim may skip asking for connections to the

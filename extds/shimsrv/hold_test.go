@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/internal/sys"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -73,9 +74,15 @@ func TestShortHold(t *testing.T) {
 	defer client.Close()
 	defer server.Close()
 	limit := uint64((time.Second - extds.HoldMargin).Milliseconds())
+	now := sys.MonoNow()
 	for _, x := range []*app{client, server} {
 		if x.res.Mode != "tcp" || x.res.Reason != "short_lived" || x.res.HoldMS == 0 || x.res.HoldMS > limit {
 			t.Fatalf("answer %+v on a held port, want tcp, short_lived, hold_ms in (0, %d]", x.res, limit)
+		}
+		// hold_end is the same hold on the shared clock: after now, and
+		// no later than now plus hold_ms (rounded down) and a millisecond.
+		if end := x.res.HoldEnd; end <= now || end > now+(x.res.HoldMS+1)*uint64(time.Millisecond) {
+			t.Fatalf("answer %+v: hold_end %d not in (%d, %d]", x.res, end, now, now+(x.res.HoldMS+1)*uint64(time.Millisecond))
 		}
 	}
 	if _, err := io.WriteString(client, "app bytes"); err != nil {

@@ -39,8 +39,12 @@ type SwitchResult struct {
 	Ring   int    `json:"ring,omitempty"`
 	Reason string `json:"reason,omitempty"`
 	// HoldMS: reason short_lived only: how long (ms) the shim may make
-	// such connections plain TCP without asking (hold.go).
-	HoldMS uint64 `json:"hold_ms,omitempty"`
+	// such connections plain TCP without asking (hold.go). HoldEnd: the
+	// same hold's end on the host's CLOCK_MONOTONIC (ns), so that the
+	// time the answer spends on its way to the shim is not added to the
+	// hold; the shim keeps the earlier of the two.
+	HoldMS  uint64 `json:"hold_ms,omitempty"`
+	HoldEnd uint64 `json:"hold_end,omitempty"`
 }
 
 // enter counts an operation in progress, unless the server is closed.
@@ -342,6 +346,11 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		return c, nil, err
 	}
 	key := extds.TupleKey{Local: la, Remote: ra}
+	if made, ok := madeAt(shadow); ok && s.dev.SkippedByHold(key, made) {
+		// Made while its client skipped asking (a hold; this server
+		// accepts late): no CLAIM and no hello come (extds/hold.go).
+		return s.dev.AcceptHeld(shadow), nil, nil
+	}
 	var cl *extds.Claim
 	if create != nil {
 		// A direct CLAIM is answered here, not by the rx loop: it
@@ -381,6 +390,22 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		return c, nil, err
 	}
 	return s.dev.AcceptShadowDirect(ctx, shadow, peeked, create)
+}
+
+// madeAt is when the accepted connection shadow was made, from the age
+// of the last ACK its client sent (for a client that has sent nothing
+// yet, the handshake's); ok false if the kernel does not say.
+func madeAt(shadow *net.TCPConn) (time.Time, bool) {
+	rc, err := shadow.SyscallConn()
+	if err != nil {
+		return time.Time{}, false
+	}
+	var age time.Duration
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { age, ierr = sys.TCPSinceLastAck(int(fd)) }); err != nil || ierr != nil {
+		return time.Time{}, false
+	}
+	return time.Now().Add(-age), true
 }
 
 func tcpAddrPort(a net.Addr) (netip.AddrPort, bool) {

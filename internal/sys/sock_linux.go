@@ -3,11 +3,13 @@ package sys
 // Socket helpers for exnd's shim server (extds/shimsrv): a stream
 // socketpair for the application's end of a spliced connection, a
 // non-blocking MSG_PEEK, a hang-up check, O_NONBLOCK save/restore on a
-// descriptor shared with an application, and process liveness.
+// descriptor shared with an application, process liveness, and the age
+// of an accepted connection.
 
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -100,4 +102,16 @@ func ProcessAlive(pid int) bool {
 	}
 	err := unix.Kill(pid, 0)
 	return err == nil || err == unix.EPERM
+}
+
+// TCPSinceLastAck returns how long ago TCP socket fd last received an
+// ACK (tcp_info's tcpi_last_ack_recv, in milliseconds from jiffies, so
+// ± one jiffy). For an accepted socket whose peer has sent nothing yet
+// that is the handshake's last ACK: the age of the connection.
+func TCPSinceLastAck(fd int) (time.Duration, error) {
+	ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, fmt.Errorf("getsockopt TCP_INFO: %w", err)
+	}
+	return time.Duration(ti.Last_ack_recv) * time.Millisecond, nil
 }

@@ -94,6 +94,7 @@ type decoded struct {
 	Mode              int // 0 none, 1 tcp, 2 extds, 3 other, 4 direct
 	Version, Port, ID uint64
 	Side, Ring, Hold  uint64
+	HoldEnd           uint64
 	Reason            string
 	ReasonPlain       bool
 }
@@ -105,7 +106,7 @@ func parseC(s string) (decoded, bool) {
 	var d decoded
 	var ok, plain int
 	f := strings.SplitN(s, " reason=", 2)
-	if _, err := fmt.Sscanf(f[0], "OK ok=%d mode=%d version=%d port=%d id=%d side=%d ring=%d hold=%d plain=%d", &ok, &d.Mode, &d.Version, &d.Port, &d.ID, &d.Side, &d.Ring, &d.Hold, &plain); err != nil || len(f) != 2 {
+	if _, err := fmt.Sscanf(f[0], "OK ok=%d mode=%d version=%d port=%d id=%d side=%d ring=%d hold=%d end=%d plain=%d", &ok, &d.Mode, &d.Version, &d.Port, &d.ID, &d.Side, &d.Ring, &d.Hold, &d.HoldEnd, &plain); err != nil || len(f) != 2 {
 		panic(fmt.Sprintf("harness line %q: %v", s, err))
 	}
 	d.OK, d.ReasonPlain, d.Reason = ok == 1, plain == 1, f[1]
@@ -131,11 +132,12 @@ func goDecode(line []byte) (decoded, error) {
 		Side    uint64 `json:"side"`
 		Ring    uint64 `json:"ring"`
 		Hold    uint64 `json:"hold_ms"`
+		HoldEnd uint64 `json:"hold_end"`
 	}
 	if err := json.Unmarshal(resp.Data, &v); err != nil {
 		return decoded{}, err
 	}
-	d.Version, d.Port, d.ID, d.Reason, d.Side, d.Ring, d.Hold = v.Version, v.Port, v.ID, v.Reason, v.Side, v.Ring, v.Hold
+	d.Version, d.Port, d.ID, d.Reason, d.Side, d.Ring, d.Hold, d.HoldEnd = v.Version, v.Port, v.ID, v.Reason, v.Side, v.Ring, v.Hold, v.HoldEnd
 	switch v.Mode {
 	case "":
 	case "tcp":
@@ -187,8 +189,10 @@ func protoResponses() []protoResponse {
 		{op: "shim-hello", err: fmt.Errorf(`shim-hello: version "1" not supported (this exnd speaks 2)`), want: decoded{ReasonPlain: true}},
 		{op: "shim-connect", err: fmt.Errorf("shim-connect: <tag> & \\ \"é\"\t"), want: decoded{ReasonPlain: true}},
 	}
-	rs = append(rs, protoResponse{op: "shim-accept", v: shimsrv.SwitchResult{Mode: "tcp", Reason: "short_lived", HoldMS: 990},
-		want: decoded{OK: true, Mode: 1, Reason: "short_lived", Hold: 990, ReasonPlain: true}})
+	rs = append(rs, protoResponse{op: "shim-accept", v: shimsrv.SwitchResult{Mode: "tcp", Reason: "short_lived", HoldMS: 990, HoldEnd: 52718003900000},
+		want: decoded{OK: true, Mode: 1, Reason: "short_lived", Hold: 990, HoldEnd: 52718003900000, ReasonPlain: true}})
+	rs = append(rs, protoResponse{op: "shim-connect", v: shimsrv.SwitchResult{Mode: "tcp", Reason: "short_lived", HoldMS: 2032, HoldEnd: math.MaxUint64},
+		want: decoded{OK: true, Mode: 1, Reason: "short_lived", Hold: 2032, HoldEnd: math.MaxUint64, ReasonPlain: true}, notDoc: true})
 	for _, r := range fallbackReasons {
 		rs = append(rs, protoResponse{op: "shim-connect", v: shimsrv.SwitchResult{Mode: "tcp", Reason: r},
 			want: decoded{OK: true, Mode: 1, Reason: r, ReasonPlain: true}})

@@ -31,10 +31,10 @@ static int parse_loop(void)
 		if (ctl_parse(in, n, &r) < 0)
 			printf("ERR\n");
 		else
-			printf("OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu hold=%llu plain=%d reason=%s\n",
+			printf("OK ok=%d mode=%d version=%llu port=%llu id=%llu side=%llu ring=%llu hold=%llu end=%llu plain=%d reason=%s\n",
 			       r.ok, r.mode, (unsigned long long)r.version, (unsigned long long)r.port,
 			       (unsigned long long)r.id, (unsigned long long)r.side, (unsigned long long)r.ring,
-			       (unsigned long long)r.hold_ms,
+			       (unsigned long long)r.hold_ms, (unsigned long long)r.hold_end,
 			       r.reason_plain, r.reason_plain ? r.reason : "");
 		free(in);
 		fflush(stdout);

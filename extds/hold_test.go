@@ -1,0 +1,104 @@
+package extds
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// TestSkippedByHold: an acceptor that accepts late (its window over)
+// takes a connection made inside the clients' window of the port's
+// latest hold as plain TCP at once, exactly then; and when the client
+// did offer after all, its late CLAIM is declined as held, so both sides
+// stay TCP and nothing precedes the application's bytes.
+func TestSkippedByHold(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t)
+	ln := testenv.ListenTCP(t)
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	unreg, err := p.devB.RegisterClaimPort(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unreg()
+	key := func(sv net.Conn) TupleKey {
+		return TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
+	}
+	// No hold yet: nothing was skipped.
+	cl0, sv0 := shadowPair(t, ln)
+	defer cl0.Close()
+	defer sv0.Close()
+	if p.devB.SkippedByHold(key(sv0), time.Now()) {
+		t.Fatal("skipped without any hold")
+	}
+	// A hold of 150 ms, ended: the clients' window was [start, end-25ms].
+	start := time.Now()
+	p.devB.HoldPort(port, time.Second)
+	time.Sleep(150 * time.Millisecond)
+	e0 := time.Now() // the hold's end lies in [e0, e1]
+	p.devB.HoldPort(port, 0)
+	e1 := time.Now()
+	const cut = 2*HoldMargin + skipSlack // the clients' window ends this much earlier
+	for _, c := range []struct {
+		name string
+		made time.Time
+		want bool
+	}{
+		{"before the hold", start.Add(-time.Millisecond), false},
+		{"just after its start", start.Add(2 * time.Millisecond), true},
+		{"inside the clients' window", start.Add(50 * time.Millisecond), true},
+		{"just before the window's end", e0.Add(-cut - time.Millisecond), true},
+		{"after the window, inside the hold", e1.Add(-cut + time.Millisecond), false},
+		{"after the hold", e1.Add(time.Millisecond), false},
+	} {
+		cl, sv := shadowPair(t, ln)
+		if got := p.devB.SkippedByHold(key(sv), c.made); got != c.want {
+			t.Errorf("%s: SkippedByHold = %v, want %v", c.name, got, c.want)
+		}
+		cl.Close()
+		sv.Close()
+	}
+	// A connection with a claim already known is Claim's to decide.
+	cl1, sv1 := shadowPair(t, ln)
+	defer cl1.Close()
+	defer sv1.Close()
+	claim := p.devB.Claim(key(sv1))
+	if p.devB.SkippedByHold(key(sv1), start.Add(10*time.Millisecond)) {
+		t.Fatal("skipped a connection whose acceptor claimed it")
+	}
+	claim.Close()
+
+	// The client did not skip: its CLAIM comes after the acceptor took
+	// the connection as skipped, and is declined as held (nothing to
+	// cache: the hold is over).
+	cl, sv := shadowPair(t, ln)
+	defer sv.Close()
+	if !p.devB.SkippedByHold(key(sv), start.Add(20*time.Millisecond)) {
+		t.Fatal("not skipped inside the window")
+	}
+	served := p.devB.Stats().ProbesServed
+	c, err := p.dialer.Upgrade(t.Context(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if r, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || r != FallbackShortLived {
+		t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", c.Mode(), r, ok)
+	}
+	if n := p.devB.Stats().ProbesServed - served; n != 1 {
+		t.Fatalf("%d claims served, want the client's one", n)
+	}
+	if h := p.devA.PeerHold(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); h != 0 {
+		t.Fatalf("client keeps a hold of %v after a decline with no time left", h)
+	}
+	if _, err := io.WriteString(c, "app bytes"); err != nil {
+		t.Fatal(err)
+	}
+	if _, peeked := peekFirst(t, sv, HelloPrefixLen); string(peeked) != "app " {
+		t.Fatalf("server saw %q first: something was written before the app", peeked)
+	}
+}
