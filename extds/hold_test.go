@@ -10,6 +10,20 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
+// claimListener is a TCP listener whose port p.devB serves by claims, as
+// for a shim's registration; unregistered when the test ends.
+func claimListener(t testing.TB, p *pair) (net.Listener, uint16) {
+	t.Helper()
+	ln := testenv.ListenTCP(t)
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	unreg, err := p.devB.RegisterClaimPort(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unreg)
+	return ln, port
+}
+
 // TestSkippedByHold: an acceptor that accepts late (its window over)
 // takes a connection made inside the clients' window of the port's
 // latest hold as plain TCP at once, exactly then; and when the client
@@ -18,13 +32,7 @@ import (
 func TestSkippedByHold(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	ln := testenv.ListenTCP(t)
-	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-	unreg, err := p.devB.RegisterClaimPort(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unreg()
+	ln, port := claimListener(t, p)
 	key := func(sv net.Conn) TupleKey {
 		return TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
 	}

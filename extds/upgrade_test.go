@@ -266,13 +266,7 @@ func TestHoldReason(t *testing.T) {
 func TestHoldPort(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
-	ln := testenv.ListenTCP(t)
-	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-	unreg, err := p.devB.RegisterClaimPort(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unreg()
+	ln, port := claimListener(t, p)
 	const hold = 500 * time.Millisecond
 	p.devB.HoldPort(port, hold)
 	if h := p.devB.PortHold(port); h <= hold-HoldMargin-100*time.Millisecond || h > hold-HoldMargin {
