@@ -447,6 +447,7 @@ func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote ne
 	}
 	var fm [1]fabric.Message
 	encClaim(&fm[0], peer, tok, local, remote, flags)
+	sent := time.Now() // a hold in the answer counts from here (holdPeer)
 	a, res, err := ask(ctx, d, v, d.cfg.claimTO, &fm, w.ch)
 	dropWait(&t.mu, t.waits, tok)
 	if res != askAnswered || err != nil {
@@ -477,7 +478,7 @@ func (d *Device) offer(ctx context.Context, node fabric.NodeID, local, remote ne
 		return FallbackNoListener, false, nil, nil
 	}
 	if left, ok := holdOf(a.reason); ok {
-		d.holdPeer(remote, left)
+		d.holdPeer(remote, left, sent)
 		return FallbackShortLived, false, nil, nil
 	}
 	return FallbackDeclined, false, nil, nil

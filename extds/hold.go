@@ -13,7 +13,8 @@ package extds
 //     byte is declineHold | q, q the remaining time in holdQuantum units
 //     (rounded down; 0: too little left to cache);
 //   - the client's Device keeps the server address as held for that time
-//     minus HoldMargin (holdPeer): its connections to that address fall
+//     minus 2·HoldMargin, counted from when it sent the CLAIM (holdPeer):
+//     its connections to that address fall
 //     back (FallbackShortLived) without a CLAIM, and a shim asking its
 //     exnd is told how long to skip asking (PeerHold);
 //   - the accepting shims are told the port's remaining time minus
@@ -173,10 +174,14 @@ type heldPeers map[netip.AddrPort]time.Time
 // holdPeer keeps the server at addr as held for left minus twice
 // HoldMargin: a client's window ends a margin before the server's
 // acceptors' (PortHold), so that no acceptor, its window over, claims
-// and waits for the hello of a client that still skips asking.
-func (d *Device) holdPeer(addr netip.AddrPort, left time.Duration) {
-	left -= 2 * HoldMargin
-	if left <= 0 {
+// and waits for the hello of a client that still skips asking. left is
+// what the server had left when it answered the CLAIM sent at sent, so
+// the window counts from sent: the server answered after it, and however
+// late the answer arrives or is read (a loaded host), the client's window
+// cannot outlast the server's.
+func (d *Device) holdPeer(addr netip.AddrPort, left time.Duration, sent time.Time) {
+	end := sent.Add(left - 2*HoldMargin)
+	if !end.After(time.Now()) {
 		return
 	}
 	d.negMu.Lock()
@@ -184,7 +189,7 @@ func (d *Device) holdPeer(addr netip.AddrPort, left time.Duration) {
 	if len(d.held) >= maxHeldPeers {
 		clear(d.held)
 	}
-	d.held[normAP(addr)] = time.Now().Add(left)
+	d.held[normAP(addr)] = end
 }
 
 // PeerHold returns how long connections to the server at addr stay

@@ -193,3 +193,30 @@ func TestHoldPort(t *testing.T) {
 		t.Fatalf("PortHold after the end = %v", h)
 	}
 }
+
+// TestHoldPeerFromSend: the client's window counts from the CLAIM's
+// sending, so an answer read late shortens it instead of pushing it past
+// the server's.
+func TestHoldPeerFromSend(t *testing.T) {
+	p := newPair(t)
+	ap := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.7"), 8080)
+	const left = 500 * time.Millisecond
+	for _, c := range []struct {
+		name  string
+		late  time.Duration // how long before now the CLAIM was sent
+		upper time.Duration // PeerHold at most
+	}{
+		{"read at once", 0, left - 2*HoldMargin},
+		{"read 100 ms late", 100 * time.Millisecond, left - 2*HoldMargin - 100*time.Millisecond},
+		{"read after the window", left - HoldMargin, 0},
+	} {
+		p.devA.holdPeer(ap, left, time.Now().Add(-c.late))
+		h := p.devA.PeerHold(ap)
+		if h > c.upper || (c.upper > 0 && h < c.upper-50*time.Millisecond) {
+			t.Errorf("%s: PeerHold = %v, want just under %v", c.name, h, c.upper)
+		}
+		p.devA.negMu.Lock()
+		clear(p.devA.held)
+		p.devA.negMu.Unlock()
+	}
+}
