@@ -119,8 +119,7 @@ type claimTable struct {
 	nextTk uint32
 	// commits: direct answers sent, by (client node, server token).
 	commits map[commitKey]*claimEntry
-	holds   map[uint16]time.Time // listener port → end of its hold (hold.go)
-	spans   map[uint16]holdSpan  // listener port → its latest hold, kept after it ends (hold.go)
+	spans   map[uint16]holdSpan // listener port → its latest hold, kept after it ends (hold.go)
 }
 
 // claimWait is a client waiting for CLAIM_REPLY.
@@ -137,7 +136,6 @@ func (t *claimTable) init() {
 	t.ports = make(map[uint16]int)
 	t.waits = make(map[uint32]*claimWait)
 	t.commits = make(map[commitKey]*claimEntry)
-	t.holds = make(map[uint16]time.Time)
 	t.spans = make(map[uint16]holdSpan)
 }
 

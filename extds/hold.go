@@ -71,7 +71,9 @@ const (
 	skipSlack = 5 * time.Millisecond
 )
 
-// holdSpan is a port's latest hold: when it began and when it ends.
+// holdSpan is a port's latest hold: when it began and when it ends. The
+// port is on hold while end is ahead; the span stays after that, for
+// SkippedByHold.
 type holdSpan struct{ start, end time.Time }
 
 // HoldPort puts the listener port on hold for d (at most MaxHold; 0 or
@@ -82,22 +84,16 @@ func (d *Device) HoldPort(port uint16, dur time.Duration) {
 	defer t.mu.Unlock()
 	now := time.Now()
 	if dur <= 0 {
-		delete(t.holds, port)
 		if sp, ok := t.spans[port]; ok && sp.end.After(now) {
 			sp.end = now
 			t.spans[port] = sp
 		}
 		return
 	}
-	if len(t.holds) >= maxClaims {
-		clear(t.holds)
-	}
 	if len(t.spans) >= maxClaims {
 		clear(t.spans)
 	}
-	end := now.Add(min(dur, MaxHold))
-	t.holds[port] = end
-	t.spans[port] = holdSpan{start: now, end: end}
+	t.spans[port] = holdSpan{start: now, end: now.Add(min(dur, MaxHold))}
 }
 
 // SkippedByHold reports whether the accepted connection key, made at
@@ -136,7 +132,10 @@ func (d *Device) PortHold(port uint16) time.Duration {
 
 // holdLeftLocked is the remaining hold of port (t.mu held).
 func (t *claimTable) holdLeftLocked(port uint16, now time.Time) time.Duration {
-	return timeLeft(t.holds, port, now)
+	if sp, ok := t.spans[port]; ok && sp.end.After(now) {
+		return sp.end.Sub(now)
+	}
+	return 0
 }
 
 // timeLeft is the time from now until m[k]; 0 if there is no entry, and
