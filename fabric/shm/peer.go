@@ -142,8 +142,7 @@ func (n *nicT) discover(id fabric.NodeID) (*peer, error) {
 	}
 	p := &peer{id: id, inc: h.Inc, f: f, m: newMapping(b), groups: u64(b, nOffGroups), regions: map[uint32]*remoteRegion{}}
 	if old := n.peers[id]; old != nil {
-		old.drop()
-		n.wakeParked(nil, old)
+		n.dropPeer(old)
 	}
 	n.peers[id] = p
 	delete(n.gone, id)
@@ -165,8 +164,7 @@ func (n *nicT) dropPeers() {
 	n.peerMu.Lock()
 	defer n.peerMu.Unlock()
 	for id, p := range n.peers {
-		p.drop()
-		n.wakeParked(nil, p)
+		n.dropPeer(p)
 		delete(n.peers, id)
 	}
 	n.peersChangedLocked()
@@ -198,8 +196,14 @@ func (n *nicT) markDown(p *peer) {
 		n.peersChangedLocked()
 	}
 	n.peerMu.Unlock()
+	n.dropPeer(p)
+}
+
+// dropPeer releases p's mappings and wakes this NIC's senders parked on
+// its VPIDs' space bells (space.go), which then see it down.
+func (n *nicT) dropPeer(p *peer) {
 	p.drop()
-	n.wakeParked(nil, p) // senders parked on its VPIDs
+	n.wakeParked(nil, p)
 }
 
 // isDead reports whether this NIC knows node id to be down.
