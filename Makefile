@@ -64,10 +64,12 @@ fuzz:
 
 # The libfabric backend (build tag ofi, cgo): its conformance suite on the
 # tcp and shm providers, the backend selector, and EXT-Eth over ofi:tcp in
-# network namespaces.
+# network namespaces; the raw libfabric loop that perf/ofi-exn0.sh
+# measures exn against.
 ofi:
-	$(GO) vet -tags ofi ./fabric/... ./integration/...
+	$(GO) vet -tags ofi ./fabric/... ./integration/... ./perf/
 	$(GO) test -tags ofi -count=1 -timeout 10m ./fabric/ofi/ ./fabric/backend/
+	$(GO) test -tags ofi -count=1 -timeout 5m -run 'TestOFIRawBW' ./perf/
 	$(GO) test -tags ofi -count=1 -timeout 10m -run 'TestOFI' ./integration/
 
 test: deps fmt-check vet build netperf race unit ofi fuzz

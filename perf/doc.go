@@ -14,7 +14,8 @@
 //   - fabric-compare.sh: the fabric backends side by side.
 //   - wakeup.sh (BenchmarkWakeup, wakeup_test.go, gofloor_test.go): ping
 //     and sockperf over exn0 against veth, cold and warm `exnctl ping`
-//     against a C and a Go floor, idle CPU (issue #19); cold-ping.sh:
+//     against a C floor (testdata/fifo_pingpong.c) and a Go floor, idle
+//     CPU (issue #19); cold-ping.sh:
 //     cold and warm fabric pings of several exnd builds, interleaved.
 //   - offload.sh (BenchmarkOffload, offload_test.go): exn0 with and
 //     without TAP offloads against the kernel's path (issue #20);
@@ -22,7 +23,10 @@
 //     they put on exn0 against veth.
 //   - bench-ofi.sh (make bench-ofi): the ofi VELO ping-pong against
 //     fi_pingpong; ofi-exn0.sh: exn0 over ofi:tcp (and, with NET=1, over
-//     the net fabric) against their underlay (issue #16).
+//     the net fabric) against their underlay, and with RAW=1 against
+//     libfabric's own GET loop (testdata/ofi_rma_bw.c, held by
+//     TestOFIRawBW under the ofi tag) and the ceiling the machine's CPU
+//     puts on exn0 (issue #16).
 //   - shim-direct.sh (BenchmarkShimDirect, shimdirect_test.go) and
 //     crr-ab.sh: the shim's direct connections, and an A/B of two exnd
 //     builds under netperf TCP_CRR (issues #14, #15).

@@ -24,6 +24,18 @@
 # counts, with `perf stat` during the last round's runs, the context
 # switches and system calls of both exnd of each pair, per 64 KiB frame
 # moved. exnd's environment is the caller's (GOMAXPROCS, FI_*).
+#
+# RAW=1 adds, to every round, libfabric's own bulk engine over the same
+# veth: perf/testdata/ofi_rma_bw.c, 8 RMA GETs of 64 KiB in flight on
+# ofi:$PROVIDER for SECS seconds between the two namespaces, no exn. Every
+# run is then also priced in the whole machine's CPU time per GB
+# (/proc/stat: every process and interrupt, not only exnd), and the
+# script prints the ceiling that CPU price sets on exn0: with every CPU
+# busy, exn0 must pay at least the kernel TCP that carries iperf3 (the
+# veth run's whole-machine price) plus the bulk engine's (the raw run's),
+# so it moves at most nproc / (that sum) GB per second, as a ratio of the
+# veth. The ceiling leaves out the TAP's copies, EXT-Eth's control
+# packets and any Go, so the real bound is lower.
 # Run it under the benchmark lock:
 #
 #   flock /tmp/exn-bench.lock perf/ofi-exn0.sh
@@ -36,6 +48,7 @@ PING_I=${PING_I:-0.2}
 PROVIDER=${PROVIDER:-tcp}
 NET=${NET:-}
 STAT=${STAT:-}
+RAW=${RAW:-}
 prof=${1:-}
 tag=ofi2-$$ # unique per run: namespaces, veths
 nsA=exn-$tag-a nsB=exn-$tag-b
@@ -54,6 +67,7 @@ trap 'exit 130' INT TERM
 
 [ -n "$prof" ] && mkdir -p "$prof"
 go build -tags ofi -o "$tmp/exnd" ./cmd/exnd
+[ -n "$RAW" ] && gcc -O2 -Wall -Werror -o "$tmp/ofi_rma_bw" perf/testdata/ofi_rma_bw.c -lfabric
 ip netns add "$nsA"
 ip netns add "$nsB"
 ip link add "$vA" netns "$nsA" type veth peer name "$vB" netns "$nsB"
@@ -109,6 +123,29 @@ iperf() {
 }
 # cpu PID: user+system clock ticks.
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# busy: the whole machine's busy clock ticks (user, nice, system, irq,
+# softirq, steal) and its total ticks, from /proc/stat.
+busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9 }' /proc/stat; }
+# mach NAME CMD...: runs CMD (which prints Gbit/s last) and appends
+# "NAME busy-ticks total-ticks Gbit/s" to $tmp/mach.
+mach() {
+	local name=$1 b0 b1 g
+	shift
+	b0=$(busy)
+	g=$("$@" | tail -1)
+	b1=$(busy)
+	echo "$name $b0 $b1 $g" >>"$tmp/mach"
+	echo "$g"
+}
+# raw: one ofi_rma_bw run over the veth; prints its line, then Gbit/s.
+raw() {
+	ip netns exec "$nsB" "$tmp/ofi_rma_bw" -s 10.91.16.2 -p "$PROVIDER" -P 7481 &
+	local t=$!
+	timeout $((SECS + 30)) ip netns exec "$nsA" "$tmp/ofi_rma_bw" -c 10.91.16.2 -p "$PROVIDER" -P 7481 -w 8 -t "$SECS" >"$tmp/raw.out"
+	wait "$t"
+	cat "$tmp/raw.out" >>"$tmp/raw.all"
+	sed -n 's/.* gbit=\([0-9.]*\) .*/\1/p' "$tmp/raw.out"
+}
 
 # stat LABEL PID1 PID2: perf stat of both exnd for SECS seconds, in the
 # background; the counts land in $tmp/stat-LABEL-{1,2}.
@@ -138,10 +175,10 @@ PY
 }
 
 echo "load at the start: $(cat /proc/loadavg); $(nproc) CPUs; GOMAXPROCS=${GOMAXPROCS:-unset}"
-ul=() ex=() en=() : >"$tmp/rtt" : >"$tmp/rtt-ul"
+ul=() ex=() en=() rw=() : >"$tmp/rtt" : >"$tmp/rtt-ul" : >"$tmp/mach" : >"$tmp/raw.all"
 ticks=0 bytes=0 nticks=0 nbytes=0 stats=()
 for r in $(seq "$ROUNDS"); do
-	ul+=("$(iperf 10.91.16.2)")
+	ul+=("$(mach underlay iperf 10.91.16.2)")
 	c0=$(( $(cpu "$exnd1") + $(cpu "$exnd2") ))
 	[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat ofi "$exnd1" "$exnd2"
 	if [ -n "$prof" ] && [ "$r" = "$ROUNDS" ]; then
@@ -150,7 +187,7 @@ for r in $(seq "$ROUNDS"); do
 		perf record -g -o "$prof/exnd-2.data" -p "$exnd2" -- sleep "$SECS" >/dev/null 2>&1 &
 		pr2=$!
 	fi
-	g=$(iperf 10.91.17.2)
+	g=$(mach exn0 iperf 10.91.17.2)
 	ex+=("$g")
 	[ -n "$prof" ] && [ "$r" = "$ROUNDS" ] && wait "$pr1" "$pr2"
 	ticks=$(( ticks + $(cpu "$exnd1") + $(cpu "$exnd2") - c0 ))
@@ -163,7 +200,7 @@ for r in $(seq "$ROUNDS"); do
 	if [ -n "$NET" ]; then
 		c0=$(( $(cpu "$net1") + $(cpu "$net2") ))
 		[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat net "$net1" "$net2"
-		g=$(iperf 10.91.18.2)
+		g=$(mach exn1 iperf 10.91.18.2)
 		en+=("$g")
 		nticks=$(( nticks + $(cpu "$net1") + $(cpu "$net2") - c0 ))
 		nbytes=$(python3 -c "print($nbytes + $g * 1e9 / 8 * $SECS)")
@@ -173,6 +210,7 @@ for r in $(seq "$ROUNDS"); do
 			stats=()
 		fi
 	fi
+	[ -n "$RAW" ] && rw+=("$(mach raw raw)")
 	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.17.2 |
 		sed -n 's/.*time=\([0-9.]*\) ms/\1/p' >>"$tmp/rtt"
 	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.16.2 |
@@ -200,4 +238,33 @@ if sys.argv[10].strip():
           % (en, st.median(en), st.median(en) / mu, float(sys.argv[8]) / hz / (float(sys.argv[9]) / 1e9)))
 PY
 [ -n "$STAT" ] && cat "$tmp/counts"
+if [ -n "$RAW" ]; then
+	echo "libfabric's own GET loop (ofi_rma_bw -w 8, 64 KiB) over the veth:"
+	sed 's/^/  /' "$tmp/raw.all"
+fi
+python3 - "$tmp/mach" "$(nproc)" "$hz" "$SECS" <<'PY'
+import sys, statistics as st
+runs = {}
+for line in open(sys.argv[1]):
+    name, b0, t0, b1, t1, g = line.split()
+    busy, tot, g = float(b1) - float(b0), float(t1) - float(t0), float(g)
+    ncpu, hz, secs = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    gb = g / 8 * secs
+    runs.setdefault(name, []).append((g, busy / tot, busy / hz / gb if gb else 0))
+print("whole machine, medians over rounds: Gbit/s, CPUs busy, CPU-s per GB (every process)")
+med = {}
+for name, v in runs.items():
+    med[name] = [st.median(x[i] for x in v) for i in range(3)]
+    print("  %-8s %6.2f Gbit/s  %3.0f %% busy  %.3f CPU-s/GB" % (name, med[name][0], 100 * med[name][1], med[name][2]))
+if "raw" in med and "underlay" in med:
+    ncpu = int(sys.argv[2])
+    cu, cr = med["underlay"][2], med["raw"][2]
+    ceil = ncpu / (cu + cr) * 8
+    print("exn0 ceiling from CPU: %d CPUs / (%.3f + %.3f CPU-s/GB) = %.1f Gbit/s = %.2fx the veth (bar 0.5x); exn0 reached %.2fx"
+          % (ncpu, cu, cr, ceil, ceil / med["underlay"][0], med["exn0"][0] / med["underlay"][0]))
+    if "exn1" in med:
+        ceil = ncpu / (2 * cu) * 8
+        print("exn1 (net) ceiling from CPU: %d CPUs / (2 x %.3f CPU-s/GB) = %.1f Gbit/s = %.2fx the veth; exn1 reached %.2fx"
+              % (ncpu, cu, ceil, ceil / med["underlay"][0], med["exn1"][0] / med["underlay"][0]))
+PY
 echo "load at the end: $(cat /proc/loadavg)"
