@@ -200,36 +200,50 @@ func (w *watchedNIC) announce() {
 
 // With a fabric that announces peer changes, the peer node's death is
 // seen at the announcement, not by polling: the poll period is an hour
-// here, so only the PeerWatcher path can pass.
+// here, so only the PeerWatcher path can pass. "late start": the death
+// is announced after the connection was entered (and its peer checked
+// alive) but before the liveness goroutine that enterDirect started has
+// run; the goroutine must still see it (CI once lost it under the race
+// detector, when the goroutine took the fabric's watch channel only once
+// it ran, after the change).
 func TestDirectPeerNodeDownWatched(t *testing.T) {
-	testenv.VerifyNoLeaks(t)
-	dir := t.TempDir()
-	var wa *watchedNIC
-	a, b := newNodesWrapped(t, func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option) {
-		opts := []Option{WithDirect(DirectConfig{Fabric: "t", Dir: dir, Node: id, Ring: dring.MinRing * 4}), withLivenessPeriod(time.Hour)}
-		if id == 1 {
-			wa = &watchedNIC{NIC: nic, changed: make(chan struct{})}
-			return wa, opts
-		}
-		return nic, opts
-	})
-	client, _ := connectDirect(t, a, b, nil)
-	b.nic.Close() // the node's fabric presence goes
-	wa.announce()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := client.ep.Read(make([]byte, 1))
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, dring.ErrReset) {
-			t.Fatalf("read with the peer node down: %v, want ErrReset", err)
-		}
-	case <-time.After(10 * time.Second):
-		client.Close() // ends the read
-		<-errc
-		t.Fatal("the announced death of the peer node did not reset the connection")
+	for _, late := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "late start"}[late], func(t *testing.T) {
+			testenv.VerifyNoLeaks(t)
+			dir := t.TempDir()
+			var wa *watchedNIC
+			announced := make(chan struct{})
+			a, b := newNodesWrapped(t, func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option) {
+				opts := []Option{WithDirect(DirectConfig{Fabric: "t", Dir: dir, Node: id, Ring: dring.MinRing * 4}), withLivenessPeriod(time.Hour)}
+				if id != 1 {
+					return nic, opts
+				}
+				wa = &watchedNIC{NIC: nic, changed: make(chan struct{})}
+				if late {
+					opts = append(opts, func(s *Server) { s.livenessStarted = func() { <-announced } })
+				}
+				return wa, opts
+			})
+			client, _ := connectDirect(t, a, b, nil)
+			b.nic.Close() // the node's fabric presence goes
+			wa.announce()
+			close(announced)
+			errc := make(chan error, 1)
+			go func() {
+				_, err := client.ep.Read(make([]byte, 1))
+				errc <- err
+			}()
+			select {
+			case err := <-errc:
+				if !errors.Is(err, dring.ErrReset) {
+					t.Fatalf("read with the peer node down: %v, want ErrReset", err)
+				}
+			case <-time.After(10 * time.Second):
+				client.Close() // ends the read
+				<-errc
+				t.Fatal("the announced death of the peer node did not reset the connection")
+			}
+		})
 	}
 }
 

@@ -222,7 +222,10 @@ func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
 	if !s.livenessOn {
 		s.livenessOn = true
 		s.wg.Add(1)
-		go s.directLiveness()
+		// The watch channel is taken here, before checkPeer below: a
+		// change announced after the check closes it, however late the
+		// goroutine starts.
+		go s.directLiveness(s.dev.PeersChanged())
 	}
 	s.mu.Unlock()
 	go s.watch(dc)
@@ -399,10 +402,14 @@ func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File
 // directLivenessPeriod and ends at the first tick with none. A
 // connection entered after a check is checked once by enterDirect
 // (checkPeer), so a node that died before the connection was entered
-// is not missed either.
-func (s *Server) directLiveness() {
+// is not missed either. changed is the fabric's watch channel as it was
+// before that first check (nil: poll), so a change announced between
+// the check and this goroutine's start is not missed.
+func (s *Server) directLiveness(changed <-chan struct{}) {
 	defer s.wg.Done()
-	changed := s.dev.PeersChanged()
+	if s.livenessStarted != nil {
+		s.livenessStarted()
+	}
 	var tick <-chan time.Time
 	if changed == nil {
 		t := time.NewTicker(s.livenessPeriod)

@@ -146,6 +146,8 @@ type Server struct {
 	pool      ringPool // accepting side's ready buffers (dpool.go)
 	// livenessPeriod: directLiveness's poll without a PeerWatcher.
 	livenessPeriod time.Duration
+	// livenessStarted, if set (tests only), runs first in directLiveness.
+	livenessStarted func()
 	// livenessOn: the directLiveness goroutine runs (direct.go).
 	livenessOn bool
 	// Holds for short connections (hold.go): shortHold 0 is off.
