@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,7 +159,8 @@ type peer struct {
 	// no call touches the peer (the shm provider maps peers in the same
 	// process by pointer: a send after the peer closed would fault).
 	busy  atomic.Int32
-	acked atomic.Bool // acknowledged our goodbye
+	idle  chan struct{} // (1) a call that leaves p down with busy at 0 signals peerDown's wait
+	acked atomic.Bool   // acknowledged our goodbye
 
 	bell      atomic.Pointer[peerBell] // its host bell, opened on first use (hostbell.go)
 	bellRetry atomic.Int64             // no new attempt to open it before this (Unix ns)
@@ -181,13 +181,31 @@ type peer struct {
 func (p *peer) enter() bool {
 	p.busy.Add(1)
 	if !p.isUp.Load() {
-		p.busy.Add(-1)
+		p.leave()
 		return false
 	}
 	return true
 }
 
-func (p *peer) leave() { p.busy.Add(-1) }
+// leave ends a call that enter counted. The last one out of a peer that
+// is down wakes peerDown's wait (a token left when nobody waits is
+// harmless: the wait re-checks busy).
+func (p *peer) leave() {
+	if p.busy.Add(-1) == 0 && !p.isUp.Load() {
+		select {
+		case p.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// awaitIdle waits until no call counted by enter is in progress; p is
+// already marked down, so none starts.
+func (p *peer) awaitIdle() {
+	for p.busy.Load() > 0 {
+		<-p.idle
+	}
+}
 
 func (p *peer) state() (up bool, down <-chan struct{}) {
 	p.mu.Lock()
@@ -463,7 +481,7 @@ func (n *NIC) AddPeer(node fabric.NodeID, name []byte) error {
 }
 
 func (n *NIC) addPeer(node fabric.NodeID, fa uint64) {
-	p := &peer{node: node, fa: fa, down: make(chan struct{})}
+	p := &peer{node: node, fa: fa, down: make(chan struct{}), idle: make(chan struct{}, 1)}
 	p.isUp.Store(true)
 	n.peersMu.Lock()
 	if old := n.peers[node]; old != nil {
@@ -503,9 +521,7 @@ func (n *NIC) peerDown(p *peer, why string) {
 	p.isUp.Store(false)
 	close(p.down)
 	p.mu.Unlock()
-	for p.busy.Load() > 0 {
-		runtime.Gosched() // a send to p is in its libfabric call: it is short
-	}
+	p.awaitIdle() // a send to p is in its libfabric call: it is short
 	if why == whyGoodbye {
 		n.log.Debug("ofi peer down", "peer", p.node, "why", why)
 	} else {
