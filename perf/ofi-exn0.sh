@@ -123,9 +123,7 @@ iperf() {
 }
 # cpu PID: user+system clock ticks.
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-# busy: the whole machine's busy clock ticks (user, nice, system, irq,
-# softirq, steal) and its total ticks, from /proc/stat.
-busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9 }' /proc/stat; }
+. perf/procstat.sh # busy: the machine's busy and total clock ticks
 # mach NAME CMD...: runs CMD (which prints Gbit/s last) and appends
 # "NAME busy-ticks total-ticks Gbit/s" to $tmp/mach.
 mach() {

@@ -84,7 +84,7 @@ done
 [ -n "$ok" ] || { cat "$tmp"/n?.log >&2; echo "tap-bound: exn0 never came up" >&2; exit 1; }
 ip netns exec "${tag}1" ping -c1 -W1 10.75.1.2 >/dev/null
 
-busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9 }' /proc/stat; }
+. "$root/perf/procstat.sh"
 # run DST SECS: one iperf3 run; prints "Gbit/s busy-fraction"
 run() {
 	local b0 t0 b1 t1 g
