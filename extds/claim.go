@@ -94,7 +94,7 @@ const (
 	stDirect                          // claimed by ClaimDirect and a direct CLAIM came: AgreeDirect answers
 	stReplied                         // CLAIM_DIRECT sent: waiting for COMMIT
 	stHeld                            // the CLAIM was declined by a hold (hold.go): no hello comes
-	stSkipped                         // accepted as made during a hold's skip window (SkippedByHold): a late CLAIM is declined as held
+	stSkipped                         // its acceptor took it as TCP because of a hold (AcceptOnHold, SkippedByHold): a CLAIM is declined as held
 )
 
 type claimEntry struct {
@@ -345,10 +345,12 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 	case e.st == stClosed:
 		d.claimReply(reply, sport, 0, declineLate)
 	case e.st == stSkipped:
-		// Its acceptor took it as made while the client skipped
-		// (SkippedByHold): declined as held, with no time to cache.
+		// Its acceptor took it as plain TCP because of a hold
+		// (AcceptOnHold, SkippedByHold): declined as held, with what
+		// is left of the hold (none once it is over) for the client
+		// to cache.
 		delete(t.m, key)
-		d.claimReply(reply, sport, 0, declineHold)
+		d.claimReply(reply, sport, 0, holdReason(t.holdLeftLocked(sport, time.Now())))
 	default:
 		d.drop(DropProbe, "from", from, "why", "duplicate claim")
 	}

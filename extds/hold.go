@@ -115,9 +115,7 @@ func (d *Device) SkippedByHold(key TupleKey, made time.Time) bool {
 	if !ok || t.m[key] != nil || made.Before(sp.start) || made.After(sp.end.Add(-2*HoldMargin-skipSlack)) {
 		return false
 	}
-	if len(t.m) < maxClaims {
-		t.m[key] = &claimEntry{st: stSkipped, expires: time.Now().Add(claimTombstone)}
-	}
+	t.skipLocked(key, time.Now())
 	return true
 }
 
@@ -128,6 +126,45 @@ func (d *Device) PortHold(port uint16) time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return max(t.holdLeftLocked(port, time.Now())-HoldMargin, 0)
+}
+
+// AcceptOnHold is PortHold for the acceptor of the connection key: how
+// long its port stays on hold for acceptors, 0 if it is not. When it is,
+// the acceptor takes the connection as plain TCP without claiming it,
+// so the connection's claim state is settled here: a CLAIM for key that
+// came before the hold began (offered, at a hold's start) is declined as
+// held at once instead of waiting out its client's claim timeout, which
+// would end in no_claim and the negative cache; one that comes later is
+// declined as held whenever it comes, even after the hold. Safe for
+// concurrent use.
+func (d *Device) AcceptOnHold(key TupleKey) time.Duration {
+	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
+	t := &d.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	left := t.holdLeftLocked(key.Local.Port(), now)
+	if left <= HoldMargin {
+		return 0
+	}
+	switch e := t.m[key]; {
+	case e == nil:
+		t.skipLocked(key, now)
+	case e.st == stOffered:
+		d.claimReply(e, e.sport, 0, holdReason(left))
+		e.st, e.expires = stHeld, now.Add(claimTombstone)
+	}
+	return left - HoldMargin
+}
+
+// skipLocked records that key's acceptor took it as plain TCP because of
+// a hold, so that a CLAIM for it is declined as held (onClaim); t.mu
+// held. A full table records nothing: the CLAIM then meets the hold
+// itself, or times out.
+func (t *claimTable) skipLocked(key TupleKey, now time.Time) {
+	if len(t.m) < maxClaims {
+		t.m[key] = &claimEntry{st: stSkipped, expires: now.Add(claimTombstone)}
+	}
 }
 
 // holdLeftLocked is the remaining hold of port (t.mu held).

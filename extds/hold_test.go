@@ -220,3 +220,67 @@ func TestHoldPeerFromSend(t *testing.T) {
 		p.devA.negMu.Unlock()
 	}
 }
+
+// TestAcceptOnHold: an acceptor that finds its port on hold takes the
+// connection as plain TCP without claiming it, and its client is told so
+// whenever its CLAIM came: one that came before the hold began (a hold's
+// start, CI saw it end in no_claim and the negative cache) is declined
+// as held at once, and one that comes after the hold ended is declined
+// as held too. The client falls back short_lived, never no_claim, and
+// nothing precedes the application's bytes.
+func TestAcceptOnHold(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	for _, claimFirst := range []bool{true, false} {
+		t.Run(map[bool]string{true: "claim before the hold", false: "claim after the hold"}[claimFirst], func(t *testing.T) {
+			p := newPair(t)
+			ln, port := claimListener(t, p)
+			cl, sv := shadowPair(t, ln)
+			defer sv.Close()
+			key := TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
+			type result struct {
+				c   *Conn
+				err error
+			}
+			done := make(chan result, 1)
+			upgrade := func() {
+				c, err := p.dialer.Upgrade(t.Context(), cl)
+				done <- result{c, err}
+			}
+			served := p.devB.Stats().ProbesServed
+			if claimFirst {
+				go upgrade()
+				for end := time.Now().Add(10 * time.Second); p.devB.Stats().ProbesServed == served; { // the CLAIM is offered, before any hold
+					if time.Now().After(end) {
+						t.Fatal("the client's CLAIM never reached the server's exnd")
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+			p.devB.HoldPort(port, time.Second)
+			if left := p.devB.AcceptOnHold(key); left <= 0 {
+				t.Fatalf("AcceptOnHold = %v on a held port", left)
+			}
+			if !claimFirst {
+				p.devB.HoldPort(port, 0) // the CLAIM comes after the hold
+				if left := p.devB.AcceptOnHold(TupleKey{Local: key.Local, Remote: netip.MustParseAddrPort("127.0.0.1:1")}); left != 0 {
+					t.Fatalf("AcceptOnHold = %v after the hold", left)
+				}
+				go upgrade()
+			}
+			r := <-done
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			defer r.c.Close()
+			if why, ok := r.c.FallbackReason(); r.c.Mode() != ModeTCP || !ok || why != FallbackShortLived {
+				t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", r.c.Mode(), why, ok)
+			}
+			if _, err := io.WriteString(r.c, "app bytes"); err != nil {
+				t.Fatal(err)
+			}
+			if _, peeked := peekFirst(t, sv, HelloPrefixLen); string(peeked) != "app " {
+				t.Fatalf("server saw %q first: something was written before the app", peeked)
+			}
+		})
+	}
+}

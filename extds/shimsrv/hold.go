@@ -75,13 +75,14 @@ func (s *Server) connEnded(side string, port uint16, since time.Time) {
 	}
 }
 
-// heldAccept is shim-accept's answer on a held port, ok false if the
-// port is not held.
-func (s *Server) heldAccept(port uint16) (SwitchResult, bool) {
+// heldAccept is shim-accept's answer for the connection key on a held
+// port, ok false if the port is not held (extds.Device.AcceptOnHold
+// settles the connection's claim).
+func (s *Server) heldAccept(key extds.TupleKey) (SwitchResult, bool) {
 	if s.shortHold <= 0 {
 		return SwitchResult{}, false
 	}
-	left := s.dev.PortHold(port)
+	left := s.dev.AcceptOnHold(key)
 	if left <= 0 {
 		return SwitchResult{}, false
 	}

@@ -3,6 +3,7 @@ package shimsrv
 import (
 	"io"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -42,7 +43,8 @@ func TestShortRuns(t *testing.T) {
 			if held := a.dev.PortHold(port) > 0; held != (tc.holds > 0) {
 				t.Fatalf("port held %v after %d holds", held, tc.holds)
 			}
-			if _, held := a.srv.heldAccept(port + 1); held {
+			other := extds.TupleKey{Local: netip.MustParseAddrPort("127.0.0.1:4243"), Remote: netip.MustParseAddrPort("127.0.0.1:50000")}
+			if _, held := a.srv.heldAccept(other); held {
 				t.Fatal("another port is held")
 			}
 		})

@@ -107,8 +107,8 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		return nil, nil, errors.New("descriptor is not a TCP socket")
 	}
 	if side == sideAccept {
-		var la netip.AddrPort
-		if err := rc.Control(func(fd uintptr) { la, ierr = sys.SockName(int(fd)) }); err != nil || ierr != nil {
+		var la, ra netip.AddrPort
+		if err := rc.Control(func(fd uintptr) { la, ra, ierr = sys.SockPeerName(int(fd)) }); err != nil || ierr != nil {
 			return nil, nil, errors.Join(err, ierr)
 		}
 		if !s.mayAccept(who, la) {
@@ -118,7 +118,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			s.fallback(ReasonNotOwner)
 			return SwitchResult{Mode: "tcp", Reason: ReasonNotOwner}, nil, nil
 		}
-		if res, held := s.heldAccept(la.Port()); held {
+		if res, held := s.heldAccept(extds.TupleKey{Local: la, Remote: ra}); held {
 			return res, nil, nil
 		}
 	}

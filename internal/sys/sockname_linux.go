@@ -22,6 +22,24 @@ func SockName(fd int) (netip.AddrPort, error) {
 	if err != nil {
 		return netip.AddrPort{}, os.NewSyscallError("getsockname", err)
 	}
+	return inetAddrPort(sa)
+}
+
+// SockPeerName returns the local and the remote address of the connected
+// inet socket fd.
+func SockPeerName(fd int) (local, remote netip.AddrPort, err error) {
+	if local, err = SockName(fd); err != nil {
+		return
+	}
+	sa, err := unix.Getpeername(fd)
+	if err != nil {
+		return local, remote, os.NewSyscallError("getpeername", err)
+	}
+	remote, err = inetAddrPort(sa)
+	return
+}
+
+func inetAddrPort(sa unix.Sockaddr) (netip.AddrPort, error) {
 	switch a := sa.(type) {
 	case *unix.SockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), nil
