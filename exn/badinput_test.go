@@ -3,7 +3,9 @@ package exn
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -390,5 +392,62 @@ func TestCloseUnblocks(t *testing.T) {
 	}
 	if err := a.eng.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// refusePost is an endpoint whose Post refuses one request (by remote
+// address) as the fabric would refuse a bad one: it starts the requests
+// before it and returns ErrInvalid for it.
+type refusePost struct {
+	fabric.Endpoint
+	poison fabric.NLA
+}
+
+func (r *refusePost) Post(reqs []fabric.RMA) (int, error) {
+	for j := range reqs {
+		if reqs[j].Remote == r.poison {
+			k, err := r.Endpoint.Post(reqs[:j])
+			if err != nil {
+				return k, err
+			}
+			return j, fmt.Errorf("refusePost: %w", fabric.ErrInvalid)
+		}
+	}
+	return r.Endpoint.Post(reqs)
+}
+
+// TestGetPostRefused: a GET the fabric refuses when the round's GETs are
+// posted (flushGets) drops that frame only, as get-post, and frees its
+// buffer; the GETs after it in the same round are still posted.
+func TestGetPostRefused(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	c := mem.NewCluster()
+	at := newAttacker(t, c, 3)
+	nic, ep := openEth(t, c, 2)
+	defer nic.Close()
+	const size = 1000
+	wrapped := &refusePost{Endpoint: ep, poison: at.reg.NLA + 4096}
+	l := newCollectLink()
+	e, err := New(nic, wrapped, l, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var msgs []fabric.Message
+	for i := range 3 {
+		copy(at.reg.Buf[i*4096:], frame(e.MAC(), nodeMAC(at.nic.Node()), size, uint32(i)))
+		msgs = append(msgs, msg(2, tagAdvert, advertBytes(at.reg.NLA+fabric.NLA(i*4096), size, uint16(i))))
+	}
+	at.send(t, msgs...)
+	got := l.wait(t, 2, 5*time.Second)
+	if len(got) != 2 || binary.BigEndian.Uint32(got[0][14:]) != 0 || binary.BigEndian.Uint32(got[1][14:]) != 2 {
+		t.Fatalf("delivered %d frames, want frames 0 and 2", len(got))
+	}
+	eventually(t, "buffers free", func() bool {
+		s := e.Stats()
+		return s.RxSlotsInUse == 0 && s.PendingGets == 0
+	})
+	if s := e.Stats(); s.Drops[DropGetPost] != 1 {
+		t.Errorf("get-post drops %d, want 1; %s", s.Drops[DropGetPost], dropsString(s))
 	}
 }

@@ -6,6 +6,7 @@ package exn
 //	                           │   unicast and multicast apart) → frame
 //	                           └─ advert → per-source queue entry → GET
 //	                              (or wait for a free rx buffer)
+//	flushGets: the round's GETs go out in one Post
 //	PollNotifications ≤ NotifyBudget
 //	   completer (our GET done)      → queue entry ready
 //	   requester error (GET failed)  → queue entry failed, buffer freed
@@ -14,7 +15,8 @@ package exn
 //	   the head of its queue into the delivery batch; stop at a GET in
 //	   flight — so frames reach the Link in the order the source sent them
 //	flush the batch: Observer, Link.DeliverFrames, release buffers, post
-//	   GETs for adverts waiting for a buffer (FIFO across sources)
+//	   GETs for adverts waiting for a buffer (FIFO across sources, one
+//	   Post)
 //	nothing done → ep.Wait(tick) (spins, then sleeps until a message, a
 //	   notification or the next housekeeping tick, if the ticker runs:
 //	   see needTicks)
@@ -118,7 +120,8 @@ type rxState struct {
 	rel      []release
 	msgs     []fabric.Message
 	notes    []fabric.Notification
-	req      [1]fabric.RMA
+	reqs     []fabric.RMA // GETs of this round not yet posted (flushGets)
+	reqSlot  []int32      // reqs[i]'s rx buffer
 	lastTick uint64
 }
 
@@ -131,6 +134,8 @@ func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame, slotMax int) e
 	r.region = reg
 	r.slots = make([]rxSlot, cfg.RxSlots)
 	r.free = make([]int32, 0, cfg.RxSlots)
+	r.reqs = make([]fabric.RMA, 0, cfg.RxSlots)
+	r.reqSlot = make([]int32, 0, cfg.RxSlots)
 	for i := cfg.RxSlots - 1; i >= 0; i-- {
 		r.free = append(r.free, int32(i))
 	}
@@ -169,6 +174,7 @@ func (e *Engine) rxLoop() {
 		for i := range rx.msgs[:n] {
 			e.handleMsg(&rx.msgs[i])
 		}
+		e.flushGets()
 		m, nerr := e.ep.PollNotifications(rx.notes)
 		for i := range rx.notes[:m] {
 			e.handleNote(&rx.notes[i])
@@ -360,8 +366,10 @@ func (e *Engine) handleAdvert(src *source, a advert, reason DropReason) {
 	rx.waitq = append(rx.waitq, src)
 }
 
-// postGet starts the GET of the waiting entry at abs into a free rx
-// buffer, which the caller made sure exists.
+// postGet assigns a free rx buffer (which the caller made sure exists)
+// to the waiting entry at abs and queues its GET for flushGets: the GETs
+// of one round go to the fabric in one Post, which a backend may carry
+// in fewer operations (fabric/ofi merges up to four).
 func (e *Engine) postGet(src *source, abs uint64) {
 	rx := &e.rx
 	ent := src.at(abs)
@@ -369,23 +377,44 @@ func (e *Engine) postGet(src *source, abs uint64) {
 	rx.free = rx.free[:len(rx.free)-1]
 	e.ctr.rxSlotsInUse.Add(1)
 	rx.slots[slot] = rxSlot{src: src, abs: abs, len: ent.adv.len, busy: true, off: ent.adv.off}
-	rx.req[0] = fabric.RMA{
+	rx.reqs = append(rx.reqs, fabric.RMA{
 		Op:     fabric.OpGet,
 		Peer:   fabric.Addr{Node: src.node, VPID: fabric.EthVPID},
 		Local:  rx.nla(slot),
 		Remote: ent.adv.nla,
 		Len:    ent.adv.len,
 		Notify: fabric.NotifyCompleter | fabric.NotifyResponder,
-	}
-	if _, err := e.ep.Post(rx.req[:]); err != nil {
-		e.freeRxSlot(slot)
-		ent.state = qFailed
-		e.markDirty(src)
-		e.drop(DropGetPost, src.node)
-		return
-	}
+	})
+	rx.reqSlot = append(rx.reqSlot, slot)
 	ent.state, ent.slot = qPending, slot
 	e.ctr.pendingGets.Add(1)
+}
+
+// flushGets posts the GETs postGet queued. A request the fabric refuses
+// (the endpoint closing) fails its entry and frees its buffer; the rest
+// are still posted. Every caller of postGet calls it before the round's
+// entries are looked at again (housekeep counts on a pending entry's
+// notification).
+func (e *Engine) flushGets() {
+	rx := &e.rx
+	reqs, slots := rx.reqs, rx.reqSlot
+	for len(reqs) > 0 {
+		k, err := e.ep.Post(reqs)
+		if err == nil {
+			break
+		}
+		slot := slots[k]
+		s := &rx.slots[slot]
+		src := s.src
+		ent := src.at(s.abs)
+		e.freeRxSlot(slot)
+		ent.state, ent.slot = qFailed, -1
+		e.ctr.pendingGets.Add(-1)
+		e.markDirty(src)
+		e.drop(DropGetPost, src.node)
+		reqs, slots = reqs[k+1:], slots[k+1:]
+	}
+	rx.reqs, rx.reqSlot = rx.reqs[:0], rx.reqSlot[:0]
 }
 
 func (e *Engine) freeRxSlot(slot int32) {
@@ -647,6 +676,7 @@ func (e *Engine) postWaiting() {
 	if rx.wqHead == len(rx.waitq) {
 		rx.waitq, rx.wqHead = rx.waitq[:0], 0
 	}
+	e.flushGets()
 }
 
 // housekeep reclaims expired adverts and cleans up after dead sources.

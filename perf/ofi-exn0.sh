@@ -15,7 +15,8 @@
 # ratio, the ping p50 and p90 (over all rounds' replies), and the CPU time both exnd used per
 # GB moved over exn0 (user+system, /proc). With a profile-dir, `perf
 # record -g` of both exnd during the last round's exn0 run goes there
-# (perf report -i DIR/exnd-1.data).
+# (perf report -i DIR/exnd-1.data); PERF_EVENTS adds perf record options,
+# e.g. PERF_EVENTS='-e sched:sched_switch' for where exnd's threads sleep.
 #
 # NET=1 also starts exnd --fabric net in both namespaces over the same
 # veth (exn1 on 10.91.18.0/24, port 7472) and adds an iperf3 run over it
@@ -23,7 +24,8 @@
 # GB: exn's own TCP fabric against libfabric's, in the same run. STAT=1
 # counts, with `perf stat` during the last round's runs, the context
 # switches and system calls of both exnd of each pair, per 64 KiB frame
-# moved. exnd's environment is the caller's (GOMAXPROCS, FI_*).
+# moved. exnd's environment is the caller's (GOMAXPROCS, FI_*). EXND=path
+# runs that exnd binary instead of building one from the tree.
 #
 # RAW=1 adds, to every round, libfabric's own bulk engine over the same
 # veth: perf/testdata/ofi_rma_bw.c, 8 RMA GETs of 64 KiB in flight on
@@ -60,13 +62,18 @@ cleanup() {
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 	ip netns del "$nsA" 2>/dev/null || true
 	ip netns del "$nsB" 2>/dev/null || true
+	[ -n "${KEEPLOGS:-}" ] && cat "$tmp"/exnd-*.log >&2
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ -n "$prof" ] && mkdir -p "$prof"
-go build -tags ofi -o "$tmp/exnd" ./cmd/exnd
+if [ -n "${EXND:-}" ]; then
+	cp "$EXND" "$tmp/exnd" # a prebuilt exnd (A/B runs of two builds)
+else
+	go build -tags ofi -o "$tmp/exnd" ./cmd/exnd
+fi
 [ -n "$RAW" ] && gcc -O2 -Wall -Werror -o "$tmp/ofi_rma_bw" perf/testdata/ofi_rma_bw.c -lfabric
 ip netns add "$nsA"
 ip netns add "$nsB"
@@ -180,9 +187,11 @@ for r in $(seq "$ROUNDS"); do
 	c0=$(( $(cpu "$exnd1") + $(cpu "$exnd2") ))
 	[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat ofi "$exnd1" "$exnd2"
 	if [ -n "$prof" ] && [ "$r" = "$ROUNDS" ]; then
-		perf record -g -o "$prof/exnd-1.data" -p "$exnd1" -- sleep "$SECS" >/dev/null 2>&1 &
+		# shellcheck disable=SC2086 # PERF_EVENTS is a list of perf options
+		perf record -g ${PERF_EVENTS:-} -o "$prof/exnd-1.data" -p "$exnd1" -- sleep "$SECS" >/dev/null 2>&1 &
 		pr1=$!
-		perf record -g -o "$prof/exnd-2.data" -p "$exnd2" -- sleep "$SECS" >/dev/null 2>&1 &
+		# shellcheck disable=SC2086
+		perf record -g ${PERF_EVENTS:-} -o "$prof/exnd-2.data" -p "$exnd2" -- sleep "$SECS" >/dev/null 2>&1 &
 		pr2=$!
 	fi
 	g=$(mach exn0 iperf 10.91.17.2)

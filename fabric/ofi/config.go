@@ -58,6 +58,10 @@ type Config struct {
 	// RecvSlots and SendSlots size the pre-posted receive and the send
 	// buffer pools (defaults DefaultRecvSlots, DefaultSendSlots).
 	RecvSlots, SendSlots int
+	// RMAMerge is the most requests of one Post that may travel as one
+	// provider operation (rma.go): 0 means as many as the provider's iov
+	// limits allow, up to 4; 1 turns merging off.
+	RMAMerge int
 	// Logger receives the backend's log lines; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -111,6 +111,8 @@ type NIC struct {
 	releasing map[uint32]*region // deregistered, waiting for pInvalAck
 
 	ops    []rmaOp
+	vecs   []rmaVec // ops[i]'s piece list, in C memory
+	merge  int      // most requests per RMA operation (Config.RMAMerge, the provider's iov limits)
 	opFree chan int32
 
 	progMu sync.Mutex // whoever holds it progresses: the CQ, batch, ctlFree, ctlDests, jobs
@@ -138,6 +140,7 @@ type NIC struct {
 	// object on one host (shm), or nil. Set at Open, closed by freeAll.
 	bell                           *ownBell
 	bellRings, bellFailed, bgWakes atomic.Uint64
+	rmaMerged                      atomic.Uint64 // requests that rode in another's operation
 	retiredMu                      sync.Mutex
 	retired                        []*peerBell  // forgotten peer bells, closed by freeAll
 	fence                          atomic.Int32 // awaitCompletion's barrier
@@ -262,6 +265,7 @@ func open(cfg Config) (*NIC, error) {
 		done:      make(chan struct{}),
 		bgWake:    make(chan struct{}, 1),
 		inject:    f.injectSize(),
+		merge:     cfg.mergeLimit(f.iovLimit()),
 	}
 	n.groups.Init("ofi", &n.ctr, &n.closed)
 	n.faults.Init(n.log, localq.FaultLogInterval)
@@ -410,6 +414,7 @@ func (n *NIC) setupBuffers() error {
 	}
 	n.ctlDests = make([]*peer, ctlSlots)
 	n.ops = make([]rmaOp, rmaSlots)
+	n.vecs = newRMAVecs(rmaSlots)
 	n.opFree = make(chan int32, rmaSlots)
 	for i := range rmaSlots {
 		n.opFree <- int32(i)
@@ -447,6 +452,8 @@ func (n *NIC) freeAll() {
 		n.batch.free()
 		n.batch = nil
 	}
+	freeRMAVecs(n.vecs)
+	n.vecs = nil
 	if n.waitFile != nil {
 		n.waitFile.Close()
 		n.waitFile, n.waitRC = nil, nil
@@ -746,14 +753,22 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 		}
 		n.invalAcked(src, le32(body))
 	case pNotify:
-		nt, err := fabric.DecodeNotification(body)
-		if err != nil || nt.Kind == fabric.KindRequester {
+		// One to rmaMerge notifications, of one operation's requests.
+		if len(body) == 0 || len(body)%notifyBody != 0 || len(body) > rmaMerge*notifyBody {
 			n.ctr.Corrupt.Add(1)
 			return
 		}
-		nt.Peer = fabric.Addr{Node: src, VPID: h.desc.VPID} // the verified source, not what the packet says
-		if e := n.eps[h.dst].Load(); e != nil {
-			e.Notify(nt)
+		e := n.eps[h.dst].Load()
+		for ; len(body) > 0; body = body[notifyBody:] {
+			nt, err := fabric.DecodeNotification(body)
+			if err != nil || nt.Kind == fabric.KindRequester {
+				n.ctr.Corrupt.Add(1)
+				return
+			}
+			nt.Peer = fabric.Addr{Node: src, VPID: h.desc.VPID} // the verified source, not what the packet says
+			if e != nil {
+				e.Notify(nt)
+			}
 		}
 	case pHello:
 		// The peer is (again) up: receive already revived it. It may

@@ -73,6 +73,9 @@ func benchRawRMA(b *testing.B, prov string, write, dc bool, size int) {
 	if req.mrMode()&mrVirtAddr != 0 {
 		raddr = rm.addr()
 	}
+	vec := newRMAVecs(1)
+	defer freeRMAVecs(vec)
+	vec[0].set(0, lm.p, raddr, size)
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() { // the target's progress
@@ -97,7 +100,7 @@ func benchRawRMA(b *testing.B, prov string, write, dc bool, size int) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for {
-			err := req.rma(write, dc, lm.p, size, lr.desc, dest, raddr, rr.key, mkctx(ctxRMA, 0))
+			err := req.rma(write, dc, &vec[0], 1, lr.desc, dest, rr.key, mkctx(ctxRMA, 0))
 			if err == nil {
 				break
 			}

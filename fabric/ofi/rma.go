@@ -12,10 +12,15 @@ package ofi
 //	         the target answers with a key only for a region that the
 //	         named VPID owns; owner, bounds and liveness are checked here
 //	         BEFORE anything is issued (error notification otherwise)
-//	     ──► op slot ──► fi_read / fi_write(FI_DELIVERY_COMPLETE)
-//	progress ──► rmaDone: requester/completer notifications here, pNotify
-//	             to the target for its completer (PUT) or responder (GET)
-//	             notification, which it delivers only to the VPID named.
+//	     ──► joins the operation this Post call is building (same op,
+//	         peer, flags, local and remote region; up to n.merge), or
+//	         issues that one and starts another in a fresh op slot
+//	     ──► issue: one fi_readmsg / fi_writemsg(FI_DELIVERY_COMPLETE)
+//	         with one iov entry per request
+//	progress ──► rmaDone: requester/completer notifications here, one
+//	             pNotify to the target with the completer (PUT) or
+//	             responder (GET) notifications of every request of the
+//	             operation, which it delivers only to the VPID named.
 //	Deregister ──► unpublish, wait for own ops in flight, pInval to every
 //	             node that got the key and wait for each one's pInvalAck
 //	             (sent once none of its ops on the region is in flight:
@@ -77,13 +82,51 @@ func (rr *remoteRegion) finish(a regAnswer) {
 	close(rr.done)
 }
 
-// rmaOp is one RMA request in flight.
-type rmaOp struct {
-	ep     *endpoint
+// rmaMerge is the most requests of one Post that one provider operation
+// carries (fi_readmsg/fi_writemsg with one iov entry each): EXN_MAXIOV in
+// shim.go, the iov limit of tcp;ofi_rxm and shm in libfabric 1.17. On an
+// fd provider each operation is a request, a response and a wake-up on
+// each side; EXT-Eth posts the GETs of a receive round together, and one
+// operation for up to four 64 KiB frames divides that cost by up to four
+// (docs/fabric-ofi.md, "Several requests per operation"). Four responder
+// notifications also fit one pNotify packet.
+const rmaMerge = 4
+
+// mergeLimit is RMAMerge bounded by the provider's iov limit and rmaMerge.
+func (c *Config) mergeLimit(iov int) int {
+	m := min(rmaMerge, iov)
+	if c.RMAMerge > 0 {
+		m = min(m, c.RMAMerge)
+	}
+	return max(m, 1)
+}
+
+// rmaPart is one request of an operation, with the references it holds
+// until its completion: its local region (inflight) and its pin on the
+// remote region.
+type rmaPart struct {
 	req    fabric.RMA
 	local  *region
 	remote rkey
-	peer   *peer
+}
+
+// rmaOp is one RMA operation in flight: parts[:k], all of one endpoint,
+// op, peer (node and VPID), local region and remote region.
+type rmaOp struct {
+	ep    *endpoint
+	peer  *peer
+	parts [rmaMerge]rmaPart
+	k     int
+}
+
+// rmaBatch is an operation being built by one Post call: slot and
+// op.parts[:op.k] are taken, nothing is issued yet.
+type rmaBatch struct {
+	slot  int32
+	op    *rmaOp
+	ans   regAnswer // the remote region's key and base
+	dc    bool
+	local *region
 }
 
 // Register allocates size bytes of page-aligned C memory (mmap), registers
@@ -300,9 +343,20 @@ func (n *NIC) localRegion(e *endpoint, a fabric.NLA, length uint32) *region {
 
 // Post starts RMA requests in order (see fabric.Endpoint). A request to a
 // region not yet seen costs one query round trip to the target first.
-func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
+// Consecutive requests of one call that share the op, the peer, the
+// notification flags, the local region and the remote region go to the
+// provider as one operation of up to n.merge pieces; each keeps its own
+// checks, notifications and errors, as if posted alone.
+func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
+	var b rmaBatch
+	k, err := e.Core.Post(reqs, func(r *fabric.RMA) error { return e.post(r, &b) })
+	e.issue(&b)
+	return k, err
+}
 
-func (e *endpoint) post(r *fabric.RMA) error {
+// post checks r, resolves its remote region and adds it to the operation
+// b is building, issuing b first when r cannot join it.
+func (e *endpoint) post(r *fabric.RMA, b *rmaBatch) error {
 	n := e.nic
 	if err := fabric.CheckRMA(r); err != nil {
 		return err
@@ -314,12 +368,14 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	n.ctr.RMAPosted[r.Op].Add(1)
 	if r.Peer.Node == n.id {
 		defer local.inflight.Add(-1)
+		e.issue(b) // keep the order of this call's requests
 		e.loopback(r, local)
 		return nil
 	}
 	p := n.peer(r.Peer.Node)
 	if p == nil {
 		local.inflight.Add(-1)
+		e.issue(b)
 		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return nil
 	}
@@ -332,56 +388,87 @@ func (e *endpoint) post(r *fabric.RMA) error {
 	}
 	if nerr != fabric.NErrNone {
 		local.inflight.Add(-1)
+		e.issue(b)
 		e.ErrorNotify(r, nerr)
 		return nil
 	}
 	rk := rkey{r.Peer.Node, r.Remote.Region()}
-	var slot int32
-	select {
-	case slot = <-n.opFree:
-	case <-e.Done:
-		local.inflight.Add(-1)
-		n.unpinRemote(rk)
-		return e.ErrClosed("post")
-	case <-n.done:
-		local.inflight.Add(-1)
-		n.unpinRemote(rk)
-		return e.ErrClosed("post")
+	dc := n.needDC(r)
+	if b.op != nil {
+		first := &b.op.parts[0]
+		if b.op.k == n.merge || b.op.peer != p || first.req.Op != r.Op || first.req.Peer != r.Peer ||
+			first.req.Notify != r.Notify || b.local != local || first.remote != rk || b.ans.key != ans.key || b.dc != dc {
+			e.issue(b)
+		}
 	}
-	op := &n.ops[slot]
-	*op = rmaOp{ep: e, req: *r, local: local, remote: rk, peer: p}
+	if b.op == nil {
+		select {
+		case b.slot = <-n.opFree:
+		case <-e.Done:
+			local.inflight.Add(-1)
+			n.unpinRemote(rk)
+			return e.ErrClosed("post")
+		case <-n.done:
+			local.inflight.Add(-1)
+			n.unpinRemote(rk)
+			return e.ErrClosed("post")
+		}
+		b.op = &n.ops[b.slot]
+		*b.op = rmaOp{ep: e, peer: p}
+		b.ans, b.dc, b.local = ans, dc, local
+	}
 	raddr := r.Remote.Offset()
 	if n.virtAddr {
 		raddr += ans.base
 	}
-	buf := local.mem.at(int(r.Local.Offset()))
-	if !p.enter() {
-		op.ep = nil
+	b.op.parts[b.op.k] = rmaPart{req: *r, local: local, remote: rk}
+	n.vecs[b.slot].set(b.op.k, local.mem.at(int(r.Local.Offset())), raddr, int(r.Len))
+	b.op.k++
+	return nil
+}
+
+// issue hands the operation b built to the provider (or fails each of
+// its requests with an error notification) and empties b.
+func (e *endpoint) issue(b *rmaBatch) {
+	op := b.op
+	if op == nil {
+		return
+	}
+	b.op = nil
+	n, p, slot := e.nic, op.peer, b.slot
+	if op.k > 1 {
+		n.rmaMerged.Add(uint64(op.k - 1))
+	}
+	fail := func() {
+		parts := op.parts
+		k := op.k
+		*op = rmaOp{}
 		n.opFree <- slot
-		local.inflight.Add(-1)
-		n.unpinRemote(rk)
-		e.ErrorNotify(r, fabric.NErrPeerDown)
-		return nil
+		for i := range parts[:k] {
+			parts[i].local.inflight.Add(-1)
+			n.unpinRemote(parts[i].remote)
+			e.ErrorNotify(&parts[i].req, fabric.NErrPeerDown)
+		}
+	}
+	if !p.enter() {
+		fail()
+		return
 	}
 	defer p.leave()
 	for {
-		err := n.f.rma(r.Op == fabric.OpPut, n.needDC(r), buf, int(r.Len), local.mr.desc, p.fa, raddr, ans.key, mkctx(ctxRMA, int(slot)))
+		err := n.f.rma(op.parts[0].req.Op == fabric.OpPut, b.dc, &n.vecs[slot], op.k, b.local.mr.desc, p.fa, b.ans.key, mkctx(ctxRMA, int(slot)))
 		n.ringPeer(p) // a delivery-complete PUT, and a full queue, wait for the target's progress
 		if err == nil {
 			n.awaitCompletion()
-			return nil
+			return
 		}
 		up, _ := p.state()
 		if !isAgain(err) || !up || n.closed.Load() {
-			op.ep = nil
-			n.opFree <- slot
-			local.inflight.Add(-1)
-			n.unpinRemote(rk)
 			if !isAgain(err) {
-				n.faults.Warn("ofi rma issue failed", "op", r.Op, "peer", r.Peer, "err", err)
+				n.faults.Warn("ofi rma issue failed", "op", op.parts[0].req.Op, "peer", op.parts[0].req.Peer, "requests", op.k, "err", err)
 			}
-			e.ErrorNotify(r, fabric.NErrPeerDown)
-			return nil
+			fail()
+			return
 		}
 		// The provider's queue is full: progress drains it.
 		n.spinStep()
@@ -436,34 +523,46 @@ func (e *endpoint) loopback(r *fabric.RMA, local *region) {
 	e.NotifyDone(r, t.Notify)
 }
 
-// rmaDone finishes op slot i; fail is nil on success.
+// rmaDone finishes op slot i, each of its requests; fail is nil on
+// success. The remote notifications of its requests (all to one VPID)
+// travel in one pNotify packet.
 func (n *NIC) rmaDone(i int, fail *cqErr) {
 	op := &n.ops[i]
-	e, r, p := op.ep, op.req, op.peer
-	local, rk := op.local, op.remote
+	e, p, k := op.ep, op.peer, op.k
+	parts := op.parts
 	*op = rmaOp{}
 	n.opFree <- int32(i)
 	if e == nil {
 		return
 	}
-	local.inflight.Add(-1)
-	n.unpinRemote(rk)
-	if fail != nil {
-		n.forget(rk)
-		nerr := fabric.NErrAccess
-		if up, _ := p.state(); !up || isConnErr(fail.code) {
-			nerr = fabric.NErrPeerDown
+	var body [rmaMerge * notifyBody]byte
+	nb := 0
+	for j := range parts[:k] {
+		r := &parts[j].req
+		parts[j].local.inflight.Add(-1)
+		n.unpinRemote(parts[j].remote)
+		if fail != nil {
+			if j == 0 {
+				n.forget(parts[j].remote)
+				n.faults.Warn("ofi rma failed", "op", r.Op, "peer", r.Peer, "requests", k, "err", fail.detail)
+			}
+			nerr := fabric.NErrAccess
+			if up, _ := p.state(); !up || isConnErr(fail.code) {
+				nerr = fabric.NErrPeerDown
+			}
+			e.ErrorNotify(r, nerr)
+			continue
 		}
-		n.faults.Warn("ofi rma failed", "op", r.Op, "peer", r.Peer, "err", fail.detail)
-		e.ErrorNotify(&r, nerr)
-		return
+		n.ctr.RMABytes.Add(uint64(r.Len))
+		e.NotifyDone(r, func(nt fabric.Notification) {
+			nt.Encode(body[nb:])
+			nb += notifyBody
+		})
 	}
-	n.ctr.RMABytes.Add(uint64(r.Len))
-	e.NotifyDone(&r, func(nt fabric.Notification) {
-		var body [notifyBody]byte
-		nt.Encode(body[:])
-		n.sendCtl(r.Peer.Node, header{typ: pNotify, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: r.Peer.VPID}, body[:])
-	})
+	if nb > 0 {
+		r := &parts[0].req
+		n.sendCtl(r.Peer.Node, header{typ: pNotify, desc: fabric.Descriptor{VPID: e.addr.VPID}, dst: r.Peer.VPID}, body[:nb])
+	}
 }
 
 // ---- remote region lookup ----

@@ -39,6 +39,10 @@ package ofi
 // next call: one batch of completions (cqBatchSize in nic.go).
 #define EXN_MAXPEND 64
 
+// EXN_MAXIOV is the most requests one exn_rma carries (rmaMerge in
+// rma.go); a provider may allow fewer (exn_ofi.iov_limit).
+#define EXN_MAXIOV 4
+
 // exn_mr_modes is every memory-registration mode the Go side handles.
 #define EXN_MR_MODES (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT)
 
@@ -53,6 +57,7 @@ typedef struct {
 	int pollfd;        // a non-blocking close-on-exec dup of waitfd for Go's netpoller, or -1
 	int saw;           // FI_ORDER_SAW: a send after a write lands after the write's data
 	size_t inject;     // tx_attr->inject_size: largest fi_inject
+	size_t iov_limit;  // most pieces of one exn_rma: EXN_MAXIOV, tx_attr's iov_limit and rma_iov_limit
 	uint64_t mr_mode;  // the domain's required FI_MR_* bits
 	uint64_t addr_format;
 	char prov[64];
@@ -130,6 +135,10 @@ static int exn_open(struct fi_info *info, size_t cq_size, size_t av_size, exn_of
 	o->mr_mode = o->info->domain_attr->mr_mode;
 	o->saw = (o->info->tx_attr->msg_order & FI_ORDER_SAW) != 0;
 	o->inject = o->info->tx_attr->inject_size;
+	o->iov_limit = EXN_MAXIOV;
+	if (o->info->tx_attr->iov_limit < o->iov_limit) o->iov_limit = o->info->tx_attr->iov_limit;
+	if (o->info->tx_attr->rma_iov_limit < o->iov_limit) o->iov_limit = o->info->tx_attr->rma_iov_limit;
+	if (o->iov_limit < 1) o->iov_limit = 1;
 	o->addr_format = o->info->addr_format;
 	strncpy(o->prov, o->info->fabric_attr->prov_name, sizeof(o->prov) - 1);
 	int ret;
@@ -233,18 +242,38 @@ static ssize_t exn_inject(exn_ofi *o, void *buf, size_t len, uint64_t dest) {
 	return fi_inject(o->ep, buf, len, (fi_addr_t)dest);
 }
 
-// exn_rma issues one fi_readmsg/fi_writemsg. dc asks a write for
-// FI_DELIVERY_COMPLETE: the completion then means the data is visible in
-// the target's memory. The Go side asks for it only when a completer
-// notification follows and the provider has no FI_ORDER_SAW.
-static ssize_t exn_rma(exn_ofi *o, int write, int dc, void *buf, size_t len, void *desc,
-		uint64_t dest, uint64_t raddr, uint64_t key, uint64_t ctx) {
-	struct iovec iov = { .iov_base = buf, .iov_len = len };
-	struct fi_rma_iov riov = { .addr = raddr, .len = len, .key = key };
-	void *descs[1] = { desc };
+// exn_rmav describes the pieces of one RMA operation, in C memory (one
+// per operation slot): piece i moves len[i] bytes between the local
+// address laddr[i] and the remote address raddr[i].
+typedef struct {
+	uint64_t laddr[EXN_MAXIOV];
+	uint64_t raddr[EXN_MAXIOV];
+	uint64_t len[EXN_MAXIOV];
+} exn_rmav;
+
+// exn_rma issues one fi_readmsg/fi_writemsg of n pieces (1..iov_limit),
+// all local ones in the registration desc, all remote ones under key. dc
+// asks a write for FI_DELIVERY_COMPLETE: the completion then means the
+// data is visible in the target's memory. The Go side asks for it only
+// when a completer notification follows and the provider has no
+// FI_ORDER_SAW.
+static ssize_t exn_rma(exn_ofi *o, int write, int dc, const exn_rmav *v, size_t n, void *desc,
+		uint64_t dest, uint64_t key, uint64_t ctx) {
+	struct iovec iov[EXN_MAXIOV];
+	struct fi_rma_iov riov[EXN_MAXIOV];
+	void *descs[EXN_MAXIOV];
+	if (n < 1 || n > o->iov_limit) return -FI_EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		iov[i].iov_base = (void *)(uintptr_t)v->laddr[i];
+		iov[i].iov_len = v->len[i];
+		riov[i].addr = v->raddr[i];
+		riov[i].len = v->len[i];
+		riov[i].key = key;
+		descs[i] = desc;
+	}
 	struct fi_msg_rma msg = {
-		.msg_iov = &iov, .desc = descs, .iov_count = 1, .addr = (fi_addr_t)dest,
-		.rma_iov = &riov, .rma_iov_count = 1, .context = (void *)(uintptr_t)ctx,
+		.msg_iov = iov, .desc = descs, .iov_count = n, .addr = (fi_addr_t)dest,
+		.rma_iov = riov, .rma_iov_count = n, .context = (void *)(uintptr_t)ctx,
 	};
 	if (write) return fi_writemsg(o->ep, &msg, FI_COMPLETION | (dc ? FI_DELIVERY_COMPLETE : 0));
 	return fi_readmsg(o->ep, &msg, FI_COMPLETION);
@@ -618,12 +647,40 @@ func (f *fab) send(buf unsafe.Pointer, n int, desc unsafe.Pointer, dest, ctx uin
 	return fiError("fi_send", C.exn_send(f.o, buf, C.size_t(n), desc, C.uint64_t(dest), C.uint64_t(ctx)))
 }
 
-func (f *fab) rma(write, dc bool, buf unsafe.Pointer, n int, desc unsafe.Pointer, dest, raddr, key, ctx uint64) error {
+// rmaVec is the C-side piece list of one operation slot (exn_rmav).
+type rmaVec C.exn_rmav
+
+// newRMAVecs allocates n piece lists in C memory (zeroed); freeRMAVecs
+// releases them.
+func newRMAVecs(n int) []rmaVec {
+	return unsafe.Slice((*rmaVec)(C.calloc(C.size_t(n), C.sizeof_exn_rmav)), n)
+}
+
+func freeRMAVecs(v []rmaVec) {
+	if len(v) > 0 {
+		C.free(unsafe.Pointer(&v[0]))
+	}
+}
+
+// set fills piece i: n bytes between local memory buf and remote address raddr.
+func (v *rmaVec) set(i int, buf unsafe.Pointer, raddr uint64, n int) {
+	v.laddr[i] = C.uint64_t(uintptr(buf))
+	v.raddr[i] = C.uint64_t(raddr)
+	v.len[i] = C.uint64_t(n)
+}
+
+// iovLimit is the most pieces one rma call may carry on this provider.
+func (f *fab) iovLimit() int { return int(f.o.iov_limit) }
+
+// rma issues one RMA operation of k pieces of v (C memory the caller
+// owns until the completion), all in the local registration desc and the
+// remote region key.
+func (f *fab) rma(write, dc bool, v *rmaVec, k int, desc unsafe.Pointer, dest, key, ctx uint64) error {
 	op := "fi_readmsg"
 	if write {
 		op = "fi_writemsg"
 	}
-	return fiError(op, C.exn_rma(f.o, cbool(write), cbool(dc), buf, C.size_t(n), desc, C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), C.uint64_t(ctx)))
+	return fiError(op, C.exn_rma(f.o, cbool(write), cbool(dc), (*C.exn_rmav)(v), C.size_t(k), desc, C.uint64_t(dest), C.uint64_t(key), C.uint64_t(ctx)))
 }
 
 // cqBatch is a reusable C array of completion entries, source

@@ -120,7 +120,8 @@ const (
 	regABody = 36
 	// pInval, pInvalAck: region index(4)
 	invalBody = 4
-	// pNotify: a fabric.Notification
+	// pNotify: 1 to rmaMerge (rma.go) fabric.Notifications, those of the
+	// requests of one RMA operation
 	notifyBody = fabric.NotificationSize
 )
 
