@@ -24,7 +24,10 @@
 # GB: exn's own TCP fabric against libfabric's, in the same run. STAT=1
 # counts, with `perf stat` during the last round's runs, the context
 # switches and system calls of both exnd of each pair, per 64 KiB frame
-# moved. exnd's environment is the caller's (GOMAXPROCS, FI_*). EXND=path
+# moved (DURING="cmd" runs cmd, with EXND_PIDS set to both exnd's pids,
+# during the last round's exn0 run and prints its output, DURING_NET the
+# same during the exn1 run; STAT_EVENTS adds perf events, e.g. syscalls:sys_enter_sendto,
+# counted per node). exnd's environment is the caller's (GOMAXPROCS, FI_*). EXND=path
 # runs that exnd binary instead of building one from the tree.
 #
 # RAW=1 adds, to every round, libfabric's own bulk engine over the same
@@ -157,7 +160,7 @@ raw() {
 stat() {
 	local i=1 p
 	for p in "$2" "$3"; do
-		perf stat -x, -e context-switches,raw_syscalls:sys_enter -o "$tmp/stat-$1-$i" -p "$p" -- sleep "$SECS" >/dev/null 2>&1 &
+		perf stat -x, -e "context-switches,raw_syscalls:sys_enter${STAT_EVENTS:+,$STAT_EVENTS}" -o "$tmp/stat-$1-$i" -p "$p" -- sleep "$SECS" >/dev/null 2>&1 &
 		stats+=($!)
 		i=$((i + 1))
 	done
@@ -167,15 +170,19 @@ stat() {
 counts() {
 	python3 - "$tmp/stat-$1-1" "$tmp/stat-$1-2" "$2" "$SECS" "$1" <<'PY'
 import sys
-tot = {}
-for f in sys.argv[1:3]:
+tot, each = {}, [{}, {}]
+for i, f in enumerate(sys.argv[1:3]):
     for line in open(f):
         parts = line.strip().split(",")
         if len(parts) > 2 and parts[0].replace(".", "").isdigit():
             tot[parts[2]] = tot.get(parts[2], 0) + float(parts[0])
+            each[i][parts[2]] = float(parts[0])
 frames = float(sys.argv[3]) * 1e9 / 8 * float(sys.argv[4]) / 65536
 print("%s: per 64 KiB frame, both exnd: %.2f context switches, %.2f system calls"
       % (sys.argv[5], tot.get("context-switches", 0) / frames, tot.get("raw_syscalls:sys_enter", 0) / frames))
+for ev in sorted(tot):
+    if ev not in ("context-switches", "raw_syscalls:sys_enter"):
+        print("  %s per frame: node 1 %.2f, node 2 %.2f" % (ev, each[0].get(ev, 0) / frames, each[1].get(ev, 0) / frames))
 PY
 }
 
@@ -194,7 +201,12 @@ for r in $(seq "$ROUNDS"); do
 		perf record -g ${PERF_EVENTS:-} -o "$prof/exnd-2.data" -p "$exnd2" -- sleep "$SECS" >/dev/null 2>&1 &
 		pr2=$!
 	fi
+	if [ -n "${DURING:-}" ] && [ "$r" = "$ROUNDS" ]; then
+		EXND_PIDS="$exnd1 $exnd2" bash -c "$DURING" >"$tmp/during" 2>&1 &
+		dur=$!
+	fi
 	g=$(mach exn0 iperf 10.91.17.2)
+	[ -n "${DURING:-}" ] && [ "$r" = "$ROUNDS" ] && { wait "$dur"; cat "$tmp/during" >&2; }
 	ex+=("$g")
 	[ -n "$prof" ] && [ "$r" = "$ROUNDS" ] && wait "$pr1" "$pr2"
 	ticks=$(( ticks + $(cpu "$exnd1") + $(cpu "$exnd2") - c0 ))
@@ -207,7 +219,12 @@ for r in $(seq "$ROUNDS"); do
 	if [ -n "$NET" ]; then
 		c0=$(( $(cpu "$net1") + $(cpu "$net2") ))
 		[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat net "$net1" "$net2"
+		if [ -n "${DURING_NET:-}" ] && [ "$r" = "$ROUNDS" ]; then
+			EXND_PIDS="$net1 $net2" bash -c "$DURING_NET" >"$tmp/during" 2>&1 &
+			dur=$!
+		fi
 		g=$(mach exn1 iperf 10.91.18.2)
+		[ -n "${DURING_NET:-}" ] && [ "$r" = "$ROUNDS" ] && { wait "$dur"; cat "$tmp/during" >&2; }
 		en+=("$g")
 		nticks=$(( nticks + $(cpu "$net1") + $(cpu "$net2") - c0 ))
 		nbytes=$(python3 -c "print($nbytes + $g * 1e9 / 8 * $SECS)")

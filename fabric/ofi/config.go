@@ -62,6 +62,9 @@ type Config struct {
 	// provider operation (rma.go): 0 means as many as the provider's iov
 	// limits allow, up to 4; 1 turns merging off.
 	RMAMerge int
+	// NoBundles sends every VELO message as its own provider message
+	// (bundle.go); the node still takes bundles from its peers.
+	NoBundles bool
 	// Logger receives the backend's log lines; nil means slog.Default().
 	Logger *slog.Logger
 }

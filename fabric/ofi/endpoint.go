@@ -51,6 +51,7 @@ type pair struct {
 	state   pairState
 	epoch   uint8
 	credits int
+	bundles bool // the target takes pBundle packets (its pOpenA said so)
 	ch      chan struct{} // non-nil while a sender waits; closed on change
 }
 
@@ -116,19 +117,6 @@ func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
 }
 
 // ---- VELO send ----
-
-// Send delivers msgs in order (see fabric.Endpoint). Each message takes a
-// credit of its (this VPID, target) pair; without one Send blocks until
-// the receiver frees slots, the target VPID closes or its node goes down
-// (ErrPeerDown), ctx is done, or this endpoint or NIC closes
-// (net.ErrClosed).
-func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
-	return e.Core.Send(ctx, msgs, e.sendUnicast, e.sendMulticast)
-}
-
-func (e *endpoint) sendUnicast(ctx context.Context, m *fabric.Message) error {
-	return e.sendTo(ctx, m.Peer, m, false)
-}
 
 // sendMulticast sends m to m.Peer.VPID on every other node; membership is
 // checked where it lands. Nodes without the VPID open, and nodes that go
@@ -292,7 +280,7 @@ func (e *endpoint) block(ctx context.Context, pr *pair, p *peer, ch, down <-chan
 }
 
 // openAnswer applies a pOpenA from target dst.
-func (e *endpoint) openAnswer(dst fabric.Addr, status uint8, epoch uint8, credits int) {
+func (e *endpoint) openAnswer(dst fabric.Addr, status uint8, epoch uint8, credits int, bundles bool) {
 	pr := e.lookupPair(dst)
 	if pr == nil {
 		return
@@ -303,7 +291,7 @@ func (e *endpoint) openAnswer(dst fabric.Addr, status uint8, epoch uint8, credit
 		return // stale: reset meanwhile
 	}
 	if status == stOK {
-		pr.state, pr.epoch, pr.credits = psOpen, epoch, credits
+		pr.state, pr.epoch, pr.credits, pr.bundles = psOpen, epoch, credits, bundles
 	} else {
 		pr.state = psNotOpen
 	}
@@ -368,18 +356,24 @@ func (e *endpoint) peerGone(node fabric.NodeID) {
 // from a send slot (the slot returns on its completion). A full provider
 // queue (EAGAIN) is drained by driving progress from here.
 func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m *fabric.Message) error {
-	size := headerSize + int(m.Len)
+	return n.transmitPacket(ctx, e, p, hdr, m.Data[:m.Len])
+}
+
+// transmitPacket sends the packet hdr+body (at most recvSize bytes) to p,
+// as transmit does.
+func (n *NIC) transmitPacket(ctx context.Context, e *endpoint, p *peer, hdr uint64, body []byte) error {
+	size := headerSize + len(body)
 	if size <= n.inject {
-		return n.transmitInline(e, p, hdr, m, size)
+		return n.transmitInline(e, p, hdr, body, size)
 	}
 	slot, err := n.takeSlot(ctx, e, p)
 	if err != nil {
 		return err
 	}
-	off := int(slot) * packetSize
-	buf := n.tx.bytes()[off : off+packetSize]
+	off := int(slot) * recvSize
+	buf := n.tx.bytes()[off : off+recvSize]
 	putHeader(buf, hdr)
-	copy(buf[headerSize:], m.Data[:m.Len])
+	copy(buf[headerSize:], body)
 	release := func() {
 		n.txDests[slot].Store(nil)
 		n.txFree <- slot
@@ -404,11 +398,11 @@ func (n *NIC) transmit(ctx context.Context, e *endpoint, p *peer, hdr uint64, m 
 	}
 }
 
-// transmitInline is transmit's fi_inject path. The scratch buffer is
-// shared by the NIC's senders under injMu, held only for the copy and the
-// call: a send slot would cost two channel operations per message for a
-// buffer the provider is done with on return.
-func (n *NIC) transmitInline(e *endpoint, p *peer, hdr uint64, m *fabric.Message, size int) error {
+// transmitInline is transmitPacket's fi_inject path. The scratch buffer
+// is shared by the NIC's senders under injMu, held only for the copy and
+// the call: a send slot would cost two channel operations per message
+// for a buffer the provider is done with on return.
+func (n *NIC) transmitInline(e *endpoint, p *peer, hdr uint64, body []byte, size int) error {
 	if !p.enter() {
 		return fmt.Errorf("ofi: velo send to node %d: %w", p.node, fabric.ErrPeerDown)
 	}
@@ -416,7 +410,7 @@ func (n *NIC) transmitInline(e *endpoint, p *peer, hdr uint64, m *fabric.Message
 		n.injMu.Lock()
 		buf := n.injScratch.bytes()[:size]
 		putHeader(buf, hdr)
-		copy(buf[headerSize:], m.Data[:m.Len])
+		copy(buf[headerSize:], body)
 		err := n.f.inject(n.injScratch.p, size, p.fa)
 		n.injMu.Unlock()
 		n.ringPeer(p) // sent, or the queue is full: either needs p's progress

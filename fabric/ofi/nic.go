@@ -141,6 +141,7 @@ type NIC struct {
 	bell                           *ownBell
 	bellRings, bellFailed, bgWakes atomic.Uint64
 	rmaMerged                      atomic.Uint64 // requests that rode in another's operation
+	bundles                        atomic.Uint64 // pBundle packets sent
 	retiredMu                      sync.Mutex
 	retired                        []*peerBell  // forgotten peer bells, closed by freeAll
 	fence                          atomic.Int32 // awaitCompletion's barrier
@@ -368,8 +369,8 @@ func diagnose(prov, node, svc string, cause error) error {
 func (n *NIC) setupBuffers() error {
 	var err error
 	mrLocalNeeded := n.f.mrMode()&mrLocal != 0
-	alloc := func(slots int) (cmem, mr, error) {
-		m, err := mmapMem(slots * packetSize)
+	alloc := func(slots, size int) (cmem, mr, error) {
+		m, err := mmapMem(slots * size)
 		if err != nil {
 			return cmem{}, mr{}, err
 		}
@@ -383,13 +384,13 @@ func (n *NIC) setupBuffers() error {
 		}
 		return m, r, nil
 	}
-	if n.rx, n.rxMR, err = alloc(n.cfg.RecvSlots); err != nil {
+	if n.rx, n.rxMR, err = alloc(n.cfg.RecvSlots, recvSize); err != nil {
 		return err
 	}
-	if n.tx, n.txMR, err = alloc(n.cfg.SendSlots); err != nil {
+	if n.tx, n.txMR, err = alloc(n.cfg.SendSlots, recvSize); err != nil {
 		return err
 	}
-	if n.ctl, n.ctlMR, err = alloc(ctlSlots); err != nil {
+	if n.ctl, n.ctlMR, err = alloc(ctlSlots, packetSize); err != nil {
 		return err
 	}
 	// fi_inject copies the buffer before it returns, so it needs no
@@ -397,7 +398,7 @@ func (n *NIC) setupBuffers() error {
 	if n.ctlScratch, err = mmapMem(packetSize); err != nil {
 		return err
 	}
-	if n.injScratch, err = mmapMem(packetSize); err != nil {
+	if n.injScratch, err = mmapMem(recvSize); err != nil {
 		return err
 	}
 	if n.batch, err = newCQBatch(cqBatchSize); err != nil {
@@ -420,7 +421,7 @@ func (n *NIC) setupBuffers() error {
 		n.opFree <- int32(i)
 	}
 	for i := range n.cfg.RecvSlots {
-		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+		if err := n.f.postRecv(n.rx.at(i*recvSize), recvSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
 			return fmt.Errorf("post receive %d: %w", i, err)
 		}
 	}
@@ -701,11 +702,21 @@ func (n *NIC) receive(b []byte, src uint64) {
 func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 	switch h.typ {
 	case pVELO, pMcast:
+		if len(body) != int(h.desc.Len) {
+			n.ctr.Corrupt.Add(1) // a torn or padded message: deliver no stale bytes
+			return
+		}
 		e := n.eps[h.dst].Load()
 		if e == nil || e.epoch != h.epoch {
 			return // for a VPID that closed: its mailbox is gone
 		}
 		e.deliver(h, src, body)
+	case pBundle:
+		e := n.eps[h.dst].Load()
+		if e == nil || e.epoch != h.epoch {
+			return
+		}
+		e.deliverBundle(h, src, body)
 	case pOpenQ:
 		n.handleOpenQ(h, src)
 	case pOpenA:
@@ -714,7 +725,8 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 			return
 		}
 		if e := n.eps[h.dst].Load(); e != nil {
-			e.openAnswer(fabric.Addr{Node: src, VPID: h.desc.VPID}, body[0], h.epoch, int(le32(body[1:])))
+			bundles := len(body) > openAFlags && body[openAFlags]&openABundles != 0
+			e.openAnswer(fabric.Addr{Node: src, VPID: h.desc.VPID}, body[0], h.epoch, int(le32(body[1:])), bundles)
 		}
 	case pCredit:
 		if err := need(body, creditBody, "credit"); err != nil {
@@ -782,7 +794,7 @@ func (n *NIC) dispatch(h header, src fabric.NodeID, body []byte) {
 // handleOpenQ answers "is VPID h.dst open?" for source (src, h.desc.VPID):
 // it resets that source's credit account and grants a full window.
 func (n *NIC) handleOpenQ(h header, src fabric.NodeID) {
-	var body [openABody]byte
+	var body [openABody + 1]byte
 	reply := header{typ: pOpenA, desc: fabric.Descriptor{VPID: h.dst}, dst: h.desc.VPID}
 	e := n.eps[h.dst].Load()
 	if e == nil || e.Closed.Load() {
@@ -792,6 +804,7 @@ func (n *NIC) handleOpenQ(h header, src fabric.NodeID) {
 		e.openSource(fabric.Addr{Node: src, VPID: h.desc.VPID})
 		body[0] = stOK
 		putLe32(body[1:], uint32(n.cfg.Credits))
+		body[openAFlags] = openABundles
 	}
 	n.sendCtl(src, reply, body[:])
 }

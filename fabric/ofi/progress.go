@@ -451,7 +451,7 @@ func (n *NIC) repostLater(i int, err error) {
 	}
 	n.ctlMu.Lock()
 	n.jobs = append(n.jobs, func() {
-		if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+		if err := n.f.postRecv(n.rx.at(i*recvSize), recvSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
 			n.repostLater(i, err)
 		}
 	})
@@ -475,7 +475,7 @@ func (n *NIC) handleCQErr(b *cqBatch) {
 		n.faults.Warn("ofi receive failed", "err", e.detail)
 		if !n.closed.Load() {
 			i := c.index()
-			if err := n.f.postRecv(n.rx.at(i*packetSize), packetSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
+			if err := n.f.postRecv(n.rx.at(i*recvSize), recvSize, n.rxMR.desc, mkctx(ctxRecv, i)); err != nil {
 				n.repostLater(i, err)
 			}
 		}

@@ -696,7 +696,7 @@ type cqBatch struct {
 }
 
 func newCQBatch(n int) (*cqBatch, error) {
-	stage, err := mmapMem(n * packetSize)
+	stage, err := mmapMem(n * recvSize)
 	if err != nil {
 		return nil, err
 	}
@@ -724,7 +724,7 @@ func (b *cqBatch) free() {
 // reposting their buffers. It returns the count, or errAvail when an
 // error entry is queued.
 func (f *fab) poll(b *cqBatch, rx cmem, rxDesc unsafe.Pointer) (int, error) {
-	ret := C.exn_poll(f.o, b.ents, b.srcs, &b.out[0], C.size_t(b.n), (*C.char)(b.stage.p), (*C.char)(rx.p), packetSize, rxDesc)
+	ret := C.exn_poll(f.o, b.ents, b.srcs, &b.out[0], C.size_t(b.n), (*C.char)(b.stage.p), (*C.char)(rx.p), recvSize, rxDesc)
 	switch {
 	case ret >= 0:
 		return int(ret), nil
@@ -760,7 +760,7 @@ func (f *fab) inject(buf unsafe.Pointer, n int, dest uint64) error {
 var errAvail = errors.New("cq error entry available")
 
 // entry returns completion i of the last poll: context, length (capped
-// at packetSize), source address, and the repost result of a receive.
+// at recvSize), source address, and the repost result of a receive.
 func (b *cqBatch) entry(i int) (c opctx, length int, src uint64, repost error) {
 	e := &b.out[i]
 	if e.rerr != 0 {
@@ -771,7 +771,7 @@ func (b *cqBatch) entry(i int) (c opctx, length int, src uint64, repost error) {
 
 // packet returns the staged copy of received completion i.
 func (b *cqBatch) packet(i, length int) []byte {
-	return unsafe.Slice((*byte)(b.stage.at(i*packetSize)), length)
+	return unsafe.Slice((*byte)(b.stage.at(i*recvSize)), length)
 }
 
 // cqErr is one error completion.

@@ -10,7 +10,9 @@ import (
 // Wire format. Every libfabric message exnd sends is one packet of at most
 // packetSize bytes: an 8-byte header word and up to 120 bytes of body, so
 // one VELO message (descriptor plus payload) is exactly one 128-byte
-// mailbox slot, as on Extoll.
+// mailbox slot, as on Extoll; or a pBundle of up to recvSize bytes that
+// carries several VELO messages of one (sender, target) pair to a target
+// that said it takes them (bundle.go).
 //
 // Header word (little-endian bit numbers):
 //
@@ -30,6 +32,12 @@ const (
 	// packetSize is the largest packet: one VELO mailbox slot.
 	packetSize = fabric.SlotSize
 	bodyMax    = packetSize - headerSize
+	// recvSize is the largest provider message: a pBundle of VELO
+	// messages (bundle.go) or one packet. Receive buffers and send
+	// slots are this size. 1 KiB holds 35 plain adverts or 7 full VELO
+	// messages, and costs 1 MiB of receive buffers at DefaultRecvSlots.
+	recvSize   = 1024
+	bundleBody = recvSize - headerSize
 
 	hdrDstShift   = 40
 	hdrEpochShift = 48
@@ -60,11 +68,12 @@ const (
 	pMcast                 // a multicast VELO message (group in the header)
 	pByeAck                // "I have stopped sending to you": the closer may go
 	pInvalAck              // "no RMA of mine to that region is in flight": its MR may close
+	pBundle                // several VELO messages of one pair (bundle.go)
 	numPtypes
 )
 
 func (t ptype) String() string {
-	names := [...]string{"velo", "openq", "opena", "credit", "closed", "regq", "rega", "inval", "notify", "hello", "bye", "mcast", "byeack", "invalack"}
+	names := [...]string{"velo", "openq", "opena", "credit", "closed", "regq", "rega", "inval", "notify", "hello", "bye", "mcast", "byeack", "invalack", "bundle"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -110,8 +119,13 @@ const (
 // Body layouts (offsets into the packet, after the header). Each parse
 // function checks the length and returns ErrInvalid for short bodies.
 const (
-	// pOpenA: status(1) credits(4)
+	// pOpenA: status(1) credits(4) [flags(1)]; a node before bundles
+	// sends no flags byte, and one that gets it ignores it.
 	openABody = 5
+	// openAFlags is the offset of pOpenA's flags; openABundles says the
+	// target takes pBundle packets (its receive buffers hold recvSize).
+	openAFlags   = 5
+	openABundles = 1
 	// pCredit: credits(4)
 	creditBody = 4
 	// pRegQ: region index(4) cookie(8)
@@ -160,6 +174,32 @@ func parseRegAnswer(b []byte) (regAnswer, error) {
 		return regAnswer{}, fmt.Errorf("region answer: size %d: %w", a.size, fabric.ErrInvalid)
 	}
 	return a, nil
+}
+
+// bundleRec is a pBundle record's header size: tag and length (bundle.go).
+const bundleRec = 2
+
+// checkBundle validates a pBundle body: at least two records, each whole
+// and no longer than a VELO payload.
+func checkBundle(body []byte) error {
+	if len(body) > bundleBody {
+		return fmt.Errorf("bundle of %d bytes: %w", len(body), fabric.ErrInvalid)
+	}
+	k := 0
+	for b := body; len(b) > 0; k++ {
+		if len(b) < bundleRec {
+			return fmt.Errorf("bundle record %d: torn header: %w", k, fabric.ErrInvalid)
+		}
+		n := int(b[1])
+		if n > fabric.MaxVELOPayload || len(b) < bundleRec+n {
+			return fmt.Errorf("bundle record %d: length %d of %d bytes left: %w", k, n, len(b)-bundleRec, fabric.ErrInvalid)
+		}
+		b = b[bundleRec+n:]
+	}
+	if k < 2 {
+		return fmt.Errorf("bundle of %d records: %w", k, fabric.ErrInvalid)
+	}
+	return nil
 }
 
 func need(b []byte, n int, what string) error {

@@ -136,3 +136,57 @@ func TestHostFiles(t *testing.T) {
 		t.Errorf("two NICs share a bell: %q", a[0])
 	}
 }
+
+func TestCheckBundle(t *testing.T) {
+	rec := func(tag byte, n int) []byte { return append([]byte{tag, byte(n)}, make([]byte, n)...) }
+	cat := func(rs ...[]byte) []byte {
+		var b []byte
+		for _, r := range rs {
+			b = append(b, r...)
+		}
+		return b
+	}
+	full := rec(1, fabric.MaxVELOPayload)
+	for _, tc := range []struct {
+		name string
+		body []byte
+		ok   bool
+	}{
+		{"two adverts", cat(rec(1, 16), rec(1, 16)), true},
+		{"empty records", cat(rec(1, 0), rec(2, 0)), true},
+		{"largest", cat(full, full, full, full, full, full, full, full, rec(3, bundleBody-8*len(full)-bundleRec)), true},
+		{"one record", rec(1, 16), false},
+		{"empty", nil, false},
+		{"torn header", cat(rec(1, 16), []byte{1}), false},
+		{"torn payload", cat(rec(1, 16), rec(1, 16)[:10]), false},
+		{"over a payload", cat(rec(1, 16), rec(1, fabric.MaxVELOPayload+1)), false},
+		{"over the body", cat(full, full, full, full, full, full, full, full, full), false},
+	} {
+		if err := checkBundle(tc.body); (err == nil) != tc.ok || err != nil && !errors.Is(err, fabric.ErrInvalid) {
+			t.Errorf("%s: %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+func FuzzCheckBundle(f *testing.F) {
+	f.Add([]byte{1, 2, 0xAA, 0xBB, 2, 0})
+	f.Add([]byte{1, 200, 0})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if checkBundle(body) != nil {
+			return
+		}
+		// Accepted: the records tile the body exactly, each within a
+		// VELO payload, at least two, the body within bundleBody.
+		k := 0
+		for b := body; len(b) > 0; k++ {
+			n := int(b[1])
+			if n > fabric.MaxVELOPayload || len(b) < bundleRec+n {
+				t.Fatalf("accepted a bad record at %d: %x", k, body)
+			}
+			b = b[bundleRec+n:]
+		}
+		if k < 2 || len(body) > bundleBody {
+			t.Fatalf("accepted %d records, %d bytes", k, len(body))
+		}
+	})
+}
