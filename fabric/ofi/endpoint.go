@@ -51,7 +51,7 @@ type pair struct {
 	state   pairState
 	epoch   uint8
 	credits int
-	bundles bool // the target takes pBundle packets (its pOpenA said so)
+	bundles bool          // the target takes pBundle packets (its pOpenA said so)
 	ch      chan struct{} // non-nil while a sender waits; closed on change
 }
 
