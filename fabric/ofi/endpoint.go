@@ -101,6 +101,8 @@ type endpoint struct {
 
 	pairsMu sync.RWMutex
 	pairs   map[fabric.Addr]*pair
+
+	spin waitBudget // Wait's spin on a provider with a wait fd
 }
 
 func newEndpoint(n *NIC, v fabric.VPID, epoch uint8) *endpoint {
@@ -610,7 +612,9 @@ func (e *endpoint) flushCredits() {
 // Wait blocks until Recv or PollNotifications may have something, ctx is
 // done or the endpoint closes. It first drives the NIC's progress itself
 // for waitSpin (polling the CQ, so a busy exchange never parks), then
-// parks until a producer signals it.
+// parks until a producer signals it. On a provider with a wait fd the
+// spin adapts between waitSpinMin and waitSpin (waitBudget) and the clock
+// is read every step: each step is a system call there anyway.
 func (e *endpoint) Wait(ctx context.Context) error {
 	if e.Closed.Load() {
 		return e.ErrClosed("wait")
@@ -619,23 +623,34 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		return nil
 	}
 	n := e.nic
+	budget, every := waitSpin, spinClockEvery
+	if n.waitable {
+		budget, every = e.spin.get(), 1
+	}
 	n.spinners.Add(1)
 	start := time.Now()
 	for i := 1; ; i++ {
 		n.spinStep()
 		if e.Ready() {
 			n.unspin(true)
+			if n.waitable {
+				e.spin.hit(budget)
+			}
 			return nil
 		}
 		if e.Closed.Load() {
 			n.unspin(false)
 			return e.ErrClosed("wait")
 		}
-		if i%spinClockEvery == 0 && time.Since(start) > waitSpin {
+		if i%every == 0 && time.Since(start) > budget {
 			break
 		}
 	}
 	n.unspin(false)
+	if !n.waitable {
+		return e.WaitResult(ctx, e.W.Park(ctx))
+	}
+	e.spin.parked()
 	return e.WaitResult(ctx, e.W.Park(ctx))
 }
 

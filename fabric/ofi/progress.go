@@ -36,6 +36,7 @@ package ofi
 import (
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -50,6 +51,15 @@ const (
 	// scheduling hiccup, so a busy ping-pong never parks, while an idle
 	// endpoint costs one such spin per Wait.
 	waitSpin = 50 * time.Microsecond
+	// waitSpinMin is the least an endpoint's Wait spins on a provider
+	// with a wait fd once its waits have kept outlasting their spin
+	// (waitBudget): on ofi:tcp every spin step is a system call
+	// (epoll_wait), and while exn0 streams the GETs a receiver waits for
+	// take 100-200 µs, so a full spin before each park cost 8 % of the
+	// throughput and a tenth of the CPU per byte (docs/fabric-ofi.md,
+	// "Adaptive spin"). One or two steps still catch what is already
+	// on its way.
+	waitSpinMin = 2 * time.Microsecond
 	// progressPollSleep and progressPollMax bound the timed sleep of the
 	// background goroutine on a provider without a wait object while a
 	// caller spins or an operation of ours awaits its completion: 1/64
@@ -65,6 +75,57 @@ const (
 	// steps are still far below a microsecond past the budget.
 	spinClockEvery = 8
 )
+
+// waitBudget is the spin budget of one endpoint's Wait on a provider
+// with a wait fd, between waitSpinMin and waitSpin. A wait that parks
+// halves it; a wait that ends within its spin keeps it. While it is below
+// waitSpin, every waitProbe-th wait spins the whole waitSpin instead, and
+// one that ends within that spin restores the budget: so a ping-pong
+// (round trips well inside waitSpin) that lost its budget to a few slow
+// round trips gets it back within waitProbe waits, and a stream whose
+// waits outlast waitSpin pays a full spin once per waitProbe waits. (The
+// wake-up itself says nothing about when the item came: on an fd
+// provider the item is seen only once the background goroutine has been
+// woken for it, tens of µs later on this VM.) Owned by the endpoint's
+// waiter; the fields are atomic because Wait may be called by several
+// goroutines (a racing update loses one adjustment).
+type waitBudget struct {
+	ns    atomic.Int64 // 0: waitSpin
+	waits atomic.Uint32
+}
+
+// waitProbe is how often a waiter below its full budget spins the whole
+// waitSpin to find out whether its waits have become short again: one
+// in 16 costs a streaming receiver a sixteenth of the full spin it saved.
+const waitProbe = 16
+
+// get returns the spin of the next wait.
+func (b *waitBudget) get() time.Duration {
+	v := time.Duration(b.ns.Load())
+	if v == 0 || v >= waitSpin {
+		return waitSpin
+	}
+	if b.waits.Add(1)%waitProbe == 0 {
+		return waitSpin // probe
+	}
+	return v
+}
+
+// hit records a wait that ended within a spin of budget.
+func (b *waitBudget) hit(budget time.Duration) {
+	if budget >= waitSpin {
+		b.ns.Store(0)
+	}
+}
+
+// parked records a wait whose spin ran out.
+func (b *waitBudget) parked() {
+	v := time.Duration(b.ns.Load())
+	if v == 0 {
+		v = waitSpin
+	}
+	b.ns.Store(int64(max(waitSpinMin, v/2)))
+}
 
 // poll runs one progress step unless another goroutine is running one
 // (then that one makes the progress). It reports whether it found work.
