@@ -182,28 +182,13 @@ func (e *endpoint) deliverBundle(h header, src fabric.NodeID, body []byte) {
 		return
 	}
 	from := fabric.Addr{Node: src, VPID: h.desc.VPID}
-	e.mu.Lock()
-	if e.mbClosed {
-		e.mu.Unlock()
-		return
-	}
-	s := e.srcs[from]
+	s := e.lockSource(from, "velo bundle")
 	if s == nil {
-		e.mu.Unlock()
-		e.nic.ctr.Corrupt.Add(1)
-		e.nic.faults.Warn("ofi velo bundle without credit account dropped", "from", from, "vpid", e.addr.VPID)
 		return
 	}
 	for len(body) > 0 {
-		if e.cnt == len(e.ring) {
-			e.growLocked()
-		}
 		k := int(body[1])
-		sl := &e.ring[(e.head+e.cnt)%len(e.ring)]
-		sl.m.Peer, sl.m.MC, sl.m.Tag, sl.m.Len = from, false, fabric.Tag(body[0]), uint8(k)
-		copy(sl.m.Data[:k], body[bundleRec:bundleRec+k])
-		sl.src = s
-		e.cnt++
+		e.putLocked(s, from, false, fabric.Tag(body[0]), body[bundleRec:bundleRec+k])
 		body = body[bundleRec+k:]
 	}
 	e.length.Store(int32(e.cnt))

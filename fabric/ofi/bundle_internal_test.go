@@ -6,33 +6,10 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/fabrictest"
 )
-
-// recvAll receives n messages on ep within a deadline.
-func recvAll(t *testing.T, ep fabric.Endpoint, n int) []fabric.Message {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var out []fabric.Message
-	buf := make([]fabric.Message, 64)
-	for len(out) < n {
-		k, err := ep.Recv(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:k]...)
-		if k == 0 {
-			if err := ep.Wait(ctx); err != nil {
-				t.Fatalf("after %d of %d messages: %v", len(out), n, err)
-			}
-		}
-	}
-	return out
-}
 
 // TestBundles: one Send of many messages to one pair travels in few
 // provider messages (bundles counted) and arrives whole and in order,

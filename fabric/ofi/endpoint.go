@@ -502,16 +502,8 @@ func (e *endpoint) openSource(src fabric.Addr) {
 // senders than the mailbox was sized for be busy at once, it grows.
 func (e *endpoint) deliver(h header, src fabric.NodeID, payload []byte) {
 	from := fabric.Addr{Node: src, VPID: h.desc.VPID}
-	e.mu.Lock()
-	if e.mbClosed {
-		e.mu.Unlock()
-		return
-	}
-	s := e.srcs[from]
+	s := e.lockSource(from, "velo message")
 	if s == nil {
-		e.mu.Unlock()
-		e.nic.ctr.Corrupt.Add(1)
-		e.nic.faults.Warn("ofi velo message without credit account dropped", "from", from, "vpid", e.addr.VPID)
 		return
 	}
 	if h.typ == pMcast && !e.nic.groups.Member(h.group) {
@@ -521,17 +513,43 @@ func (e *endpoint) deliver(h header, src fabric.NodeID, payload []byte) {
 		e.flushCredits()
 		return
 	}
+	e.putLocked(s, from, h.typ == pMcast, h.desc.Tag, payload[:h.desc.Len])
+	e.length.Store(int32(e.cnt))
+	e.mu.Unlock()
+	e.Signal()
+}
+
+// lockSource locks the mailbox for a message (what) from `from` and
+// returns from's credit account with e.mu held; nil, unlocked, if the
+// mailbox is closed or from has none (counted as corrupt: a sender
+// that never opened the pair, or a forged source).
+func (e *endpoint) lockSource(from fabric.Addr, what string) *source {
+	e.mu.Lock()
+	if e.mbClosed {
+		e.mu.Unlock()
+		return nil
+	}
+	s := e.srcs[from]
+	if s == nil {
+		e.mu.Unlock()
+		e.nic.ctr.Corrupt.Add(1)
+		e.nic.faults.Warn("ofi "+what+" without credit account dropped", "from", from, "vpid", e.addr.VPID)
+		return nil
+	}
+	return s
+}
+
+// putLocked appends one message (payload at most a VELO payload) to the
+// mailbox, growing it if full; e.mu held.
+func (e *endpoint) putLocked(s *source, from fabric.Addr, mc bool, tag fabric.Tag, payload []byte) {
 	if e.cnt == len(e.ring) {
 		e.growLocked()
 	}
 	sl := &e.ring[(e.head+e.cnt)%len(e.ring)]
-	sl.m.Peer, sl.m.MC, sl.m.Tag, sl.m.Len = from, h.typ == pMcast, h.desc.Tag, h.desc.Len
-	copy(sl.m.Data[:h.desc.Len], payload)
+	sl.m.Peer, sl.m.MC, sl.m.Tag, sl.m.Len = from, mc, tag, uint8(len(payload))
+	copy(sl.m.Data[:], payload)
 	sl.src = s
 	e.cnt++
-	e.length.Store(int32(e.cnt))
-	e.mu.Unlock()
-	e.Signal()
 }
 
 func (e *endpoint) growLocked() {

@@ -12,25 +12,7 @@ import (
 // that claim to come from node 3, and a VELO message without a credit
 // account: both are dropped and counted, nothing reaches the mailbox.
 func TestForgedSource(t *testing.T) {
-	var nics []*NIC
-	for i := 1; i <= 2; i++ {
-		n, err := open(Config{Provider: "shm", Node: fabric.NodeID(i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer n.Close()
-		nics = append(nics, n)
-	}
-	for i, a := range nics {
-		name, err := a.Name()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := nics[1-i].AddPeer(a.id, name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n2 := nics[1]
+	_, n2 := openPair(t, "shm", 0)
 	ep, err := n2.Open(5)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,77 @@
+//go:build ofi && cgo
+
+package ofi
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
+)
+
+// openPair opens two NICs of provider prov in this process and makes
+// each the other's peer.
+func openPair(t *testing.T, prov string, merge int) (*NIC, *NIC) {
+	t.Helper()
+	var nics [2]*NIC
+	for i := range nics {
+		cfg := Config{Provider: prov, Node: fabric.NodeID(i + 1), RMAMerge: merge}
+		if prov == "tcp" {
+			cfg.Bind = "127.0.0.1:0"
+		}
+		n, err := open(cfg)
+		if err != nil {
+			t.Fatalf("open %s node %d: %v", prov, i+1, err)
+		}
+		t.Cleanup(func() { n.Close() })
+		nics[i] = n
+	}
+	for i, a := range nics {
+		name, err := a.Name()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nics[1-i].AddPeer(a.id, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nics[0], nics[1]
+}
+
+// collect waits until ep has n notifications and returns them.
+func collect(t *testing.T, ep fabric.Endpoint, n int) []fabric.Notification {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out []fabric.Notification
+	buf := make([]fabric.Notification, 16)
+	for len(out) < n {
+		k := fabrictest.PollWait(t, ctx, ep, buf)
+		out = append(out, buf[:k]...)
+	}
+	return out
+}
+
+// recvAll receives n messages on ep within a deadline.
+func recvAll(t *testing.T, ep fabric.Endpoint, n int) []fabric.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out []fabric.Message
+	buf := make([]fabric.Message, 64)
+	for len(out) < n {
+		k, err := ep.Recv(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, buf[:k]...)
+		if k == 0 {
+			if err := ep.Wait(ctx); err != nil {
+				t.Fatalf("after %d of %d messages: %v", len(out), n, err)
+			}
+		}
+	}
+	return out
+}
