@@ -12,8 +12,10 @@
 //   - One libfabric endpoint per node; VPIDs are demultiplexed in
 //     software. Every packet is at most one 128-byte mailbox slot: an
 //     8-byte header (the VELO descriptor plus target VPID, epoch and
-//     packet type) and up to 120 bytes.
-//   - VELO: sends into pre-posted 128-byte receive buffers. The sending
+//     packet type) and up to 120 bytes; except a bundle (bundle.go), up
+//     to 1 KiB: several VELO messages of one Send to one pair, sent only
+//     to a target that said it takes them (Config.NoBundles: never).
+//   - VELO: sends into pre-posted 1 KiB receive buffers. The sending
 //     NIC code writes the source node and VPID; the receiver checks the
 //     node against the libfabric source address (FI_SOURCE) and drops a
 //     packet that disagrees. Back-pressure is credit based per (sender
@@ -21,7 +23,9 @@
 //     is open and gets a window; the receiver returns credits as Recv
 //     frees slots, so a receiver never drops.
 //   - RMA: fi_read and fi_write (FI_DELIVERY_COMPLETE) on regions of mmap
-//     memory registered with fi_mr_reg, one registration per region. The
+//     memory registered with fi_mr_reg, one registration per region; up
+//     to four requests of one Post that share op, peer, flags and regions
+//     travel as one operation (Config.RMAMerge). The
 //     NLA layout is the contract's; the requester learns a region's key,
 //     base and size with one query round trip and caches it. The target
 //     hands a key out only for a region owned by the VPID addressed, and
@@ -29,7 +33,7 @@
 //   - Notifications: requester and (GET) completer notifications come
 //     from the local completion queue; completer (PUT) and responder
 //     (GET) notifications reach the target as a control packet after the
-//     transfer completed.
+//     transfer completed, those of one operation in one packet.
 //   - Multicast and broadcast fan out in software to every other node and
 //     are filtered by membership where they land.
 //   - Liveness: a node that closes says goodbye (and waits for the
