@@ -665,10 +665,9 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		}
 	}
 	n.unspin(false)
-	if !n.waitable {
-		return e.WaitResult(ctx, e.W.Park(ctx))
+	if n.waitable {
+		e.spin.parked()
 	}
-	e.spin.parked()
 	return e.WaitResult(ctx, e.W.Park(ctx))
 }
 

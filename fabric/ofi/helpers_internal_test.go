@@ -40,38 +40,29 @@ func openPair(t *testing.T, prov string, merge int) (*NIC, *NIC) {
 	return nics[0], nics[1]
 }
 
-// collect waits until ep has n notifications and returns them.
-func collect(t *testing.T, ep fabric.Endpoint, n int) []fabric.Notification {
+// gather calls wait (a fabrictest wait helper) until it has n items, with
+// a deadline.
+func gather[T any](t *testing.T, n int, wait func(context.Context, []T) int) []T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var out []fabric.Notification
-	buf := make([]fabric.Notification, 16)
+	var out []T
+	buf := make([]T, 64)
 	for len(out) < n {
-		k := fabrictest.PollWait(t, ctx, ep, buf)
+		k := wait(ctx, buf)
 		out = append(out, buf[:k]...)
 	}
 	return out
 }
 
+// collect waits until ep has n notifications and returns them.
+func collect(t *testing.T, ep fabric.Endpoint, n int) []fabric.Notification {
+	t.Helper()
+	return gather(t, n, func(ctx context.Context, buf []fabric.Notification) int { return fabrictest.PollWait(t, ctx, ep, buf) })
+}
+
 // recvAll receives n messages on ep within a deadline.
 func recvAll(t *testing.T, ep fabric.Endpoint, n int) []fabric.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var out []fabric.Message
-	buf := make([]fabric.Message, 64)
-	for len(out) < n {
-		k, err := ep.Recv(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:k]...)
-		if k == 0 {
-			if err := ep.Wait(ctx); err != nil {
-				t.Fatalf("after %d of %d messages: %v", len(out), n, err)
-			}
-		}
-	}
-	return out
+	return gather(t, n, func(ctx context.Context, buf []fabric.Message) int { return fabrictest.RecvWait(t, ctx, ep, buf) })
 }

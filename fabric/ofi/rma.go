@@ -122,11 +122,9 @@ type rmaOp struct {
 // rmaBatch is an operation being built by one Post call: slot and
 // op.parts[:op.k] are taken, nothing is issued yet.
 type rmaBatch struct {
-	slot  int32
-	op    *rmaOp
-	ans   regAnswer // the remote region's key and base
-	dc    bool
-	local *region
+	slot int32
+	op   *rmaOp
+	key  uint64 // the remote region's key, as the first request resolved it
 }
 
 // Register allocates size bytes of page-aligned C memory (mmap), registers
@@ -393,11 +391,11 @@ func (e *endpoint) post(r *fabric.RMA, b *rmaBatch) error {
 		return nil
 	}
 	rk := rkey{r.Peer.Node, r.Remote.Region()}
-	dc := n.needDC(r)
 	if b.op != nil {
+		// Same op and flags means the same delivery-complete choice.
 		first := &b.op.parts[0]
-		if b.op.k == n.merge || b.op.peer != p || first.req.Op != r.Op || first.req.Peer != r.Peer ||
-			first.req.Notify != r.Notify || b.local != local || first.remote != rk || b.ans.key != ans.key || b.dc != dc {
+		if b.op.k == n.merge || b.op.peer != p || first.req.Op != r.Op || first.req.Peer != r.Peer || first.req.Notify != r.Notify ||
+			first.local != local || first.remote != rk || b.key != ans.key {
 			e.issue(b)
 		}
 	}
@@ -415,7 +413,7 @@ func (e *endpoint) post(r *fabric.RMA, b *rmaBatch) error {
 		}
 		b.op = &n.ops[b.slot]
 		*b.op = rmaOp{ep: e, peer: p}
-		b.ans, b.dc, b.local = ans, dc, local
+		b.key = ans.key
 	}
 	raddr := r.Remote.Offset()
 	if n.virtAddr {
@@ -456,7 +454,8 @@ func (e *endpoint) issue(b *rmaBatch) {
 	}
 	defer p.leave()
 	for {
-		err := n.f.rma(op.parts[0].req.Op == fabric.OpPut, b.dc, &n.vecs[slot], op.k, b.local.mr.desc, p.fa, b.ans.key, mkctx(ctxRMA, int(slot)))
+		first := &op.parts[0]
+		err := n.f.rma(first.req.Op == fabric.OpPut, n.needDC(&first.req), &n.vecs[slot], op.k, first.local.mr.desc, p.fa, b.key, mkctx(ctxRMA, int(slot)))
 		n.ringPeer(p) // a delivery-complete PUT, and a full queue, wait for the target's progress
 		if err == nil {
 			n.awaitCompletion()
@@ -465,7 +464,7 @@ func (e *endpoint) issue(b *rmaBatch) {
 		up, _ := p.state()
 		if !isAgain(err) || !up || n.closed.Load() {
 			if !isAgain(err) {
-				n.faults.Warn("ofi rma issue failed", "op", op.parts[0].req.Op, "peer", op.parts[0].req.Peer, "requests", op.k, "err", err)
+				n.faults.Warn("ofi rma issue failed", "op", first.req.Op, "peer", first.req.Peer, "requests", op.k, "err", err)
 			}
 			fail()
 			return
@@ -535,21 +534,23 @@ func (n *NIC) rmaDone(i int, fail *cqErr) {
 	if e == nil {
 		return
 	}
+	nerr := fabric.NErrNone
+	if fail != nil {
+		r := &parts[0].req
+		n.forget(parts[0].remote) // every part shares the remote region
+		n.faults.Warn("ofi rma failed", "op", r.Op, "peer", r.Peer, "requests", k, "err", fail.detail)
+		nerr = fabric.NErrAccess
+		if up, _ := p.state(); !up || isConnErr(fail.code) {
+			nerr = fabric.NErrPeerDown
+		}
+	}
 	var body [rmaMerge * notifyBody]byte
 	nb := 0
 	for j := range parts[:k] {
 		r := &parts[j].req
 		parts[j].local.inflight.Add(-1)
 		n.unpinRemote(parts[j].remote)
-		if fail != nil {
-			if j == 0 {
-				n.forget(parts[j].remote)
-				n.faults.Warn("ofi rma failed", "op", r.Op, "peer", r.Peer, "requests", k, "err", fail.detail)
-			}
-			nerr := fabric.NErrAccess
-			if up, _ := p.state(); !up || isConnErr(fail.code) {
-				nerr = fabric.NErrPeerDown
-			}
+		if nerr != fabric.NErrNone {
 			e.ErrorNotify(r, nerr)
 			continue
 		}
