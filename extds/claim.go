@@ -296,6 +296,8 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 		}
 	}
 	key := TupleKey{netip.AddrPortFrom(sip, sport), netip.AddrPortFrom(cip, cport)}
+	now := time.Now()
+	skipped := d.acceptedInHold(key, now) // before t.mu: a kernel lookup (hold.go)
 	var wake func()
 	defer func() {
 		if wake != nil {
@@ -318,13 +320,15 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 	}
 	e := t.m[key]
 	if e == nil {
-		if left := t.holdLeftLocked(sport, time.Now()); left > 0 {
+		if left := t.holdLeftLocked(sport, now); left > 0 || skipped {
 			// On hold: the acceptors do not claim (hold.go). One
 			// that does after all (its window ended) learns from the
-			// entry that no hello comes (Claim.Held).
+			// entry that no hello comes (Claim.Held). After the hold,
+			// its acceptor skipped asking (acceptedInHold): nothing
+			// left to cache.
 			d.claimReply(reply, sport, 0, holdReason(left))
 			if len(t.m) < maxClaims {
-				reply.st, reply.expires = stHeld, time.Now().Add(claimTombstone)
+				reply.st, reply.expires = stHeld, now.Add(claimTombstone)
 				t.m[key] = reply
 			}
 			return
@@ -334,7 +338,7 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 	case e == nil && len(t.m) >= maxClaims:
 		d.claimReply(reply, sport, 0, declineBusy)
 	case e == nil:
-		reply.st, reply.expires = stOffered, time.Now().Add(2*DefaultClaimTimeout)
+		reply.st, reply.expires = stOffered, now.Add(2*DefaultClaimTimeout)
 		t.m[key] = reply
 	case e.st == stAccepting && e.wake != nil && offerDirect:
 		e.st, e.token, e.from, e.vd, e.sport, e.offerDirect = stDirect, m.conn, from, v, sport, true
@@ -350,7 +354,7 @@ func (d *Device) onClaim(v *vdev, from fabric.Addr, m *msg) {
 		// is left of the hold (none once it is over) for the client
 		// to cache.
 		delete(t.m, key)
-		d.claimReply(reply, sport, 0, holdReason(t.holdLeftLocked(sport, time.Now())))
+		d.claimReply(reply, sport, 0, holdReason(t.holdLeftLocked(sport, now)))
 	default:
 		d.drop(DropProbe, "from", from, "why", "duplicate claim")
 	}

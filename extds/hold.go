@@ -38,6 +38,16 @@ package extds
 // cache). So the port's latest hold is kept after it ends (spans), and
 // an acceptor asks SkippedByHold with the connection's age first.
 //
+// The stagger also assumes a CLAIM arrives within the margins. A CLAIM
+// from a client that did not know the hold, slower than that (a loaded
+// host), can arrive after the hold ended for a connection whose acceptor
+// skipped asking: nobody would ever claim it. onClaim therefore asks the
+// kernel about a CLAIM's connection that no acceptor asked about, after
+// a hold (acceptedInHold): accepted already and made inside the
+// acceptors' window, it is declined as held. A CLAIM offered before a
+// hold began is declined when it begins (HoldPort), as its acceptor may
+// now skip asking.
+//
 // Locks: holds live in claimTable (t.mu, a leaf lock); the client's
 // window cache under negMu (a leaf lock), as the negative cache.
 
@@ -45,6 +55,8 @@ import (
 	"net"
 	"net/netip"
 	"time"
+
+	"github.com/exn-project/exn/internal/sys"
 )
 
 const (
@@ -93,7 +105,19 @@ func (d *Device) HoldPort(port uint16, dur time.Duration) {
 	if len(t.spans) >= maxClaims {
 		clear(t.spans)
 	}
-	t.spans[port] = holdSpan{start: now, end: now.Add(min(dur, MaxHold))}
+	sp := holdSpan{start: now, end: now.Add(min(dur, MaxHold))}
+	t.spans[port] = sp
+	// CLAIMs offered before the hold and not yet claimed: their
+	// acceptors may now skip asking (a shim learns the hold from another
+	// connection's answer), so they are declined as held here rather
+	// than left to time out (no_claim). An acceptor that asks after all
+	// finds the tombstone (AcceptOnHold, Claim.Held): TCP on both sides.
+	for _, e := range t.m {
+		if e.st == stOffered && e.sport == port {
+			d.claimReply(e, port, 0, holdReason(sp.end.Sub(now)))
+			e.st, e.expires = stHeld, now.Add(claimTombstone)
+		}
+	}
 }
 
 // SkippedByHold reports whether the accepted connection key, made at
@@ -132,10 +156,9 @@ func (d *Device) PortHold(port uint16) time.Duration {
 // long its port stays on hold for acceptors, 0 if it is not. When it is,
 // the acceptor takes the connection as plain TCP without claiming it,
 // so the connection's claim state is settled here: a CLAIM for key that
-// came before the hold began (offered, at a hold's start) is declined as
-// held at once instead of waiting out its client's claim timeout, which
-// would end in no_claim and the negative cache; one that comes later is
-// declined as held whenever it comes, even after the hold. Safe for
+// comes later is declined as held whenever it comes, even after the
+// hold. (One that came before the hold began was declined when it began,
+// HoldPort; one that came during it, at once, onClaim.) Safe for
 // concurrent use.
 func (d *Device) AcceptOnHold(key TupleKey) time.Duration {
 	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
@@ -147,14 +170,43 @@ func (d *Device) AcceptOnHold(key TupleKey) time.Duration {
 	if left <= HoldMargin {
 		return 0
 	}
-	switch e := t.m[key]; {
-	case e == nil:
+	if t.m[key] == nil {
 		t.skipLocked(key, now)
-	case e.st == stOffered:
-		d.claimReply(e, e.sport, 0, holdReason(left))
-		e.st, e.expires = stHeld, now.Add(claimTombstone)
 	}
 	return left - HoldMargin
+}
+
+// acceptedInHold reports whether the connection key, whose CLAIM just
+// arrived after its port's latest hold ended and which no acceptor asked
+// about, may have been taken as plain TCP by an acceptor that skipped
+// asking during the hold: the kernel (sock_diag, in this process's
+// network namespace) says it was accepted already, and made before the
+// acceptors' window ended (HoldMargin before the hold, skipSlack for the
+// age's jiffies). Its CLAIM then took longer than the margin to arrive
+// (a loaded host; CI met it once) and is declined as held, with nothing
+// to cache; waiting would end in the client's no_claim and its negative
+// cache. An acceptor whose ask was merely behind the CLAIM finds the
+// tombstone (Claim.Held): TCP on both sides either way. It does not
+// look while the hold lasts (onClaim declines at once) or once the hold
+// ended claimTombstone ago; any doubt (no answer, no such socket, not
+// accepted yet) is false, and the CLAIM waits for its acceptor as any
+// other. Called by the rx loop without t.mu: the lookup is one netlink
+// round trip of kernel work, never a wait.
+func (d *Device) acceptedInHold(key TupleKey, now time.Time) bool {
+	t := &d.claims
+	t.mu.Lock()
+	sp, ok := t.spans[key.Local.Port()]
+	known := t.m[key] != nil
+	t.mu.Unlock()
+	if !ok || known || now.Before(sp.end) || now.Sub(sp.end) > claimTombstone {
+		return false
+	}
+	info, found, err := sys.LookupTCP(key.Local, key.Remote)
+	if err != nil {
+		d.rlog.warn("extds: cannot look up a claimed connection", "local", key.Local, "remote", key.Remote, "err", err)
+		return false
+	}
+	return found && info.Accepted && now.Add(-info.SinceLastAck).Before(sp.end.Add(-HoldMargin+skipSlack))
 }
 
 // skipLocked records that key's acceptor took it as plain TCP because of

@@ -225,8 +225,8 @@ func TestHoldPeerFromSend(t *testing.T) {
 // connection as plain TCP without claiming it, and its client is told so
 // whenever its CLAIM came: one that came before the hold began (a hold's
 // start, CI saw it end in no_claim and the negative cache) is declined
-// as held at once, and one that comes after the hold ended is declined
-// as held too. The client falls back short_lived, never no_claim, and
+// as held when the hold begins (HoldPort), and one that comes after the
+// hold ended is declined as held too. The client falls back short_lived, never no_claim, and
 // nothing precedes the application's bytes.
 func TestAcceptOnHold(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
@@ -282,5 +282,82 @@ func TestAcceptOnHold(t *testing.T) {
 				t.Fatalf("server saw %q first: something was written before the app", peeked)
 			}
 		})
+	}
+}
+
+// TestClaimAfterSilentSkip: an acceptor whose shim skipped asking during
+// a hold took a connection as plain TCP, and the client, whose exnd did
+// not know the hold, offered it in a CLAIM that arrived only after the
+// hold ended (CI met it once, under load): the CLAIM is declined as held
+// at once, not left to the claim timeout (no_claim and the client's
+// negative cache). Exactly such connections: accepted already and made
+// inside the acceptors' window. One made after the hold, one still in
+// the accept queue and one on a port never held wait for their acceptor
+// as before.
+func TestClaimAfterSilentSkip(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	p := newPair(t)
+	ln, port := claimListener(t, p)
+	key := func(sv net.Conn) TupleKey {
+		return TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
+	}
+	p.devB.HoldPort(port, time.Second)
+	cl, sv := shadowPair(t, ln) // accepted inside the hold; nobody asked
+	defer sv.Close()
+	time.Sleep(3 * HoldMargin)
+	p.devB.HoldPort(port, 0)
+	if !p.devB.acceptedInHold(key(sv), time.Now()) {
+		t.Fatal("a connection accepted inside the hold without asking: not recognized")
+	}
+	cl2, sv2 := shadowPair(t, ln) // made after the hold
+	defer cl2.Close()
+	defer sv2.Close()
+	if p.devB.acceptedInHold(key(sv2), time.Now()) {
+		t.Fatal("a connection made after the hold counts as skipped")
+	}
+	other, otherPort := claimListener(t, p) // a port never held
+	cl3, sv3 := shadowPair(t, other)
+	defer cl3.Close()
+	defer sv3.Close()
+	if p.devB.acceptedInHold(key(sv3), time.Now()) {
+		t.Fatalf("a connection to port %d, never held, counts as skipped", otherPort)
+	}
+
+	start := time.Now()
+	c, err := p.dialer.Upgrade(t.Context(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if why, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || why != FallbackShortLived {
+		t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", c.Mode(), why, ok)
+	}
+	if took := time.Since(start); took >= DefaultClaimTimeout {
+		t.Fatalf("the decline took %v: the CLAIM waited out the claim timeout", took)
+	}
+	if h := p.devA.PeerHold(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); h != 0 {
+		t.Fatalf("client keeps a hold of %v after the hold ended", h)
+	}
+	if _, err := io.WriteString(c, "app bytes"); err != nil {
+		t.Fatal(err)
+	}
+	if _, peeked := peekFirst(t, sv, HelloPrefixLen); string(peeked) != "app " {
+		t.Fatalf("server saw %q first: something was written before the app", peeked)
+	}
+
+	// One made inside a hold but still in the accept queue (its own
+	// listener: shadowPair would accept it).
+	qln, qport := claimListener(t, p)
+	p.devB.HoldPort(qport, time.Second)
+	queued, err := net.Dial("tcp", qln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queued.Close()
+	time.Sleep(3 * HoldMargin)
+	p.devB.HoldPort(qport, 0)
+	qk := TupleKey{Local: queued.RemoteAddr().(*net.TCPAddr).AddrPort(), Remote: queued.LocalAddr().(*net.TCPAddr).AddrPort()}
+	if p.devB.acceptedInHold(qk, time.Now()) {
+		t.Fatal("a connection in the accept queue counts as skipped")
 	}
 }

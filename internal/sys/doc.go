@@ -5,6 +5,10 @@
 // fabric/shm: every futex here is a shared (not FUTEX_PRIVATE) futex, since
 // the words live in MAP_SHARED files that several processes map.
 //
+// The socket helpers (sock_linux.go, sockdiag_linux.go) serve exnd's
+// EXT-DS side: a peeked hello, a connection's age, and the kernel's
+// sock_diag view of one TCP connection (accepted yet, last ACK).
+//
 // # Ownership and imports
 //
 // sys owns every raw system call and ioctl exn makes; the callers own
