@@ -161,6 +161,23 @@ func msg(to fabric.NodeID, tag fabric.Tag, p []byte) fabric.Message {
 	return m
 }
 
+// grantBytes is a grant of incarnation inc naming nlas.
+func grantBytes(inc uint32, nlas ...fabric.NLA) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, inc)
+	for _, a := range nlas {
+		b = binary.LittleEndian.AppendUint64(b, uint64(a))
+	}
+	return b
+}
+
+// pushedBytes is a plain push announcement.
+func pushedBytes(nla fabric.NLA, n uint32, seq uint16, stamp uint32) []byte {
+	b := make([]byte, advertLen+stampLen)
+	a := advert{nla: nla, len: n, seq: seq, stamp: stamp}
+	a.encodePushed(b, false)
+	return b
+}
+
 func advertBytes(nla fabric.NLA, n uint32, seq uint16) []byte {
 	b := make([]byte, advertLen)
 	a := advert{nla: nla, len: n, seq: seq}
@@ -201,7 +218,11 @@ func TestBadInput(t *testing.T) {
 		msgs []fabric.Message
 		want DropReason
 	}{
-		{"reserved tag", []fabric.Message{msg(to, 0x05, good)}, DropBadTag},
+		{"reserved tag", []fabric.Message{msg(to, 0x08, good)}, DropBadTag},
+		{"grant to an engine that does not push", []fabric.Message{msg(to, tagGrant, grantBytes(7, at.reg.NLA+pushHdrLen))}, DropGrantMalformed},
+		{"push into an engine that grants nothing", []fabric.Message{msg(to, tagPushed, pushedBytes(at.reg.NLA+pushHdrLen, 100, 0, 1))}, DropPushForged},
+		{"push announcement short", []fabric.Message{msg(to, tagPushed, pushedBytes(at.reg.NLA+pushHdrLen, 100, 0, 1)[:18])}, DropPushForged},
+		{"offload push without offload", []fabric.Message{msg(to, tagPushedX, make([]byte, advertXLen+stampLen))}, DropPushForged},
 		{"orphan", []fabric.Message{msg(to, tagEager|1, full)}, DropOrphanFragment},
 		{"duplicate fragment", []fabric.Message{msg(to, first, full), msg(to, tagEager|0, full)}, DropFragmentSeq},
 		{"gap", []fabric.Message{msg(to, first, full), msg(to, tagEager|2, full)}, DropFragmentSeq},

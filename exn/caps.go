@@ -31,9 +31,11 @@ const (
 	helloVersion = 1
 	helloLen     = 3
 	helloReply   = 1 << 0 // flags: the sender does not know our caps yet
+	helloPush    = 1 << 1 // flags: the sender pushes into grants (push.go)
 
-	peerKnown     = 1 << 8 // caps (low byte) came in a hello
-	peerHelloSent = 1 << 9 // our hello with reply-please is on its way
+	peerKnown     = 1 << 8  // caps (low byte) came in a hello
+	peerHelloSent = 1 << 9  // our hello with reply-please is on its way
+	peerPushes    = 1 << 10 // its hello said it pushes into grants
 )
 
 // peerCaps is the capability the engine may use towards node: zero until
@@ -66,7 +68,14 @@ func (e *Engine) gotHello(node fabric.NodeID, p []byte) {
 		return
 	}
 	caps := p[1] & capAll
-	e.peers[node].Store(uint32(caps) | peerKnown | peerHelloSent)
+	w := uint32(caps) | peerKnown | peerHelloSent
+	if p[2]&helloPush != 0 {
+		w |= peerPushes
+	}
+	e.peers[node].Store(w)
+	if src := e.rx.sources[node]; src != nil && w&peerPushes != 0 {
+		e.maybeGrant(src) // its adverts came before its hello
+	}
 	e.ctr.hellos.Add(1)
 	if p[2]&helloReply != 0 {
 		e.queueCtl(ctlMsg{node: node, kind: tagHello})

@@ -94,6 +94,12 @@ type Config struct {
 	// (the default) announces none, so peers send complete frames.
 	// Transmit-side offload (TransmitLentOffload) works either way.
 	Offload uint8
+	// Push turns on receiver-granted PUT (push.go): this engine grants rx
+	// buffers to sources that push, and pushes rendezvous frames into
+	// the grants of its peers if its endpoint places PUTs before later
+	// sends (fabric.PutOrderer). Peers without it, or without such an
+	// endpoint, keep advert and GET. Default false; exnd sets it.
+	Push bool
 	// Logger receives rate-limited drop reports. Default: discard.
 	Logger *slog.Logger
 	// Now is the clock for the advert timeout. Default time.Now.

@@ -33,8 +33,10 @@ package exn
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -118,6 +120,15 @@ type Engine struct {
 	olink   OffloadLink
 	peers   []atomic.Uint32
 	slotMax int
+
+	// Push (push.go): push is whether this engine pushes (Config.Push
+	// and an endpoint that orders PUTs before sends); grants what its
+	// receivers granted; pushStamp numbers its pushes; inc is this
+	// engine's incarnation, named in its grants.
+	push      bool
+	grants    grantBook
+	pushStamp atomic.Uint32
+	inc       uint32
 }
 
 // New starts an engine on ep, which must be VPID fabric.EthVPID opened on
@@ -151,6 +162,10 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 	}
 	e.lendCond.L = &e.lendMu
 	e.slotMax = e.maxFrame
+	if o, ok := ep.(fabric.PutOrderer); ok && cfg.Push {
+		e.push = o.PutsBeforeSends()
+	}
+	e.inc = rand.Uint32()
 	if cfg.Offload != 0 {
 		ol, ok := link.(OffloadLink)
 		if !ok {
@@ -182,6 +197,11 @@ func New(nic fabric.NIC, ep fabric.Endpoint, link Link, cfg Config) (*Engine, er
 	go e.ticker()
 	return e, nil
 }
+
+// Pushes reports whether this engine pushes rendezvous frames into its
+// peers' grants (Config.Push on an endpoint that orders PUTs before
+// sends, push.go).
+func (e *Engine) Pushes() bool { return e.push }
 
 // MAC returns this node's MAC address (a fresh copy).
 func (e *Engine) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), e.mac[:]...) }
@@ -307,6 +327,9 @@ type ctlMsg struct {
 	kind  fabric.Tag // tagRefuse or tagHello
 	flags uint8      // hello flags
 	adv   advert     // refusal
+	// grant: ng buffer NLAs (push.go)
+	grants [maxGrantNLAs]fabric.NLA
+	ng     uint8
 }
 
 // queueCtl queues a control message without blocking; false if the queue
@@ -338,9 +361,24 @@ func (e *Engine) refuser() {
 		case r := <-e.ctlq:
 			m := &msg[0]
 			*m = fabric.Message{Peer: fabric.Addr{Node: r.node, VPID: fabric.EthVPID}, Tag: r.kind}
+			if r.kind == tagGrant {
+				m.Len = grantHdr + 8*r.ng
+				binary.LittleEndian.PutUint32(m.Data[:grantHdr], e.inc)
+				for i, a := range r.grants[:r.ng] {
+					binary.LittleEndian.PutUint64(m.Data[grantHdr+8*i:], uint64(a))
+				}
+				if _, err := e.ep.Send(e.refuseCtx, msg); err == nil {
+					e.ctr.grantsSent.Add(uint64(r.ng))
+				}
+				continue
+			}
 			if r.kind == tagHello {
+				flags := r.flags
+				if e.push {
+					flags |= helloPush
+				}
 				m.Len = helloLen
-				m.Data[0], m.Data[1], m.Data[2] = helloVersion, e.caps, r.flags
+				m.Data[0], m.Data[1], m.Data[2] = helloVersion, e.caps, flags
 				if _, err := e.ep.Send(e.refuseCtx, msg); err != nil && r.flags&helloReply != 0 {
 					e.peers[r.node].And(^uint32(peerHelloSent)) // say it again next time
 				}

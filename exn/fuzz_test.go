@@ -2,6 +2,7 @@ package exn
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 
 	"github.com/exn-project/exn/fabric"
@@ -81,6 +82,62 @@ func FuzzAdvert(f *testing.F) {
 		a.encode(b[:])
 		if !bytes.Equal(b[:], p) {
 			t.Fatalf("re-encode %x != %x", b, p)
+		}
+	})
+}
+
+// FuzzPushed: a push announcement, plain or offload, decodes only with
+// the advert's checks and the exact length, and re-encodes to itself.
+func FuzzPushed(f *testing.F) {
+	f.Add(pushedBytes(fabric.MakeNLA(1, 64), 1000, 3, 9), false)
+	f.Add(make([]byte, advertXLen+stampLen), true)
+	f.Add([]byte{1, 2, 3}, false)
+	f.Fuzz(func(t *testing.T, p []byte, x bool) {
+		const maxFrame = 9014
+		a, reason := decodePushed(p, maxFrame, x)
+		if reason != DropNone {
+			switch reason {
+			case DropPushForged, DropAdvertMalformed, DropAdvertLength, DropOffloadForged:
+			default:
+				t.Fatalf("reason %v", reason)
+			}
+			return
+		}
+		if a.len < EthHeaderLen || a.nla.Region() == 0 || (!x && a.len > maxFrame) {
+			t.Fatalf("accepted %+v", a)
+		}
+		b := make([]byte, fabric.MaxVELOPayload)
+		if n := a.encodePushed(b, x); !bytes.Equal(b[:n], p) {
+			t.Fatalf("re-encode %x != %x", b[:n], p)
+		}
+	})
+}
+
+// FuzzGrant: a grant decodes only with 1..maxGrantNLAs NLAs that leave
+// room for the push header, and says exactly those.
+func FuzzGrant(f *testing.F) {
+	f.Add(grantBytes(7, fabric.MakeNLA(2, 64), fabric.MakeNLA(2, 9216)))
+	f.Add(grantBytes(7))
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		inc, nlas, ok := decodeGrant(p)
+		if !ok {
+			return
+		}
+		k := len(nlas) / 8
+		if k < 1 || k > maxGrantNLAs || len(nlas)%8 != 0 || len(p) != grantHdr+len(nlas) {
+			t.Fatalf("accepted %d NLAs from %d bytes", k, len(p))
+		}
+		var want []fabric.NLA
+		for i := range k {
+			a := fabric.NLA(binary.LittleEndian.Uint64(nlas[8*i:]))
+			if a.Region() == 0 || a.Offset() < pushHdrLen {
+				t.Fatalf("accepted NLA %v", a)
+			}
+			want = append(want, a)
+		}
+		if !bytes.Equal(grantBytes(inc, want...), p) {
+			t.Fatal("re-encode differs")
 		}
 	})
 }

@@ -115,10 +115,10 @@ func (e *Engine) lentIndex(f []byte) int32 {
 	}
 	off := p - base
 	size := uintptr(e.tx.slotSize)
-	if off%size != 0 || off/size >= uintptr(len(e.tx.slots)) {
+	if off < pushHdrLen || (off-pushHdrLen)%size != 0 || (off-pushHdrLen)/size >= uintptr(len(e.tx.slots)) {
 		return -1
 	}
-	i := int32(off / size)
+	i := int32((off - pushHdrLen) / size)
 	if e.tx.slots[i].state.Load() != slotLent {
 		return -1
 	}

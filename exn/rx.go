@@ -82,6 +82,15 @@ type source struct {
 	seq   uint16 // next expected advert sequence
 	seqOK bool
 	dirty bool // on rx.dirty
+
+	// Grants (push.go): buffers granted (idle or busy), the idle ones
+	// still to be named in a tagGrant, whether it is on rx.gdirty, and
+	// whether it was forgotten (its grants are not renewed).
+	granted    int
+	regrants   []int32
+	gdirty     bool
+	gone       bool
+	wantGrants bool // on rx.wantGrants
 }
 
 func (s *source) at(abs uint64) *qent { return &s.q[abs%uint64(len(s.q))] }
@@ -93,6 +102,9 @@ type rxSlot struct {
 	len  uint32
 	busy bool
 	off  Offload // from an offload advert
+	// grantee is the source this buffer is granted to (push.go): only
+	// it may push into it, and it returns to that source once free.
+	grantee *source
 }
 
 // release is what to give back once a delivered frame's batch is done.
@@ -111,22 +123,24 @@ type rxState struct {
 	sources map[fabric.NodeID]*source
 	last    *source // lookup cache
 
-	waitq    []*source // one entry per waiting advert, FIFO from wqHead
-	wqHead   int
-	dirty    []*source
-	batch    [][]byte
-	offs     []Offload // batch[i]'s offload metadata (zero: complete)
-	nOff     int       // frames in batch with metadata
-	rel      []release
-	msgs     []fabric.Message
-	notes    []fabric.Notification
-	reqs     []fabric.RMA // GETs of this round not yet posted (flushGets)
-	reqSlot  []int32      // reqs[i]'s rx buffer
-	lastTick uint64
+	waitq      []*source // one entry per waiting advert, FIFO from wqHead
+	wqHead     int
+	dirty      []*source
+	batch      [][]byte
+	offs       []Offload // batch[i]'s offload metadata (zero: complete)
+	nOff       int       // frames in batch with metadata
+	rel        []release
+	msgs       []fabric.Message
+	notes      []fabric.Notification
+	reqs       []fabric.RMA // GETs of this round not yet posted (flushGets)
+	reqSlot    []int32      // reqs[i]'s rx buffer
+	gdirty     []*source    // sources with grants to send (flushGrants)
+	wantGrants []*source    // sources maybeGrant could not serve yet (retryGrants)
+	lastTick   uint64
 }
 
 func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame, slotMax int) error {
-	r.slotSize = (slotMax + 63) &^ 63
+	r.slotSize = pushHdrLen + (slotMax+63)&^63 // push header, then the frame (push.go)
 	reg, err := ep.Register(cfg.RxSlots * r.slotSize)
 	if err != nil {
 		return err
@@ -150,7 +164,17 @@ func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame, slotMax int) e
 	return nil
 }
 
-func (r *rxState) nla(i int32) fabric.NLA { return r.region.NLA + fabric.NLA(int(i)*r.slotSize) }
+// nla is the address of rx buffer i's frame, which a GET or a push
+// writes; a push writes the buffer's push header in front of it.
+func (r *rxState) nla(i int32) fabric.NLA {
+	return r.region.NLA + fabric.NLA(int(i)*r.slotSize+pushHdrLen)
+}
+
+// frame is the first n bytes of rx buffer i's frame; hdr its push header.
+func (r *rxState) frame(i int32, n uint32) []byte {
+	return r.region.Buf[int(i)*r.slotSize+pushHdrLen:][:n]
+}
+func (r *rxState) hdr(i int32) []byte { return r.region.Buf[int(i)*r.slotSize:][:pushHdrLen] }
 
 // index maps a local address to the rx buffer containing it, or -1.
 func (r *rxState) index(a fabric.NLA) int32 {
@@ -184,6 +208,12 @@ func (e *Engine) rxLoop() {
 			return
 		}
 		e.finishRound()
+		if len(rx.wantGrants) > 0 {
+			e.retryGrants()
+		}
+		if len(rx.gdirty) > 0 {
+			e.flushGrants()
+		}
 		t := e.tick.Load()
 		if t.gen != rx.lastTick {
 			rx.lastTick = t.gen
@@ -282,6 +312,19 @@ func (e *Engine) handleMsg(m *fabric.Message) {
 		e.handleAdvert(e.source(node), a, reason)
 	case m.Tag == tagAdvertX:
 		e.drop(DropOffloadForged, node) // multicast, or we announced none
+	case m.Tag == tagPushed && !m.MC:
+		a, reason := decodePushed(m.Payload(), e.maxFrame, false)
+		e.handlePushed(e.source(node), a, reason)
+	case m.Tag == tagPushedX && !m.MC && e.caps != 0:
+		a, reason := decodePushed(m.Payload(), e.maxFrame, true)
+		if reason == DropNone && a.off.needs()&e.caps != a.off.needs() {
+			reason = DropOffloadForged
+		}
+		e.handlePushed(e.source(node), a, reason)
+	case m.Tag == tagPushedX || m.Tag == tagPushed:
+		e.drop(DropPushForged, node) // multicast, or offload we did not announce
+	case m.Tag == tagGrant && !m.MC:
+		e.gotGrant(node, m.Payload())
 	case m.Tag == tagHello && !m.MC:
 		e.gotHello(node, m.Payload())
 	case m.Tag == tagAdvert:
@@ -344,11 +387,10 @@ func (e *Engine) handleAdvert(src *source, a advert, reason DropReason) {
 		e.drop(reason, src.node)
 		return
 	}
-	if src.seqOK && a.seq != src.seq {
-		e.ctr.advertSeqGaps.Add(1)
-		e.forgetPeer(src.node) // restarted, perhaps as another version
+	if e.seqGap(src, a.seq) {
+		e.releaseGrants(src) // a restarted source holds none
 	}
-	src.seq, src.seqOK = a.seq+1, true
+	e.maybeGrant(src)
 	ent := e.enqueue(src)
 	if ent == nil {
 		e.refuse(src.node, a) // the sender frees its slot now
@@ -364,6 +406,19 @@ func (e *Engine) handleAdvert(src *source, a advert, reason DropReason) {
 	src.waiting++
 	e.ctr.waitingAdverts.Add(1)
 	rx.waitq = append(rx.waitq, src)
+}
+
+// seqGap checks an advert's or push's sequence number against src's
+// and moves src's on. A gap means src restarted, perhaps as another
+// version: its capability is forgotten (the next transmit says hello).
+func (e *Engine) seqGap(src *source, seq uint16) bool {
+	gap := src.seqOK && seq != src.seq
+	if gap {
+		e.ctr.advertSeqGaps.Add(1)
+		e.forgetPeer(src.node)
+	}
+	src.seq, src.seqOK = seq+1, true
+	return gap
 }
 
 // postGet assigns a free rx buffer (which the caller made sure exists)
@@ -417,10 +472,17 @@ func (e *Engine) flushGets() {
 	rx.reqs, rx.reqSlot = rx.reqs[:0], rx.reqSlot[:0]
 }
 
+// freeRxSlot releases a busy rx buffer: back to its grantee (push.go)
+// or to the free list.
 func (e *Engine) freeRxSlot(slot int32) {
+	e.ctr.rxSlotsInUse.Add(-1)
+	if g := e.rx.slots[slot].grantee; g != nil {
+		e.rx.slots[slot] = rxSlot{grantee: g}
+		e.regrant(g, slot)
+		return
+	}
 	e.rx.slots[slot] = rxSlot{}
 	e.rx.free = append(e.rx.free, slot)
-	e.ctr.rxSlotsInUse.Add(-1)
 }
 
 func (e *Engine) markDirty(src *source) {
@@ -439,6 +501,8 @@ var notifyDrop = [...]DropReason{
 func (e *Engine) handleNote(n *fabric.Notification) {
 	rx := &e.rx
 	switch {
+	case n.Op == fabric.OpPut && n.Kind == fabric.KindRequester:
+		e.pushDone(n) // a push of ours, done or failed (push.go)
 	case n.Err != fabric.NErrNone:
 		// A failed GET of ours: Local is the buffer start as posted.
 		slot := rx.index(n.Local)
@@ -470,15 +534,21 @@ func (e *Engine) handleNote(n *fabric.Notification) {
 	}
 }
 
-// getDone finishes the GET into slot: its entry becomes ready, or failed
-// (reason != DropNone) with the buffer freed.
+// getDone finishes the GET into slot (landed).
 func (e *Engine) getDone(slot int32, reason DropReason) {
+	e.ctr.pendingGets.Add(-1)
+	e.landed(slot, reason)
+}
+
+// landed finishes a frame that arrived in rx buffer slot by GET or push:
+// its entry becomes ready, or failed (reason != DropNone, or the frame's
+// destination or offload fields are wrong) with the buffer freed.
+func (e *Engine) landed(slot int32, reason DropReason) {
 	s := &e.rx.slots[slot]
 	src := s.src
 	ent := src.at(s.abs)
-	e.ctr.pendingGets.Add(-1)
 	if reason == DropNone {
-		f := e.rx.region.Buf[int(slot)*e.rx.slotSize:][:s.len]
+		f := e.rx.frame(slot, s.len)
 		switch {
 		case !e.dstOK(f, false):
 			reason = DropWrongDest
@@ -581,7 +651,7 @@ func (e *Engine) drain(src *source) {
 				e.deliver(ent.buf.b[:ent.n], release{buf: ent.buf, slot: -1}, ent.proto)
 			} else {
 				s := &e.rx.slots[ent.slot]
-				f := e.rx.region.Buf[int(ent.slot)*e.rx.slotSize:][:s.len]
+				f := e.rx.frame(ent.slot, s.len)
 				e.deliverOff(f, release{slot: ent.slot}, ent.proto, &s.off)
 			}
 		case qFailed:
@@ -706,6 +776,7 @@ func (e *Engine) housekeep() {
 			continue
 		}
 		e.forgetPeer(node)
+		e.releaseGrants(src)
 		if src.uc.buf != nil {
 			src.uc.reset(rx.pool)
 			e.drop(DropPeerGone, node)
@@ -739,6 +810,7 @@ func (e *Engine) housekeep() {
 		if pending == 0 && src.waiting == 0 {
 			// Forget it; a restarted peer starts afresh. Stale waitq
 			// entries see waiting == 0 and are skipped.
+			src.gone = true
 			delete(rx.sources, node)
 			if rx.last == src {
 				rx.last = nil

@@ -45,6 +45,11 @@ const (
 	DropTxOffload      // virtio-net header from the Link that does not fit its frame
 	DropOffloadForged  // offload advert from the fabric that is malformed or not asked for
 	DropHelloMalformed // hello too short or of version 0
+	// Push (push.go).
+	DropPushForged     // announcement for a buffer not granted to its source, busy, or malformed
+	DropPushStale      // the buffer's push header does not match: the PUT did not land
+	DropPushFailed     // our PUT's requester error notification
+	DropGrantMalformed // grant of the wrong size, a bad NLA, or to an engine that does not push
 	NumDropReasons
 )
 
@@ -80,6 +85,10 @@ var dropNames = [NumDropReasons]string{
 	DropTxOffload:       "tx-offload-malformed",
 	DropOffloadForged:   "offload-malformed",
 	DropHelloMalformed:  "hello-malformed",
+	DropPushForged:      "push-forged",
+	DropPushStale:       "push-stale",
+	DropPushFailed:      "push-failed",
+	DropGrantMalformed:  "grant-malformed",
 }
 
 // String returns the reason's metric label, e.g. "foreign-mac".
@@ -97,10 +106,11 @@ const (
 	ProtoEager      Proto = iota // unicast VELO fragments
 	ProtoRendezvous              // advert + RMA GET
 	ProtoMulticast               // VELO multicast fragments to group 63
+	ProtoPush                    // PUT into a granted rx buffer + announcement (push.go)
 	NumProtos
 )
 
-var protoNames = [NumProtos]string{"eager", "rendezvous", "multicast"}
+var protoNames = [NumProtos]string{"eager", "rendezvous", "multicast", "push"}
 
 func (p Proto) String() string {
 	if p < NumProtos {
@@ -149,6 +159,8 @@ type Stats struct {
 	TxGSOSplit  uint64 // super-frames segmented in software for a peer
 	TxGSOSegs   uint64 // segments those made
 	RxOffloaded uint64 // frames delivered with offload metadata
+	GrantsSent  uint64 // rx buffers granted to pushing sources (push.go)
+	GrantsRecv  uint64 // rx buffers receivers granted us
 }
 
 // counters is the engine's atomic counter block; Stats snapshots it.
@@ -173,6 +185,7 @@ type counters struct {
 	linkErrors      atomic.Uint64
 
 	hellos, txOffloaded, txCsumSW, txGSOSplit, txGSOSegs, rxOffloaded atomic.Uint64
+	grantsSent, grantsRecv                                            atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -205,6 +218,8 @@ func (c *counters) snapshot() Stats {
 	s.TxGSOSplit = c.txGSOSplit.Load()
 	s.TxGSOSegs = c.txGSOSegs.Load()
 	s.RxOffloaded = c.rxOffloaded.Load()
+	s.GrantsSent = c.grantsSent.Load()
+	s.GrantsRecv = c.grantsRecv.Load()
 	return s
 }
 

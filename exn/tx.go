@@ -67,7 +67,9 @@ type txSlot struct {
 }
 
 // txPool is the registered transmit memory, carved into slots of one max
-// frame each.
+// frame each. A slot begins with pushHdrLen bytes for the push header
+// (push.go); its frame follows, so a push writes header and frame with
+// one PUT.
 type txPool struct {
 	region   fabric.Region
 	slotSize int
@@ -76,7 +78,7 @@ type txPool struct {
 }
 
 func (p *txPool) init(ep fabric.Endpoint, n, maxFrame int) error {
-	p.slotSize = (maxFrame + 63) &^ 63
+	p.slotSize = pushHdrLen + (maxFrame+63)&^63
 	r, err := ep.Register(n * p.slotSize)
 	if err != nil {
 		return fmt.Errorf("exn: register tx pool: %w", err)
@@ -90,10 +92,18 @@ func (p *txPool) init(ep fabric.Endpoint, n, maxFrame int) error {
 	return nil
 }
 
-func (p *txPool) nla(i int32) fabric.NLA { return p.region.NLA + fabric.NLA(int(i)*p.slotSize) }
+// nla is the address of slot i's frame; hdrNLA that of its push header.
+func (p *txPool) nla(i int32) fabric.NLA    { return p.hdrNLA(i) + pushHdrLen }
+func (p *txPool) hdrNLA(i int32) fabric.NLA { return p.region.NLA + fabric.NLA(int(i)*p.slotSize) }
+
+// buf is slot i's frame memory; hdr its push header.
 func (p *txPool) buf(i int32) []byte {
 	off := int(i) * p.slotSize
-	return p.region.Buf[off : off+p.slotSize]
+	return p.region.Buf[off+pushHdrLen : off+p.slotSize]
+}
+func (p *txPool) hdr(i int32) []byte {
+	off := int(i) * p.slotSize
+	return p.region.Buf[off : off+pushHdrLen]
 }
 
 // index maps a notification's local address to a slot and its start, or
@@ -123,13 +133,17 @@ type txMeta struct {
 	size  int32  // frame length
 	proto Proto
 	end   bool // last message of its frame
+	// A push's announcement: its grant, and whether flush posted its PUT.
+	grant  fabric.NLA
+	posted bool
 }
 
 // txScratch is one Transmit call's batch.
 type txScratch struct {
 	msgs []fabric.Message
 	meta []txMeta
-	seg  []byte // one software-GSO segment (offload.go), made on first use
+	seg  []byte       // one software-GSO segment (offload.go), made on first use
+	puts []fabric.RMA // the batch's push PUTs, posted by flush before its Send
 }
 
 // Transmit sends Ethernet frames. The destination MAC picks the node; a
@@ -235,16 +249,28 @@ func (e *Engine) addAdvert(sc *txScratch, i int, slot int32, peer fabric.Addr, n
 	k := len(sc.msgs)
 	sc.msgs = sc.msgs[:k+1]
 	m := &sc.msgs[k]
+	m.Peer, m.MC = peer, false
 	a := advert{nla: e.tx.nla(slot), len: uint32(n)}
 	if off != nil {
 		a.off = *off
-		m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvertX, advertXLen
+	}
+	md := txMeta{frame: int32(i), slot: slot, word: w, size: int32(n), proto: ProtoRendezvous, end: true}
+	switch g, stamp, ok := e.pushTo(sc, slot, peer, n); {
+	case ok:
+		a.nla, a.stamp, md.grant, md.proto = g, stamp, g, ProtoPush
+		m.Tag = tagPushed
+		if off != nil {
+			m.Tag = tagPushedX
+		}
+		m.Len = a.encodePushed(m.Data[:], off != nil)
+	case off != nil:
+		m.Tag, m.Len = tagAdvertX, advertXLen
 		a.encodeX(m.Data[:advertXLen])
-	} else {
-		m.Peer, m.MC, m.Tag, m.Len = peer, false, tagAdvert, advertLen
+	default:
+		m.Tag, m.Len = tagAdvert, advertLen
 		a.encode(m.Data[:advertLen])
 	}
-	sc.meta = append(sc.meta, txMeta{frame: int32(i), slot: slot, word: w, size: int32(n), proto: ProtoRendezvous, end: true})
+	sc.meta = append(sc.meta, md)
 }
 
 // classify picks the target and protocol of a frame no longer than limit,
@@ -317,6 +343,18 @@ func (e *Engine) flush(ctx context.Context, sc *txScratch) error {
 	}
 	e.txMu.Lock()
 	defer e.txMu.Unlock()
+	if len(sc.puts) > 0 {
+		// The pushes' PUTs go before their announcements (push.go).
+		k, err := e.ep.Post(sc.puts)
+		e.posted(sc, k)
+		if err != nil {
+			e.abort(sc, 0)
+			if errors.Is(err, net.ErrClosed) {
+				return errClosed
+			}
+			return fmt.Errorf("exn: transmit: push: %w", err)
+		}
+	}
 	for k := range sc.meta {
 		if md := &sc.meta[k]; md.slot >= 0 {
 			node := wordNode(md.word)
@@ -392,10 +430,29 @@ func (e *Engine) sent(sc *txScratch, n int) {
 	sc.msgs, sc.meta = sc.msgs[:m], sc.meta[:m]
 }
 
+// posted marks the first k PUTs of the batch's pushes posted and empties
+// sc.puts (flush, txMu held).
+func (e *Engine) posted(sc *txScratch, k int) {
+	for j := range sc.meta {
+		if md := &sc.meta[j]; md.grant != 0 && !md.posted && k > 0 {
+			md.posted = true
+			k--
+		}
+	}
+	sc.puts = sc.puts[:0]
+}
+
 // dropMsg drops one unsent message: its frame is counted once (on its
-// last message) and an advert's slot is freed.
+// last message) and an advert's slot is freed. A push whose PUT was
+// posted keeps its slot until the PUT's requester notification
+// (pushDone); its grant goes back to the book either way (an unannounced
+// buffer is the sender's to reuse: a PUT still in flight to it fails
+// the next announcement's header check at worst).
 func (e *Engine) dropMsg(md *txMeta, reason DropReason, node fabric.NodeID) {
-	if md.slot >= 0 && e.tx.slots[md.slot].state.CompareAndSwap(md.word, 0) {
+	if md.grant != 0 {
+		e.grants.giveBack(node, md.grant)
+	}
+	if md.slot >= 0 && !md.posted && e.tx.slots[md.slot].state.CompareAndSwap(md.word, 0) {
 		e.ctr.outstandingAdverts.Add(-1)
 		e.tx.free <- md.slot
 	}
@@ -410,5 +467,5 @@ func (e *Engine) abort(sc *txScratch, from int) {
 	for k := from; k < len(sc.msgs); k++ {
 		e.dropMsg(&sc.meta[k], DropTxAborted, sc.msgs[k].Peer.Node)
 	}
-	sc.msgs, sc.meta = sc.msgs[:0], sc.meta[:0]
+	sc.msgs, sc.meta, sc.puts = sc.msgs[:0], sc.meta[:0], sc.puts[:0]
 }

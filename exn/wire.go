@@ -10,7 +10,8 @@ package exn
 //	            bit 5  L: last fragment of a frame
 //	            bits 4..0 fragment index mod 32 (the first has index 0)
 //	bit 7 = 0   control: 0x01 is an advert, 0x02 a refusal, 0x03 a
-//	            hello, 0x04 an offload advert; every other value is
+//	            hello, 0x04 an offload advert, 0x05 a grant, 0x06 and
+//	            0x07 push announcements (push.go); every other value is
 //	            reserved
 //
 // Eager fragments carry frame bytes only, no header: a frame of n bytes is
@@ -35,7 +36,15 @@ package exn
 // A hello (tag 0x03, at least 3 bytes) announces offload capability
 // (caps.go): byte 0 the version (1), byte 1 the capability bits (CapCsum,
 // CapTSO, CapUSO; unknown bits ignored), byte 2 flags (bit 0: answer with
-// your hello). An engine that predates hellos drops it as bad-tag and so
+// your hello; bit 1: I push into grants, push.go).
+//
+// A grant (tag 0x05, 12..116 bytes): the receiver's incarnation (4
+// bytes), then 1..14 NLAs (8 bytes each) of its rx buffers' frames that
+// the source may PUT into, push header in front. A push announcement
+// (tag 0x06, 20 bytes; 0x07, 30 bytes) is an advert (offload advert) whose
+// NLA is the granted buffer's, followed by the push's 4-byte stamp; the
+// receiver takes the frame from its own buffer once the push header
+// written by the same PUT matches (push.go). An engine that predates hellos drops it as bad-tag and so
 // stays a peer without offload.
 //
 // An offload advert (tag 0x04, 26 bytes) is an advert (bytes 0..15, same
@@ -68,18 +77,79 @@ const (
 	tagRefuse  fabric.Tag = 0x02
 	tagHello   fabric.Tag = 0x03
 	tagAdvertX fabric.Tag = 0x04
+	tagGrant   fabric.Tag = 0x05 // push.go
+	tagPushed  fabric.Tag = 0x06
+	tagPushedX fabric.Tag = 0x07
 
 	advertLen  = 16
 	advertXLen = 26
+	stampLen   = 4 // a push announcement's stamp, after the advert layout
+	grantHdr   = 4 // a grant's incarnation, before its NLAs
 	fragLen    = fabric.MaxVELOPayload
 )
 
 // advert is a decoded advert payload.
 type advert struct {
-	nla fabric.NLA
-	len uint32
-	seq uint16
-	off Offload // offload advert only
+	nla   fabric.NLA
+	len   uint32
+	seq   uint16
+	off   Offload // offload advert only
+	stamp uint32  // push announcement only
+}
+
+// encodePushed writes a push announcement: the advert layout (offload:
+// x) with the receiver buffer's NLA, then the stamp. It returns the
+// length.
+func (a *advert) encodePushed(b []byte, x bool) uint8 {
+	n := advertLen
+	if x {
+		a.encodeX(b)
+		n = advertXLen
+	} else {
+		a.encode(b)
+	}
+	binary.LittleEndian.PutUint32(b[n:], a.stamp)
+	return uint8(n + stampLen)
+}
+
+// decodePushed parses a push announcement (offload: x): the advert
+// checks, then the stamp.
+func decodePushed(p []byte, maxFrame int, x bool) (advert, DropReason) {
+	n := advertLen
+	if x {
+		n = advertXLen
+	}
+	if len(p) != n+stampLen {
+		return advert{}, DropPushForged
+	}
+	var a advert
+	var reason DropReason
+	if x {
+		a, reason = decodeAdvertX(p[:n], maxFrame)
+	} else {
+		a, reason = decodeAdvert(p[:n], maxFrame)
+	}
+	a.stamp = binary.LittleEndian.Uint32(p[n:])
+	return a, reason
+}
+
+// decodeGrant parses a grant: the receiver's incarnation and 1 to
+// maxGrantNLAs buffer NLAs (8 bytes each, little-endian), each in a
+// region other than 0 and at least pushHdrLen into it (the header goes
+// in front). nlas is the NLAs' bytes.
+func decodeGrant(p []byte) (inc uint32, nlas []byte, ok bool) {
+	k := (len(p) - grantHdr) / 8
+	if len(p) < grantHdr+8 || (len(p)-grantHdr)%8 != 0 || k > maxGrantNLAs {
+		return 0, nil, false
+	}
+	nlas = p[grantHdr:]
+	for i := range k {
+		a := fabric.NLA(binary.LittleEndian.Uint64(nlas[8*i:]))
+		if a.Region() == 0 || a.Offset() < pushHdrLen {
+			return 0, nil, false
+		}
+	}
+	return binary.LittleEndian.Uint32(p), nlas, true
 }
 
 // encodeX writes an offload advert (advertXLen bytes).

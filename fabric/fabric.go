@@ -268,4 +268,19 @@ type PeerWatcher interface {
 	PeersChanged() <-chan struct{}
 }
 
+// PutOrderer is implemented by an Endpoint that can say whether its RMA
+// PUTs are placed before its later VELO messages are delivered: once
+// Post has returned without error for a PUT, a message that the same
+// endpoint then Sends to the same peer node is delivered only after the
+// PUT's data is in the peer's memory, unless the PUT failed (then its
+// requester gets an error notification, and the message may still
+// arrive). A protocol can then announce data it PUT with a message
+// instead of a completer notification (exn's receiver-granted PUT,
+// exn/push.go). Backends that cannot promise it do not implement the
+// interface or return false; the answer does not change over the
+// endpoint's life.
+type PutOrderer interface {
+	PutsBeforeSends() bool
+}
+
 func isErr(err, target error) bool { return errors.Is(err, target) }

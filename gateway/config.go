@@ -61,6 +61,13 @@ type Config struct {
 	// Offload opens the TAP with IFF_VNET_HDR and checksum/TSO/USO
 	// offloads (--offload, default true; docs/ext-eth.md "Offloads").
 	Offload bool
+	// Push carries rendezvous frames by receiver-granted PUT where the
+	// fabric orders a PUT before a later message (--push, default true;
+	// docs/ext-eth-engine.md "Push").
+	Push bool
+	// GOMAXPROCS is exnd's Go scheduler Ps (--gomaxprocs); 0 picks them
+	// (Procs).
+	GOMAXPROCS int
 	// EXTDSDirect lets shimmed programs on an shm fabric exchange bytes
 	// through a shared buffer, without exnd in the data path
 	// (--extds-direct, default true; docs/direct.md).
@@ -169,6 +176,8 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.EagerThreshold, "eager-threshold", DefaultEagerThreshold, "largest frame in `bytes` sent eagerly over VELO; larger ones use rendezvous")
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
+	fs.BoolVar(&c.Push, "push", true, "carry large frames by receiver-granted PUT where the fabric places a PUT before a later message (ofi:tcp), without a GET per frame (false: advert and GET only)")
+	fs.IntVar(&c.GOMAXPROCS, "gomaxprocs", 0, "Go scheduler Ps for exnd (0: one fewer than the CPUs on an ofi fabric, Go's default elsewhere; GOMAXPROCS in the environment takes precedence over 0)")
 	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "on an shm fabric, let two programs under libextds.so move their bytes through a shared buffer, with exnd out of the data path (false: exnd relays every byte)")
 	fs.DurationVar(&c.EXTDSShortHold, "extds-short-hold", shimsrv.DefaultShortHold, "keep a listener port whose shimmed connections close within milliseconds on plain TCP for this `DURATION`, then try EXT-DS again (0: never; at most 2.032s)")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
@@ -313,6 +322,9 @@ func (c *Config) validate(nodeID, fab, logLevel string) error {
 	}
 	if c.MTU < minMTU || c.MTU > DefaultMTU {
 		return bad("mtu", "%d: want %d-%d", c.MTU, minMTU, DefaultMTU)
+	}
+	if c.GOMAXPROCS < 0 || c.GOMAXPROCS > maxProcs {
+		return bad("gomaxprocs", "%d: want 0 (pick) to %d", c.GOMAXPROCS, maxProcs)
 	}
 	if c.EXTDSShortHold < 0 || c.EXTDSShortHold > extds.MaxHold {
 		return bad("extds-short-hold", "%v: want 0-%v", c.EXTDSShortHold, extds.MaxHold)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -55,8 +56,38 @@ func TestParseDefaults(t *testing.T) {
 	}
 	if c.Node != 0x102 || c.MTU != 65521 || c.EagerThreshold != 480 || c.Ifname != "exn0" ||
 		c.Control != "/run/exn/exnd.sock" || c.LogLevel != slog.LevelInfo || len(c.Addrs) != 0 ||
-		c.Metrics != "" || c.CheckOnly || c.File != "" {
+		c.Metrics != "" || c.CheckOnly || c.File != "" || !c.Push || c.GOMAXPROCS != 0 {
 		t.Fatalf("defaults %+v", c)
+	}
+}
+
+// TestProcs: --gomaxprocs wins, then the environment, then one fewer Ps
+// than the default on ofi (at least one), and the default elsewhere.
+func TestProcs(t *testing.T) {
+	for _, tc := range []struct {
+		fabric string
+		flag   int
+		env    string
+		def    int
+		want   int
+	}{
+		{"ofi:tcp", 0, "", 2, 1},
+		{"ofi:tcp", 0, "", 8, 7},
+		{"ofi:shm", 0, "", 1, 1},
+		{"ofi:tcp", 0, "2", 2, 0},
+		{"ofi:tcp", 3, "2", 2, 3},
+		{"shm:x", 0, "", 2, 0},
+		{"net:127.0.0.1:7000", 0, "", 4, 0},
+		{"shm:x", 2, "", 4, 2},
+	} {
+		args := []string{"--node-id", "1", "--fabric", tc.fabric, "--peers", "/dev/null", "--gomaxprocs", strconv.Itoa(tc.flag)}
+		c, err := Parse(args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if got := c.Procs(tc.env, tc.def); got != tc.want {
+			t.Errorf("%s --gomaxprocs %d, GOMAXPROCS=%q, default %d: %d Ps, want %d", tc.fabric, tc.flag, tc.env, tc.def, got, tc.want)
+		}
 	}
 }
 
@@ -94,6 +125,7 @@ func TestParseBad(t *testing.T) {
 		{"control too long", append(base, "--control", "/tmp/"+strings.Repeat("x", 200)), "--control", ErrUsage},
 		{"eager above frame", append(base, "--mtu", "1500", "--eager-threshold", "1515"), "--eager-threshold 1515: want 14-1514", ErrUsage},
 		{"no config file", append(base, "--config", "/nonexistent/exnd.conf"), "--config", ErrUsage},
+		{"gomaxprocs negative", append(base, "--gomaxprocs", "-1"), "--gomaxprocs -1", ErrUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -226,6 +226,7 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 		MTU:            cfg.MTU,
 		EagerThreshold: cfg.EagerThreshold,
 		Offload:        caps,
+		Push:           cfg.Push,
 		Observer:       d.arp,
 		Logger:         log.With("part", "exn"),
 	}); err != nil {
@@ -262,7 +263,7 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 		addrs[i] = a.String()
 	}
 	log.Info("exnd up", "node", cfg.Node, "mac", net.HardwareAddr(mac).String(), "mtu", cfg.MTU,
-		"eager_threshold", cfg.EagerThreshold, "offload", caps, "fabric", cfg.Fabric.String(), "ifname", d.dev.Name(),
+		"eager_threshold", cfg.EagerThreshold, "offload", caps, "push", d.engine.Pushes(), "fabric", cfg.Fabric.String(), "ifname", d.dev.Name(),
 		"addrs", strings.Join(addrs, ","), "control", cfg.Control, "metrics", d.MetricsAddr())
 	return d, nil
 }

@@ -9,8 +9,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
+
+	"github.com/exn-project/exn/fabric/backend"
 )
 
 // Configure is exnd's command line up to the point of starting: parse
@@ -43,6 +46,38 @@ func Configure(args []string, stderr io.Writer) (cfg Config, code int, done bool
 }
 
 // NewLogger is the text logger exnd writes to w at cfg.LogLevel.
+// maxProcs bounds --gomaxprocs (far above any host exnd runs on).
+const maxProcs = 1024
+
+// Procs is the number of Go scheduler Ps exnd should run with, given
+// env (the GOMAXPROCS environment variable, "" if unset) and def, the
+// runtime's default (runtime.GOMAXPROCS(0) at start); 0 means leave it.
+// --gomaxprocs wins; else the environment; else, on an ofi fabric, one
+// fewer than def (at least 1): its provider calls are long cgo calls,
+// during which the runtime hands the P to another thread whenever every
+// P is busy, and on a small host shared with the applications those
+// hand-offs cost more than the parallelism gains (docs/operations.md,
+// "GOMAXPROCS"). The other backends make raw system calls and keep the
+// default.
+func (c Config) Procs(env string, def int) int {
+	switch {
+	case c.GOMAXPROCS > 0:
+		return c.GOMAXPROCS
+	case env != "" || c.Fabric.Kind != backend.OFI:
+		return 0
+	}
+	return max(1, def-1)
+}
+
+// SetProcs applies Procs to the runtime and logs the choice.
+func SetProcs(cfg Config, log *slog.Logger) {
+	def := runtime.GOMAXPROCS(0)
+	if n := cfg.Procs(os.Getenv("GOMAXPROCS"), def); n > 0 && n != def {
+		runtime.GOMAXPROCS(n)
+		log.Info("exnd: Go scheduler Ps set", "gomaxprocs", n, "default", def, "fabric", cfg.Fabric.String())
+	}
+}
+
 func NewLogger(w io.Writer, cfg Config) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel}))
 }
@@ -57,6 +92,7 @@ func Main(args []string, stderr io.Writer) int {
 		return code
 	}
 	log := NewLogger(stderr, cfg)
+	SetProcs(cfg, log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, cfg, log); err != nil {

@@ -123,6 +123,7 @@ func Engine(node fabric.NodeID, stats func() exn.Stats) prometheus.Collector {
 	b.counter("tx_slot_waits_total", "Transmits that waited for a free rendezvous slot (back-pressure on the TAP).", func(s *S) uint64 { return s.TxSlotWaits })
 	b.counter("hellos_total", "Offload capability hellos received from peers.", func(s *S) uint64 { return s.Hellos })
 	b.counterDir("offload_frames_total", "Frames carried with their offload metadata (checksum offload, TSO/USO super-frames), by direction.", txRx, func(s *S) uint64 { return s.TxOffloaded }, func(s *S) uint64 { return s.RxOffloaded })
+	b.counterDir("push_grants_total", "Receive buffers granted for receiver-granted PUT: tx granted to peers, rx granted by peers.", txRx, func(s *S) uint64 { return s.GrantsSent }, func(s *S) uint64 { return s.GrantsRecv })
 	b.counter("tx_csum_software_total", "Frames whose partial checksum was completed in software for a peer without checksum offload.", func(s *S) uint64 { return s.TxCsumSW })
 	b.counter("tx_gso_split_total", "Super-frames segmented in software for a peer that cannot take them.", func(s *S) uint64 { return s.TxGSOSplit })
 	b.counter("tx_gso_segments_total", "Segments the software segmentation made.", func(s *S) uint64 { return s.TxGSOSegs })

@@ -28,7 +28,8 @@
 # during the last round's exn0 run and prints its output, DURING_NET the
 # same during the exn1 run; STAT_EVENTS adds perf events, e.g. syscalls:sys_enter_sendto,
 # counted per node). exnd's environment is the caller's (GOMAXPROCS, FI_*). EXND=path
-# runs that exnd binary instead of building one from the tree.
+# runs that exnd binary instead of building one from the tree; EXND_ARGS
+# adds flags to the ofi exnd (e.g. "--push=false --gomaxprocs 2").
 #
 # RAW=1 adds, to every round, libfabric's own bulk engine over the same
 # veth: perf/testdata/ofi_rma_bw.c, 8 RMA GETs of 64 KiB in flight on
@@ -89,7 +90,7 @@ ip -n "$nsB" link set "$vB" up
 printf '1 10.91.16.1:7471 10.91.17.1\n2 10.91.16.2:7471 10.91.17.2\n' >"$tmp/peers"
 start() { # start NS ID
 	ip netns exec "$1" "$tmp/exnd" --node-id "$2" --fabric "ofi:$PROVIDER" --peers "$tmp/peers" \
-		--addr "10.91.17.$2/24" --control "$tmp/exnd-$2.sock" --log-level warn >"$tmp/exnd-$2.log" 2>&1 &
+		--addr "10.91.17.$2/24" --control "$tmp/exnd-$2.sock" --log-level warn ${EXND_ARGS:-} >"$tmp/exnd-$2.log" 2>&1 &
 	pids+=($!)
 	eval "exnd$2=$!"
 }

@@ -19,6 +19,7 @@ func main() {
 		os.Exit(code)
 	}
 	log := gateway.NewLogger(os.Stderr, cfg)
+	gateway.SetProcs(cfg, log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := gateway.Run(ctx, cfg, log)
 	stop()

@@ -121,6 +121,10 @@ func kill(r *region) {
 
 func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
+// PutsBeforeSends implements fabric.PutOrderer: Post copies a PUT's data
+// before it returns.
+func (e *endpoint) PutsBeforeSends() bool { return true }
+
 // post runs one request to completion: local checks (returned), remote
 // checks (error notification), the copy, and the Table 3.1 notifications.
 func (e *endpoint) post(r *fabric.RMA) error {

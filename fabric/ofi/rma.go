@@ -345,6 +345,13 @@ func (n *NIC) localRegion(e *endpoint, a fabric.NLA, length uint32) *region {
 // notification flags, the local region and the remote region go to the
 // provider as one operation of up to n.merge pieces; each keeps its own
 // checks, notifications and errors, as if posted alone.
+// PutsBeforeSends implements fabric.PutOrderer: true when the provider
+// orders a send after a write (FI_ORDER_SAW, tcp;ofi_rxm). Post issues
+// every remote request before it returns (a full provider queue is
+// drained in place, a region query answered first), a loopback PUT is a
+// copy, and Send goes to the same provider endpoint afterwards.
+func (e *endpoint) PutsBeforeSends() bool { return e.nic.f.saw() }
+
 func (e *endpoint) Post(reqs []fabric.RMA) (int, error) {
 	var b rmaBatch
 	k, err := e.Core.Post(reqs, func(r *fabric.RMA) error { return e.post(r, &b) })
