@@ -116,6 +116,18 @@ func waitIdle(tb testing.TB, ns ...*node) {
 	}
 }
 
+// pushPeer starts engine id with Push on a fresh cluster, and a raw
+// endpoint on node 3 that said hello to it as a pusher.
+func pushPeer(tb testing.TB, id fabric.NodeID) (*node, *attacker) {
+	tb.Helper()
+	testenv.VerifyNoLeaks(tb)
+	c := mem.NewCluster()
+	n := newNodes(tb, c, Config{MTU: 9000, Push: true}, id)[0]
+	at := newAttacker(tb, c, 3)
+	at.send(tb, msg(n.nic.Node(), tagHello, []byte{helloVersion, 0, helloPush}))
+	return n, at
+}
+
 // grantsFrom reads the attacker's mailbox until grants from node name
 // want buffers, and returns their incarnation and NLAs.
 func (at *attacker) grantsFrom(tb testing.TB, node fabric.NodeID, want int) (uint32, []fabric.NLA) {
@@ -158,16 +170,12 @@ func (at *attacker) grantsFrom(tb testing.TB, node fabric.NodeID, want int) (uin
 // dropped and counted, the buffer is granted again, and the engine goes
 // on delivering. A correct push from it is delivered.
 func TestPushBadInput(t *testing.T) {
-	testenv.VerifyNoLeaks(t)
-	c := mem.NewCluster()
-	b := newNodes(t, c, Config{MTU: 9000, Push: true}, 2)[0]
-	at := newAttacker(t, c, 3)
+	b, at := pushPeer(t, 2)
 	to := b.nic.Node()
 	good := frame(b.eng.MAC(), nodeMAC(at.nic.Node()), 3000, 1)
 	copy(at.reg.Buf[4096:], good)
 
-	// Say hello as a pusher, then send one advert: b pulls it and grants.
-	at.send(t, msg(to, tagHello, []byte{helloVersion, 0, helloPush}))
+	// One advert from the pusher: b pulls it and grants.
 	at.send(t, msg(to, tagAdvert, advertBytes(at.reg.NLA+4096, uint32(len(good)), 0)))
 	b.link.wait(t, 1, 5*time.Second)
 	_, nlas := at.grantsFrom(t, to, b.eng.pushGrants())
@@ -247,12 +255,8 @@ func TestPushBadInput(t *testing.T) {
 // (forged, or gone) makes the PUT fail; the sender counts push-failed,
 // frees the tx slot, and the grant does not come back.
 func TestPushFailed(t *testing.T) {
-	testenv.VerifyNoLeaks(t)
-	c := mem.NewCluster()
-	a := newNodes(t, c, Config{MTU: 9000, Push: true}, 1)[0]
-	at := newAttacker(t, c, 3)
+	a, at := pushPeer(t, 1)
 	me := at.nic.Node()
-	at.send(t, msg(a.nic.Node(), tagHello, []byte{helloVersion, 0, helloPush}))
 	at.send(t, msg(a.nic.Node(), tagGrant, grantBytes(7, fabric.MakeNLA(999, pushHdrLen))))
 	for end := time.Now().Add(5 * time.Second); a.eng.Stats().GrantsRecv == 0; {
 		if time.Now().After(end) {
