@@ -25,7 +25,8 @@ func (l *discardLink) DeliverFrames(fs [][]byte) error {
 }
 
 // BenchmarkTransmit: two engines on fabric/mem, frames of each size from
-// A to B in batches of benchBatch, measured to delivery at B's Link. The
+// A to B in batches of benchBatch, measured to delivery at B's Link, by
+// advert and GET and, for rendezvous sizes, with push on (exn-push). The
 // memcpy sub-benchmark copies the same bytes once in the same run; the
 // ratio metric is engine throughput / memcpy throughput.
 func BenchmarkTransmit(b *testing.B) {
@@ -42,37 +43,45 @@ func BenchmarkTransmit(b *testing.B) {
 			}
 			memcpyNs = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 		})
-		b.Run(fmt.Sprintf("exn/%d", size), func(b *testing.B) {
-			transmitRounds(b, size, benchBatch, func(a *node, f []byte) func(k int) {
-				batch := make([][]byte, benchBatch)
-				for i := range batch {
-					batch[i] = f
-				}
-				ctx := context.Background()
-				return func(k int) {
-					if _, err := a.eng.Transmit(ctx, batch[:k]); err != nil {
-						b.Fatal(err)
+		for _, mode := range []struct {
+			name string
+			push bool
+		}{{"exn", false}, {"exn-push", true}} {
+			if mode.push && size <= DefaultEagerThreshold {
+				continue // eager frames never push
+			}
+			b.Run(fmt.Sprintf("%s/%d", mode.name, size), func(b *testing.B) {
+				transmitRounds(b, Config{MTU: MaxMTU, Push: mode.push}, size, benchBatch, func(a *node, f []byte) func(k int) {
+					batch := make([][]byte, benchBatch)
+					for i := range batch {
+						batch[i] = f
 					}
+					ctx := context.Background()
+					return func(k int) {
+						if _, err := a.eng.Transmit(ctx, batch[:k]); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+				perFrame := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+				b.ReportMetric(1e9/perFrame, "frames/s")
+				if memcpyNs > 0 {
+					b.ReportMetric(memcpyNs/perFrame, "x-memcpy")
 				}
 			})
-			perFrame := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-			b.ReportMetric(1e9/perFrame, "frames/s")
-			if memcpyNs > 0 {
-				b.ReportMetric(memcpyNs/perFrame, "x-memcpy")
-			}
-		})
+		}
 	}
 }
 
 // transmitRounds runs a transmit benchmark: node a sends to rx over
-// fabric/mem, rx's Link a discardLink. newRound gets a and a frame f of size
+// fabric/mem, both with cfg, rx's Link a discardLink. newRound gets a and a frame f of size
 // bytes from a to rx and returns the function that sends k (at most batch)
 // frames. transmitRounds warms the pools and the scratch with 4 batches,
 // then times b.N frames to their delivery at rx's Link (the timer stopped
 // on return) and fails on any drop at rx.
-func transmitRounds(b *testing.B, size, batch int, newRound func(a *node, f []byte) func(k int)) {
+func transmitRounds(b *testing.B, cfg Config, size, batch int, newRound func(a *node, f []byte) func(k int)) {
 	l := &discardLink{done: make(chan struct{}, 1)}
-	ns := benchNodes(b, Config{MTU: MaxMTU}, l)
+	ns := benchNodes(b, cfg, l)
 	a, rx := ns[0], ns[1]
 	round := newRound(a, frame(rx.eng.MAC(), a.eng.MAC(), size, 1))
 	warm := int64(4 * batch)
@@ -110,7 +119,7 @@ func BenchmarkTAPPath(b *testing.B) {
 	for _, size := range []int{480, 1500, 9000, 65535 + 14} {
 		for _, mode := range []string{"copy", "lent"} {
 			b.Run(fmt.Sprintf("%s/%d", mode, size), func(b *testing.B) {
-				transmitRounds(b, size, benchBatch, func(a *node, f []byte) func(k int) {
+				transmitRounds(b, Config{MTU: MaxMTU}, size, benchBatch, func(a *node, f []byte) func(k int) {
 					private := make([][]byte, benchBatch)
 					for i := range private {
 						private[i] = make([]byte, a.eng.maxFrame)

@@ -70,7 +70,7 @@ const (
 	maxGrantNLAs = 14
 	// maxBookGrants bounds the grants a sender keeps per receiver; a
 	// receiver that grants more loses the excess (it grants at most
-	// RxSlots/2 at once anyway).
+	// pushGrants, a part of its RxSlots, at once anyway).
 	maxBookGrants = 1024
 )
 
@@ -243,7 +243,10 @@ func (e *Engine) pushDone(n *fabric.Notification) {
 
 // pushGrants is how many rx buffers one source may hold as grants, and
 // pushReserve how many stay free for GETs (other sources, and this one
-// while its grants are in flight): half and a quarter of the pool.
+// while its grants are in flight): three quarters and a quarter of the
+// pool. With half as grants a stream over ofi:tcp found them all in
+// flight for a fifth of its frames, which then went by GET
+// (docs/fabric-ofi.md, "Push, and one P fewer").
 func (e *Engine) pushGrants() int  { return e.cfg.RxSlots * 3 / 4 }
 func (e *Engine) pushReserve() int { return e.cfg.RxSlots / 4 }
 

@@ -88,12 +88,14 @@ func (n *Node) resetDeadPeers(known map[tcpip.Address]fabric.NodeID) int {
 			down[id] = dead
 		}
 		if dead {
+			// Counted before the abort: its error wakes the
+			// connection's reader, which may read the count at once.
+			n.peerResets.Add(1)
 			c.ep.Abort()
 			aborted++
 		}
 	}
 	if aborted > 0 {
-		n.peerResets.Add(uint64(aborted))
 		n.log.Info("reset connections to dead peers", "conns", aborted)
 	}
 	// Forget addresses no connection uses any more.
