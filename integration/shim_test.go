@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -117,6 +118,10 @@ type shimCounters struct {
 	TapBytes                      float64 // tx+rx on exn0: what went by TCP over the fabric
 	// How the payload crossed the fabric (the perf test logs them).
 	TxVELO, TxRMA, RingFull, CreditWaits float64
+	// Fallbacks to TCP by reason, exnd's EXT-DS device and shim server
+	// together ("extds:no_claim", "shim:short_lived"), for a failure's
+	// message.
+	Fallbacks map[string]float64
 }
 
 func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
@@ -139,7 +144,15 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 	}
 	// A direct connection (docs/direct.md) bypasses exnd's EXT-DS device:
 	// its bytes and connections are the shim server's direct counters.
-	return shimCounters{ExtdsRx: num(s.EXTDS, "rx_bytes") + num(s.Shim, "direct_bytes_in"),
+	fb := map[string]float64{}
+	for part, m := range map[string]map[string]any{"extds": s.EXTDS, "shim": s.Shim} {
+		if rs, ok := m["fallbacks"].(map[string]any); ok {
+			for r, v := range rs {
+				fb[part+":"+r], _ = v.(float64)
+			}
+		}
+	}
+	return shimCounters{Fallbacks: fb, ExtdsRx: num(s.EXTDS, "rx_bytes") + num(s.Shim, "direct_bytes_in"),
 		ConnsEXTDS: num(s.EXTDS, "conns_extds") + num(s.Shim, "direct_conns"),
 		ConnsTCP:   num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
 		TxVELO: num(s.EXTDS, "tx_velo_bytes"), TxRMA: num(s.EXTDS, "tx_rma_bytes"),
@@ -150,6 +163,19 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 type shimDelta struct {
 	ExtdsRx, ConnsEXTDS, ConnsTCP, TapBytes float64
 	TxVELO, TxRMA, RingFull, CreditWaits    float64
+	Fallbacks                               string // the reasons that rose, both nodes
+}
+
+// fallbackRise lists the fallback reasons whose count rose from b to a.
+func fallbackRise(b, a shimCounters) string {
+	var out []string
+	for r, v := range a.Fallbacks {
+		if d := v - b.Fallbacks[r]; d > 0 {
+			out = append(out, fmt.Sprintf("%s+%.0f", r, d))
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 func (c *shimCluster) measure(t *testing.T, f func()) shimDelta {
@@ -166,6 +192,7 @@ func (c *shimCluster) measure(t *testing.T, f func()) shimDelta {
 		TxRMA:       a0.TxRMA + a1.TxRMA - b0.TxRMA - b1.TxRMA,
 		RingFull:    a0.RingFull + a1.RingFull - b0.RingFull - b1.RingFull,
 		CreditWaits: a0.CreditWaits + a1.CreditWaits - b0.CreditWaits - b1.CreditWaits,
+		Fallbacks:   strings.TrimSpace("node 1: " + fallbackRise(b0, a0) + "; node 2: " + fallbackRise(b1, a1)),
 	}
 }
 
