@@ -214,7 +214,10 @@ func TestDringCrossLanguage(t *testing.T) {
 			})
 			t.Run("forged-cursor", func(t *testing.T) {
 				p := startCross(t, gs, 4096, "eio")
-				if _, err := p.ep.Write([]byte("x")); err != nil {
+				// A pattern byte: the C side may read it before the
+				// forged cursor lands, and checks what it reads (CI
+				// once saw "FAIL recv: byte 0" after an "x").
+				if _, err := p.ep.Write(crossData(0, 1)); err != nil {
 					t.Fatal(err)
 				}
 				// Forge the tail of the direction the C side reads.
