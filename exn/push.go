@@ -164,13 +164,6 @@ func (b *grantBook) giveBack(node fabric.NodeID, nla fabric.NLA) {
 	}
 }
 
-// drop forgets node's grants (it went down).
-func (b *grantBook) drop(node fabric.NodeID) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.m, node)
-}
-
 // gotGrant records a tagGrant from node (rxLoop).
 func (e *Engine) gotGrant(node fabric.NodeID, p []byte) {
 	inc, nlas, ok := decodeGrant(p)
@@ -209,10 +202,10 @@ func (e *Engine) pushTo(sc *txScratch, slot int32, peer fabric.Addr, n int) (fab
 
 // pushDone frees the tx slot of a push whose PUT completed, or failed
 // (its frame is dropped: push-failed). Like responderDone it matches
-// the slot's state word exactly.
+// the slot's state word exactly (releaseTx).
 func (e *Engine) pushDone(n *fabric.Notification) {
 	slot, start := e.tx.index(n.Local)
-	if slot < 0 {
+	if slot < 0 || n.Len < pushHdrLen {
 		e.ctr.unmatchedNotify.Add(1)
 		return
 	}
@@ -221,22 +214,13 @@ func (e *Engine) pushDone(n *fabric.Notification) {
 	if n.Err == fabric.NErrNone {
 		at = fabric.LastFrame(at, n.Len)
 	}
-	s := &e.tx.slots[slot]
-	for {
-		w := s.state.Load()
-		if w&slotBusy == 0 || wordNode(w) != n.Peer.Node || wordLen(w)+pushHdrLen != n.Len || at != n.Local {
-			e.ctr.lateResponders.Add(1)
-			return
-		}
-		if s.state.CompareAndSwap(w, 0) {
-			break
-		}
+	if at != n.Local || !e.releaseTx(slot, n.Peer.Node, n.Len-pushHdrLen) {
+		e.ctr.lateResponders.Add(1)
+		return
 	}
 	if n.Err != fabric.NErrNone {
 		e.drop(DropPushFailed, n.Peer.Node)
 	}
-	e.ctr.outstandingAdverts.Add(-1)
-	e.tx.free <- slot
 }
 
 // ---- receiver: the grants given ----
@@ -255,9 +239,18 @@ func (e *Engine) pushReserve() int { return e.cfg.RxSlots / 4 }
 // remembered and tried again after the round (retryGrants), when
 // deliveries have freed buffers.
 func (e *Engine) maybeGrant(src *source) {
+	if e.grantTo(src) && !src.wantGrants {
+		src.wantGrants = true
+		e.rx.wantGrants = append(e.rx.wantGrants, src)
+	}
+}
+
+// grantTo grants src what maybeGrant may, and reports whether src still
+// wants grants that could not be given now.
+func (e *Engine) grantTo(src *source) (wait bool) {
 	rx := &e.rx
 	if !e.cfg.Push || src.gone || e.peers[src.node].Load()&peerPushes == 0 || src.granted >= e.pushGrants() {
-		return
+		return false
 	}
 	k := 0
 	if rx.wqHead == len(rx.waitq) {
@@ -268,11 +261,7 @@ func (e *Engine) maybeGrant(src *source) {
 		}
 	}
 	if k <= 0 {
-		if !src.wantGrants {
-			src.wantGrants = true
-			rx.wantGrants = append(rx.wantGrants, src)
-		}
-		return
+		return true
 	}
 	for range k {
 		slot := rx.free[len(rx.free)-1]
@@ -281,21 +270,21 @@ func (e *Engine) maybeGrant(src *source) {
 		src.granted++
 		e.regrant(src, slot)
 	}
+	return false
 }
 
 // retryGrants tries the sources maybeGrant could not serve again, once a
 // round has freed buffers (rxLoop).
 func (e *Engine) retryGrants() {
 	rx := &e.rx
-	want := rx.wantGrants
-	rx.wantGrants = nil
-	for _, src := range want {
-		src.wantGrants = false
-		e.maybeGrant(src)
+	keep := rx.wantGrants[:0]
+	for _, src := range rx.wantGrants {
+		if src.wantGrants = e.grantTo(src); src.wantGrants {
+			keep = append(keep, src)
+		}
 	}
-	if rx.wantGrants == nil {
-		rx.wantGrants = want[:0]
-	}
+	clear(rx.wantGrants[len(keep):])
+	rx.wantGrants = keep
 }
 
 // regrant queues slot, idle and granted to src, for src's next tagGrant.
@@ -311,31 +300,31 @@ func (e *Engine) regrant(src *source, slot int32) {
 // does not fit its queue waits for the next round (rxLoop).
 func (e *Engine) flushGrants() {
 	rx := &e.rx
-	dirty := rx.gdirty
-	rx.gdirty = rx.gdirty[len(rx.gdirty):]
-	for _, src := range dirty {
-		src.gdirty = false
-		for len(src.regrants) > 0 && !src.gone {
-			k := min(len(src.regrants), maxGrantNLAs)
+	keep := rx.gdirty[:0]
+	for _, src := range rx.gdirty {
+		sent := 0
+		for sent < len(src.regrants) && !src.gone {
+			k := min(len(src.regrants)-sent, maxGrantNLAs)
 			c := ctlMsg{node: src.node, kind: tagGrant, ng: uint8(k)}
-			for i, s := range src.regrants[:k] {
+			for i, s := range src.regrants[sent : sent+k] {
 				c.grants[i] = rx.nla(s)
 			}
 			if !e.queueCtl(c) {
 				break
 			}
-			src.regrants = src.regrants[k:]
+			sent += k
 		}
-		if len(src.regrants) > 0 && !src.gone {
-			src.gdirty = true
-			rx.gdirty = append(rx.gdirty, src)
-		} else {
-			src.regrants = src.regrants[:0]
+		if src.gone {
+			sent = len(src.regrants)
+		}
+		// What is left moves to the front: the slice keeps its array.
+		src.regrants = src.regrants[:copy(src.regrants, src.regrants[sent:])]
+		if src.gdirty = len(src.regrants) > 0; src.gdirty {
+			keep = append(keep, src)
 		}
 	}
-	if len(rx.gdirty) == 0 {
-		rx.gdirty = dirty[:0]
-	}
+	clear(rx.gdirty[len(keep):])
+	rx.gdirty = keep
 }
 
 // releaseGrants takes back src's idle grants, and makes its busy ones

@@ -570,17 +570,22 @@ func (e *Engine) landed(slot int32, reason DropReason) {
 // responderDone frees the tx slot a peer has finished reading.
 func (e *Engine) responderDone(n *fabric.Notification) {
 	slot, start := e.tx.index(n.Local)
-	if slot < 0 {
+	switch {
+	case slot < 0:
 		e.ctr.unmatchedNotify.Add(1)
-		return
+	case fabric.LastFrame(start, n.Len) != n.Local || !e.releaseTx(slot, n.Peer.Node, n.Len):
+		e.ctr.lateResponders.Add(1)
 	}
+}
+
+// releaseTx frees tx slot, busy with a frame of n bytes to node, and
+// reports whether it did; a slot in any other state is left alone.
+func (e *Engine) releaseTx(slot int32, node fabric.NodeID, n uint32) bool {
 	s := &e.tx.slots[slot]
 	for {
 		w := s.state.Load()
-		if w&slotBusy == 0 || wordNode(w) != n.Peer.Node || wordLen(w) != n.Len ||
-			fabric.LastFrame(start, n.Len) != n.Local {
-			e.ctr.lateResponders.Add(1)
-			return
+		if w&slotBusy == 0 || wordNode(w) != node || wordLen(w) != n {
+			return false
 		}
 		if s.state.CompareAndSwap(w, 0) {
 			break
@@ -590,6 +595,7 @@ func (e *Engine) responderDone(n *fabric.Notification) {
 	}
 	e.ctr.outstandingAdverts.Add(-1)
 	e.tx.free <- slot
+	return true
 }
 
 // refused frees the tx slot of an advert its receiver dropped. Only the
@@ -602,25 +608,11 @@ func (e *Engine) refused(node fabric.NodeID, p []byte) {
 		return
 	}
 	slot, start := e.tx.index(a.nla)
-	if slot < 0 || start != a.nla {
+	if slot < 0 || start != a.nla || !e.releaseTx(slot, node, a.len) {
 		e.drop(DropAdvertMalformed, node)
 		return
 	}
-	s := &e.tx.slots[slot]
-	for {
-		w := s.state.Load()
-		if w&slotBusy == 0 || wordNode(w) != node || wordLen(w) != a.len {
-			e.drop(DropAdvertMalformed, node)
-			return
-		}
-		if s.state.CompareAndSwap(w, 0) {
-			break
-		}
-		// Armed concurrently by the sender, as in responderDone.
-	}
 	e.ctr.advertsRefused.Add(1)
-	e.ctr.outstandingAdverts.Add(-1)
-	e.tx.free <- slot
 }
 
 // finishRound drains the sources touched this round and flushes the

@@ -79,8 +79,7 @@ func LookupTCP(local, remote netip.AddrPort) (info TCPConnInfo, ok bool, err err
 		if err != nil {
 			return TCPConnInfo{}, false, os.NewSyscallError("recvfrom", err)
 		}
-		info, ok, err := parseDiagAnswer(buf[:n], local.Port(), remote.Port())
-		return info, ok, err
+		return parseDiagAnswer(buf[:n], local.Port(), remote.Port())
 	}
 }
 
