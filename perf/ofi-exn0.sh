@@ -12,7 +12,8 @@
 # order: iperf3 1 stream for SECS seconds over the underlay, then over
 # exn0; ping PINGS x 56 B at PING_I s intervals over exn0 and over the
 # underlay. Prints the per-round values, the medians, the exn0/underlay
-# ratio, the ping p50 and p90 (over all rounds' replies), and the CPU time both exnd used per
+# ratio of the medians and each round's own ratio (exn0 against the veth
+# run just before it, so a VM that slows down mid-run skews neither), the ping p50 and p90 (over all rounds' replies), and the CPU time both exnd used per
 # GB moved over exn0 (user+system, /proc). With a profile-dir, `perf
 # record -g` of both exnd during the last round's exn0 run goes there
 # (perf report -i DIR/exnd-1.data); PERF_EVENTS adds perf record options,
@@ -42,6 +43,15 @@
 # so it moves at most nproc / (that sum) GB per second, as a ratio of the
 # veth. The ceiling leaves out the TAP's copies, EXT-Eth's control
 # packets and any Go, so the real bound is lower.
+# COPIES=1 (with RAW=1; needs perf) adds one more exn0 run after the
+# rounds, profiled system-wide (`perf record -a -g` over SECS seconds),
+# and prices the two copies of every byte that a TAP gateway makes and
+# the veth path does not: the TAP read (_copy_to_iter under tun_do_read)
+# and the TAP write (_copy_from_iter under tun_get_user), as perf/tap-
+# bound.sh does on shm. The ceiling is then printed with them added, and
+# once more at the CPUs' busy fraction that exn0 itself reached.
+# IPERF_ARGS adds iperf3 client flags to every iperf3 run (underlay and
+# exn0 alike), e.g. IPERF_ARGS="-P 2" or "-l 512K".
 # Run it under the benchmark lock:
 #
 #   flock /tmp/exn-bench.lock perf/ofi-exn0.sh
@@ -129,7 +139,8 @@ sleep 0.3
 
 # iperf DST: one 1-stream run; prints Gbit/s.
 iperf() {
-	ip netns exec "$nsA" iperf3 -c "$1" -p 5291 -t "$SECS" -J --connect-timeout 2000 >"$tmp/ip.json"
+	# shellcheck disable=SC2086 # IPERF_ARGS is a list of iperf3 flags
+	ip netns exec "$nsA" iperf3 -c "$1" -p 5291 -t "$SECS" ${IPERF_ARGS:-} -J --connect-timeout 2000 >"$tmp/ip.json"
 	python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$tmp/ip.json"
 }
 # cpu PID: user+system clock ticks.
@@ -241,6 +252,22 @@ for r in $(seq "$ROUNDS"); do
 	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.16.2 |
 		sed -n 's/.*time=\([0-9.]*\) ms/\1/p' >>"$tmp/rtt-ul"
 done
+copies=
+if [ -n "${COPIES:-}" ]; then
+	# shellcheck disable=SC2086
+	ip netns exec "$nsA" iperf3 -c 10.91.17.2 -p 5291 -t $((SECS + 2)) ${IPERF_ARGS:-} -J >"$tmp/copies.json" &
+	ipf=$!
+	sleep 1
+	perf record -a -g -o "$tmp/copies.data" -- sleep "$SECS" >/dev/null 2>&1
+	wait "$ipf"
+	# pct PARENT SYM: the per cent of all samples in SYM called under PARENT.
+	pct() {
+		perf report -i "$tmp/copies.data" --no-children --sort parent,sym -p "$1" -x -g none --stdio 2>/dev/null |
+			awk -v p="$1" -v s="$2" '$2 == p && $4 == s { sub("%", "", $1); t += $1 } END { printf "%.3f", t + 0 }'
+	}
+	g=$(python3 -c 'import json,sys; print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$tmp/copies.json")
+	copies="$(pct tun_do_read _copy_to_iter) $(pct tun_get_user _copy_from_iter) $g"
+fi
 hz=$(getconf CLK_TCK)
 python3 - "$tmp/rtt" "$tmp/rtt-ul" "$hz" "$ticks" "$bytes" "${ul[*]}" "${ex[*]}" "$nticks" "$nbytes" "${en[*]}" <<'PY'
 import sys, statistics as st
@@ -254,6 +281,8 @@ p = lambda q, v=rtt: v[min(len(v) - 1, int(q * len(v)))]
 print("underlay (veth) iperf3 Gbit/s: %s median %.2f" % (ul, mu))
 print("exn0 on ofi iperf3 Gbit/s:     %s median %.2f" % (ex, me))
 print("exn0/underlay %.2fx (bar 0.5x)" % (me / mu))
+pr = [e / u for u, e in zip(ul, ex)]  # each round's exn0 against the veth run just before it
+print("exn0/underlay per round: %s median %.2fx" % (["%.2f" % x for x in pr], st.median(pr)))
 print("exn0 ping RTT ms over %d replies: p50 %.3f p90 %.3f min %.3f max %.3f (bar p50 1 ms)" % (len(rtt), p(0.5), p(0.9), rtt[0], rtt[-1]))
 print("underlay ping RTT ms over %d replies: p50 %.3f p90 %.3f" % (len(rul), p(0.5, rul), p(0.9, rul)))
 print("exnd CPU (both) per GB over exn0: %.2f s" % (ticks / hz / (nbytes / 1e9)))
@@ -267,7 +296,7 @@ if [ -n "$RAW" ]; then
 	echo "libfabric's own GET loop (ofi_rma_bw -w 8, 64 KiB) over the veth:"
 	sed 's/^/  /' "$tmp/raw.all"
 fi
-python3 - "$tmp/mach" "$(nproc)" "$hz" "$SECS" <<'PY'
+python3 - "$tmp/mach" "$(nproc)" "$hz" "$SECS" "$copies" <<'PY'
 import sys, statistics as st
 runs = {}
 for line in open(sys.argv[1]):
@@ -287,6 +316,17 @@ if "raw" in med and "underlay" in med:
     ceil = ncpu / (cu + cr) * 8
     print("exn0 ceiling from CPU: %d CPUs / (%.3f + %.3f CPU-s/GB) = %.1f Gbit/s = %.2fx the veth (bar 0.5x); exn0 reached %.2fx"
           % (ncpu, cu, cr, ceil, ceil / med["underlay"][0], med["exn0"][0] / med["underlay"][0]))
+    if sys.argv[5].strip():
+        cto, cfrom, pg = (float(x) for x in sys.argv[5].split())
+        secs = float(sys.argv[4])
+        gb = pg / 8 * secs  # GB moved while perf sampled
+        tr, tw = cto / 100 * secs * ncpu / gb, cfrom / 100 * secs * ncpu / gb
+        ceil = ncpu / (cu + cr + tr + tw) * 8
+        busy = med["exn0"][1]
+        print("TAP copies (profiled exn0 run, %.2f Gbit/s): read %.3f + write %.3f CPU-s/GB (%.2f %% + %.2f %% of all samples)"
+              % (pg, tr, tw, cto, cfrom))
+        print("exn0 ceiling with the TAP copies: %d CPUs / (%.3f + %.3f + %.3f CPU-s/GB) = %.1f Gbit/s = %.2fx the veth; at exn0's %.0f %% busy %.2fx; exn0 reached %.2fx"
+              % (ncpu, cu, cr, tr + tw, ceil, ceil / med["underlay"][0], 100 * busy, busy * ceil / med["underlay"][0], med["exn0"][0] / med["underlay"][0]))
     if "exn1" in med:
         ceil = ncpu / (2 * cu) * 8
         print("exn1 (net) ceiling from CPU: %d CPUs / (2 x %.3f CPU-s/GB) = %.1f Gbit/s = %.2fx the veth; exn1 reached %.2fx"
