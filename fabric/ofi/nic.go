@@ -24,6 +24,7 @@ package ofi
 // caller waits.
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -246,6 +247,9 @@ func open(cfg Config) (*NIC, error) {
 	// ms instead of 3 µs here); where the chosen provider reports SAW
 	// anyway (tcp), writes skip FI_DELIVERY_COMPLETE.
 	in, err := getinfo(cfg.Provider, node, svc, capMsg|capRMA|capSource, true, orderSAS)
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil, err // a provider exn cannot park on: getinfo says which and why
+	}
 	if err != nil {
 		return nil, diagnose(cfg.Provider, node, svc, err)
 	}

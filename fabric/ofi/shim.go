@@ -78,6 +78,42 @@ typedef struct {
 	char msg[96];
 } exn_err;
 
+// exn_drop_unparkable drops the entries of *list that exn could never
+// park on: those built on libfabric's native TCP engine (xnet: the "net"
+// provider of 1.17, alone or under rxm; "tcp" in 1.18, which made xnet
+// its tcp provider) before 1.19. Its fi_trywait is a no-op there, so the
+// completion queue's wait signal is never reset, the wait fd stays
+// readable, and the background goroutine would spin: two idle ofi:net
+// NICs woke 1.3 million times a second here (docs/fabric-ofi.md,
+// "Providers exn cannot park on"). Returns 0, or EXN_UNPARKABLE when no
+// entry is left.
+#define EXN_UNPARKABLE (-100001)
+static int exn_xnet(const struct fi_info *i, uint32_t v) {
+	const char *p = i->fabric_attr ? i->fabric_attr->prov_name : NULL;
+	const char *core = v < FI_VERSION(1, 18) ? "net" : "tcp";
+	size_t n = strlen(core);
+	if (i->ep_attr && i->ep_attr->protocol == FI_PROTO_XNET) return 1;
+	return p && strncmp(p, core, n) == 0 && (p[n] == 0 || p[n] == ';');
+}
+static int exn_drop_unparkable(struct fi_info **list) {
+	uint32_t v = fi_version();
+	if (v >= FI_VERSION(1, 19)) return 0;
+	struct fi_info **at = list;
+	int kept = 0;
+	while (*at) {
+		struct fi_info *i = *at;
+		if (!exn_xnet(i, v)) {
+			kept++;
+			at = &i->next;
+			continue;
+		}
+		*at = i->next;
+		i->next = NULL;
+		fi_freeinfo(i);
+	}
+	return kept ? 0 : EXN_UNPARKABLE;
+}
+
 // exn_getinfo asks for an RDM endpoint of provider prov (NULL: any) with
 // the given capabilities. node/service, when non-NULL, are the local
 // address to bind (FI_SOURCE). It returns 0 or a negative fi_errno.
@@ -103,6 +139,7 @@ static int exn_getinfo(const char *prov, const char *node, const char *service,
 	uint64_t flags = (node || service) ? FI_SOURCE : 0;
 	int ret = fi_getinfo(FI_VERSION(1, 9), node, service, flags, hints, out);
 	fi_freeinfo(hints);
+	if (ret == 0 && rdm) ret = exn_drop_unparkable(out);
 	return ret;
 }
 
@@ -471,10 +508,20 @@ func getinfo(prov, node, service string, caps uint64, rdm bool, order int) (info
 	}
 	var out *C.struct_fi_info
 	ret := C.exn_getinfo(cprov, cnode, csvc, C.uint64_t(caps), cbool(rdm), C.int(order), &out)
+	if ret == C.EXN_UNPARKABLE {
+		return info{}, fmt.Errorf("%w: ofi %s: every RDM endpoint it offers runs on libfabric's native TCP engine (xnet), whose fi_trywait does nothing before libfabric 1.19, so exn could never park on its completion queue; use libfabric 1.17's tcp (tcp;ofi_rxm) or libfabric 1.19 or later", errors.ErrUnsupported, prov)
+	}
 	if ret != 0 {
 		return info{}, fiError("fi_getinfo", C.ssize_t(ret))
 	}
 	return info{out}, nil
+}
+
+// libVersion is the running libfabric's version (fi_version), major and
+// minor.
+func libVersion() (major, minor int) {
+	v := uint32(C.fi_version())
+	return int(v >> 16), int(v & 0xffff)
 }
 
 func cbool(b bool) C.int {
