@@ -18,7 +18,7 @@ func openPair(t *testing.T, prov string, merge int) (*NIC, *NIC) {
 	var nics [2]*NIC
 	for i := range nics {
 		cfg := Config{Provider: prov, Node: fabric.NodeID(i + 1), RMAMerge: merge}
-		if prov == "tcp" {
+		if prov == "tcp" || prov == "net" {
 			cfg.Bind = "127.0.0.1:0"
 		}
 		n, err := open(cfg)

@@ -341,14 +341,17 @@ func (n *NIC) parkOnBell() {
 // WakeStats are a NIC's wake-up counters: host-bell rings it sent to
 // peers, rings and bell opens that failed (both zero without host
 // bells), and how many times its background goroutine woke from a park
-// of any kind (bell, CQ wait fd, timed poll).
+// of any kind (bell, CQ wait fd, timed poll); and whether the NIC gave
+// up parking on a CQ wait fd that never arms (progress.go, unarmedLimit).
 type WakeStats struct {
 	BellRings, BellFailed, BackgroundWakes uint64
+	WaitFDBroken                           bool
 }
 
 // WakeStats returns the NIC's wake-up counters.
 func (n *NIC) WakeStats() WakeStats {
-	return WakeStats{BellRings: n.bellRings.Load(), BellFailed: n.bellFailed.Load(), BackgroundWakes: n.bgWakes.Load()}
+	return WakeStats{BellRings: n.bellRings.Load(), BellFailed: n.bellFailed.Load(), BackgroundWakes: n.bgWakes.Load(),
+		WaitFDBroken: n.waitBroken.Load()}
 }
 
 // openBell creates the NIC's own host bell, named after its address.

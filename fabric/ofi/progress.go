@@ -257,6 +257,17 @@ func (n *NIC) openWaitFile() {
 	n.waitFile, n.waitRC, n.waitable = f, rc, true
 }
 
+// unarmedLimit is how many parks in a row may return at once because
+// the provider said its wait fd was not armed, each followed by a step
+// that found nothing, before the NIC stops trusting that fd. A working
+// provider re-arms after one such round (fi_trywait resets its signal);
+// one whose fi_trywait does nothing (libfabric's native TCP engine
+// before 1.19, which getinfo already refuses) never does, and its NIC
+// woke 1.3 million times a second. 4096 such rounds take a few
+// milliseconds of a spinning core and are far beyond what races between
+// a spinning caller and the background goroutine produce.
+const unarmedLimit = 4096
+
 // background is the NIC's one goroutine: it progresses when no caller
 // does, and parks otherwise.
 func (n *NIC) background() {
@@ -265,6 +276,7 @@ func (n *NIC) background() {
 	idle := time.NewTimer(time.Hour)
 	idle.Stop()
 	defer idle.Stop()
+	unarmed, lastUnarmed := 0, false
 	for {
 		select {
 		case <-n.done:
@@ -279,19 +291,32 @@ func (n *NIC) background() {
 		n.progMu.Unlock()
 		if w {
 			idleSince = time.Now()
+			unarmed = 0
 			continue
 		}
-		n.park(idle, idleSince)
+		if lastUnarmed {
+			unarmed++
+		} else {
+			unarmed = 0
+		}
+		if unarmed >= unarmedLimit && !n.waitBroken.Swap(true) {
+			n.log.Warn("ofi: the provider's CQ wait fd stays readable after fi_trywait with nothing to read; "+
+				"parking on it would spin, so this NIC polls on a timer instead (docs/fabric-ofi.md, \"Providers exn cannot park on\")",
+				"provider", n.f.provider(), "rounds", unarmed)
+		}
+		lastUnarmed = n.park(idle, idleSince)
 		n.bgWakes.Add(1)
 	}
 }
 
-// park sleeps until there may be work for the background goroutine.
-func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
+// park sleeps until there may be work for the background goroutine. It
+// reports whether it returned at once only because the provider said
+// its wait fd was not armed (background counts those, unarmedLimit).
+func (n *NIC) park(idle *time.Timer, idleSince time.Time) (unarmed bool) {
 	n.bgParked.Store(true)
 	defer n.bgParked.Store(false)
 	if n.kicked.Swap(false) || n.ctlPending.Load() {
-		return
+		return false
 	}
 	if n.spinners.Load() > 0 && n.waitable {
 		// A caller is polling: it makes the progress, and wakes us when
@@ -300,25 +325,28 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 		case <-n.bgWake:
 		case <-n.done:
 		}
-		return
+		return false
 	}
-	if n.waitRC != nil {
+	if n.waitRC != nil && !n.waitBroken.Load() {
+		calls := 0
 		n.waitRC.Read(func(uintptr) bool {
+			calls++
 			// fi_trywait first: it resets the provider's signal, so a
 			// kick that raced it is seen in kicked afterwards. trywait
 			// also polls the fd's level (shim.go exn_trywait): the
 			// netpoller reports edges only, so no deadline is needed.
 			armed := n.f.trywait()
 			if n.kicked.Load() || n.ctlPending.Load() || n.spinners.Load() > 0 || n.closed.Load() {
+				calls = -1 // woken for a reason of ours
 				return true
 			}
 			return !armed // not armed: completions pending, go read them
 		})
-		return
+		return calls == 1
 	}
 	if n.bell != nil && n.spinners.Load() == 0 && n.quiescent() {
 		n.parkOnBell()
-		return
+		return false
 	}
 	idle.Reset(min(max(time.Since(idleSince)/64, progressPollSleep), progressPollMax))
 	select {
@@ -328,6 +356,7 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) {
 	case <-n.done:
 		idle.Stop()
 	}
+	return false
 }
 
 // ---- control packets ----

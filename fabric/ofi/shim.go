@@ -82,6 +82,10 @@ typedef struct {
 // on; EXN_UNPARKABLE when none is left.
 #define EXN_UNPARKABLE (-100001)
 int exn_drop_unparkable(struct fi_info **list);
+// exn_keep_unparkable turns the filter off (tests of the NIC's own
+// guard against such a provider, progress.go unarmedLimit).
+static int exn_keep_unparkable;
+static void exn_set_keep_unparkable(int on) { exn_keep_unparkable = on; }
 
 // exn_getinfo asks for an RDM endpoint of provider prov (NULL: any) with
 // the given capabilities. node/service, when non-NULL, are the local
@@ -108,7 +112,7 @@ static int exn_getinfo(const char *prov, const char *node, const char *service,
 	uint64_t flags = (node || service) ? FI_SOURCE : 0;
 	int ret = fi_getinfo(FI_VERSION(1, 9), node, service, flags, hints, out);
 	fi_freeinfo(hints);
-	if (ret == 0 && rdm) ret = exn_drop_unparkable(out);
+	if (ret == 0 && rdm && !exn_keep_unparkable) ret = exn_drop_unparkable(out);
 	return ret;
 }
 
@@ -485,6 +489,10 @@ func getinfo(prov, node, service string, caps uint64, rdm bool, order int) (info
 	}
 	return info{out}, nil
 }
+
+// keepUnparkable turns exn_drop_unparkable off for the tests of the
+// NIC's own guard; never set outside tests.
+func keepUnparkable(on bool) { C.exn_set_keep_unparkable(cbool(on)) }
 
 // libVersion is the running libfabric's version (fi_version), major and
 // minor.

@@ -3,9 +3,15 @@
 package ofi
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // TestOpenUnparkable: before libfabric 1.19 every RDM entry of the "net"
@@ -41,4 +47,54 @@ func TestOpenUnparkable(t *testing.T) {
 		t.Fatalf("getinfo(tcp): %v", err)
 	}
 	in.free()
+}
+
+// TestUnarmedWaitFD is the NIC's own guard behind that filter, for a
+// provider nobody has told exn about: with the filter off, two ofi:net
+// NICs (whose fi_trywait never re-arms the CQ wait fd) must notice within
+// unarmedLimit rounds, stop parking on the fd, and fall back to the
+// timed poll, so an idle second costs a few ticks of CPU instead of two
+// spinning cores, and traffic still flows.
+func TestUnarmedWaitFD(t *testing.T) {
+	major, minor := libVersion()
+	if major > 1 || minor >= 18 {
+		t.Skipf("libfabric %d.%d has no net provider", major, minor)
+	}
+	if in, err := getinfo("net", "", "", 0, false, orderNone); err != nil {
+		t.Skipf("libfabric %d.%d offers no net provider: %v", major, minor, err)
+	} else {
+		in.free()
+	}
+	keepUnparkable(true)
+	defer keepUnparkable(false)
+	a, b := openPair(t, "net", 0)
+	ea, eb := fabrictest.OpenEP(t, a, 1), fabrictest.OpenEP(t, b, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	echo := func(from, to fabric.Endpoint) {
+		t.Helper()
+		if _, err := from.Send(ctx, []fabric.Message{{Peer: to.Addr(), Len: 4}}); err != nil {
+			t.Fatal(err)
+		}
+		var m [1]fabric.Message
+		fabrictest.RecvWait(t, ctx, to, m[:])
+	}
+	for range 10 {
+		echo(ea, eb)
+		echo(eb, ea)
+	}
+	time.Sleep(200 * time.Millisecond) // ample for unarmedLimit rounds
+	for _, n := range []*NIC{a, b} {
+		if !n.WakeStats().WaitFDBroken {
+			t.Errorf("node %d: the unarmed CQ wait fd was not noticed", n.id)
+		}
+	}
+	t0 := testenv.CPUTicks(t)
+	time.Sleep(time.Second)
+	used := testenv.CPUTicks(t) - t0
+	t.Logf("over 1s idle on the timed poll: %d ticks of CPU", used)
+	if used > 30 { // spinning on the fd burned ~190
+		t.Errorf("two idle ofi:net NICs used %d clock ticks of CPU in 1s", used)
+	}
+	echo(ea, eb) // the timed poll still delivers
 }

@@ -13,7 +13,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -204,24 +203,6 @@ func benchPingPong2Proc(b *testing.B, prov string) {
 	b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
 }
 
-// cpuTicks is this process's user+system CPU time in clock ticks
-// (/proc/self/stat fields 14 and 15).
-func cpuTicks(t testing.TB) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		t.Skipf("no /proc/self/stat: %v", err)
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // field 3 onwards
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	k, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("parse /proc/self/stat: %q", s)
-	}
-	return u + k
-}
-
 // TestIdleHoldsNoCore checks that two NICs that have exchanged traffic
 // (VELO both ways and an RMA GET and PUT, so connections, send slots and
 // the provider's queues have all been used) park once idle, on each
@@ -275,9 +256,9 @@ func testIdle(t *testing.T, prov string) {
 		return w
 	}
 	const idle = time.Second
-	w0, t0 := wakes(), cpuTicks(t)
+	w0, t0 := wakes(), testenv.CPUTicks(t)
 	time.Sleep(idle)
-	used, woke := cpuTicks(t)-t0, wakes()-w0
+	used, woke := testenv.CPUTicks(t)-t0, wakes()-w0
 	t.Logf("over %v idle: %d ticks of CPU, %d background wake-ups", idle, used, woke)
 	if used > 15 { // 15 % of a core at 100 ticks/s; a spinning park burns ~100
 		t.Errorf("two idle ofi:%s NICs used %d clock ticks of CPU in %v: a park does not sleep", prov, used, idle)
