@@ -150,6 +150,18 @@ func RecvWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, in []fabri
 	return awaitSome(tb, ctx, ep, fabric.Endpoint.Recv, in)
 }
 
+// SendRecv sends one 4-byte message from one endpoint to another and
+// waits until the other has it (RecvWait): the smallest round of
+// traffic, for tests that need the fabric to have carried something.
+func SendRecv(tb testing.TB, ctx context.Context, from, to fabric.Endpoint) {
+	tb.Helper()
+	if _, err := from.Send(ctx, []fabric.Message{{Peer: to.Addr(), Len: 4}}); err != nil {
+		tb.Fatal(err)
+	}
+	var m [1]fabric.Message
+	RecvWait(tb, ctx, to, m[:])
+}
+
 // PollWait is RecvWait for notifications.
 func PollWait(tb testing.TB, ctx context.Context, ep fabric.Endpoint, ns []fabric.Notification) int {
 	tb.Helper()

@@ -342,7 +342,7 @@ func (n *NIC) parkOnBell() {
 // peers, rings and bell opens that failed (both zero without host
 // bells), and how many times its background goroutine woke from a park
 // of any kind (bell, CQ wait fd, timed poll); and whether the NIC gave
-// up parking on a CQ wait fd that never arms (progress.go, unarmedLimit).
+// up parking on a CQ wait fd that never arms (progress.go, unarmedFor).
 type WakeStats struct {
 	BellRings, BellFailed, BackgroundWakes uint64
 	WaitFDBroken                           bool

@@ -141,7 +141,7 @@ type NIC struct {
 	// object on one host (shm), or nil. Set at Open, closed by freeAll.
 	bell                           *ownBell
 	bellRings, bellFailed, bgWakes atomic.Uint64
-	waitBroken                     atomic.Bool   // the CQ wait fd never arms: park on the timer (progress.go, unarmedLimit)
+	waitBroken                     atomic.Bool   // the CQ wait fd never arms: park on the timer (progress.go, unarmedFor)
 	rmaMerged                      atomic.Uint64 // requests that rode in another's operation
 	bundles                        atomic.Uint64 // pBundle packets sent
 	retiredMu                      sync.Mutex

@@ -257,16 +257,17 @@ func (n *NIC) openWaitFile() {
 	n.waitFile, n.waitRC, n.waitable = f, rc, true
 }
 
-// unarmedLimit is how many parks in a row may return at once because
-// the provider said its wait fd was not armed, each followed by a step
-// that found nothing, before the NIC stops trusting that fd. A working
-// provider re-arms after one such round (fi_trywait resets its signal);
-// one whose fi_trywait does nothing (libfabric's native TCP engine
-// before 1.19, which getinfo already refuses) never does, and its NIC
-// woke 1.3 million times a second. 4096 such rounds take a few
-// milliseconds of a spinning core and are far beyond what races between
-// a spinning caller and the background goroutine produce.
-const unarmedLimit = 4096
+// unarmedFor is how long parks may keep returning at once because the
+// provider says its wait fd is not armed, each followed by a step that
+// found nothing, before the NIC stops trusting that fd. A working
+// provider re-arms after one such round (fi_trywait resets its signal),
+// or within rxm's connection-management interval (10 ms by default:
+// rxm reads a connecting socket only that often, and the fd stays
+// readable meanwhile); one whose fi_trywait does nothing (libfabric's
+// native TCP engine before 1.19, which getinfo already refuses) never
+// does, and its NIC woke 1.3 million times a second. A count of rounds
+// instead fired on ofi:tcp while connections came up.
+const unarmedFor = 100 * time.Millisecond
 
 // background is the NIC's one goroutine: it progresses when no caller
 // does, and parks otherwise.
@@ -276,7 +277,8 @@ func (n *NIC) background() {
 	idle := time.NewTimer(time.Hour)
 	idle.Stop()
 	defer idle.Stop()
-	unarmed, lastUnarmed := 0, false
+	var unarmedSince time.Time // start of the current run of unarmed parks
+	lastUnarmed := false
 	for {
 		select {
 		case <-n.done:
@@ -291,18 +293,18 @@ func (n *NIC) background() {
 		n.progMu.Unlock()
 		if w {
 			idleSince = time.Now()
-			unarmed = 0
+			unarmedSince = time.Time{}
 			continue
 		}
-		if lastUnarmed {
-			unarmed++
-		} else {
-			unarmed = 0
-		}
-		if unarmed >= unarmedLimit && !n.waitBroken.Swap(true) {
+		switch {
+		case !lastUnarmed:
+			unarmedSince = time.Time{}
+		case unarmedSince.IsZero():
+			unarmedSince = time.Now()
+		case time.Since(unarmedSince) >= unarmedFor && !n.waitBroken.Swap(true):
 			n.log.Warn("ofi: the provider's CQ wait fd stays readable after fi_trywait with nothing to read; "+
 				"parking on it would spin, so this NIC polls on a timer instead (docs/fabric-ofi.md, \"Providers exn cannot park on\")",
-				"provider", n.f.provider(), "rounds", unarmed)
+				"provider", n.f.provider(), "for", time.Since(unarmedSince))
 		}
 		lastUnarmed = n.park(idle, idleSince)
 		n.bgWakes.Add(1)
@@ -311,7 +313,7 @@ func (n *NIC) background() {
 
 // park sleeps until there may be work for the background goroutine. It
 // reports whether it returned at once only because the provider said
-// its wait fd was not armed (background counts those, unarmedLimit).
+// its wait fd was not armed (background times runs of those, unarmedFor).
 func (n *NIC) park(idle *time.Timer, idleSince time.Time) (unarmed bool) {
 	n.bgParked.Store(true)
 	defer n.bgParked.Store(false)

@@ -83,7 +83,7 @@ typedef struct {
 #define EXN_UNPARKABLE (-100001)
 int exn_drop_unparkable(struct fi_info **list);
 // exn_keep_unparkable turns the filter off (tests of the NIC's own
-// guard against such a provider, progress.go unarmedLimit).
+// guard against such a provider, progress.go unarmedFor).
 static int exn_keep_unparkable;
 static void exn_set_keep_unparkable(int on) { exn_keep_unparkable = on; }
 

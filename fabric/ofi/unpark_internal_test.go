@@ -52,7 +52,7 @@ func TestOpenUnparkable(t *testing.T) {
 // TestUnarmedWaitFD is the NIC's own guard behind that filter, for a
 // provider nobody has told exn about: with the filter off, two ofi:net
 // NICs (whose fi_trywait never re-arms the CQ wait fd) must notice within
-// unarmedLimit rounds, stop parking on the fd, and fall back to the
+// unarmedFor, stop parking on the fd, and fall back to the
 // timed poll, so an idle second costs a few ticks of CPU instead of two
 // spinning cores, and traffic still flows.
 func TestUnarmedWaitFD(t *testing.T) {
@@ -71,19 +71,12 @@ func TestUnarmedWaitFD(t *testing.T) {
 	ea, eb := fabrictest.OpenEP(t, a, 1), fabrictest.OpenEP(t, b, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	echo := func(from, to fabric.Endpoint) {
-		t.Helper()
-		if _, err := from.Send(ctx, []fabric.Message{{Peer: to.Addr(), Len: 4}}); err != nil {
-			t.Fatal(err)
-		}
-		var m [1]fabric.Message
-		fabrictest.RecvWait(t, ctx, to, m[:])
-	}
+	echo := func(from, to fabric.Endpoint) { fabrictest.SendRecv(t, ctx, from, to) }
 	for range 10 {
 		echo(ea, eb)
 		echo(eb, ea)
 	}
-	time.Sleep(200 * time.Millisecond) // ample for unarmedLimit rounds
+	time.Sleep(400 * time.Millisecond) // ample for unarmedFor
 	for _, n := range []*NIC{a, b} {
 		if !n.WakeStats().WaitFDBroken {
 			t.Errorf("node %d: the unarmed CQ wait fd was not noticed", n.id)

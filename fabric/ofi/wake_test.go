@@ -225,13 +225,7 @@ func testIdle(t *testing.T, prov string) {
 	b := fabrictest.OpenEP(t, nics[1], 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	echo := func(from, to fabric.Endpoint) {
-		if _, err := from.Send(ctx, []fabric.Message{{Peer: to.Addr(), Len: 4}}); err != nil {
-			t.Fatal(err)
-		}
-		var m [1]fabric.Message
-		fabrictest.RecvWait(t, ctx, to, m[:])
-	}
+	echo := func(from, to fabric.Endpoint) { fabrictest.SendRecv(t, ctx, from, to) }
 	for range 100 {
 		echo(a, b)
 		echo(b, a)
@@ -262,6 +256,11 @@ func testIdle(t *testing.T, prov string) {
 	t.Logf("over %v idle: %d ticks of CPU, %d background wake-ups", idle, used, woke)
 	if used > 15 { // 15 % of a core at 100 ticks/s; a spinning park burns ~100
 		t.Errorf("two idle ofi:%s NICs used %d clock ticks of CPU in %v: a park does not sleep", prov, used, idle)
+	}
+	for _, n := range nics {
+		if n.(*ofi.NIC).WakeStats().WaitFDBroken {
+			t.Errorf("ofi:%s NIC %d gave up parking on its wait fd (a working provider re-arms it)", prov, n.Node())
+		}
 	}
 	if woke != 0 {
 		t.Errorf("two idle ofi:%s NICs' background goroutines woke %d times in %v; want 0", prov, woke, idle)
