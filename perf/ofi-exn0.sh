@@ -50,7 +50,10 @@
 # and the TAP write (_copy_from_iter under tun_get_user), as perf/tap-
 # bound.sh does on shm. The ceiling is then printed with them added, and
 # once more at the CPUs' busy fraction that exn0 itself reached.
-# IPERF_ARGS adds iperf3 client flags to every iperf3 run (underlay and
+# PIN="A B" runs node 1's exnd (ofi and net) on CPU A and node 2's on
+# CPU B (taskset -c), as an operator pins a gateway daemon
+# (docs/operations.md, "CPU affinity"); iperf3 and the veth run are
+# never pinned. IPERF_ARGS adds iperf3 client flags to every iperf3 run (underlay and
 # exn0 alike), e.g. IPERF_ARGS="-P 2" or "-l 512K".
 # Run it under the benchmark lock:
 #
@@ -98,8 +101,17 @@ for ns in "$nsA" "$nsB"; do ip -n "$ns" link set lo up; done
 ip -n "$nsA" link set "$vA" up
 ip -n "$nsB" link set "$vB" up
 printf '1 10.91.16.1:7471 10.91.17.1\n2 10.91.16.2:7471 10.91.17.2\n' >"$tmp/peers"
+# pin ID: the taskset prefix that pins node ID's exnd (PIN="CPU1 CPU2"),
+# or nothing.
+pin() {
+	[ -n "${PIN:-}" ] || return 0
+	local cpus
+	read -r -a cpus <<<"$PIN"
+	echo taskset -c "${cpus[$(($1 - 1))]}"
+}
 start() { # start NS ID
-	ip netns exec "$1" "$tmp/exnd" --node-id "$2" --fabric "ofi:$PROVIDER" --peers "$tmp/peers" \
+	# shellcheck disable=SC2046 # pin prints a command prefix or nothing
+	ip netns exec "$1" $(pin "$2") "$tmp/exnd" --node-id "$2" --fabric "ofi:$PROVIDER" --peers "$tmp/peers" \
 		--addr "10.91.17.$2/24" --control "$tmp/exnd-$2.sock" --log-level warn ${EXND_ARGS:-} >"$tmp/exnd-$2.log" 2>&1 &
 	pids+=($!)
 	eval "exnd$2=$!"
@@ -111,7 +123,8 @@ if [ -n "$NET" ]; then
 	for i in 1 2; do
 		ns=$nsA
 		[ "$i" = 2 ] && ns=$nsB
-		ip netns exec "$ns" "$tmp/exnd" --node-id "$i" --fabric "net:10.91.16.$i:7472" --peers "$tmp/peers-net" \
+		# shellcheck disable=SC2046
+		ip netns exec "$ns" $(pin "$i") "$tmp/exnd" --node-id "$i" --fabric "net:10.91.16.$i:7472" --peers "$tmp/peers-net" \
 			--ifname exn1 --addr "10.91.18.$i/24" --control "$tmp/exnd-net-$i.sock" --log-level warn >"$tmp/exnd-net-$i.log" 2>&1 &
 		pids+=($!)
 		eval "net$i=$!"
@@ -198,7 +211,7 @@ for ev in sorted(tot):
 PY
 }
 
-echo "load at the start: $(cat /proc/loadavg); $(nproc) CPUs; GOMAXPROCS=${GOMAXPROCS:-unset}"
+echo "load at the start: $(cat /proc/loadavg); $(nproc) CPUs; GOMAXPROCS=${GOMAXPROCS:-unset}; exnd pinned: ${PIN:-no}"
 ul=() ex=() en=() rw=() : >"$tmp/rtt" : >"$tmp/rtt-ul" : >"$tmp/mach" : >"$tmp/raw.all"
 ticks=0 bytes=0 nticks=0 nbytes=0 stats=()
 for r in $(seq "$ROUNDS"); do
