@@ -13,8 +13,9 @@
 # exn0; ping PINGS x 56 B at PING_I s intervals over exn0 and over the
 # underlay. Prints the per-round values, the medians, the exn0/underlay
 # ratio of the medians and each round's own ratio (exn0 against the veth
-# run just before it, so a VM that slows down mid-run skews neither), the ping p50 and p90 (over all rounds' replies), and the CPU time both exnd used per
-# GB moved over exn0 (user+system, /proc). With a profile-dir, `perf
+# run just before it, so a VM that slows down mid-run skews neither), the
+# ping p50 and p90 (over all rounds' replies), and the CPU time both exnd
+# used per GB moved over exn0 (user+system, /proc). With a profile-dir, `perf
 # record -g` of both exnd during the last round's exn0 run goes there
 # (perf report -i DIR/exnd-1.data); PERF_EVENTS adds perf record options,
 # e.g. PERF_EVENTS='-e sched:sched_switch' for where exnd's threads sleep.
@@ -53,8 +54,8 @@
 # PIN="A B" runs node 1's exnd (ofi and net) on CPU A and node 2's on
 # CPU B (taskset -c), as an operator pins a gateway daemon
 # (docs/operations.md, "CPU affinity"); iperf3 and the veth run are
-# never pinned. IPERF_ARGS adds iperf3 client flags to every iperf3 run (underlay and
-# exn0 alike), e.g. IPERF_ARGS="-P 2" or "-l 512K".
+# never pinned. IPERF_ARGS adds iperf3 client flags to every iperf3 run
+# (underlay and exn0 alike), e.g. IPERF_ARGS="-P 2" or "-l 512K".
 # Run it under the benchmark lock:
 #
 #   flock /tmp/exn-bench.lock perf/ofi-exn0.sh
@@ -150,11 +151,15 @@ ip netns exec "$nsB" iperf3 -s -p 5291 >/dev/null 2>&1 &
 pids+=($!)
 sleep 0.3
 
+# gbit FILE: the Gbit/s an iperf3 -J report received.
+gbit() {
+	python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$1"
+}
 # iperf DST: one 1-stream run; prints Gbit/s.
 iperf() {
 	# shellcheck disable=SC2086 # IPERF_ARGS is a list of iperf3 flags
 	ip netns exec "$nsA" iperf3 -c "$1" -p 5291 -t "$SECS" ${IPERF_ARGS:-} -J --connect-timeout 2000 >"$tmp/ip.json"
-	python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$tmp/ip.json"
+	gbit "$tmp/ip.json"
 }
 # cpu PID: user+system clock ticks.
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -278,8 +283,7 @@ if [ -n "${COPIES:-}" ]; then
 		perf report -i "$tmp/copies.data" --no-children --sort parent,sym -p "$1" -x -g none --stdio 2>/dev/null |
 			awk -v p="$1" -v s="$2" '$2 == p && $4 == s { sub("%", "", $1); t += $1 } END { printf "%.3f", t + 0 }'
 	}
-	g=$(python3 -c 'import json,sys; print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$tmp/copies.json")
-	copies="$(pct tun_do_read _copy_to_iter) $(pct tun_get_user _copy_from_iter) $g"
+	copies="$(pct tun_do_read _copy_to_iter) $(pct tun_get_user _copy_from_iter) $(gbit "$tmp/copies.json")"
 fi
 hz=$(getconf CLK_TCK)
 python3 - "$tmp/rtt" "$tmp/rtt-ul" "$hz" "$ticks" "$bytes" "${ul[*]}" "${ex[*]}" "$nticks" "$nbytes" "${en[*]}" <<'PY'

@@ -78,10 +78,7 @@ typedef struct {
 	char msg[96];
 } exn_err;
 
-// exn_drop_unparkable (unpark.c) drops the entries exn could never park
-// on; EXN_UNPARKABLE when none is left.
-#define EXN_UNPARKABLE (-100001)
-int exn_drop_unparkable(struct fi_info **list);
+#include "unpark.h"
 // exn_keep_unparkable turns the filter off (tests of the NIC's own
 // guard against such a provider, progress.go unarmedFor).
 static int exn_keep_unparkable;

@@ -4,9 +4,7 @@
 // exn_getinfo calls it for RDM endpoints).
 
 #include <string.h>
-#include <rdma/fabric.h>
-
-#define EXN_UNPARKABLE (-100001)
+#include "unpark.h"
 
 // exn_drop_unparkable drops the entries of *list that exn could never
 // park on: those built on libfabric's native TCP engine (xnet: the "net"
