@@ -7,7 +7,7 @@ import (
 
 // Capability bits explain passes to its probe. They are libfabric's
 // FI_MSG, FI_RMA and FI_SOURCE values (fabric.h), kept here so the
-// explanation logic builds and is tested without cgo; shim.go checks
+// explanation logic builds and is tested without cgo; cgo.go checks
 // they match.
 const (
 	probeMsg    uint64 = 1 << 1

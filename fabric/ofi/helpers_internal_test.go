@@ -40,6 +40,21 @@ func openPair(t *testing.T, prov string, merge int) (*NIC, *NIC) {
 	return nics[0], nics[1]
 }
 
+// EchoPair opens VPID 1 on a and b and echoes one message each way
+// rounds times. echo, which it returns with the two endpoints, sends one
+// message from one to the other and waits for it (ctx bounds both).
+// Exported for the external tests too (wake_test.go).
+func EchoPair(t *testing.T, ctx context.Context, a, b fabric.NIC, rounds int) (ea, eb fabric.Endpoint, echo func(from, to fabric.Endpoint)) {
+	t.Helper()
+	ea, eb = fabrictest.OpenEP(t, a, 1), fabrictest.OpenEP(t, b, 1)
+	echo = func(from, to fabric.Endpoint) { fabrictest.SendRecv(t, ctx, from, to) }
+	for range rounds {
+		echo(ea, eb)
+		echo(eb, ea)
+	}
+	return ea, eb, echo
+}
+
 // gather calls wait (a fabrictest wait helper) until it has n items, with
 // a deadline.
 func gather[T any](t *testing.T, n int, wait func(context.Context, []T) int) []T {

@@ -335,7 +335,7 @@ func (n *NIC) park(idle *time.Timer, idleSince time.Time) (unarmed bool) {
 			calls++
 			// fi_trywait first: it resets the provider's signal, so a
 			// kick that raced it is seen in kicked afterwards. trywait
-			// also polls the fd's level (shim.go exn_trywait): the
+			// also polls the fd's level (cgo_data.c exn_trywait): the
 			// netpoller reports edges only, so no deadline is needed.
 			armed := n.f.trywait()
 			if n.kicked.Load() || n.ctlPending.Load() || n.spinners.Load() > 0 || n.closed.Load() {

@@ -84,7 +84,7 @@ func (rr *remoteRegion) finish(a regAnswer) {
 
 // rmaMerge is the most requests of one Post that one provider operation
 // carries (fi_readmsg/fi_writemsg with one iov entry each): EXN_MAXIOV in
-// shim.go, the iov limit of tcp;ofi_rxm and shm in libfabric 1.17. On an
+// cgo.h, the iov limit of tcp;ofi_rxm and shm in libfabric 1.17. On an
 // fd provider each operation is a request, a response and a wake-up on
 // each side; EXT-Eth posts the GETs of a receive round together, and one
 // operation for up to four 64 KiB frames divides that cost by up to four

@@ -1,6 +1,6 @@
 //go:build ofi && cgo
 
-// unpark.c: which fi_getinfo entries exn can park on (shim.go's
+// unpark.c: which fi_getinfo entries exn can park on (cgo_open.c's
 // exn_getinfo calls it for RDM endpoints).
 
 #include <string.h>

@@ -1,4 +1,5 @@
-// unpark.h: the ABI between shim.go's cgo preamble and unpark.c.
+// unpark.h: the ABI between unpark.c and the rest of the C glue (cgo.h
+// includes it; cgo.go reads EXN_UNPARKABLE).
 
 #ifndef EXN_UNPARK_H
 #define EXN_UNPARK_H

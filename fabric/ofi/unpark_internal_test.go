@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exn-project/exn/fabric"
-	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -49,14 +47,9 @@ func TestUnarmedWaitFD(t *testing.T) {
 	keepUnparkable(true)
 	defer keepUnparkable(false)
 	a, b := openPair(t, "net", 0)
-	ea, eb := fabrictest.OpenEP(t, a, 1), fabrictest.OpenEP(t, b, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	echo := func(from, to fabric.Endpoint) { fabrictest.SendRecv(t, ctx, from, to) }
-	for range 10 {
-		echo(ea, eb)
-		echo(eb, ea)
-	}
+	ea, eb, echo := EchoPair(t, ctx, a, b, 10)
 	time.Sleep(400 * time.Millisecond) // ample for unarmedFor
 	for _, n := range []*NIC{a, b} {
 		if !n.WakeStats().WaitFDBroken {

@@ -221,15 +221,9 @@ func TestIdleHoldsNoCore(t *testing.T) {
 
 func testIdle(t *testing.T, prov string) {
 	nics := factory(prov, nil)(t, 2)
-	a := fabrictest.OpenEP(t, nics[0], 1)
-	b := fabrictest.OpenEP(t, nics[1], 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	echo := func(from, to fabric.Endpoint) { fabrictest.SendRecv(t, ctx, from, to) }
-	for range 100 {
-		echo(a, b)
-		echo(b, a)
-	}
+	a, b, echo := ofi.EchoPair(t, ctx, nics[0], nics[1], 100)
 	la := fabrictest.Register(t, a, 1<<20)
 	rb := fabrictest.Register(t, b, 1<<20)
 	for _, op := range []fabric.Op{fabric.OpGet, fabric.OpPut} {
