@@ -143,24 +143,35 @@ func (n *Node) Listen(network, address string) (net.Listener, error) {
 	var wq waiter.Queue
 	ep, terr := n.stack.NewEndpoint(tcp.ProtocolNumber, proto, &wq)
 	if terr != nil {
-		return nil, opErr("listen", network, address, errors.New(terr.String()))
+		return nil, stackErr("listen", network, address, terr)
 	}
 	if proto == ipv6.ProtocolNumber {
 		ep.SocketOptions().SetV6Only(!dual)
 	}
 	if terr := ep.Bind(fa); terr != nil {
 		ep.Close()
-		return nil, opErr("listen", network, address, errors.New(terr.String()))
+		return nil, stackErr("listen", network, address, terr)
 	}
 	if terr := ep.Listen(listenBacklog); terr != nil {
 		ep.Close()
-		return nil, opErr("listen", network, address, errors.New(terr.String()))
+		return nil, stackErr("listen", network, address, terr)
 	}
-	tl := &listener{TCPListener: gonet.NewTCPListener(n.stack, &wq, ep), n: n}
-	if err := n.track(tl); err != nil {
-		return nil, opErr("listen", network, address, err)
+	return keep[net.Listener](n, network, address, &listener{TCPListener: gonet.NewTCPListener(n.stack, &wq, ep), n: n})
+}
+
+// stackErr is opErr for an error of the gVisor stack.
+func stackErr(op, network, address string, terr tcpip.Error) error {
+	return opErr(op, network, address, errors.New(terr.String()))
+}
+
+// keep hands c to the caller once the node tracks it (Close of the node
+// closes it); a closed node closes c and answers net.ErrClosed.
+func keep[C closer](n *Node, network, address string, c C) (C, error) {
+	if err := n.track(c); err != nil {
+		var none C
+		return none, opErr("listen", network, address, err)
 	}
-	return tl, nil
+	return c, nil
 }
 
 type listener struct {
@@ -202,7 +213,7 @@ func (n *Node) ListenPacket(network, address string) (net.PacketConn, error) {
 		var wq waiter.Queue
 		ep, terr := n.stack.NewEndpoint(tp, np, &wq)
 		if terr != nil {
-			return nil, opErr("listen", network, address, errors.New(terr.String()))
+			return nil, stackErr("listen", network, address, terr)
 		}
 		if address != "" {
 			fa, _, err := parseAddr(network, address)
@@ -212,18 +223,14 @@ func (n *Node) ListenPacket(network, address string) (net.PacketConn, error) {
 			}
 			if terr := ep.Bind(fa); terr != nil {
 				ep.Close()
-				return nil, opErr("listen", network, address, errors.New(terr.String()))
+				return nil, stackErr("listen", network, address, terr)
 			}
 		}
 		c = gonet.NewUDPConn(&wq, ep)
 	default:
 		return nil, opErr("listen", network, address, net.UnknownNetworkError(network))
 	}
-	pc := &packetConn{UDPConn: c, n: n}
-	if err := n.track(pc); err != nil {
-		return nil, opErr("listen", network, address, err)
-	}
-	return pc, nil
+	return keep[net.PacketConn](n, network, address, &packetConn{UDPConn: c, n: n})
 }
 
 type packetConn struct {
