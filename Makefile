@@ -20,8 +20,8 @@ all: build
 build:
 	mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
-	@if [ -f shim/libextds.c ]; then $(CC) -O2 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -o $(BIN)/libextds.so shim/libextds.c shim/dring.c -ldl; fi
-	$(CC) -O2 -fPIC -std=gnu11 -Wall -Wextra -Werror -c -o $(BIN)/shmfab.o shim/shmfab.c
+	$(MAKE) -s -C shim OUT=$(abspath $(BIN))/libextds.so CC=$(CC)
+	$(CC) -O2 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -o $(BIN)/libshmfab.so fabric/shm/cabi/shmfab*.c
 
 demo:
 	$(GO) run ./cmd/exnperf

@@ -30,7 +30,8 @@ type shimCluster struct {
 	prog   string
 }
 
-// buildShim compiles shim/libextds.c and shim/test/shimtest.c into dir.
+// buildShim builds libextds.so (shim/Makefile, through
+// testenv.CompileShim) and compiles shim/test/shimtest.c into dir.
 func buildShim(t *testing.T, dir string) (lib, prog string) {
 	t.Helper()
 	lib, prog = filepath.Join(dir, "libextds.so"), filepath.Join(dir, "shimtest")

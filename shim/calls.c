@@ -1,17 +1,33 @@
 /*
- * calls.c: the intercepted calls that create, switch, close and copy
+ * calls.c: owns the intercepted calls that create, switch, close and copy
  * descriptors (socket, connect, listen, accept, accept4, close, dup,
  * dup2, dup3, fcntl, fcntl64, epoll_ctl) and their helpers (the connect
- * wait, do_accept, dup_copy, ...). #included by libextds.c after
- * direct.c and hold.c, before sockcalls.c.
+ * wait, do_accept, dup_copy, ...). No state of its own: it works on
+ * libextds.c's table (shim.h), asks exnd through the control client
+ * (ctl.h), and hands off to hold.c (hold.h) and direct.c (direct.h).
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "direct.h"
+#include "hold.h"
+#include "shim.h"
 
 /* ---- intercepted calls ---- */
 
 EXPORT int socket(int domain, int type, int protocol)
 {
 	INIT();
-	int fd = real_socket(domain, type, protocol);
+	int fd = real.socket(domain, type, protocol);
 	if (fd < 0 || !g_tab)
 		return fd;
 	int track = (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
@@ -35,7 +51,7 @@ static int finish_connect(int fd)
 	struct timeval tv = {0, 0};
 	socklen_t l = sizeof tv;
 	long limit = 30000;
-	if (real_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &l) == 0 && (tv.tv_sec || tv.tv_usec))
+	if (real.getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &l) == 0 && (tv.tv_sec || tv.tv_usec))
 		limit = tv.tv_sec * 1000 + tv.tv_usec / 1000;
 	struct timespec t0;
 	now_ts(&t0);
@@ -55,7 +71,7 @@ static int finish_connect(int fd)
 		}
 		int err = 0;
 		l = sizeof err;
-		if (real_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+		if (real.getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
 			return -1;
 		if (err) {
 			errno = err;
@@ -71,7 +87,7 @@ static void disconnect(int fd)
 	struct sockaddr sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_family = AF_UNSPEC;
-	real_connect(fd, &sa, sizeof sa);
+	real.connect(fd, &sa, sizeof sa);
 }
 
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
@@ -79,7 +95,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	INIT();
 	if (g_mode == MODE_OFF || !addr || len < sizeof(sa_family_t) ||
 	    (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || !ent(fd))
-		return real_connect(fd, addr, len);
+		return real.connect(fd, addr, len);
 	if (fdflags(fd) & F_SWITCHED) {
 		if (switched(fd, NULL)) {
 			errno = EISCONN;
@@ -90,26 +106,26 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	if (is_loopback(addr) || !is_tcp(fd, &family)) {
 		if (is_loopback(addr))
 			dbg("connect fd %d: loopback, plain TCP", fd);
-		return real_connect(fd, addr, len);
+		return real.connect(fd, addr, len);
 	}
 	if (g_mode != MODE_FORCE &&
 	    len >= (addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) &&
 	    held_peer(addr)) {
 		/* The server's port is on hold (hold.c): TCP, exnd not asked. */
-		int r = real_connect(fd, addr, len), e = errno;
+		int r = real.connect(fd, addr, len), e = errno;
 		settle(fd);
 		dbg("connect fd %d: server on hold (short connections), plain TCP", fd);
 		errno = e;
 		return r;
 	}
 	int saved = errno;
-	int r = real_connect(fd, addr, len);
+	int r = real.connect(fd, addr, len);
 	if (r < 0) {
 		/* A blocking connect that timed out (SO_SNDTIMEO) also says
 		 * EINPROGRESS: only a non-blocking one is completed here. */
 		if (errno != EINPROGRESS)
 			return r;
-		int e = errno, fl = real_fcntl(fd, F_GETFL);
+		int e = errno, fl = real.fcntl(fd, F_GETFL);
 		errno = e;
 		if (fl < 0 || !(fl & O_NONBLOCK))
 			return r;
@@ -122,7 +138,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	}
 	/* exnd may flip O_NONBLOCK on the shared open file (Go's
 	 * net.FileConn does): take the flags now and put them back. */
-	int fdfl = real_fcntl(fd, F_GETFD), flfl = real_fcntl(fd, F_GETFL);
+	int fdfl = real.fcntl(fd, F_GETFD), flfl = real.fcntl(fd, F_GETFL);
 	char buf[4096];
 	struct ctl_resp resp;
 	int ufd[CTL_MAXFD];
@@ -168,7 +184,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	return 0;
 tcp:
 	if (flfl >= 0)
-		real_fcntl(fd, F_SETFL, flfl);
+		real.fcntl(fd, F_SETFL, flfl);
 	settle(fd);
 	if (g_mode == MODE_FORCE) {
 		disconnect(fd);
@@ -182,7 +198,7 @@ tcp:
 EXPORT int listen(int fd, int backlog)
 {
 	INIT();
-	int r = real_listen(fd, backlog);
+	int r = real.listen(fd, backlog);
 	if (r < 0 || g_mode == MODE_OFF || !ent(fd))
 		return r;
 	int saved = errno;
@@ -191,7 +207,7 @@ EXPORT int listen(int fd, int backlog)
 	int family;
 	union addr a;
 	socklen_t l = sizeof a;
-	if (!is_tcp(fd, &family) || real_getsockname(fd, &a.sa, &l) < 0 || is_loopback(&a.sa)) {
+	if (!is_tcp(fd, &family) || real.getsockname(fd, &a.sa, &l) < 0 || is_loopback(&a.sa)) {
 		errno = saved;
 		return r;
 	}
@@ -225,7 +241,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 	INIT();
 	int fd;
 	for (;;) {
-		fd = real_accept4(lfd, addr, alen, flags);
+		fd = real.accept4(lfd, addr, alen, flags);
 		if (fd < 0 || !ent(fd))
 			return fd;
 		int saved = errno;
@@ -245,7 +261,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		}
 		union addr pa;
 		socklen_t pl = sizeof pa;
-		if (real_getpeername(fd, &pa.sa, &pl) < 0 || is_loopback(&pa.sa)) {
+		if (real.getpeername(fd, &pa.sa, &pl) < 0 || is_loopback(&pa.sa)) {
 			errno = saved;
 			return fd;
 		}
@@ -262,9 +278,9 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			close_fds(ufd);
 			if (resp.mode == CTL_MODE_TCP && resp.hold_ms)
 				hold_listener(lfd, resp.hold_ms, resp.hold_end);
-			int fl = real_fcntl(fd, F_GETFL);
+			int fl = real.fcntl(fd, F_GETFL);
 			if (fl >= 0 && !!(fl & O_NONBLOCK) != !!(flags & SOCK_NONBLOCK))
-				real_fcntl(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+				real.fcntl(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
 			dbg("accept fd %d: plain TCP: %s", fd, buf);
 			errno = saved;
 			return fd;
@@ -284,8 +300,8 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		lock();
 		clear_locked(fd);
 		unlock();
-		real_close(fd);
-		int fl = real_fcntl(lfd, F_GETFL);
+		real.close(fd);
+		int fl = real.fcntl(lfd, F_GETFL);
 		if (fl >= 0 && (fl & O_NONBLOCK)) {
 			errno = EAGAIN;
 			return -1;
@@ -314,7 +330,7 @@ EXPORT int close(int fd)
 	INIT();
 	struct fdent *e = ent(fd);
 	if (!e || (!e->flags && !g_nep && !g_ndep))
-		return real_close(fd);
+		return real.close(fd);
 	int port = 0;
 	lock();
 	if (g_nep)
@@ -328,7 +344,7 @@ EXPORT int close(int fd)
 		port = e->port;
 	clear_locked(fd);
 	unlock();
-	int r = real_close(fd);
+	int r = real.close(fd);
 	if (port) {
 		int saved = errno;
 		char buf[4096];
@@ -374,19 +390,19 @@ static int dup_result(int fd, int r)
 EXPORT int dup(int fd)
 {
 	INIT();
-	return dup_result(fd, real_dup(fd));
+	return dup_result(fd, real.dup(fd));
 }
 
 EXPORT int dup2(int fd, int fd2)
 {
 	INIT();
-	return dup_result(fd, real_dup2(fd, fd2));
+	return dup_result(fd, real.dup2(fd, fd2));
 }
 
 EXPORT int dup3(int fd, int fd2, int flags)
 {
 	INIT();
-	return dup_result(fd, real_dup3(fd, fd2, flags));
+	return dup_result(fd, real.dup3(fd, fd2, flags));
 }
 
 static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, void *arg)
@@ -417,8 +433,8 @@ static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, void *arg)
 		return do_fcntl(real, fd, cmd, arg);                                                                   \
 	}
 
-FCNTL_WRAPPER(fcntl, real_fcntl)
-FCNTL_WRAPPER(fcntl64, real_fcntl64)
+FCNTL_WRAPPER(fcntl, real.fcntl)
+FCNTL_WRAPPER(fcntl64, real.fcntl64)
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
@@ -426,7 +442,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	int r;
 	if (d_epoll_ctl(epfd, op, fd, ev, &r))
 		return r;
-	r = real_epoll_ctl(epfd, op, fd, ev);
+	r = real.epoll_ctl(epfd, op, fd, ev);
 	/* Only sockets that may still switch (tracked, not connected through
 	 * the shim yet, not listening) need their registrations recorded. */
 	int fl = fdflags(fd);

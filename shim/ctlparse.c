@@ -1,8 +1,10 @@
 /*
- * ctlparse.c: the shim's side of the control protocol's encoding (docs/shim.md,
- * "Control protocol"), #included by libextds.c and by the test harness
- * shim/check/testdata/ctlharness.c, so that it can be fuzzed and checked
- * against the Go encoder and decoder in isolation (shim/check/ctlparse_test.go).
+ * ctlparse.c: the shim's side of the control protocol's encoding
+ * (docs/shim.md, "Control protocol"): owns ctl_req and ctl_parse,
+ * declared in ctl.h. A unit of libextds.so that depends on nothing else
+ * of the shim, so that the test harness shim/check/testdata/ctlharness.c
+ * #includes it alone, to fuzz it and check it against the Go encoder and
+ * decoder in isolation (shim/check/ctlparse_test.go).
  *
  * ctl_req encodes a request line. ctl_parse decodes one response line
  * (without its '\n'): a strict JSON reader for the one shape exnd writes,
@@ -29,21 +31,7 @@
 #include <stdio.h>
 #include <string.h>
 
-enum { CTL_MODE_NONE = 0, CTL_MODE_TCP = 1, CTL_MODE_EXTDS = 2, CTL_MODE_OTHER = 3, CTL_MODE_DIRECT = 4 };
-
-struct ctl_resp {
-	int ok;                /* "ok":true */
-	int mode;              /* data.mode: CTL_MODE_* */
-	uint64_t version;      /* data.version, 0 if absent */
-	uint64_t port;         /* data.port */
-	uint64_t id;           /* data.id */
-	uint64_t side;         /* data.side (mode "direct": 0 connecting, 1 accepting) */
-	uint64_t ring;         /* data.ring (mode "direct": bytes per direction) */
-	uint64_t hold_ms;      /* data.hold_ms (mode "tcp", reason "short_lived": skip asking this long) */
-	uint64_t hold_end;     /* data.hold_end: the same hold's end, CLOCK_MONOTONIC ns (0: not given) */
-	int reason_plain;      /* reason holds data.reason exactly (no escape, ASCII, fits) */
-	char reason[32];       /* data.reason, "" if absent */
-};
+#include "ctl.h"
 
 #define CTL_MAX_DEPTH 32
 
@@ -365,7 +353,7 @@ static int top_member(struct jp *j, int i, struct ctl_resp *r)
 }
 
 /* Decode the response line s[0..n) into r. 0, or -1 if it is not one this decoder accepts. */
-static int ctl_parse(const char *s, size_t n, struct ctl_resp *r)
+int ctl_parse(const char *s, size_t n, struct ctl_resp *r)
 {
 	struct jp j = {(const unsigned char *)s, (const unsigned char *)s + n};
 	memset(r, 0, sizeof *r);
@@ -376,15 +364,12 @@ static int ctl_parse(const char *s, size_t n, struct ctl_resp *r)
 	return j.p == j.e ? 0 : -1;
 }
 
-/* Requests (docs/shim.md, "Control protocol"). */
-enum ctl_op { CTL_OP_HELLO, CTL_OP_LISTEN, CTL_OP_UNLISTEN, CTL_OP_CONNECT, CTL_OP_ACCEPT, CTL_OP_RELAY };
-
-#define SHIM_VERSION "2"
+/* Requests (docs/shim.md, "Control protocol"; enum ctl_op in ctl.h). */
 
 /* Encode request op (arg: the port of shim-unlisten; for shim-connect and
  * shim-accept, nonzero asks for a direct connection) into buf: its
  * length, or -1. */
-static int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
+int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 {
 	int n;
 	switch (op) {

@@ -1,10 +1,11 @@
 /*
- * direct.c: direct EXT-DS connections in the shim (docs/direct.md),
- * #included by libextds.c after the table, the control client and
- * do_switch; the buffer itself is shim/dring.c. This file holds the
- * state, the switch to direct (switch_to), the data calls and ioctl and
- * shutdown; libextds.c includes after it direct_poll.c (poll, select,
- * epoll) and direct_exec.c (the exec family).
+ * direct.c: direct EXT-DS connections in libextds.so (docs/direct.md):
+ * owns their state, the switch to direct (switch_to), the data calls
+ * (read, write, readv, writev, recv, send, their _chk forms, sendfile,
+ * sendfile64, splice), ioctl and shutdown. Shares via direct.h the
+ * state and d_io with direct_poll.c (poll, select, epoll),
+ * direct_exec.c (the exec family) and the socket calls (calls.c,
+ * sockcalls.c). The buffer itself is dring.c.
  *
  * State: g_dc, one record per direct connection mapped in this process
  * (the dring view, five hidden CLOEXEC descriptors placed high: V's dup,
@@ -20,101 +21,37 @@
  * A direct descriptor whose relay[S] is set is used as a plain kernel
  * socket (V): each call falls through to the real one.
  */
-#include "dring.h"
-
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/ioctl.h>
-#include <sys/select.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#define DC_MAX 1024
-#define DEP_MAX 1024
-#define DEP_TAG 0xe8dd5a5e00000000ull /* epoll data of a bell registration: tag | record index */
+#include "ctl.h"
+#include "direct.h"
+#include "shim.h"
 
-struct dconn {
-	int refs; /* descriptors of this process that refer to it; 0: free */
-	uint64_t id;
-	int relay_asked;
-	struct dring d;
-};
+struct dconn g_dc[DC_MAX];
+struct depreg g_dep[DEP_MAX];
+int g_ndc, g_ndep;
 
-struct depreg {
-	int epfd, fd, hbell[2]; /* fd < 0: free; dups of my data and space bell */
-	struct epoll_event ev; /* the application's */
-	int disabled;          /* EPOLLONESHOT fired */
-	uint64_t last_in, last_out; /* EPOLLET: cursor state last reported */
-};
-
-static struct dconn g_dc[DC_MAX];
-static struct depreg g_dep[DEP_MAX];
-static int g_ndc, g_ndep;
-
-static ssize_t (*real_read)(int, void *, size_t);
-static ssize_t (*real_write)(int, const void *, size_t);
-static ssize_t (*real_readv)(int, const struct iovec *, int);
-static ssize_t (*real_writev)(int, const struct iovec *, int);
-static ssize_t (*real_recv)(int, void *, size_t, int);
-static ssize_t (*real_send)(int, const void *, size_t, int);
-static ssize_t (*real_sendfile)(int, int, off_t *, size_t);
-static ssize_t (*real_sendfile64)(int, int, off64_t *, size_t);
-static ssize_t (*real_splice)(int, loff_t *, int, loff_t *, size_t, unsigned int);
-static int (*real_ioctl)(int, unsigned long, ...);
-static int (*real_shutdown)(int, int);
-static int (*real_poll)(struct pollfd *, nfds_t, int);
-static int (*real_ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
-static int (*real_select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);
-static int (*real_pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
-static int (*real_epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
-static int (*real_execve)(const char *, char *const[], char *const[]);
-static int (*real_execv)(const char *, char *const[]);
-static int (*real_execvp)(const char *, char *const[]);
-static int (*real_execvpe)(const char *, char *const[], char *const[]);
-static int (*real_fexecve)(int, char *const[], char *const[]);
-
-static void direct_init(void)
+void direct_init(void)
 {
 	for (int i = 0; i < DEP_MAX; i++)
 		g_dep[i].fd = -1;
 }
 
-static void direct_resolve(void)
-{
-	RESOLVE(read);
-	RESOLVE(write);
-	RESOLVE(readv);
-	RESOLVE(writev);
-	RESOLVE(recv);
-	RESOLVE(send);
-	RESOLVE(sendfile);
-	RESOLVE(sendfile64);
-	RESOLVE(splice);
-	RESOLVE(ioctl);
-	RESOLVE(shutdown);
-	RESOLVE(poll);
-	RESOLVE(ppoll);
-	RESOLVE(select);
-	RESOLVE(pselect);
-	RESOLVE(epoll_pwait2);
-	RESOLVE(execve);
-	RESOLVE(execv);
-	RESOLVE(execvp);
-	RESOLVE(execvpe);
-	RESOLVE(fexecve);
-}
-
-/* The live, not relayed connection of fd, or NULL. */
-static inline struct dconn *dcof(int fd)
-{
-	if (!(fdflags(fd) & F_DIRECT))
-		return NULL;
-	struct dconn *c = &g_dc[ent(fd)->dc - 1];
-	if (c->refs <= 0 || dring_relayed(&c->d))
-		return NULL;
-	return c;
-}
-
 /* Move fd to a high CLOEXEC number (out of the application's way); keep: dup, else move. */
-static int hide_fd(int fd, int keep)
+int hide_fd(int fd, int keep)
 {
 	static int lo;
 	if (!lo) {
@@ -123,54 +60,54 @@ static int hide_fd(int fd, int keep)
 		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 1024)
 			lo = (int)(rl.rlim_cur / 2 > 65536 ? 65536 : rl.rlim_cur / 2);
 	}
-	int h = real_fcntl(fd, F_DUPFD_CLOEXEC, lo);
+	int h = real.fcntl(fd, F_DUPFD_CLOEXEC, lo);
 	if (h < 0)
-		h = real_fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		h = real.fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (h >= 0 && !keep)
-		real_close(fd);
+		real.close(fd);
 	return h;
 }
 
-static void dep_free_locked(int i)
+void dep_free_locked(int i)
 {
 	struct depreg *r = &g_dep[i];
 	for (int k = 0; k < 2; k++) {
-		real_epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell[k], NULL);
-		real_close(r->hbell[k]);
+		real.epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell[k], NULL);
+		real.close(r->hbell[k]);
 	}
 	r->fd = -1;
 	g_ndep--;
 }
 
 /* fd's entry is being cleared (close, reuse): drop its epoll records and its reference. */
-static void direct_drop_locked(int fd, struct fdent *e)
+void direct_drop_locked(int fd, struct fdent *e)
 {
 	for (int i = 0; i < DEP_MAX && g_ndep > 0; i++)
 		if (g_dep[i].fd == fd) {
-			real_epoll_ctl(g_dep[i].epfd, EPOLL_CTL_DEL, fd, NULL); /* the hidden V keeps the file open */
+			real.epoll_ctl(g_dep[i].epfd, EPOLL_CTL_DEL, fd, NULL); /* the hidden V keeps the file open */
 			dep_free_locked(i);
 		}
 	struct dconn *c = &g_dc[e->dc - 1];
 	if (--c->refs > 0)
 		return;
 	dring_detach(&c->d);
-	real_close(c->d.v);
-	real_close(c->d.dbell);
-	real_close(c->d.sbell);
-	real_close(c->d.peer_dbell);
-	real_close(c->d.peer_sbell);
+	real.close(c->d.v);
+	real.close(c->d.dbell);
+	real.close(c->d.sbell);
+	real.close(c->d.peer_dbell);
+	real.close(c->d.peer_sbell);
 	memset(c, 0, sizeof *c);
 	g_ndc--;
 }
 
-static void direct_epfd_closed_locked(int epfd)
+void direct_epfd_closed_locked(int epfd)
 {
 	for (int i = 0; i < DEP_MAX && g_ndep > 0; i++)
 		if (g_dep[i].fd >= 0 && g_dep[i].epfd == epfd)
 			dep_free_locked(i);
 }
 
-static void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
+void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
 
 /*
  * Switch fd to exnd's answer r with descriptors ufd (docs/direct.md):
@@ -178,9 +115,7 @@ static void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
  * bell, peer data bell, peer space bell). Consumes ufd. 0, or -1 with
  * errno (fd untouched).
  */
-static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);
-
-static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock)
+int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock)
 {
 	if (r->mode != CTL_MODE_DIRECT) {
 		int v = ufd[0];
@@ -223,7 +158,7 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, hv);
 		e = a < 0 ? -a : 0;
 	} else {
-		real_close(ufd[1]);
+		real.close(ufd[1]);
 	}
 	ufd[1] = -1;
 	/* Registrations made on the TCP socket before the switch (a
@@ -249,10 +184,10 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 	if (e) {
 		close_fds(ufd);
 		if (hv >= 0)
-			real_close(hv);
+			real.close(hv);
 		for (int i = 0; i < 4; i++)
 			if (hb[i] >= 0)
-				real_close(hb[i]);
+				real.close(hb[i]);
 		lock();
 		memset(c, 0, sizeof *c);
 		unlock();
@@ -269,7 +204,7 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 	unlock();
 	for (int i = 0; i < nregs; i++) {
 		int ret;
-		real_epoll_ctl(regs[i].epfd, EPOLL_CTL_DEL, fd, NULL);
+		real.epoll_ctl(regs[i].epfd, EPOLL_CTL_DEL, fd, NULL);
 		if (!d_epoll_ctl(regs[i].epfd, EPOLL_CTL_ADD, fd, &regs[i].ev, &ret) || ret < 0)
 			dbg("fd %d: direct epoll re-add on %d: %s", fd, regs[i].epfd, strerror(errno));
 	}
@@ -277,8 +212,6 @@ static int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, in
 }
 
 /* ---- data calls ---- */
-
-#define NOT_DIRECT (-2)
 
 static int dflags(int fd, int mflags)
 {
@@ -296,7 +229,7 @@ static int dflags(int fd, int mflags)
 
 /* A send (send 1) or receive (send 0) on fd if it is direct: the count, -1
  * with errno, or NOT_DIRECT. A send takes only MSG_DONTWAIT of mflags. */
-static ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
+ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 {
 	struct dconn *c = dcof(fd);
 	if (!c)
@@ -325,16 +258,12 @@ static ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int se
 	return r;
 }
 
-static ssize_t d_recv(int fd, const struct iovec *iov, int cnt, int mflags) { return d_io(fd, iov, cnt, mflags, 0); }
-
-static ssize_t d_send(int fd, const struct iovec *iov, int cnt, int mflags) { return d_io(fd, iov, cnt, mflags, 1); }
-
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	INIT();
 	struct iovec v = {buf, n};
 	ssize_t r = d_recv(fd, &v, 1, 0);
-	return r != NOT_DIRECT ? r : real_read(fd, buf, n);
+	return r != NOT_DIRECT ? r : real.read(fd, buf, n);
 }
 
 EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
@@ -349,21 +278,21 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
 	INIT();
 	struct iovec v = {(void *)buf, n};
 	ssize_t r = d_send(fd, &v, 1, 0);
-	return r != NOT_DIRECT ? r : real_write(fd, buf, n);
+	return r != NOT_DIRECT ? r : real.write(fd, buf, n);
 }
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
 {
 	INIT();
 	ssize_t r = d_recv(fd, iov, cnt, 0);
-	return r != NOT_DIRECT ? r : real_readv(fd, iov, cnt);
+	return r != NOT_DIRECT ? r : real.readv(fd, iov, cnt);
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 {
 	INIT();
 	ssize_t r = d_send(fd, iov, cnt, 0);
-	return r != NOT_DIRECT ? r : real_writev(fd, iov, cnt);
+	return r != NOT_DIRECT ? r : real.writev(fd, iov, cnt);
 }
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
@@ -371,7 +300,7 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 	INIT();
 	struct iovec v = {buf, n};
 	ssize_t r = d_recv(fd, &v, 1, flags);
-	return r != NOT_DIRECT ? r : real_recv(fd, buf, n, flags);
+	return r != NOT_DIRECT ? r : real.recv(fd, buf, n, flags);
 }
 
 EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
@@ -386,7 +315,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 	INIT();
 	struct iovec v = {(void *)buf, n};
 	ssize_t r = d_send(fd, &v, 1, flags);
-	return r != NOT_DIRECT ? r : real_send(fd, buf, n, flags);
+	return r != NOT_DIRECT ? r : real.send(fd, buf, n, flags);
 }
 
 /* sendfile from a file into a direct descriptor: read and write through
@@ -398,7 +327,7 @@ static ssize_t d_sendfile(int out, int in, off_t *off, size_t n)
 	int saved = errno;
 	while (done < n) {
 		size_t k = n - done < sizeof buf ? n - done : sizeof buf;
-		ssize_t r = off ? pread(in, buf, k, *off) : real_read(in, buf, k);
+		ssize_t r = off ? pread(in, buf, k, *off) : real.read(in, buf, k);
 		if (r <= 0) {
 			if (r < 0 && done == 0)
 				return -1;
@@ -431,7 +360,7 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 {
 	INIT();
 	if (!dcof(out))
-		return real_sendfile(out, in, off, n);
+		return real.sendfile(out, in, off, n);
 	return d_sendfile(out, in, off, n);
 }
 
@@ -442,7 +371,7 @@ EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 {
 	INIT();
 	if (!dcof(out))
-		return real_sendfile64(out, in, off, n);
+		return real.sendfile64(out, in, off, n);
 	return d_sendfile(out, in, (off_t *)off, n);
 }
 
@@ -460,7 +389,7 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 	INIT();
 	struct dconn *ci = dcof(in), *co = dcof(out);
 	if (!ci && !co)
-		return real_splice(in, offin, out, offout, len, fl);
+		return real.splice(in, offin, out, offout, len, fl);
 	/* as the kernel (fs/splice.c): one side a pipe, else EINVAL; an
 	 * offset on the pipe ESPIPE, on the socket EINVAL */
 	struct stat st;
@@ -479,8 +408,8 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 	int saved = errno;
 	if (ci && nb) {
 		/* no more than the pipe has room for: a short write would block */
-		int used = 0, cap = real_fcntl(out, F_GETPIPE_SZ);
-		if (cap > 0 && real_ioctl(out, FIONREAD, &used) == 0 && (size_t)(cap - used) < len)
+		int used = 0, cap = real.fcntl(out, F_GETPIPE_SZ);
+		if (cap > 0 && real.ioctl(out, FIONREAD, &used) == 0 && (size_t)(cap - used) < len)
 			len = cap > used ? (size_t)(cap - used) : 0;
 		if (len == 0) {
 			errno = EAGAIN;
@@ -489,7 +418,7 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 	}
 	if (co) {
 		struct pollfd pp = {in, POLLIN, 0};
-		if (nb && real_poll(&pp, 1, 0) == 0) {
+		if (nb && real.poll(&pp, 1, 0) == 0) {
 			errno = EAGAIN; /* the pipe is empty */
 			return -1;
 		}
@@ -506,7 +435,7 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 			if ((size_t)sp < len)
 				len = (size_t)sp;
 		}
-		ssize_t r = real_read(in, buf, len);
+		ssize_t r = real.read(in, buf, len);
 		if (r <= 0)
 			return r;
 		struct iovec v = {buf, (size_t)r};
@@ -525,7 +454,7 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 	ssize_t r = d_recv(in, &v, 1, MSG_PEEK | nb);
 	if (r <= 0)
 		return r == NOT_DIRECT ? (errno = EIO, -1) : r;
-	ssize_t w = real_write(out, buf, (size_t)r);
+	ssize_t w = real.write(out, buf, (size_t)r);
 	if (w <= 0)
 		return w;
 	struct iovec t = {NULL, (size_t)w};
@@ -575,7 +504,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 	int r = d_ioctl(fd, req, arg, &handled);
 	if (handled)
 		return r;
-	return real_ioctl(fd, req, arg);
+	return real.ioctl(fd, req, arg);
 }
 
 EXPORT int shutdown(int fd, int how)
@@ -583,7 +512,7 @@ EXPORT int shutdown(int fd, int how)
 	INIT();
 	struct dconn *c = dcof(fd);
 	if (!c)
-		return real_shutdown(fd, how);
+		return real.shutdown(fd, how);
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
 		errno = EINVAL;
 		return -1;
@@ -597,7 +526,7 @@ EXPORT int shutdown(int fd, int how)
 }
 
 /* O_NONBLOCK of a direct descriptor, cached for the data path. */
-static void direct_setfl(int fd, long fl)
+void direct_setfl(int fd, long fl)
 {
 	if (!(fdflags(fd) & F_DIRECT))
 		return;

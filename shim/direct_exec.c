@@ -1,9 +1,19 @@
 /*
- * direct_exec.c: the exec family (execve, execv, execvp, execvpe,
+ * direct_exec.c: owns the exec family (execve, execv, execvp, execvpe,
  * fexecve, execl, execlp, execle): before the exec, every direct
  * descriptor that survives it is handed to exnd to relay (shim-relay,
- * docs/direct.md). #included by libextds.c after direct_poll.c.
+ * docs/direct.md). Uses direct.c's records (direct.h) and the control
+ * client (ctl.h); no state of its own.
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "direct.h"
+#include "shim.h"
 
 /* ---- exec: hand inherited direct descriptors to exnd (shim-relay) ---- */
 
@@ -16,7 +26,7 @@ static void before_exec(void)
 		struct dconn *c = dcof(fd);
 		if (!c || c->relay_asked)
 			continue;
-		int fl = real_fcntl(fd, F_GETFD);
+		int fl = real.fcntl(fd, F_GETFD);
 		if (fl < 0 || (fl & FD_CLOEXEC))
 			continue;
 		char buf[512];
@@ -38,35 +48,35 @@ EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
 	INIT();
 	before_exec();
-	return real_execve(path, argv, envp);
+	return real.execve(path, argv, envp);
 }
 
 EXPORT int execv(const char *path, char *const argv[])
 {
 	INIT();
 	before_exec();
-	return real_execv(path, argv);
+	return real.execv(path, argv);
 }
 
 EXPORT int execvp(const char *file, char *const argv[])
 {
 	INIT();
 	before_exec();
-	return real_execvp(file, argv);
+	return real.execvp(file, argv);
 }
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
 	INIT();
 	before_exec();
-	return real_execvpe(file, argv, envp);
+	return real.execvpe(file, argv, envp);
 }
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
 	INIT();
 	before_exec();
-	return real_fexecve(fd, argv, envp);
+	return real.fexecve(fd, argv, envp);
 }
 
 #define EXECL_MAX 4096

@@ -1,10 +1,23 @@
 /*
  * direct_poll.c: readiness of direct descriptors (docs/direct.md,
- * "Wake-up protocol"): poll, ppoll, select and pselect through d_poll,
- * and epoll (d_epoll_ctl, the g_dep records, epoll_wait, epoll_pwait,
- * epoll_pwait2), each spinning on the rings before it arms the bells.
- * #included by libextds.c after direct.c, before direct_exec.c.
+ * "Wake-up protocol"): owns poll, __poll_chk, ppoll, select and pselect
+ * through d_poll, and epoll (d_epoll_ctl, shared via direct.h with
+ * direct.c and calls.c's epoll_ctl; the g_dep records of direct.c;
+ * epoll_wait, epoll_pwait, epoll_pwait2), each spinning on the rings
+ * before it arms the bells. No state of its own.
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <time.h>
+
+#include "direct.h"
+#include "shim.h"
 
 /* ---- poll, select ---- */
 
@@ -53,7 +66,7 @@ static void d_poll_spin(struct pollfd *fds, nfds_t n, int nd, struct pollfd *k, 
 						k[i].fd = -1;
 				}
 				struct timespec zero = {0, 0};
-				if (real_ppoll(k, n, &zero, mask) != 0)
+				if (real.ppoll(k, n, &zero, mask) != 0)
 					return;
 			}
 			if (d_now_ns() - t0 >= EXDD_SPIN_NS)
@@ -71,7 +84,7 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 			if (dcof(fds[i].fd))
 				nd++;
 	if (!nd)
-		return real_ppoll(fds, n, tmo, mask);
+		return real.ppoll(fds, n, tmo, mask);
 	int saved = errno;
 	size_t kn = n + 2 * (size_t)nd;
 	struct pollfd stackbuf[POLL_STACK], *k = stackbuf;
@@ -136,7 +149,7 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 			left = (struct timespec){ns / 1000000000, ns % 1000000000};
 			lp = &left;
 		}
-		int r = real_ppoll(k, (nfds_t)j, lp, mask);
+		int r = real.ppoll(k, (nfds_t)j, lp, mask);
 		int e = errno;
 		if (armed)
 			for (nfds_t i = 0; i < n; i++) {
@@ -185,7 +198,7 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	INIT();
 	if (!g_ndc)
-		return real_poll(fds, n, timeout);
+		return real.poll(fds, n, timeout);
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
 	return d_poll(fds, n, timeout < 0 ? NULL : &t, NULL);
 }
@@ -201,7 +214,7 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 {
 	INIT();
 	if (!g_ndc)
-		return real_ppoll(fds, n, tmo, mask);
+		return real.ppoll(fds, n, tmo, mask);
 	return d_poll(fds, n, tmo, mask);
 }
 
@@ -265,7 +278,7 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 		tp = &t;
 	}
 	int ret = d_select(nfds, r, w, x, tp, NULL, &handled);
-	return handled ? ret : real_select(nfds, r, w, x, tv);
+	return handled ? ret : real.select(nfds, r, w, x, tv);
 }
 
 EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *tmo, const sigset_t *mask)
@@ -273,7 +286,7 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct times
 	INIT();
 	int handled;
 	int ret = d_select(nfds, r, w, x, tmo, mask, &handled);
-	return handled ? ret : real_pselect(nfds, r, w, x, tmo, mask);
+	return handled ? ret : real.pselect(nfds, r, w, x, tmo, mask);
 }
 
 /* ---- epoll ---- */
@@ -281,7 +294,7 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct times
 /* epoll_ctl on a direct descriptor: V registered with the application's
  * data (it only ever shows the relay or exnd's death), and a hidden dup
  * of the bell with our record. 1 handled (ret in *ret), 0 not direct. */
-static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
+int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 {
 	struct dconn *c = dcof(fd);
 	if (!c)
@@ -316,24 +329,24 @@ static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *re
 			errno = ENOSPC;
 			return 1;
 		}
-		if (real_epoll_ctl(epfd, op, fd, &vev) < 0) {
+		if (real.epoll_ctl(epfd, op, fd, &vev) < 0) {
 			unlock();
 			return 1;
 		}
 		int hb[2] = {hide_fd(c->d.dbell, 1), hide_fd(c->d.sbell, 1)}, k;
 		struct epoll_event bev = {EPOLLIN | (ev->events & EPOLLEXCLUSIVE), {.u64 = DEP_TAG | (uint64_t)slot}};
 		for (k = 0; k < 2; k++)
-			if (hb[k] < 0 || real_epoll_ctl(epfd, EPOLL_CTL_ADD, hb[k], &bev) < 0)
+			if (hb[k] < 0 || real.epoll_ctl(epfd, EPOLL_CTL_ADD, hb[k], &bev) < 0)
 				break;
 		if (k < 2) {
 			int e = errno;
 			for (int q = 0; q < 2; q++) {
 				if (q < k)
-					real_epoll_ctl(epfd, EPOLL_CTL_DEL, hb[q], NULL);
+					real.epoll_ctl(epfd, EPOLL_CTL_DEL, hb[q], NULL);
 				if (hb[q] >= 0)
-					real_close(hb[q]);
+					real.close(hb[q]);
 			}
-			real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+			real.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
 			unlock();
 			errno = e;
 			return 1;
@@ -346,13 +359,13 @@ static int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *re
 		errno = ENOENT;
 		return 1;
 	} else if (op == EPOLL_CTL_MOD) {
-		if ((*ret = real_epoll_ctl(epfd, op, fd, &vev)) == 0) {
+		if ((*ret = real.epoll_ctl(epfd, op, fd, &vev)) == 0) {
 			g_dep[slot].ev = *ev;
 			g_dep[slot].disabled = 0;
 			g_dep[slot].last_in = g_dep[slot].last_out = ~0ull;
 		}
 	} else if (op == EPOLL_CTL_DEL) {
-		real_epoll_ctl(epfd, op, fd, NULL);
+		real.epoll_ctl(epfd, op, fd, NULL);
 		dep_free_locked(slot);
 		*ret = 0;
 	} else {
@@ -464,11 +477,11 @@ static int dep_spin(int epfd, struct epoll_event *evs, int max, const sigset_t *
 	for (unsigned it = 1;; it++) {
 		int n = dep_collect(epfd, evs, max);
 		if (n > 0) {
-			int r = n < max ? real_epoll_pwait2(epfd, evs + n, max - n, &zero, mask) : 0;
+			int r = n < max ? real.epoll_pwait2(epfd, evs + n, max - n, &zero, mask) : 0;
 			return r > 0 ? dep_filter(epfd, evs, n, n + r) : n;
 		}
 		if (it % SPIN_KERNEL_EVERY == 0) {
-			int r = real_epoll_pwait2(epfd, evs, max, &zero, mask);
+			int r = real.epoll_pwait2(epfd, evs, max, &zero, mask);
 			if (r > 0 && (r = dep_filter(epfd, evs, 0, r)) > 0)
 				return r + (r < max ? dep_collect(epfd, evs + r, max - r) : 0);
 			if (d_now_ns() - t0 >= EXDD_SPIN_NS)
@@ -485,7 +498,7 @@ static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct
 		for (int i = 0; i < DEP_MAX && !has; i++)
 			has = g_dep[i].fd >= 0 && g_dep[i].epfd == epfd;
 	if (!has || max <= 0)
-		return real_epoll_pwait2(epfd, evs, max, tmo, mask);
+		return real.epoll_pwait2(epfd, evs, max, tmo, mask);
 	struct timespec t0;
 	now_ts(&t0);
 	if (!tmo || tmo->tv_sec || tmo->tv_nsec) {
@@ -513,7 +526,7 @@ static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct
 				ns = 0;
 			left = (struct timespec){ns / 1000000000, ns % 1000000000};
 		}
-		int r = real_epoll_pwait2(epfd, evs + n, max - n, lp, mask);
+		int r = real.epoll_pwait2(epfd, evs + n, max - n, lp, mask);
 		int e = errno;
 		if (armed)
 			dep_arm(epfd, 0);

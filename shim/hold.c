@@ -1,7 +1,7 @@
 /*
  * hold.c: holds for short-lived connections in the shim (docs/shim.md,
- * "Short connections"), #included by libextds.c after the table and the
- * control client.
+ * "Short connections"): owns g_held; shares held_peer, hold_peer,
+ * held_listener and hold_listener via hold.h (calls.c uses them).
  *
  * exnd answers a shim-connect or shim-accept "tcp", reason short_lived,
  * with hold_ms and hold_end when the server's listener port is on hold:
@@ -24,6 +24,13 @@
  * State: plain memory under the table lock, per process (a forked child
  * inherits a copy and learns on its own); never held across a call.
  */
+#define _GNU_SOURCE
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "hold.h"
+#include "shim.h"
 
 #define HELD_MAX 64 /* servers on hold remembered; a full table replaces the entry that ends first */
 
@@ -74,7 +81,7 @@ static struct held *held_find_locked(uint16_t family, uint16_t port, const uint8
 
 /* Whether connections to sa are on hold now (the caller checked its
  * length covers its family). */
-static int held_peer(const struct sockaddr *sa)
+int held_peer(const struct sockaddr *sa)
 {
 	uint16_t family, port;
 	uint8_t addr[16];
@@ -107,7 +114,7 @@ static uint64_t hold_until(uint64_t ms, uint64_t end)
 
 /* Remember that connections to sa stay plain TCP for ms milliseconds,
  * until end at the latest. */
-static void hold_peer(const struct sockaddr *sa, uint64_t ms, uint64_t end)
+void hold_peer(const struct sockaddr *sa, uint64_t ms, uint64_t end)
 {
 	uint16_t family, port;
 	uint8_t addr[16];
@@ -132,7 +139,7 @@ static void hold_peer(const struct sockaddr *sa, uint64_t ms, uint64_t end)
 }
 
 /* Whether accepts on listener lfd are on hold now. */
-static int held_listener(int lfd)
+int held_listener(int lfd)
 {
 	int r = 0;
 	lock();
@@ -149,7 +156,7 @@ static int held_listener(int lfd)
 
 /* Keep accepts on listener lfd plain TCP for ms milliseconds, until end
  * at the latest. */
-static void hold_listener(int lfd, uint64_t ms, uint64_t end)
+void hold_listener(int lfd, uint64_t ms, uint64_t end)
 {
 	uint64_t until = ms ? hold_until(ms, end) : 0;
 	if (!until)

@@ -1,11 +1,23 @@
 /*
- * sockcalls.c: the intercepted calls on a socket's addresses, options and
- * messages (getsockname, getpeername, getsockopt, setsockopt, sendto,
+ * sockcalls.c: owns the intercepted calls on a socket's addresses, options
+ * and messages (getsockname, getpeername, getsockopt, setsockopt, sendto,
  * sendmsg, recvfrom, __recvfrom_chk, recvmsg): a switched descriptor
  * answers with the TCP connection's addresses and options kept in its
- * entry, a direct one sends and receives through direct.c's d_io.
- * #included by libextds.c after calls.c.
+ * entry (shim.h), a direct one sends and receives through direct.c's
+ * d_io (direct.h). No state of its own.
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "direct.h"
+#include "shim.h"
 
 static int copy_addr(const union addr *a, socklen_t alen, struct sockaddr *out, socklen_t *len)
 {
@@ -26,7 +38,7 @@ static int sock_name(int fd, int peer, struct sockaddr *addr, socklen_t *len)
 	INIT();
 	struct fdent e;
 	if (!switched(fd, &e))
-		return (peer ? real_getpeername : real_getsockname)(fd, addr, len);
+		return (peer ? real.getpeername : real.getsockname)(fd, addr, len);
 	if (peer)
 		return copy_addr(&e.peer, e.plen, addr, len);
 	return copy_addr(&e.local, e.llen, addr, len);
@@ -59,7 +71,7 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 	INIT();
 	struct fdent e;
 	if (!(fdflags(fd) & F_SWITCHED) || !switched(fd, &e))
-		return real_getsockopt(fd, level, name, val, len);
+		return real.getsockopt(fd, level, name, val, len);
 	int saved = errno, r;
 	if (level == SOL_SOCKET) {
 		switch (name) {
@@ -74,11 +86,11 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 		case SO_ERROR: {
 			struct dconn *c = dcof(fd);
 			if (!c)
-				return real_getsockopt(fd, level, name, val, len);
+				return real.getsockopt(fd, level, name, val, len);
 			return put_int(val, len, dring_error(&c->d));
 		}
 		default:
-			return real_getsockopt(fd, level, name, val, len);
+			return real.getsockopt(fd, level, name, val, len);
 		}
 	}
 	if (level == IPPROTO_TCP) {
@@ -134,7 +146,7 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 			return put_int(val, len, e.tos);
 		return put_int(val, len, 0);
 	}
-	return real_getsockopt(fd, level, name, val, len);
+	return real.getsockopt(fd, level, name, val, len);
 }
 
 static int get_int(const void *val, socklen_t len, int *out)
@@ -167,7 +179,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	INIT();
 	if (!(fdflags(fd) & F_SWITCHED) || !switched(fd, NULL)) {
 		int saved = errno;
-		int r = real_setsockopt(fd, level, name, val, len);
+		int r = real.setsockopt(fd, level, name, val, len);
 		/* Remember options set before a connect switches the socket. */
 		if (r == 0 && (fdflags(fd) & F_TRACKED) && !(fdflags(fd) & F_SWITCHED)) {
 			int v;
@@ -195,7 +207,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 			set_flag(fd, F_KEEPALIVE, v);
 			return 0;
 		}
-		return real_setsockopt(fd, level, name, val, len);
+		return real.setsockopt(fd, level, name, val, len);
 	}
 	if (level == IPPROTO_TCP) {
 		switch (name) {
@@ -232,7 +244,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 		}
 		return 0;
 	}
-	return real_setsockopt(fd, level, name, val, len);
+	return real.setsockopt(fd, level, name, val, len);
 }
 
 /* A connected unix stream socket refuses a destination address where
@@ -247,7 +259,7 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 		return d;
 	if (addr && (fdflags(fd) & F_SWITCHED))
 		addr = NULL, alen = 0;
-	return real_sendto(fd, buf, n, flags, addr, alen);
+	return real.sendto(fd, buf, n, flags, addr, alen);
 }
 
 /* sendmsg (send 1) or recvmsg (send 0) on fd if it is direct: as d_send
@@ -273,9 +285,9 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 		struct msghdr m = *msg;
 		m.msg_name = NULL;
 		m.msg_namelen = 0;
-		return real_sendmsg(fd, &m, flags);
+		return real.sendmsg(fd, &m, flags);
 	}
-	return real_sendmsg(fd, msg, flags);
+	return real.sendmsg(fd, msg, flags);
 }
 
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *alen)
@@ -289,12 +301,12 @@ EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr 
 		return d;
 	}
 	if (addr && (fdflags(fd) & F_SWITCHED)) {
-		ssize_t r = real_recvfrom(fd, buf, n, flags, NULL, NULL);
+		ssize_t r = real.recvfrom(fd, buf, n, flags, NULL, NULL);
 		if (r >= 0 && alen)
 			*alen = 0;
 		return r;
 	}
-	return real_recvfrom(fd, buf, n, flags, addr, alen);
+	return real.recvfrom(fd, buf, n, flags, addr, alen);
 }
 
 EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags, struct sockaddr *addr,
@@ -317,7 +329,7 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		}
 		return d;
 	}
-	ssize_t r = real_recvmsg(fd, msg, flags);
+	ssize_t r = real.recvmsg(fd, msg, flags);
 	if (r >= 0 && msg && msg->msg_name && (fdflags(fd) & F_SWITCHED))
 		msg->msg_namelen = 0;
 	return r;

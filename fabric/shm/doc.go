@@ -26,7 +26,7 @@
 // then parks its goroutine in the Go netpoller on the VPID's doorbell
 // FIFO, so an idle consumer holds no thread in a blocking system call;
 // senders wake a consumer only when it has said it is asleep, and the way
-// it said it sleeps (endpoint.go, ring.go). A sender blocked on a full
+// it said it sleeps (wait.go, ring.go). A sender blocked on a full
 // mailbox parks the same way on the target's space bell, rung by the
 // consumer when it frees slots (space.go).
 //

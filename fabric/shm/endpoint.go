@@ -12,24 +12,11 @@ package shm
 //	      consumer's ring, ctx, our Close or the target's death. A target
 //	      without one (futex mode): sleep on its space futex in
 //	      sendWaitSlice slices, re-checking between slices.
-//	Recv: under recvMu, consume from head; wake blocked senders once per
-//	      batch.
-//	Wait: spin for spinBudget, polling the rings without yielding. Then
-//	      clear rung, announce sleep (bellW), re-check, and park the
-//	      goroutine in the netpoller on the VPID's doorbell FIFO
-//	      (RawConn.Read, draining with raw non-blocking reads): no thread
-//	      sits in a blocking system call, so the runtime's netpoller and
-//	      sysmon are never held up by it (docs/wakeup.md). One Wait at a
-//	      time polls the FIFO (bellMu, bellPolling); concurrent Waits
-//	      sleep on bellCond and are woken by the poller. A VPID that has
-//	      no FIFO (counted: BellFallback) sleeps in FUTEX_WAIT in
-//	      waitSlice slices instead.
+//	Recv: under ops (read) and recvMu, consume from head; wake blocked
+//	      senders once per batch. PollNotifications: the same on the
+//	      notification queue, under pollMu.
+//	Wait: see wait.go (spin, then park on the doorbell FIFO).
 //	Post: see rma.go.
-//
-// Wake-ups of our own Wait (ctx done, Close) write to our own FIFO and
-// FUTEX_WAKE the doorbell. There is no backstop timer: a ring that lands
-// before the consumer parks stays in the FIFO, and every context of a
-// sleeping Wait is registered to ring it (watch).
 //
 // Close takes ops for writing, so it waits for every running call (each
 // holds ops for reading) before it unmaps anything or closes the FIFO; a
@@ -50,7 +37,6 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
-	"github.com/exn-project/exn/fabric/internal/localq"
 	"github.com/exn-project/exn/internal/sys"
 )
 
@@ -269,6 +255,22 @@ func (e *endpoint) enter() error {
 
 func (e *endpoint) leave() { e.ops.RUnlock() }
 
+// enterConsumer is enter, then mu: the lock of one ring's consumer
+// (recvMu for the mailbox, pollMu for the notification queue).
+// leaveConsumer releases both, mu first.
+func (e *endpoint) enterConsumer(mu *sync.Mutex) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	mu.Lock()
+	return nil
+}
+
+func (e *endpoint) leaveConsumer(mu *sync.Mutex) {
+	mu.Unlock()
+	e.leave()
+}
+
 // Send implements fabric.Endpoint. It holds the target's mapping for the
 // run of messages to the same target and does not allocate.
 func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error) {
@@ -441,12 +443,10 @@ func (e *endpoint) multicast(ctx context.Context, m *fabric.Message) error {
 
 // Recv implements fabric.Endpoint.
 func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
-	if err := e.enter(); err != nil {
+	if err := e.enterConsumer(&e.recvMu); err != nil {
 		return 0, err
 	}
-	defer e.leave()
-	e.recvMu.Lock()
-	defer e.recvMu.Unlock()
+	defer e.leaveConsumer(&e.recvMu)
 	v, n := e.v, 0
 	slots := uint64(v.hdr.Slots)
 	head := e.rc.head.Load()
@@ -504,12 +504,10 @@ loop:
 
 // PollNotifications implements fabric.Endpoint.
 func (e *endpoint) PollNotifications(ns []fabric.Notification) (int, error) {
-	if err := e.enter(); err != nil {
+	if err := e.enterConsumer(&e.pollMu); err != nil {
 		return 0, err
 	}
-	defer e.leave()
-	e.pollMu.Lock()
-	defer e.pollMu.Unlock()
+	defer e.leaveConsumer(&e.pollMu)
 	v, n := e.v, 0
 	depth := uint64(v.hdr.Depth)
 	head := e.nc.head.Load()
@@ -557,200 +555,6 @@ loop:
 		e.nc.head.Store(head)
 	}
 	return n, nil
-}
-
-func (e *endpoint) ready() bool {
-	return e.v.mboxReady(e.rc.head.Load()) || e.v.notifyReady(e.nc.head.Load())
-}
-
-// Wait implements fabric.Endpoint: spin for spinBudget, then park on the
-// doorbell (docs/wakeup.md). Close and ctx wake it at once.
-func (e *endpoint) Wait(ctx context.Context) error {
-	if err := e.enter(); err != nil {
-		return err
-	}
-	defer e.leave()
-	if e.ready() {
-		return nil
-	}
-	if !e.nic.opts.noSpin {
-		if ok, err := e.spin(); ok || err != nil {
-			return err
-		}
-	}
-	if done := ctx.Done(); done != nil {
-		e.watch(ctx, done)
-	}
-	v, wc := e.v, &e.nic.wc
-	for {
-		if e.closed.Load() {
-			return net.ErrClosed
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if e.bell == nil {
-			// Fallback (no FIFO, counted in BellFallback): a blocking
-			// FUTEX_WAIT in waitSlice slices. It holds its thread and P in
-			// a system call, which can delay the netpoller by up to
-			// sysmon's 10 ms (docs/wakeup.md); only a broken /dev/shm
-			// gets here.
-			v.sleepers.Add(1)
-			s := v.doorbell.Load()
-			if e.ready() {
-				v.sleepers.Add(^uint32(0))
-				return nil
-			}
-			wc.futexSleeps.Add(1)
-			sys.FutexWait(v.doorbell, s, e.nic.opts.backstop) //nolint:errcheck // loop re-checks
-			v.sleepers.Add(^uint32(0))
-		} else {
-			// Clear rung before announcing sleep: a producer that then
-			// sees bellW also sees rung clear and writes a byte (see
-			// ring.go).
-			v.rung.Store(0)
-			v.bellW.Add(1)
-			if e.ready() {
-				v.bellW.Add(^uint32(0))
-				return nil
-			}
-			wc.bellSleeps.Add(1)
-			e.sleepBell()
-			v.bellW.Add(^uint32(0))
-		}
-		if e.ready() {
-			return nil
-		}
-	}
-}
-
-// spin polls the rings for up to spinBudget without yielding: it reports
-// whether work arrived, or net.ErrClosed. No Gosched and no sched_yield:
-// the spin is short enough that the scheduler never needs to interrupt
-// it, and a yield would put the goroutine on the global run queue, where
-// the scheduler finds it before it ever polls the network.
-func (e *endpoint) spin() (bool, error) {
-	start := time.Now()
-	for i := 1; ; i++ {
-		if e.ready() {
-			return true, nil
-		}
-		if i%spinCheckEvery == 0 {
-			if e.closed.Load() {
-				return false, net.ErrClosed
-			}
-			if time.Since(start) > spinBudget {
-				return false, nil
-			}
-		}
-	}
-}
-
-// sleepBell parks the calling Wait until the doorbell FIFO is rung (or,
-// in tests that set one, a bellBackstop deadline passes) or, for a Wait that is not the poller, the
-// poller wakes. The poller's goroutine parks in the netpoller (no thread
-// blocks); the others wait on bellCond, so one ring wakes them all. It
-// does not allocate.
-func (e *endpoint) sleepBell() (rung bool) {
-	e.bellMu.Lock()
-	if e.bellPolling {
-		gen := e.bellGen
-		for e.bellPolling && e.bellGen == gen {
-			e.bellCond.Wait()
-		}
-		e.bellMu.Unlock()
-		return true // the poller woke: most likely a ring
-	}
-	e.bellPolling = true
-	e.bellMu.Unlock()
-	if !e.bellArmed && e.nic.opts.bellBackstop > 0 {
-		// Tests only (no timer in production): the deadline stays set
-		// across sleeps and is re-armed only once it has passed.
-		e.bell.SetReadDeadline(time.Now().Add(e.nic.opts.bellBackstop)) //nolint:errcheck // pollable: checked at open
-		e.bellArmed = true
-	}
-	rung = true
-	if err := e.bellRC.Read(e.bellRead); err != nil {
-		// A test's deadline passed or, impossible while we hold ops,
-		// the file was closed.
-		e.bellArmed = false
-		e.nic.wc.backstops.Add(1)
-		rung = false
-	}
-	e.bellMu.Lock()
-	e.bellPolling = false
-	e.bellGen++
-	e.bellCond.Broadcast()
-	e.bellMu.Unlock()
-	return rung
-}
-
-// drainBell is the RawConn.Read callback of sleepBell: it consumes every
-// byte in the FIFO (raw non-blocking reads) and reports whether there was
-// any; false parks the goroutine until the FIFO is readable.
-func (e *endpoint) drainBell(fd uintptr) bool {
-	n, err := sys.DrainBell(int(fd), e.bellBuf[:])
-	if err != nil {
-		// Nothing to read from a FIFO we hold open cannot fail; if it
-		// does, sleep until the next ring rather than spin on it.
-		e.nic.faults.Warn("shm: doorbell read", "vpid", e.addr.VPID, "err", err)
-	}
-	return n > 0
-}
-
-// wakeReg is one context registration of watch.
-type wakeReg struct {
-	done <-chan struct{}
-	stop func() bool
-}
-
-// watch makes ctx's end ring the doorbell, unless it already does.
-func (e *endpoint) watch(ctx context.Context, done <-chan struct{}) {
-	e.wakeMu.Lock()
-	defer e.wakeMu.Unlock()
-	if e.closed.Load() {
-		return
-	}
-	slot := -1
-	for i := range e.wakeRegs {
-		r := &e.wakeRegs[i]
-		if r.done == done {
-			return
-		}
-		if slot < 0 && (r.done == nil || localq.ClosedChan(r.done)) {
-			slot = i
-		}
-	}
-	if slot < 0 {
-		slot = e.wakeNext
-		e.wakeNext = (e.wakeNext + 1) % maxWatched
-	}
-	r := &e.wakeRegs[slot]
-	if r.stop != nil {
-		r.stop()
-	}
-	r.done, r.stop = done, context.AfterFunc(ctx, e.ringFn)
-}
-
-// ring wakes every sleeping Wait; a registration that fires after Close
-// does nothing (the mapping may be gone).
-func (e *endpoint) ring() {
-	if e.enter() != nil {
-		return
-	}
-	defer e.leave()
-	e.wakeSelf()
-}
-
-// wakeSelf wakes this endpoint's sleeping Waits: a byte in our own FIFO
-// (its poller wakes the rest), or a FUTEX_WAKE in waitFutex mode. The
-// caller keeps the FIFO open (holds ops, or is Close before it takes ops).
-func (e *endpoint) wakeSelf() {
-	if e.bell != nil {
-		sys.RingBell(e.bellFD) //nolint:errcheck // our own FIFO, opened read-write
-	}
-	e.v.doorbell.Add(1)                        // a futex-mode Wait (no FIFO) may be asleep
-	sys.FutexWake(e.v.doorbell, math.MaxInt32) //nolint:errcheck
 }
 
 // Close implements fabric.Endpoint: it marks the VPID file closed (so

@@ -126,7 +126,7 @@ const (
 )
 
 // Wait modes (vOffWaitMode): how the VPID's consumer sleeps, so how a
-// producer wakes it (see ring.go and endpoint.go).
+// producer wakes it (see ring.go and wait.go).
 const (
 	waitFutex = 0 // FUTEX_WAIT on the doorbell word: FUTEX_WAKE it
 	waitBell  = 1 // parked on the doorbell FIFO <vpid file>.bell: write a byte

@@ -172,7 +172,7 @@ type nicT struct {
 }
 
 // WakeStats counts how this process's consumers slept and how its
-// producers woke consumers (see the top of endpoint.go).
+// producers woke consumers (see the tops of wait.go and endpoint.go).
 type WakeStats struct {
 	BellSleeps   uint64 `json:"bell_sleeps"`   // Wait sleeps parked on a doorbell FIFO
 	FutexSleeps  uint64 `json:"futex_sleeps"`  // Wait sleeps in FUTEX_WAIT (VPIDs without a FIFO)

@@ -38,7 +38,7 @@ package shm
 // count then re-checks the ring before it sleeps; a producer stores the
 // status word then loads the sleeper counts and only then pays for a
 // wake-up. Either the consumer sees the message or the producer sees the
-// sleeper. A consumer sleeps one of two ways (endpoint.go says when):
+// sleeper. A consumer sleeps one of two ways (wait.go says when):
 //
 //   - on the doorbell futex word, counted in sleepers: the producer bumps
 //     the word and FUTEX_WAKEs it;

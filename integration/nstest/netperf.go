@@ -178,9 +178,9 @@ var NetperfTests = []string{"TCP_STREAM", "TCP_MAERTS", "TCP_RR", "TCP_CRR", "UD
 
 var shimBuilt testenv.Built
 
-// BuildShimLib compiles shim/libextds.c once per test process into a
-// temporary directory removed after the tests, and returns the path of
-// libextds.so.
+// BuildShimLib builds libextds.so (shim/Makefile, through
+// testenv.CompileShim) once per test process into a temporary directory
+// removed after the tests, and returns its path.
 func BuildShimLib(t testing.TB) string {
 	t.Helper()
 	return buildOnce(t, &shimBuilt, "shim", func(dir string) (string, error) {

@@ -63,11 +63,20 @@ func MustCC(t testing.TB, args ...string) {
 	}
 }
 
-// CompileShim builds libextds.so at out from the shim's sources, with the
-// Makefile's flags (its build target).
-func CompileShim(out string) error {
-	return CC("-O2", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", out,
-		ModulePath("shim", "libextds.c"), ModulePath("shim", "dring.c"), "-ldl")
+// CompileShim builds libextds.so at out with the shim's one build recipe,
+// shim/Makefile (its sources, flags and version script), as the top
+// Makefile's build target does; vars are extra make variables, such as
+// "MAP=" (no version script).
+func CompileShim(out string, vars ...string) error {
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"-s", "-B", "-C", ModulePath("shim"), "OUT=" + abs, "CC=gcc"}, vars...)
+	if msg, err := exec.Command("make", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("make %v: %w\n%s", args, err, msg)
+	}
+	return nil
 }
 
 // A Built is a program (or library) the tests of a process build at most

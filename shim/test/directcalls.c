@@ -21,7 +21,7 @@
  *       itself inherited when it started) is open.
  *
  * The checks are in directcalls_data.c and directcalls_ready.c
- * (#included here, as libextds.c includes direct.c).
+ * (#included here: one test program, one compilation unit).
  *
  * A connection is verified direct on both ends when it is made: the kernel
  * says the descriptor is an AF_UNIX socket (a raw syscall the shim cannot

@@ -161,15 +161,31 @@ static int c_epoll_lt(int s, char *why)
 	return 0;
 }
 
+/*
+ * s registered for ev in a new epoll set, msg written (the echo server
+ * sends it back) and its first EPOLLIN, with ev's data, waited for
+ * (what: the failure's name): the epoll descriptor, or -1 with why set.
+ */
+static int ep_echoed(int s, struct epoll_event *ev, const char *msg, const char *what, char *why)
+{
+	uint64_t data = ev->data.u64;
+	int ep AUTOCLOSE = ep_with(s, ev);
+	FAILIF(ep < 0, "epoll_ctl ADD");
+	FAILIF(write(s, msg, strlen(msg)) != (ssize_t)strlen(msg), "write");
+	FAILIF(ep_wait1(ep, ev, 10000) != 1 || !(ev->events & EPOLLIN) || ev->data.u64 != data, "%s", what);
+	int r = ep;
+	ep = -1;
+	return r;
+}
+
 /* Edge-triggered: one event per arrival, none for bytes already reported. */
 static int c_epoll_et(int s, char *why)
 {
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLET, {.u64 = 7}};
-	int ep AUTOCLOSE = ep_with(s, &ev);
-	FAILIF(ep < 0, "epoll_ctl ADD");
-	FAILIF(write(s, "abcdef", 6) != 6, "write");
-	FAILIF(ep_wait1(ep, &ev, 10000) != 1 || !(ev.events & EPOLLIN), "no edge for the echo");
+	int ep AUTOCLOSE = ep_echoed(s, &ev, "abcdef", "no edge for the echo", why);
+	if (ep < 0)
+		return -1;
 	FAILIF(read(s, b, 2) != 2, "read 2");
 	FAILIF(ep_wait1(ep, &ev, 100) != 0, "a second edge with no new bytes");
 	FAILIF(write(s, "ghi", 3) != 3, "write");
@@ -184,10 +200,9 @@ static int c_epoll_oneshot(int s, char *why)
 {
 	char b[64];
 	struct epoll_event ev = {EPOLLIN | EPOLLONESHOT, {.u64 = 9}};
-	int ep AUTOCLOSE = ep_with(s, &ev);
-	FAILIF(ep < 0, "epoll_ctl ADD");
-	FAILIF(write(s, "xyz", 3) != 3, "write");
-	FAILIF(ep_wait1(ep, &ev, 10000) != 1 || !(ev.events & EPOLLIN) || ev.data.u64 != 9, "no event");
+	int ep AUTOCLOSE = ep_echoed(s, &ev, "xyz", "no event", why);
+	if (ep < 0)
+		return -1;
 	FAILIF(ep_wait1(ep, &ev, 100) != 0, "a second event before re-arming");
 	ev = (struct epoll_event){EPOLLIN | EPOLLONESHOT, {.u64 = 10}};
 	FAILIF(epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev) < 0, "MOD");

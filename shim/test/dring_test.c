@@ -548,17 +548,25 @@ static void orphan_reader(struct conn *c, struct dring *d, void *arg)
 	CHECK(__atomic_load_n(&d->out->rst, __ATOMIC_ACQUIRE), "rst set for the peer");
 }
 
-static void test_exnd_death(void)
+/* A reader of side 0 parks on an empty ring; then end (exnd's part) ends its wait. */
+static void parked_reader_ended(void (*reader)(struct conn *, struct dring *, void *), void (*end)(struct conn *))
 {
 	struct conn c;
 	conn_make(&c, 4096);
-	pid_t pa = side_fork(&c, 0, orphan_reader, NULL);
+	pid_t pa = side_fork(&c, 0, reader, NULL);
 	usleep(50000);
-	close(c.e[0]);
-	c.e[0] = -1;
+	end(&c);
 	reap(pa, "reader");
 	conn_free(&c);
 }
+
+static void exnd_dies(struct conn *c)
+{
+	close(c->e[0]);
+	c->e[0] = -1;
+}
+
+static void test_exnd_death(void) { parked_reader_ended(orphan_reader, exnd_dies); }
 
 /* ---- relay after exec ---- */
 
@@ -572,17 +580,14 @@ static void relayed_reader(struct conn *c, struct dring *d, void *arg)
 	CHECK(read(d->v, &b, 1) == 1 && b == 'r', "V carries the stream now");
 }
 
-static void test_relay(void)
+/* exnd sets relay[0] and sends the first relayed byte over V. */
+static void exnd_relays(struct conn *c)
 {
-	struct conn c;
-	conn_make(&c, 4096);
-	pid_t pa = side_fork(&c, 0, relayed_reader, NULL);
-	usleep(50000);
-	__atomic_store_n((uint32_t *)(c.map + 64), 1, __ATOMIC_SEQ_CST);
-	CHECK(write(c.e[0], "r", 1) == 1);
-	reap(pa, "reader");
-	conn_free(&c);
+	__atomic_store_n((uint32_t *)(c->map + 64), 1, __ATOMIC_SEQ_CST);
+	CHECK(write(c->e[0], "r", 1) == 1);
 }
+
+static void test_relay(void) { parked_reader_ended(relayed_reader, exnd_relays); }
 
 /* ---- two forked writers share a direction under prod_lock ---- */
 

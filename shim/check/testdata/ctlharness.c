@@ -1,6 +1,7 @@
 /*
- * ctlharness: drives the shim's control encoding (shim/ctlparse.c) for
- * shim/check/ctlparse_test.go.
+ * ctlharness: drives the shim's control encoding (shim/ctlparse.c, a unit
+ * of libextds.so that needs nothing else of it; #included here alone)
+ * for shim/check/ctlparse_test.go.
  *
  *   ctlharness parse   stdin: records (u32 little-endian length, bytes);
  *                      stdout: one line per record, "ERR" or

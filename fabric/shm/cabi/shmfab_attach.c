@@ -1,10 +1,45 @@
 /*
  * shmfab_attach.c: attaching a node to the shm fabric and detaching it
- * (docs/shm-abi.md): the lease token, the fabric and attach file locks,
- * shmfab_attach, shmfab_owner_alive, shmfab_alive, shmfab_get_stats and
- * shmfab_detach. #included by shmfab.c after the shared words, names,
- * peers and rings, before shmfab_ep.c.
+ * (docs/shm-abi.md). This unit owns the lease token and the lease view,
+ * the fabric and attach file locks, shmfab_attach, shmfab_owner_alive,
+ * shmfab_alive, shmfab_get_stats and shmfab_detach. Files, names and
+ * peers come from shmfab.c, endpoint and region teardown from
+ * shmfab_ep.c (shmfab_internal.h).
  */
+#define _GNU_SOURCE
+#include "shmfab_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define OPEN_RETRIES 200
+
+static int same_file(int fd, const char *path)
+{
+	struct stat a, b;
+	if (fstat(fd, &a) != 0 || stat(path, &b) != 0)
+		return 0;
+	return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* ---- lease view -------------------------------------------------------------- */
+
+static uint8_t *lease(shmfab_node *n) { return n->nb + SHMFAB_N_OFF_LEASES + (size_t)n->slot * SHMFAB_LEASE_SIZE; }
+
+static int lease_ours(shmfab_node *n)
+{
+	uint8_t *l = lease(n);
+	uint64_t a = ld64(w64(l, SHMFAB_L_OFF_SECRET)) ^ n->secret[0];
+	uint64_t b = ld64(w64(l, SHMFAB_L_OFF_SECRET + 8)) ^ n->secret[1];
+	return ld32(w32(l, SHMFAB_L_OFF_STATE)) == SHMFAB_LEASE_GRANTED && (a | b) == 0;
+}
 
 /* ---- attach ---------------------------------------------------------------------- */
 
@@ -74,13 +109,13 @@ static int join_fabric(shmfab_node *n)
 		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 		if (fd < 0)
 			return -errno;
-		int ok = try_lock(fd, LOCK_SH);
+		int ok = sfab_try_lock(fd, LOCK_SH);
 		if (ok == 1 && same_file(fd, path)) {
-			if (file_size(fd) < SHMFAB_PAGE && ftruncate(fd, SHMFAB_PAGE) != 0) {
+			if (sfab_file_size(fd) < SHMFAB_PAGE && ftruncate(fd, SHMFAB_PAGE) != 0) {
 				close(fd);
 				return -errno;
 			}
-			uint8_t *b = map_fd(fd, SHMFAB_PAGE);
+			uint8_t *b = sfab_map_fd(fd, SHMFAB_PAGE);
 			if (b) {
 				cas64(w64(b, 0), 0, SHMFAB_FABRIC_MAGIC);
 				munmap(b, SHMFAB_PAGE);
@@ -102,7 +137,7 @@ static void leave_fabric(shmfab_node *n)
 		return;
 	char path[PATHLEN];
 	snprintf(path, PATHLEN, "%s/exn-%s-fabric", n->dir, n->fab);
-	if (try_lock(n->fabfd, LOCK_EX) == 1 && same_file(n->fabfd, path))
+	if (sfab_try_lock(n->fabfd, LOCK_EX) == 1 && same_file(n->fabfd, path))
 		unlink(path);
 	close(n->fabfd);
 	n->fabfd = -1;
@@ -114,13 +149,13 @@ static int take_attach_file(shmfab_node *n)
 {
 	char r[16], tmp[PATHLEN + 32];
 	snprintf(r, sizeof r, "a%d", n->slot);
-	inc_prefix(n, n->apath, PATHLEN, n->node, n->inc, r);
+	sfab_inc_prefix(n, n->apath, PATHLEN, n->node, n->inc, r);
 	snprintf(tmp, sizeof tmp, "%s.tmp%d", n->apath, (int)getpid());
 	for (int try = 0; try < OPEN_RETRIES; try++) {
-		int fd = create_file(tmp, 8);
+		int fd = sfab_create_file(tmp, 8);
 		if (fd < 0)
 			return fd;
-		if (try_lock(fd, LOCK_EX) != 1) {
+		if (sfab_try_lock(fd, LOCK_EX) != 1) {
 			close(fd);
 			unlink(tmp);
 			return -EADDRINUSE;
@@ -137,7 +172,7 @@ static int take_attach_file(shmfab_node *n)
 		int old = open(n->apath, O_RDWR | O_CLOEXEC);
 		if (old < 0)
 			continue;
-		if (try_lock(old, LOCK_EX) != 1) {
+		if (sfab_try_lock(old, LOCK_EX) != 1) {
 			close(old);
 			return -EADDRINUSE; /* attached by a live process */
 		}
@@ -170,17 +205,17 @@ int shmfab_attach(const char *dir, const char *fabric, uint16_t node, const char
 	if ((err = join_fabric(n)))
 		goto fail;
 	char path[PATHLEN];
-	node_path(n, path, node);
+	sfab_node_path(n, path, node);
 	n->nodefd = open(path, O_RDWR | O_CLOEXEC);
 	if (n->nodefd < 0) {
 		err = errno == ENOENT ? -EHOSTDOWN : -errno;
 		goto fail;
 	}
-	if (probe_dead(n->nodefd)) {
+	if (sfab_probe_dead(n->nodefd)) {
 		err = -EHOSTDOWN;
 		goto fail;
 	}
-	if (file_size(n->nodefd) < (int64_t)SHMFAB_NODE_FILE_SIZE) {
+	if (sfab_file_size(n->nodefd) < (int64_t)SHMFAB_NODE_FILE_SIZE) {
 		/* A node file of another layout is another size: check the
 		 * header words we can read before calling it invalid. */
 		uint8_t hb[16];
@@ -195,14 +230,14 @@ int shmfab_attach(const char *dir, const char *fabric, uint16_t node, const char
 		}
 		goto fail;
 	}
-	n->nb = map_fd(n->nodefd, SHMFAB_NODE_FILE_SIZE);
+	n->nb = sfab_map_fd(n->nodefd, SHMFAB_NODE_FILE_SIZE);
 	if (!n->nb) {
 		err = -errno;
 		goto fail;
 	}
 	uint64_t inc;
 	uint32_t state;
-	if ((err = decode_node_header(n->nb, node, &inc, &state, NULL)))
+	if ((err = sfab_decode_node_header(n->nb, node, &inc, &state, NULL)))
 		goto fail;
 	if (state != SHMFAB_NODE_ALIVE) {
 		err = -EHOSTDOWN;
@@ -244,7 +279,7 @@ fail:
 
 int shmfab_owner_alive(shmfab_node *n)
 {
-	if (!n->nb || probe_dead(n->nodefd) || ld32(w32(n->nb, SHMFAB_N_OFF_STATE)) != SHMFAB_NODE_ALIVE || !lease_ours(n))
+	if (!n->nb || sfab_probe_dead(n->nodefd) || ld32(w32(n->nb, SHMFAB_N_OFF_STATE)) != SHMFAB_NODE_ALIVE || !lease_ours(n))
 		return -EHOSTDOWN;
 	return 0;
 }
@@ -252,22 +287,13 @@ int shmfab_owner_alive(shmfab_node *n)
 int shmfab_alive(shmfab_node *n, uint16_t id)
 {
 	struct peer *p;
-	int err = get_peer(n, id, &p);
+	int err = sfab_get_peer(n, id, &p);
 	if (err)
 		return err;
-	return peer_up(n, p, 1) ? 0 : -EHOSTDOWN;
+	return sfab_peer_up(n, p, 1) ? 0 : -EHOSTDOWN;
 }
 
 void shmfab_get_stats(shmfab_node *n, struct shmfab_stats *s) { *s = n->st; }
-
-static void drop_region(shmfab_node *n, uint32_t i)
-{
-	struct lregion *r = &n->regs[i];
-	st64(w64(n->nb, SHMFAB_N_OFF_REGIONS + (size_t)(n->reglo + i - 1) * SHMFAB_REGION_ENTRY), (uint64_t)r->gen << 32);
-	unlink(r->path);
-	munmap(r->b, r->size);
-	r->used = 0;
-}
 
 void shmfab_detach(shmfab_node *n)
 {
@@ -278,12 +304,12 @@ void shmfab_detach(shmfab_node *n)
 			shmfab_close(n->eps[v]);
 	for (uint32_t i = 0; i < SHMFAB_LEASE_REGIONS; i++)
 		if (n->regs[i].used)
-			drop_region(n, i);
+			sfab_drop_region(n, i);
 	for (int i = 0; i < MAX_PEERS; i++)
 		if (n->peers[i].used)
-			peer_drop(&n->peers[i]);
+			sfab_peer_drop(&n->peers[i]);
 	if (n->self.used)
-		peer_drop(&n->self);
+		sfab_peer_drop(&n->self);
 	if (n->afd >= 0) {
 		uint8_t *l = lease(n);
 		if (ld32(w32(l, SHMFAB_L_OFF_HOLD)) == SHMFAB_HOLD_ATTACHED && lease_ours(n))

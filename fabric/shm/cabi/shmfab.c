@@ -1,27 +1,14 @@
 /*
- * shmfab: the shm fabric's data plane in C. See shmfab.h for the API and
- * docs/shm-abi.md for the layout and protocols this file implements;
- * the Go implementation it must agree with is fabric/shm (layout.go,
- * ring.go, rma.go, attach.go, endpoint.go). This file holds the shared
- * words, names, VPID file geometry, peers and rings, and #includes at its
- * end shmfab_attach.c (attach, detach) and shmfab_ep.c (endpoints, their
- * data path, regions and RMA): one translation unit.
- *
- * Stages, per call:
- *   send:  target lookup (peer node file, cached VPID file mapping,
- *          header validated) -> claim (CAS tail) -> mark -> fill ->
- *          publish (status word last) -> doorbell (futex wake if
- *          sleepers, one FIFO byte if bellW and we win rung 0->1).
- *          Full ring: poll SHMFAB_SPIN_NS, then futex slices
- *          on the target's space word with liveness checks between.
- *   recv/poll: consume from head, classify every status word, free
- *          slots (status last), wake blocked senders once per batch.
- *   wait:  spin SHMFAB_SPIN_NS, then clear rung, bellW++, re-check,
- *          ppoll() the doorbell FIFO, drain, bellW--.
- *   post:  local region check (our table) -> peer region entry read as a
- *          seqlock (the only size trusted) -> region file of exactly that
- *          generation mapped (cached) -> entry re-checked -> one memmove
- *          -> notifications (Table 3.1) with the publish-last protocol.
+ * shmfab.c: the shared layer of the shm fabric's C client (API in
+ * shmfab.h; the layout and protocols in docs/shm-abi.md; the Go
+ * implementation it must agree with is fabric/shm: layout.go, ring.go,
+ * rma.go, attach.go, endpoint.go, wait.go). This unit owns the system
+ * helpers (clock, futex, flock, files), the file names, the VPID header
+ * check, the peer table (discovery, liveness, cached VPID mappings) and
+ * the ring protocol (push, notifications, doorbells, orphaned
+ * positions), shared with shmfab_attach.c (attach, detach) and
+ * shmfab_ep.c (endpoints, their data path, regions and RMA) through
+ * shmfab_internal.h.
  *
  * Memory ordering: every shared word is accessed with __atomic builtins,
  * sequentially consistent, matching Go's sync/atomic; payloads are plain
@@ -30,14 +17,12 @@
  * docs/shm-abi.md.
  */
 #define _GNU_SOURCE
-#include "shmfab.h"
+#include "shmfab_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,30 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PATHLEN 512
-#define MAX_PEERS 32
-#define RR_CACHE 16
-#define CLAIM_RETRIES 4096
-#define DEFAULT_DEPTH 4096u
-#define OPEN_RETRIES 200
+/* ---- system helpers ---------------------------------------------------- */
 
-/* ---- shared words ------------------------------------------------------ */
-
-static inline uint64_t *w64(uint8_t *b, size_t off) { return (uint64_t *)(void *)(b + off); }
-static inline uint32_t *w32(uint8_t *b, size_t off) { return (uint32_t *)(void *)(b + off); }
-static inline uint64_t ld64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-static inline uint32_t ld32(uint32_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-static inline void st64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
-static inline void st32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
-static inline uint32_t add32(uint32_t *p, uint32_t v) { return __atomic_add_fetch(p, v, __ATOMIC_SEQ_CST); }
-static inline uint64_t add64(uint64_t *p, uint64_t v) { return __atomic_add_fetch(p, v, __ATOMIC_SEQ_CST); }
-static inline int cas64(uint64_t *p, uint64_t old, uint64_t new)
-{
-	return __atomic_compare_exchange_n(p, &old, new, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-}
-static inline uint32_t xchg32(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
-
-static int64_t now_ns(void)
+int64_t sfab_now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -80,15 +44,16 @@ static int64_t now_ns(void)
 
 /* Shared (not private) futex operations: the words live in files mapped
  * by several processes. */
-static void futex_wait(uint32_t *addr, uint32_t val, int64_t ns)
+void sfab_futex_wait(uint32_t *addr, uint32_t val, int64_t ns)
 {
 	struct timespec ts = {.tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll};
 	syscall(SYS_futex, addr, FUTEX_WAIT, val, ns >= 0 ? &ts : NULL, NULL, 0);
 }
-static int futex_wake(uint32_t *addr) { return (int)syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+int sfab_futex_wake(uint32_t *addr) { return (int)syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
 
-/* try_lock takes flock(how|LOCK_NB): 1 taken, 0 held elsewhere, -errno. */
-static int try_lock(int fd, int how)
+/* sfab_try_lock takes flock(how|LOCK_NB): 1 taken, 0 held elsewhere,
+ * -errno. */
+int sfab_try_lock(int fd, int how)
 {
 	for (;;) {
 		if (flock(fd, how | LOCK_NB) == 0)
@@ -99,15 +64,7 @@ static int try_lock(int fd, int how)
 	}
 }
 
-static int same_file(int fd, const char *path)
-{
-	struct stat a, b;
-	if (fstat(fd, &a) != 0 || stat(path, &b) != 0)
-		return 0;
-	return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
-
-static int create_file(const char *path, size_t size)
+int sfab_create_file(const char *path, size_t size)
 {
 	int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
@@ -121,146 +78,43 @@ static int create_file(const char *path, size_t size)
 	return fd;
 }
 
-static void *map_fd(int fd, size_t size)
+void *sfab_map_fd(int fd, size_t size)
 {
 	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	return p == MAP_FAILED ? NULL : p;
 }
 
-static int64_t file_size(int fd)
+int64_t sfab_file_size(int fd)
 {
 	struct stat st;
 	return fstat(fd, &st) == 0 ? (int64_t)st.st_size : -1;
 }
 
-static int pow2_in(uint32_t v, uint32_t lo, uint32_t hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
-
-/* ---- types ------------------------------------------------------------- */
-
-/* vmap is a mapping of one VPID file: ours, or a producer's view of a
- * peer's. Geometry fields are validated copies, never re-read. */
-struct vmap {
-	uint8_t *b;
-	size_t size;
-	uint32_t slots, depth;
-	int bell;   /* wait mode SHMFAB_WAIT_BELL */
-	int bellfd; /* producer: opened on first ring (-1); owner: its own */
-	int spacefd; /* owner: its space bell, rung for parked senders (-1: none, and producers' views) */
-	char bellpath[PATHLEN + 8];
-};
-
-struct rregion {
-	uint32_t idx, gen;
-	uint64_t size;
-	uint8_t *b;
-};
-
-struct peer {
-	int used, self, down;
-	uint16_t id;
-	uint64_t inc;
-	int fd; /* node file, for the flock probe (-1: self) */
-	uint8_t *b;
-	struct vmap *v[256];
-	struct rregion rr[RR_CACHE];
-	int rrnext;
-};
-
-struct lregion {
-	int used;
-	uint32_t gen;
-	uint8_t owner;
-	uint64_t size;
-	uint8_t *b;
-	char path[PATHLEN];
-};
-
-struct consumer {
-	uint64_t head, stuck_pos;
-	int64_t stuck_since; /* 0: not stuck */
-};
-
-struct shmfab_ep {
-	shmfab_node *n;
-	uint8_t vpid;
-	int fd;
-	struct vmap v;
-	char path[PATHLEN];
-	struct consumer rc, nc;
-};
-
-struct shmfab_node {
-	char dir[256];
-	char fab[65];
-	uint16_t node;
-	uint64_t inc;
-	int slot;
-	uint64_t secret[2];
-	unsigned base, count;
-	int fabfd, nodefd, afd;
-	uint8_t *nb;
-	char apath[PATHLEN];
-	uint32_t reglo;
-	struct peer self;
-	struct peer peers[MAX_PEERS];
-	shmfab_ep *eps[256];
-	struct lregion regs[SHMFAB_LEASE_REGIONS];
-	uint32_t gens[SHMFAB_LEASE_REGIONS];
-	struct shmfab_stats st;
-};
-
 /* ---- names --------------------------------------------------------------- */
 
-static void inc_prefix(const shmfab_node *n, char *out, size_t len, uint16_t id, uint64_t inc, const char *rest)
+void sfab_inc_prefix(const shmfab_node *n, char *out, size_t len, uint16_t id, uint64_t inc, const char *rest)
 {
 	snprintf(out, len, "%s/exn-%s-n%u.%016llx-%s", n->dir, n->fab, id, (unsigned long long)inc, rest);
 }
-static void vpid_path(const shmfab_node *n, char *out, uint16_t id, uint64_t inc, unsigned v)
+void sfab_vpid_path(const shmfab_node *n, char *out, uint16_t id, uint64_t inc, unsigned v)
 {
 	char r[16];
 	snprintf(r, sizeof r, "v%u", v);
-	inc_prefix(n, out, PATHLEN, id, inc, r);
+	sfab_inc_prefix(n, out, PATHLEN, id, inc, r);
 }
-static void region_path(const shmfab_node *n, char *out, uint16_t id, uint64_t inc, uint32_t idx, uint32_t gen)
+void sfab_region_path(const shmfab_node *n, char *out, uint16_t id, uint64_t inc, uint32_t idx, uint32_t gen)
 {
 	char r[32];
 	snprintf(r, sizeof r, "r%u.%u", idx, gen);
-	inc_prefix(n, out, PATHLEN, id, inc, r);
+	sfab_inc_prefix(n, out, PATHLEN, id, inc, r);
 }
-static void node_path(const shmfab_node *n, char *out, uint16_t id)
+void sfab_node_path(const shmfab_node *n, char *out, uint16_t id)
 {
 	snprintf(out, PATHLEN, "%s/exn-%s-n%u", n->dir, n->fab, id);
 }
 
-/* ---- lease view -------------------------------------------------------------- */
+/* ---- VPID header -------------------------------------------------------------- */
 
-static uint8_t *lease(shmfab_node *n) { return n->nb + SHMFAB_N_OFF_LEASES + (size_t)n->slot * SHMFAB_LEASE_SIZE; }
-
-static int lease_ours(shmfab_node *n)
-{
-	uint8_t *l = lease(n);
-	uint64_t a = ld64(w64(l, SHMFAB_L_OFF_SECRET)) ^ n->secret[0];
-	uint64_t b = ld64(w64(l, SHMFAB_L_OFF_SECRET + 8)) ^ n->secret[1];
-	return ld32(w32(l, SHMFAB_L_OFF_STATE)) == SHMFAB_LEASE_GRANTED && (a | b) == 0;
-}
-
-/* ---- VPID file geometry -------------------------------------------------------- */
-
-static size_t vpid_file_size(uint32_t slots, uint32_t depth)
-{
-	return SHMFAB_V_OFF_MAILBOX + (size_t)slots * SHMFAB_SLOT_SIZE + (size_t)depth * SHMFAB_NOTIFY_ENTRY;
-}
-
-static inline uint64_t *slot_word(struct vmap *v, uint64_t pos)
-{
-	return w64(v->b, SHMFAB_V_OFF_MAILBOX + (size_t)(pos & (v->slots - 1)) * SHMFAB_SLOT_SIZE);
-}
-static inline uint8_t *slot_data(struct vmap *v, uint64_t pos) { return (uint8_t *)slot_word(v, pos) + 8; }
-static inline uint8_t *nentry(struct vmap *v, uint64_t pos)
-{
-	return v->b + SHMFAB_V_OFF_MAILBOX + (size_t)v->slots * SHMFAB_SLOT_SIZE +
-	       (size_t)(pos & (v->depth - 1)) * SHMFAB_NOTIFY_ENTRY;
-}
 
 /* decode_vpid_header validates a VPID header (hb: a private copy) for
  * file size `size`, promising to be (node, vpid). */
@@ -301,7 +155,7 @@ static void vmap_release(struct vmap *v)
 
 /* ---- peers --------------------------------------------------------------------- */
 
-static void peer_drop(struct peer *p)
+void sfab_peer_drop(struct peer *p)
 {
 	for (int i = 0; i < 256; i++) {
 		vmap_release(p->v[i]);
@@ -322,34 +176,34 @@ static void peer_drop(struct peer *p)
 	}
 }
 
-/* probe_dead: 1 if the node file's lock can be taken (its owner is dead;
+/* sfab_probe_dead: 1 if the node file's lock can be taken (its owner is dead;
  * the lock is dropped at once: a restarting node or a reclaiming peer
  * needs it), 0 otherwise. */
-static int probe_dead(int fd)
+int sfab_probe_dead(int fd)
 {
-	if (try_lock(fd, LOCK_EX) == 1) {
+	if (sfab_try_lock(fd, LOCK_EX) == 1) {
 		flock(fd, LOCK_UN);
 		return 1;
 	}
 	return 0;
 }
 
-/* peer_up: the peer's lock is held and its state says alive; marks it
+/* sfab_peer_up: the peer's lock is held and its state says alive; marks it
  * down otherwise. */
-static int peer_up(shmfab_node *n, struct peer *p, int probe)
+int sfab_peer_up(shmfab_node *n, struct peer *p, int probe)
 {
 	if (p->self)
 		return shmfab_owner_alive(n) == 0;
 	if (p->down)
 		return 0;
-	if (ld32(w32(p->b, SHMFAB_N_OFF_STATE)) != SHMFAB_NODE_ALIVE || (probe && probe_dead(p->fd))) {
+	if (ld32(w32(p->b, SHMFAB_N_OFF_STATE)) != SHMFAB_NODE_ALIVE || (probe && sfab_probe_dead(p->fd))) {
 		p->down = 1;
 		return 0;
 	}
 	return 1;
 }
 
-static int decode_node_header(const uint8_t *b, uint16_t want, uint64_t *inc, uint32_t *state, uint32_t *pid)
+int sfab_decode_node_header(const uint8_t *b, uint16_t want, uint64_t *inc, uint32_t *state, uint32_t *pid)
 {
 	uint64_t magic, i;
 	uint32_t ver, node, s, pd;
@@ -370,9 +224,9 @@ static int decode_node_header(const uint8_t *b, uint16_t want, uint64_t *inc, ui
 	return 0;
 }
 
-/* get_peer returns node id's peer if it is up, discovering it (opening
+/* sfab_get_peer returns node id's peer if it is up, discovering it (opening
  * and validating its node file) if need be. */
-static int get_peer(shmfab_node *n, uint16_t id, struct peer **out)
+int sfab_get_peer(shmfab_node *n, uint16_t id, struct peer **out)
 {
 	if (id == n->node) {
 		*out = &n->self;
@@ -389,31 +243,31 @@ static int get_peer(shmfab_node *n, uint16_t id, struct peer **out)
 		}
 		if (p->id != id)
 			continue;
-		if (peer_up(n, p, 0)) {
+		if (sfab_peer_up(n, p, 0)) {
 			*out = p;
 			return 0;
 		}
-		peer_drop(p);
+		sfab_peer_drop(p);
 		p->used = 0;
 		gone = 1;
 		if (!free_slot)
 			free_slot = p;
 	}
 	char path[PATHLEN];
-	node_path(n, path, id);
+	sfab_node_path(n, path, id);
 	int fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return errno == ENOENT ? (gone ? -EHOSTDOWN : -ENOENT) : -errno;
-	if (probe_dead(fd)) {
+	if (sfab_probe_dead(fd)) {
 		close(fd);
 		return -EHOSTDOWN;
 	}
-	if (file_size(fd) < (int64_t)SHMFAB_NODE_FILE_SIZE) {
+	if (sfab_file_size(fd) < (int64_t)SHMFAB_NODE_FILE_SIZE) {
 		close(fd);
 		n->st.corrupt++;
 		return -EINVAL;
 	}
-	uint8_t *b = map_fd(fd, SHMFAB_NODE_FILE_SIZE);
+	uint8_t *b = sfab_map_fd(fd, SHMFAB_NODE_FILE_SIZE);
 	if (!b) {
 		int e = -errno;
 		close(fd);
@@ -421,7 +275,7 @@ static int get_peer(shmfab_node *n, uint16_t id, struct peer **out)
 	}
 	uint64_t inc;
 	uint32_t state;
-	int err = decode_node_header(b, id, &inc, &state, NULL);
+	int err = sfab_decode_node_header(b, id, &inc, &state, NULL);
 	if (err == 0 && state != SHMFAB_NODE_ALIVE)
 		err = -EHOSTDOWN;
 	if (err == 0 && !free_slot)
@@ -443,9 +297,9 @@ static int get_peer(shmfab_node *n, uint16_t id, struct peer **out)
 	return 0;
 }
 
-/* get_vmap returns p's cached mapping of VPID v's file, opening and
+/* sfab_get_vmap returns p's cached mapping of VPID v's file, opening and
  * validating it if it is not cached or was closed. */
-static int get_vmap(shmfab_node *n, struct peer *p, unsigned v, struct vmap **out)
+int sfab_get_vmap(shmfab_node *n, struct peer *p, unsigned v, struct vmap **out)
 {
 	struct vmap *c = p->v[v];
 	if (c) {
@@ -457,14 +311,14 @@ static int get_vmap(shmfab_node *n, struct peer *p, unsigned v, struct vmap **ou
 		p->v[v] = NULL;
 	}
 	char path[PATHLEN];
-	vpid_path(n, path, p->id, p->inc, v);
+	sfab_vpid_path(n, path, p->id, p->inc, v);
 	int fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
 		if (errno == ENOENT)
-			return peer_up(n, p, 1) ? -ENOENT : -EHOSTDOWN;
+			return sfab_peer_up(n, p, 1) ? -ENOENT : -EHOSTDOWN;
 		return -errno;
 	}
-	int64_t size = file_size(fd);
+	int64_t size = sfab_file_size(fd);
 	uint8_t hb[SHMFAB_V_OFF_MAILBOX];
 	if (size < SHMFAB_V_OFF_MAILBOX || pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb) {
 		close(fd);
@@ -485,7 +339,7 @@ static int get_vmap(shmfab_node *n, struct peer *p, unsigned v, struct vmap **ou
 		n->st.corrupt++;
 		return err;
 	}
-	c->b = map_fd(fd, c->size);
+	c->b = sfab_map_fd(fd, c->size);
 	err = -errno;
 	close(fd);
 	if (!c->b) {
@@ -500,14 +354,8 @@ static int get_vmap(shmfab_node *n, struct peer *p, unsigned v, struct vmap **ou
 
 /* ---- rings ---------------------------------------------------------------------- */
 
-static inline uint64_t seq23(uint64_t p) { return p & SHMFAB_SEQ_MASK; }
-static inline int32_t seq_diff(uint64_t a, uint64_t b)
-{
-	return (int32_t)((uint32_t)((a - b) & SHMFAB_SEQ_MASK) << 9) >> 9;
-}
-
-/* push tries once to put a message into v's mailbox; 0 if it is full. */
-static int push(struct vmap *v, uint64_t desc, uint16_t src, const void *p, size_t len)
+/* sfab_push tries once to put a message into v's mailbox; 0 if it is full. */
+int sfab_push(struct vmap *v, uint64_t desc, uint16_t src, const void *p, size_t len)
 {
 	uint64_t *tail = w64(v->b, SHMFAB_V_OFF_TAIL);
 	for (int try = 0; try < CLAIM_RETRIES; try++) {
@@ -528,9 +376,9 @@ static int push(struct vmap *v, uint64_t desc, uint16_t src, const void *p, size
 	return 0;
 }
 
-/* ring_fifo writes one byte to a bell FIFO: 0, also when it is full (a
+/* sfab_ring_fifo writes one byte to a bell FIFO: 0, also when it is full (a
  * ring is pending), or -1. */
-static int ring_fifo(int fd)
+int sfab_ring_fifo(int fd)
 {
 	uint8_t one = 1;
 	ssize_t r;
@@ -540,13 +388,13 @@ static int ring_fifo(int fd)
 	return r == 1 || (r < 0 && errno == EAGAIN) ? 0 : -1;
 }
 
-/* ring_doorbell wakes v's consumer if it announced sleep (see
+/* sfab_ring_doorbell wakes v's consumer if it announced sleep (see
  * docs/shm-abi.md "Wake-up protocol"). */
-static void ring_doorbell(shmfab_node *n, struct vmap *v)
+void sfab_ring_doorbell(shmfab_node *n, struct vmap *v)
 {
 	if (ld32(w32(v->b, SHMFAB_V_OFF_SLEEPERS)) != 0) {
 		add32(w32(v->b, SHMFAB_V_OFF_DOORBELL), 1);
-		futex_wake(w32(v->b, SHMFAB_V_OFF_DOORBELL));
+		sfab_futex_wake(w32(v->b, SHMFAB_V_OFF_DOORBELL));
 		n->st.futex_wakes++;
 	}
 	if (!v->bell || ld32(w32(v->b, SHMFAB_V_OFF_BELLW)) == 0)
@@ -563,7 +411,7 @@ static void ring_doorbell(shmfab_node *n, struct vmap *v)
 		}
 		v->bellfd = fd;
 	}
-	if (v->bellfd >= 0 && ring_fifo(v->bellfd) == 0) {
+	if (v->bellfd >= 0 && sfab_ring_fifo(v->bellfd) == 0) {
 		n->st.bell_rings++;
 		return;
 	}
@@ -574,16 +422,16 @@ static void ring_doorbell(shmfab_node *n, struct vmap *v)
 /* After freeing slots: wake senders on the space futex (C senders, Go
  * senders without a space bell) and, the first time since a parked sender
  * cleared spaceRung, those parked on the space bell (docs/shm-abi.md). */
-static void wake_senders(struct vmap *v)
+void sfab_wake_senders(struct vmap *v)
 {
 	if (ld32(w32(v->b, SHMFAB_V_OFF_SPACEW)) == 0)
 		return;
 	add32(w32(v->b, SHMFAB_V_OFF_SPACE), 1);
-	futex_wake(w32(v->b, SHMFAB_V_OFF_SPACE));
+	sfab_futex_wake(w32(v->b, SHMFAB_V_OFF_SPACE));
 	uint32_t *rung = w32(v->b, SHMFAB_V_OFF_SPACERUNG);
 	if (v->spacefd < 0 || ld32(rung) != 0 || xchg32(rung, 1) != 0)
 		return;
-	if (ring_fifo(v->spacefd) < 0)
+	if (sfab_ring_fifo(v->spacefd) < 0)
 		st32(rung, 0);
 }
 
@@ -616,9 +464,10 @@ int shmfab_decode_note(const uint8_t body[16], struct shmfab_note *out)
 	return 0;
 }
 
-/* push_note appends one notification; a full queue counts the overflow in
- * the queue's header and drops it (the RMA unit never blocks). */
-static int push_note(struct vmap *v, const struct shmfab_note *nt, uint16_t src)
+/* sfab_push_note appends one notification; a full queue counts the
+ * overflow in the queue's header and drops it (the RMA unit never
+ * blocks). */
+int sfab_push_note(struct vmap *v, const struct shmfab_note *nt, uint16_t src)
 {
 	uint64_t *ntail = w64(v->b, SHMFAB_V_OFF_NTAIL);
 	for (int try = 0; try < CLAIM_RETRIES; try++) {
@@ -643,18 +492,18 @@ static int push_note(struct vmap *v, const struct shmfab_note *nt, uint16_t src)
 	return 0;
 }
 
-/* orphaned: skip the claimed, unpublished position pos? At once if the
+/* sfab_orphaned: skip the claimed, unpublished position pos? At once if the
  * claimer (known) is probed dead, else after SHMFAB_ORPHAN_NS. */
-static int orphaned(shmfab_node *n, struct consumer *c, uint64_t pos, int known, uint16_t claimer)
+int sfab_orphaned(shmfab_node *n, struct consumer *c, uint64_t pos, int known, uint16_t claimer)
 {
 	if (known && claimer != n->node) {
 		for (int i = 0; i < MAX_PEERS; i++) {
 			struct peer *p = &n->peers[i];
-			if (p->used && p->id == claimer && !peer_up(n, p, 1))
+			if (p->used && p->id == claimer && !sfab_peer_up(n, p, 1))
 				return 1;
 		}
 	}
-	int64_t now = now_ns();
+	int64_t now = sfab_now_ns();
 	if (c->stuck_pos != pos || c->stuck_since == 0) {
 		c->stuck_pos = pos;
 		c->stuck_since = now;
@@ -662,7 +511,3 @@ static int orphaned(shmfab_node *n, struct consumer *c, uint64_t pos, int known,
 	}
 	return now - c->stuck_since >= SHMFAB_ORPHAN_NS;
 }
-
-/* The API: attach and detach, then endpoints, their data path and RMA. */
-#include "shmfab_attach.c"
-#include "shmfab_ep.c"

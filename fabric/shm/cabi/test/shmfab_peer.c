@@ -1,6 +1,7 @@
 /*
  * shmfab_peer: the C endpoint of fabric/shm/cabi_test.go. It runs one
- * command per stdin line against shim/shmfab.c and answers one line on
+ * command per stdin line against the C client in fabric/shm/cabi/
+ * (shmfab.c, shmfab_attach.c, shmfab_ep.c) and answers one line on
  * stdout ("ok ...", "err <negative errno>", or a result line). Besides
  * the library's API it writes forged words into a peer's VPID file the
  * way a buggy or hostile process could, using only the ABI constants of

@@ -1,10 +1,43 @@
 /*
- * shmfab_ep.c: endpoints on an attached node (docs/shm-abi.md):
- * shmfab_open and shmfab_close, the data path (shmfab_send, shmfab_recv,
- * shmfab_poll, shmfab_ready, shmfab_wait), and regions and RMA
- * (shmfab_register, shmfab_deregister, shmfab_post). #included by
- * shmfab.c after shmfab_attach.c.
+ * shmfab_ep.c: endpoints on an attached node (docs/shm-abi.md). This unit
+ * owns shmfab_open and shmfab_close, the data path (shmfab_send,
+ * shmfab_recv, shmfab_poll, shmfab_ready, shmfab_wait), and regions and
+ * RMA (shmfab_register, shmfab_deregister, shmfab_post, and the lease
+ * region release detach shares). Peers and the ring protocol come from
+ * shmfab.c (shmfab_internal.h).
+ *
+ * Stages, per call:
+ *   send:  target lookup (peer node file, cached VPID file mapping,
+ *          header validated) -> claim (CAS tail) -> mark -> fill ->
+ *          publish (status word last) -> doorbell (futex wake if
+ *          sleepers, one FIFO byte if bellW and we win rung 0->1).
+ *          Full ring: poll SHMFAB_SPIN_NS, then futex slices
+ *          on the target's space word with liveness checks between.
+ *   recv/poll: consume from head, classify every status word, free
+ *          slots (status last), wake blocked senders once per batch.
+ *   wait:  spin SHMFAB_SPIN_NS, then clear rung, bellW++, re-check,
+ *          ppoll() the doorbell FIFO, drain, bellW--.
+ *   post:  local region check (our table) -> peer region entry read as a
+ *          seqlock (the only size trusted) -> region file of exactly that
+ *          generation mapped (cached) -> entry re-checked -> one memmove
+ *          -> notifications (Table 3.1) with the publish-last protocol.
  */
+#define _GNU_SOURCE
+#include "shmfab_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_DEPTH 4096u
 
 /* ---- endpoints ---------------------------------------------------------------------- */
 
@@ -30,7 +63,7 @@ int shmfab_open(shmfab_node *n, unsigned v, unsigned slots, shmfab_ep **out)
 	e->fd = -1;
 	e->v.bellfd = -1;
 	e->v.spacefd = -1;
-	vpid_path(n, e->path, n->node, n->inc, v);
+	sfab_vpid_path(n, e->path, n->node, n->inc, v);
 	char tmp[PATHLEN + 16], tmpbell[PATHLEN + 16], tmpspace[PATHLEN + 16], space[PATHLEN + 16];
 	snprintf(tmp, sizeof tmp, "%s.tmp", e->path);
 	snprintf(tmpbell, sizeof tmpbell, "%s.tmp.bell", e->path);
@@ -38,12 +71,12 @@ int shmfab_open(shmfab_node *n, unsigned v, unsigned slots, shmfab_ep **out)
 	snprintf(space, sizeof space, "%s.space", e->path);
 	snprintf(e->v.bellpath, sizeof e->v.bellpath, "%s.bell", e->path);
 	size_t size = vpid_file_size(slots, DEFAULT_DEPTH);
-	int err = 0, fd = create_file(tmp, size);
+	int err = 0, fd = sfab_create_file(tmp, size);
 	if (fd < 0) {
 		free(e);
 		return fd == -EEXIST ? -EADDRINUSE : fd;
 	}
-	if (try_lock(fd, LOCK_EX) != 1 || !(e->v.b = map_fd(fd, size))) {
+	if (sfab_try_lock(fd, LOCK_EX) != 1 || !(e->v.b = sfab_map_fd(fd, size))) {
 		err = -EADDRINUSE;
 		goto fail;
 	}
@@ -128,12 +161,12 @@ void shmfab_close(shmfab_ep *e)
 	uint8_t *b = e->v.b;
 	st32(w32(b, SHMFAB_V_OFF_STATE), SHMFAB_VPID_CLOSED);
 	add32(w32(b, SHMFAB_V_OFF_SPACE), 1);
-	futex_wake(w32(b, SHMFAB_V_OFF_SPACE));
+	sfab_futex_wake(w32(b, SHMFAB_V_OFF_SPACE));
 	if (e->v.spacefd >= 0)
-		ring_fifo(e->v.spacefd); /* senders parked on the space bell see the state */
+		sfab_ring_fifo(e->v.spacefd); /* senders parked on the space bell see the state */
 	for (uint32_t i = 0; i < SHMFAB_LEASE_REGIONS; i++)
 		if (n->regs[i].used && n->regs[i].owner == e->vpid)
-			drop_region(n, i);
+			sfab_drop_region(n, i);
 	unlink(e->path);
 	if (e->v.bell)
 		unlink(e->v.bellpath);
@@ -163,49 +196,49 @@ int shmfab_send(shmfab_ep *e, uint16_t node, unsigned vpid, uint8_t tag, const v
 	}
 	struct peer *pr;
 	struct vmap *v;
-	int err = get_peer(n, node, &pr);
+	int err = sfab_get_peer(n, node, &pr);
 	if (!err)
-		err = get_vmap(n, pr, vpid, &v);
+		err = sfab_get_vmap(n, pr, vpid, &v);
 	if (err) {
 		if (err == -EHOSTDOWN)
 			n->st.peer_down++;
 		return err;
 	}
 	uint64_t desc = (uint64_t)n->node | (uint64_t)e->vpid << 16 | (uint64_t)tag << 24 | (uint64_t)len << 32;
-	if (push(v, desc, n->node, p, len))
+	if (sfab_push(v, desc, n->node, p, len))
 		goto sent;
 	n->st.send_blocked++;
-	ring_doorbell(n, v); /* the consumer may be asleep with a full ring */
-	for (int64_t t0 = now_ns(); now_ns() - t0 < SHMFAB_SPIN_NS;) {
-		if (push(v, desc, n->node, p, len))
+	sfab_ring_doorbell(n, v); /* the consumer may be asleep with a full ring */
+	for (int64_t t0 = sfab_now_ns(); sfab_now_ns() - t0 < SHMFAB_SPIN_NS;) {
+		if (sfab_push(v, desc, n->node, p, len))
 			goto sent;
 	}
-	int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ns() + (int64_t)timeout_ms * 1000000;
+	int64_t deadline = timeout_ms < 0 ? INT64_MAX : sfab_now_ns() + (int64_t)timeout_ms * 1000000;
 	uint32_t *space = w32(v->b, SHMFAB_V_OFF_SPACE), *spacew = w32(v->b, SHMFAB_V_OFF_SPACEW);
 	for (;;) {
-		if (!peer_up(n, pr, 1)) {
+		if (!sfab_peer_up(n, pr, 1)) {
 			n->st.peer_down++;
 			return -EHOSTDOWN;
 		}
 		if (ld32(w32(v->b, SHMFAB_V_OFF_STATE)) != SHMFAB_VPID_OPEN)
 			return -ENOENT;
-		int64_t left = deadline - now_ns();
+		int64_t left = deadline - sfab_now_ns();
 		if (left <= 0)
 			return -ETIMEDOUT;
 		add32(spacew, 1);
 		uint32_t s = ld32(space);
-		if (push(v, desc, n->node, p, len)) {
+		if (sfab_push(v, desc, n->node, p, len)) {
 			add32(spacew, (uint32_t)-1);
 			goto sent;
 		}
-		ring_doorbell(n, v);
-		futex_wait(space, s, left < SHMFAB_SEND_SLICE_NS ? left : SHMFAB_SEND_SLICE_NS);
+		sfab_ring_doorbell(n, v);
+		sfab_futex_wait(space, s, left < SHMFAB_SEND_SLICE_NS ? left : SHMFAB_SEND_SLICE_NS);
 		add32(spacew, (uint32_t)-1);
-		if (push(v, desc, n->node, p, len))
+		if (sfab_push(v, desc, n->node, p, len))
 			goto sent;
 	}
 sent:
-	ring_doorbell(n, v);
+	sfab_ring_doorbell(n, v);
 	n->st.velo_sent++;
 	return 0;
 }
@@ -239,7 +272,7 @@ int shmfab_recv(shmfab_ep *e, struct shmfab_msg *msgs, int max)
 			/* free or claimed: empty, or a producer still filling it */
 			if (ld64(tail) <= head)
 				break;
-			if (!orphaned(n, &e->rc, head, low != 0, (uint16_t)low))
+			if (!sfab_orphaned(n, &e->rc, head, low != 0, (uint16_t)low))
 				break;
 			n->st.corrupt++; /* its producer never published it */
 		} else { /* no legal state for head */
@@ -255,7 +288,7 @@ int shmfab_recv(shmfab_ep *e, struct shmfab_msg *msgs, int max)
 	}
 	if (freed) {
 		e->rc.head = head;
-		wake_senders(v);
+		sfab_wake_senders(v);
 	}
 	n->st.velo_recv += (uint64_t)got;
 	return got;
@@ -282,7 +315,7 @@ int shmfab_poll(shmfab_ep *e, struct shmfab_note *ns, int max)
 		} else if (s == head && c <= (1u << 16)) {
 			if (ld64(ntail) <= head)
 				break;
-			if (!orphaned(n, &e->nc, head, c != 0, (uint16_t)(c - 1)))
+			if (!sfab_orphaned(n, &e->nc, head, c != 0, (uint16_t)(c - 1)))
 				break;
 			n->st.corrupt++;
 		} else {
@@ -321,19 +354,19 @@ int shmfab_wait(shmfab_ep *e, int timeout_ms)
 {
 	shmfab_node *n = e->n;
 	struct vmap *v = &e->v;
-	int64_t start = now_ns();
+	int64_t start = sfab_now_ns();
 	for (int i = 1;; i++) {
 		if (shmfab_ready(e))
 			return 0;
 		if (i % 64 == 0) {
-			int64_t spun = now_ns() - start;
+			int64_t spun = sfab_now_ns() - start;
 			if (spun > SHMFAB_SPIN_NS || (timeout_ms >= 0 && spun >= (int64_t)timeout_ms * 1000000))
 				break;
 		}
 	}
 	int64_t deadline = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;
 	for (;;) {
-		int64_t left = deadline - now_ns();
+		int64_t left = deadline - sfab_now_ns();
 		if (left <= 0)
 			return shmfab_ready(e) ? 0 : -ETIMEDOUT;
 		if (v->bell) {
@@ -360,7 +393,7 @@ int shmfab_wait(shmfab_ep *e, int timeout_ms)
 				return 0;
 			}
 			n->st.futex_sleeps++;
-			futex_wait(db, s, timeout_ms < 0 ? -1 : left);
+			sfab_futex_wait(db, s, timeout_ms < 0 ? -1 : left);
 			add32(w32(v->b, SHMFAB_V_OFF_SLEEPERS), (uint32_t)-1);
 		}
 		if (shmfab_ready(e))
@@ -373,6 +406,17 @@ int shmfab_wait(shmfab_ep *e, int timeout_ms)
 static inline uint64_t *entry_w0(uint8_t *nb, uint32_t idx)
 {
 	return w64(nb, SHMFAB_N_OFF_REGIONS + (size_t)(idx - 1) * SHMFAB_REGION_ENTRY);
+}
+
+/* sfab_drop_region releases lease region i: its table entry (the
+ * generation kept, not valid), its file and its mapping. */
+void sfab_drop_region(shmfab_node *n, uint32_t i)
+{
+	struct lregion *r = &n->regs[i];
+	st64(entry_w0(n->nb, n->reglo + i), (uint64_t)r->gen << 32);
+	unlink(r->path);
+	munmap(r->b, r->size);
+	r->used = 0;
 }
 
 int shmfab_register(shmfab_ep *e, size_t size, uint64_t *nla, void **buf)
@@ -390,12 +434,12 @@ int shmfab_register(shmfab_ep *e, size_t size, uint64_t *nla, void **buf)
 	struct lregion *r = &n->regs[i];
 	uint32_t idx = n->reglo + i, gen = n->gens[i] + 1;
 	char path[PATHLEN];
-	region_path(n, path, n->node, n->inc, idx, gen);
+	sfab_region_path(n, path, n->node, n->inc, idx, gen);
 	memcpy(r->path, path, PATHLEN);
-	int fd = create_file(r->path, size);
+	int fd = sfab_create_file(r->path, size);
 	if (fd < 0)
 		return fd;
-	r->b = map_fd(fd, size);
+	r->b = sfab_map_fd(fd, size);
 	int err = -errno;
 	close(fd);
 	if (!r->b) {
@@ -425,7 +469,7 @@ int shmfab_deregister(shmfab_ep *e, uint64_t nla)
 		n->st.invalid++;
 		return -EINVAL;
 	}
-	drop_region(n, i);
+	sfab_drop_region(n, i);
 	return 0;
 }
 
@@ -452,7 +496,7 @@ static int remote_buf(shmfab_node *n, struct peer *p, uint8_t owner, uint64_t a,
 	uint32_t idx = (uint32_t)(a >> SHMFAB_NLA_OFFSET_BITS);
 	if (idx == 0 || idx > SHMFAB_MAX_TABLE_REGIONS)
 		return SHMFAB_NERR_ACCESS;
-	if (!p->self && !peer_up(n, p, 0))
+	if (!p->self && !sfab_peer_up(n, p, 0))
 		return SHMFAB_NERR_PEERDOWN;
 	uint64_t *w0p = entry_w0(p->b, idx);
 	uint64_t w0 = 0, size = 0;
@@ -490,16 +534,16 @@ static int remote_buf(shmfab_node *n, struct peer *p, uint8_t owner, uint64_t a,
 	}
 	if (!rr) {
 		char path[PATHLEN];
-		region_path(n, path, p->id, p->inc, idx, gen);
+		sfab_region_path(n, path, p->id, p->inc, idx, gen);
 		int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
 		if (fd < 0)
 			return SHMFAB_NERR_ACCESS;
-		if (file_size(fd) < (int64_t)size) {
+		if (sfab_file_size(fd) < (int64_t)size) {
 			close(fd);
 			n->st.corrupt++;
 			return SHMFAB_NERR_ACCESS;
 		}
-		uint8_t *b = map_fd(fd, size);
+		uint8_t *b = sfab_map_fd(fd, size);
 		close(fd);
 		if (!b)
 			return SHMFAB_NERR_ACCESS;
@@ -534,12 +578,12 @@ int shmfab_post(shmfab_ep *e, const struct shmfab_rma *r)
 	                         .len = r->len, .local = r->local};
 	struct peer *p;
 	uint8_t *rbuf = NULL;
-	int ne = get_peer(n, r->node, &p) ? SHMFAB_NERR_PEERDOWN : remote_buf(n, p, r->vpid, r->remote, r->len, &rbuf);
+	int ne = sfab_get_peer(n, r->node, &p) ? SHMFAB_NERR_PEERDOWN : remote_buf(n, p, r->vpid, r->remote, r->len, &rbuf);
 	if (ne != SHMFAB_NERR_NONE) {
 		nt.err = (uint8_t)ne;
 		n->st.rma_faults++;
-		push_note(&e->v, &nt, n->node);
-		ring_doorbell(n, &e->v);
+		sfab_push_note(&e->v, &nt, n->node);
+		sfab_ring_doorbell(n, &e->v);
 		return 0;
 	}
 	if (r->op == SHMFAB_OP_PUT)
@@ -554,24 +598,24 @@ int shmfab_post(shmfab_ep *e, const struct shmfab_rma *r)
 	else if (r->op == SHMFAB_OP_GET && (r->notify & SHMFAB_NOTIFY_RESPONDER))
 		peer_kind = SHMFAB_KIND_RESPONDER;
 	struct vmap *pv;
-	if (peer_kind && get_vmap(n, p, r->vpid, &pv) == 0) {
+	if (peer_kind && sfab_get_vmap(n, p, r->vpid, &pv) == 0) {
 		struct shmfab_note pn = {.kind = peer_kind, .op = r->op, .node = n->node, .vpid = e->vpid,
 		                         .len = r->len, .local = remote_last};
-		push_note(pv, &pn, n->node);
-		ring_doorbell(n, pv);
+		sfab_push_note(pv, &pn, n->node);
+		sfab_ring_doorbell(n, pv);
 	}
 	int own = 0;
 	nt.local = local_last;
 	if (r->notify & SHMFAB_NOTIFY_REQUESTER) {
-		push_note(&e->v, &nt, n->node);
+		sfab_push_note(&e->v, &nt, n->node);
 		own = 1;
 	}
 	if (r->op == SHMFAB_OP_GET && (r->notify & SHMFAB_NOTIFY_COMPLETER)) {
 		nt.kind = SHMFAB_KIND_COMPLETER;
-		push_note(&e->v, &nt, n->node);
+		sfab_push_note(&e->v, &nt, n->node);
 		own = 1;
 	}
 	if (own)
-		ring_doorbell(n, &e->v);
+		sfab_ring_doorbell(n, &e->v);
 	return 0;
 }
