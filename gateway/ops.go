@@ -111,7 +111,9 @@ func (d *Daemon) startControl() error {
 	for op, h := range d.extraFDHandlers {
 		s.HandleFD(op, h)
 	}
+	d.ctlStats.Store(s) // before Listen: every request sees its counters
 	if err := s.Listen(d.cfg.Control); err != nil {
+		d.ctlStats.Store(nil)
 		s.Close()
 		if d.cfg.controlIsDefault {
 			// Several nodes on one host (one per namespace) share the
@@ -376,8 +378,9 @@ func (d *Daemon) Ping(ctx context.Context, node fabric.NodeID, count int) (PingR
 
 // controlStats is the control server's counters (zero without one).
 func (d *Daemon) controlStats() control.ServerStats {
-	if d.ctl == nil {
+	ctl := d.ctlStats.Load()
+	if ctl == nil {
 		return control.ServerStats{Refused: map[string]uint64{}}
 	}
-	return d.ctl.Stats()
+	return ctl.Stats()
 }

@@ -1,9 +1,9 @@
 // Package tap opens and configures the exn0 TAP device and moves Ethernet
 // frames through it in batches.
 //
-// Device is the contract the EXT-Eth engine codes against; *TAP is the
-// Linux implementation and tap/taptest has an in-memory one. Both pass
-// taptest.RunContract.
+// Device is the contract the EXT-Eth engine's TAP pump (exn/taplink)
+// codes against; *TAP is the Linux implementation and tap/taptest has an
+// in-memory one. Both pass taptest.RunContract.
 //
 // # Opening
 //
@@ -34,14 +34,25 @@
 //
 // # Offloads
 //
-// Not implemented: IFF_VNET_HDR with TUNSETOFFLOAD (TSO4/6, CSUM). The
-// kernel would then hand exnd TCP segments of up to 64 KiB regardless of
-// MTU and skip checksums, the main win wireguard-go gets on Linux. With
-// exn's 65521 MTU most of that gain is already had by large frames; the
-// remaining cost is one syscall per frame each way plus kernel
-// checksumming. BenchmarkEcho (ICMP echo through the kernel, 2 vCPUs)
-// measured about 4.3 µs per 64-byte frame round trip in batches of 64
-// (5-7 µs unbatched) and 15-18 µs per 65 KB frame, about 4 GB/s each way.
-// VNET_HDR would also let
-// the MTU drop to 1500 for peers that need it without losing throughput.
+// With Config.Offload (exnd's --offload, on by default) Open sets
+// IFF_VNET_HDR (internal/sys.OpenTAPVnet) and asks TUNSETOFFLOAD for
+// checksum offload, TSO4/TSO6 with ECN, and USO4/USO6 where the kernel
+// has them (Linux 6.2; otherwise it retries without USO); Offloads reports
+// the TUN_F_* bits the kernel took. Every frame then travels behind a
+// 10-byte virtio-net header (VnetHdr, vnet.go): the kernel hands the
+// reader TCP and UDP super-frames of up to vnet.MaxGSOFrame bytes
+// regardless of the MTU, and frames whose checksum it left partial, and
+// takes the same on write. Such a TAP is an OffloadDevice: ReadVnet and
+// WriteVnet carry each frame's header, which exn/taplink passes to and
+// from the engine as exn.Offload (the same struct). Read and Write stay
+// plain on it: Read completes a partial checksum itself and drops a
+// super-frame (counted, GSODropped), Write sends complete frames. A header
+// that is short, or has flags or a GSO type this package does not know,
+// drops its frame (BadVnet).
+//
+// Without Offload the TAP is plain: one syscall per frame each way and
+// the kernel checksums everything. BenchmarkEcho (ICMP echo through the
+// kernel, 2 vCPUs) measured about 4.3 µs per 64-byte frame round trip in
+// batches of 64 (5-7 µs unbatched) and 15-18 µs per 65 KB frame, about
+// 4 GB/s each way.
 package tap

@@ -1,6 +1,9 @@
 // Package netstack is the userspace host side of the EXT-Eth engine: a
 // gVisor stack.LinkEndpoint that carries whole Ethernet frames between a
-// gVisor network stack and an exn.Engine, in place of the TAP.
+// gVisor network stack and an exn.Engine, in place of the TAP. Its
+// sibling exn/taplink is the TAP's host side; exnd's --netstack mode runs
+// taplink's pump over this endpoint (ReadFrames and DeliverFrames, through
+// the gateway's tap.Device adapter) instead of Start.
 //
 // An Endpoint is the inner, header-less link endpoint. Wrap it in gVisor's
 // Ethernet link (gvisor.dev/gvisor/pkg/tcpip/link/ethernet) before adding it

@@ -1,0 +1,5 @@
+//go:build race
+
+package taplink
+
+const raceEnabled = true
