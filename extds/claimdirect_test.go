@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/agree"
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/internal/sys"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -32,7 +34,7 @@ func acceptClaimDirect(t testing.TB, dev *Device, ln net.Listener, create func()
 		if r.tcp, r.err = ln.Accept(); r.err != nil {
 			return
 		}
-		key := TupleKey{Local: r.tcp.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: r.tcp.RemoteAddr().(*net.TCPAddr).AddrPort()}
+		key := tupleOf(r.tcp)
 		woke := make(chan struct{}, 1)
 		cl := dev.ClaimDirect(key, func() {
 			select {
@@ -53,17 +55,17 @@ func acceptClaimDirect(t testing.TB, dev *Device, ln net.Listener, create func()
 		defer cancel()
 		r.c, r.di, r.err = cl.AgreeDirect(ctx, r.tcp, create, nil)
 		if r.c == nil && r.di == nil && r.err == nil {
-			r.c, r.di, r.err = dev.AcceptShadowDirect(ctx, r.tcp, []byte(magicHello), create)
+			r.c, r.di, r.err = dev.AcceptShadowDirect(ctx, r.tcp, []byte(wire.MagicHello), create)
 		}
 	}()
 	return ch
 }
 
 // TestClaimDirect drives the direct agreement over the fabric
-// (claimdirect.go) through each of its outcomes, and checks that nothing
-// was ever written into the TCP connection unless the ordinary
-// handshake ran, and that the application's bytes pass intact when the
-// outcome is plain TCP.
+// (internal/agree/claimdirect.go) through each of its outcomes, and
+// checks that nothing was ever written into the TCP connection unless
+// the ordinary handshake ran, and that the application's bytes pass
+// intact when the outcome is plain TCP.
 func TestClaimDirect(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	errCreate := errors.New("no space")
@@ -129,8 +131,8 @@ func TestClaimDirect(t *testing.T) {
 				defer sr.tcp.Close()
 			}
 			if tc.noCommit {
-				if cerr != nil || cdi == nil || !errors.Is(sr.err, errNoCommit) {
-					t.Fatalf("client %+v, %v; server %v; want direct, and errNoCommit", cdi, cerr, sr.err)
+				if cerr != nil || cdi == nil || !errors.Is(sr.err, agree.ErrNoCommit) {
+					t.Fatalf("client %+v, %v; server %v; want direct, and agree.ErrNoCommit", cdi, cerr, sr.err)
 				}
 				return
 			}

@@ -78,6 +78,10 @@ const (
 	// DefaultShadowGrace: after the shadow TCP conn breaks, how long a
 	// connection waits for the fabric SHUTDOWN that normally precedes it.
 	DefaultShadowGrace = time.Second
+	// DefaultHandshakeTimeout is the default bound on the shadow
+	// handshake (WithHandshakeTimeout); an acceptor whose claim was
+	// agreed waits this long for the client's hello.
+	DefaultHandshakeTimeout = time.Second
 )
 
 // Attachment is what a Device needs from the fabric: fabric.NIC satisfies
@@ -196,6 +200,10 @@ func WithPeekTimeout(d time.Duration) Option { return func(c *config) { c.peekTO
 // WithProbeTimeout bounds the client's wait for the answer to a listener
 // probe (default DefaultProbeTimeout); no answer means no listener.
 func WithProbeTimeout(d time.Duration) Option { return func(c *config) { c.probeTO = d } }
+
+// WithClaimTimeout bounds the client's wait for the server's agreement
+// (default DefaultClaimTimeout).
+func WithClaimTimeout(dur time.Duration) Option { return func(c *config) { c.claimTO = dur } }
 
 // WithEagerOpen opens all 16 endpoints in NewDevice instead of on first use.
 func WithEagerOpen() Option { return func(c *config) { c.lazyOpen = false } }

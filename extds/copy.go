@@ -28,6 +28,8 @@ import (
 	"io"
 	"net"
 	"os"
+
+	"github.com/exn-project/exn/extds/internal/wire"
 )
 
 // readFromChunk is the most ReadFrom asks of one source Read: a chunk
@@ -117,7 +119,7 @@ func (c *Conn) readFromLocked(r io.Reader) (int64, error) {
 			}
 		} else {
 			n := uint32(k)
-			eager := k <= c.cfg.threshold && k <= sendBatch*fragData && n <= c.txEager
+			eager := k <= c.cfg.threshold && k <= sendBatch*wire.FragData && n <= c.txEager
 			if eager {
 				c.txEager -= n // the mirror space stays free
 			} else {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -50,8 +51,8 @@ func copySizes() (total int) {
 // directions; ReadFrom used both VELO (small reads) and the ring.
 func TestReadFromWriteToContent(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	for _, ring := range []int{DefaultRingSize, minRingSize} {
-		t.Run(map[int]string{DefaultRingSize: "default-ring", minRingSize: "min-ring"}[ring], func(t *testing.T) {
+	for _, ring := range []int{DefaultRingSize, wire.MinRingSize} {
+		t.Run(map[int]string{DefaultRingSize: "default-ring", wire.MinRingSize: "min-ring"}[ring], func(t *testing.T) {
 			p := newPair(t, WithRingSize(ring))
 			c, s := p.openConns(t)
 			for dir, ends := range [][2]*Conn{{c, s}, {s, c}} {

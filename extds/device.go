@@ -11,27 +11,30 @@ package extds
 //     for connSpinBudget before it parks (Conn.spinWaitLocked):
 //     vdev.poll, the same Recv + dispatch, under vdev.rxMu, which the rx
 //     loop holds for its polls too, so messages keep their order.
-//  2. demux (Device.dispatch): decode the payload (no allocation), find the
-//     connection by the receiver-assigned ID in Device.conns, check that the
-//     fabric-filled source is that connection's peer; notifications are
-//     matched by the region index of their local NLA (Device.regions).
+//  2. demux (Device.dispatch): decode the payload (no allocation), hand a
+//     message for the node itself to the Agent (agreement.go) or NOCONN's
+//     handler, find the connection by the receiver-assigned ID in
+//     Device.conns, check that the fabric-filled source is that
+//     connection's peer; notifications are matched by the region index
+//     of their local NLA (Device.regions).
 //  3. per-connection handling (Conn.onMsg / Conn.onNotify, under Conn.mu):
 //     queue a receive segment, return credits to the writer, wake readers or
 //     writers. The rx loop never blocks on a Send: anything it must say to a
 //     peer (a RESET after a protocol violation) goes to the control sender.
-//  4. control sender (Device.ctrlLoop, one goroutine): sends queued RESETs
-//     with a bounded timeout.
-//  5. housekeeping (Device.tickLoop, one goroutine): every tick it checks
-//     each peer node's liveness, and releases closed connections whose
-//     drain (linger in the background) has run out. With no connection
-//     it stops its ticker and sleeps until register adds one (connAdded),
-//     so an idle Device has no timer.
+//  4. control sender (Device.ctrlLoop, one goroutine): sends queued RESETs,
+//     NOCONNs and the Agent's answers with a bounded timeout.
+//  5. housekeeping (Device.tickLoop, one goroutine): every tick it sweeps
+//     the Agent's claims, checks each peer node's liveness, and releases
+//     closed connections whose drain (linger in the background) has run
+//     out. With no connection it stops its ticker and sleeps until
+//     register adds one (connAdded), so an idle Device has no timer.
 //
 // Locks: vdev.rxMu is taken with no Conn lock held (a spinning waiter
 // holds only its rmu or wmu, which no handler takes) and is held while
 // dispatching, i.e. while taking Conn.mu and Device.mu.
-// Device.mu guards conns, regions, vdevs and closed; it is never
-// held while calling into a Conn that takes Conn.mu (snapshot, then call).
+// Device.mu guards conns, regions, byPeer, nextID, vdevs and closed; it
+// is never held while calling into a Conn that takes Conn.mu (snapshot,
+// then call), nor into the Agent, which may take it (agreement.go).
 // Conn.mu guards one connection's protocol state (see conn.go). Order:
 // Conn.mu may be held while taking Device.mu (release), never the reverse.
 
@@ -45,12 +48,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/agree"
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
 // Device is one node's EXT-DS attachment: the 16 virtual-device endpoints
-// of the reserved VPID block, their rx loops, and the connection table.
-// Connections of every port share it. Close tears everything down.
+// of the reserved VPID block, their rx loops, and the connection table;
+// its Agent (internal/agree) does the out-of-band agreement with other
+// nodes. Connections of every port share it. Close tears everything down.
 type Device struct {
 	att   Attachment
 	cfg   config
@@ -70,19 +76,15 @@ type Device struct {
 	conns   map[uint32]*Conn
 	regions map[uint32]*Conn  // region index → owning conn (rings, sinks, buffers)
 	byPeer  map[peerKey]*Conn // (peer address, peer's conn ID) → conn, for NOCONN
-	ports   map[uint16]int    // registered listener ports → registrations
-	probes  map[uint32]*probeWait
 	nextID  uint32
-	nextTok uint32
 	closed  bool
 
 	noConnRL rateLimit
 
-	negMu sync.Mutex
-	neg   map[string]time.Time // address → until: no EXT-DS there
-	held  heldPeers            // server → until: on hold (hold.go)
-
-	claims claimTable // out-of-band agreement (claim.go)
+	// agree is the out-of-band agreement: claims, direct agreements,
+	// listener probes and ports, holds, the client's caches
+	// (agreement.go). Set once, before any rx loop runs.
+	agree *agree.Agent
 }
 
 type vdev struct {
@@ -97,17 +99,13 @@ type vdev struct {
 	rxMu  sync.Mutex
 	msgs  []fabric.Message
 	notes []fabric.Notification
-	m     msg
+	m     wire.Msg
 }
 
+// ctrlReq is a message for the control sender: ctl, from vdev vd (open).
 type ctrlReq struct {
-	vd     *vdev
-	peer   fabric.Addr
-	conn   uint32
-	tag    fabric.Tag
-	port   uint16 // PROBE_REPLY, CLAIM_REPLY
-	status uint8  // PROBE_REPLY, CLAIM_REPLY
-	reason uint8  // CLAIM_REPLY
+	vd  int
+	ctl wire.Ctl
 }
 
 // peerKey names a connection from its peer's side: the peer's endpoint
@@ -115,14 +113,6 @@ type ctrlReq struct {
 type peerKey struct {
 	addr fabric.Addr
 	id   uint32
-}
-
-// probeWait is one listener probe waiting for its answer.
-type probeWait struct {
-	vd   *vdev
-	peer fabric.Addr
-	port uint16
-	ch   chan bool // cap 1
 }
 
 // NewDevice attaches EXT-DS to a fabric NIC. Endpoints are opened on first
@@ -145,10 +135,10 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 		return nil, fmt.Errorf("extds: vpid block %d+%d exceeds 255", cfg.base, NumVDevs)
 	case cfg.base <= fabric.EthVPID:
 		return nil, fmt.Errorf("extds: vpid block overlaps EXT-Eth vpid %d", fabric.EthVPID)
-	case cfg.ringSize < minRingSize || cfg.ringSize > maxRingSize:
-		return nil, fmt.Errorf("extds: ring size %d not in %d..%d", cfg.ringSize, minRingSize, maxRingSize)
-	case cfg.eagerWin < minEagerWin || cfg.eagerWin > maxEagerWin:
-		return nil, fmt.Errorf("extds: eager window %d not in %d..%d", cfg.eagerWin, minEagerWin, maxEagerWin)
+	case cfg.ringSize < wire.MinRingSize || cfg.ringSize > wire.MaxRingSize:
+		return nil, fmt.Errorf("extds: ring size %d not in %d..%d", cfg.ringSize, wire.MinRingSize, wire.MaxRingSize)
+	case cfg.eagerWin < wire.MinEagerWin || cfg.eagerWin > wire.MaxEagerWin:
+		return nil, fmt.Errorf("extds: eager window %d not in %d..%d", cfg.eagerWin, wire.MinEagerWin, wire.MaxEagerWin)
 	case cfg.threshold < 0 || cfg.tick <= 0:
 		return nil, errors.New("extds: bad threshold or tick")
 	case cfg.probeTO <= 0:
@@ -161,12 +151,12 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 	}
 	d := &Device{
 		att: att, cfg: cfg, ctrlq: make(chan ctrlReq, ctrlQueue),
-		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn), neg: make(map[string]time.Time), held: make(heldPeers),
-		byPeer: make(map[peerKey]*Conn), ports: make(map[uint16]int), probes: make(map[uint32]*probeWait),
+		conns: make(map[uint32]*Conn), connAdded: make(chan struct{}, 1), regions: make(map[uint32]*Conn),
+		byPeer: make(map[peerKey]*Conn),
 	}
-	d.claims.init()
 	d.rlog.log = cfg.log
 	d.ctx, d.stop = context.WithCancel(context.Background())
+	d.agree = d.newAgent()
 	if !cfg.lazyOpen {
 		for i := 0; i < NumVDevs; i++ {
 			if _, err := d.vdev(i); err != nil {
@@ -185,7 +175,7 @@ func NewDevice(att Attachment, opts ...Option) (*Device, error) {
 func (d *Device) Node() fabric.NodeID { return d.att.Node() }
 
 // Stats returns a snapshot of the counters.
-func (d *Device) Stats() Stats { return d.ctr.snapshot() }
+func (d *Device) Stats() Stats { return d.ctr.snapshot(d.agree.Stats()) }
 
 // VPID returns the VPID serving port (equation 5.3).
 func (d *Device) VPID(port uint16) fabric.VPID { return d.cfg.base + fabric.VPID(port&0xF) }
@@ -267,20 +257,24 @@ func (d *Device) drop(r DropReason, args ...any) {
 }
 
 // dispatch decodes one VELO message and hands it to its connection.
-func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
-	if err := decodeMsg(fm.Tag, fm.Payload(), m); err != nil {
+func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *wire.Msg) {
+	if err := wire.Decode(fm.Tag, fm.Payload(), m); err != nil {
 		d.drop(DropMalformed, "from", fm.Peer, "tag", fm.Tag, "len", fm.Len, "err", err)
 		return
 	}
-	if h := nodeHandlers[m.tag]; h != nil {
-		h(d, v, fm.Peer, m)
+	switch {
+	case agree.Handles(m.Tag):
+		d.agree.Handle(v.idx, fm.Peer, m) // addressed to the node
+		return
+	case m.Tag == TagNoConn:
+		d.onNoConn(v, fm.Peer, m)
 		return
 	}
 	d.mu.RLock()
-	c := d.conns[m.conn]
+	c := d.conns[m.Conn]
 	d.mu.RUnlock()
 	if c == nil {
-		switch m.tag {
+		switch m.Tag {
 		case TagReset, TagRMAAvail, TagShutdown, TagZCDone:
 			// Late control for a connection already released: normal
 			// after a close, counted but not logged.
@@ -289,30 +283,43 @@ func (d *Device) dispatch(v *vdev, fm *fabric.Message, m *msg) {
 			// Data (or a ZCopy step) for a connection we do not know:
 			// tell the sender, or a writer waiting for credits from a
 			// connection released here would wait forever.
-			d.drop(DropUnknownConn, "from", fm.Peer, "conn", m.conn, "tag", m.tag)
-			d.noConn(v, fm.Peer, m.conn)
+			d.drop(DropUnknownConn, "from", fm.Peer, "conn", m.Conn, "tag", m.Tag)
+			d.noConn(v, fm.Peer, m.Conn)
 		}
 		return
 	}
 	if c.vd != v || !c.peerIs(fm.Peer) {
-		d.drop(DropPeerMismatch, "from", fm.Peer, "conn", m.conn, "tag", m.tag)
+		d.drop(DropPeerMismatch, "from", fm.Peer, "conn", m.Conn, "tag", m.Tag)
 		return
 	}
 	c.onMsg(m)
 }
 
-// nodeHandlers holds, by tag, the handler of a message addressed to the
-// Device rather than to a connection (probe.go, claim.go,
-// claimdirect.go); nil for every other tag. Method expressions: nothing
-// is allocated per message.
-var nodeHandlers = [256]func(*Device, *vdev, fabric.Addr, *msg){
-	TagProbe:       (*Device).onProbe,
-	TagProbeRep:    (*Device).onProbeReply,
-	TagClaim:       (*Device).onClaim,
-	TagClaimRep:    (*Device).onClaimReply,
-	TagClaimDirect: (*Device).onClaimDirect,
-	TagCommit:      (*Device).onCommit,
-	TagNoConn:      (*Device).onNoConn,
+// noConn answers data for the unknown connection ID id with NOCONN,
+// rate-limited.
+func (d *Device) noConn(v *vdev, peer fabric.Addr, id uint32) {
+	if !d.noConnRL.allow(noConnLimit) {
+		d.ctr.noConnLimit.Add(1)
+		return
+	}
+	d.sendCtl(v, peer, id, TagNoConn)
+}
+
+// onNoConn fails the connection whose peer (the source) no longer knows
+// the ID it was sent to. The ID is the peer's: look it up by (source,
+// peer ID), which only the real peer can match since the fabric fills in
+// the source.
+func (d *Device) onNoConn(v *vdev, from fabric.Addr, m *wire.Msg) {
+	d.mu.RLock()
+	c := d.byPeer[peerKey{from, m.Conn}]
+	d.mu.RUnlock()
+	if c == nil || c.vd != v {
+		// Both sides already released, or a forgery: counted, not logged.
+		d.ctr.drops[DropUnknownConn].Add(1)
+		return
+	}
+	d.ctr.resetsRecv.Add(1)
+	c.fail(fmt.Errorf("peer has no such connection: %w", errReset), false)
 }
 
 // notify hands an RMA notification to the conn owning its local region.
@@ -329,7 +336,7 @@ func (d *Device) notify(v *vdev, n *fabric.Notification) {
 
 // sendCtl queues a control message for the control sender.
 func (d *Device) sendCtl(v *vdev, peer fabric.Addr, conn uint32, tag fabric.Tag) {
-	d.queueCtl(ctrlReq{vd: v, peer: peer, conn: conn, tag: tag})
+	d.queueCtl(ctrlReq{vd: v.idx, ctl: wire.Ctl{Peer: peer, Conn: conn, Tag: tag}})
 }
 
 // queueCtl hands r to the control sender; it never blocks (a full queue
@@ -343,9 +350,10 @@ func (d *Device) queueCtl(r ctrlReq) {
 	}
 }
 
-// sendNow sends fm from v at once, on the caller's goroutine, bounded by
-// ctrlSendTimeout and ctx: a control message whose sender waits on its
-// effect (the control sender's queue is for the rx loop's answers).
+// sendNow sends fm from v at once, bounded by ctrlSendTimeout and ctx:
+// the control sender's Send. (The Agent's messages whose sender waits
+// on their effect are sent the same way, from its caller's goroutine,
+// with agree.Config.SendTimeout = ctrlSendTimeout.)
 func (v *vdev) sendNow(ctx context.Context, fm *[1]fabric.Message) error {
 	sctx, cancel := context.WithTimeout(ctx, ctrlSendTimeout)
 	defer cancel()
@@ -361,18 +369,12 @@ func (d *Device) ctrlLoop() {
 		case <-d.ctx.Done():
 			return
 		case r := <-d.ctrlq:
-			switch r.tag {
-			case TagProbeRep:
-				encProbe(&fm[0], r.peer, r.tag, r.conn, r.port, r.status)
-			case TagClaimRep:
-				encClaimRep(&fm[0], r.peer, r.conn, r.port, r.status, r.reason)
-			case TagCommit:
-				encCommit(&fm[0], r.peer, r.conn, r.port, r.status)
-			default:
-				encCtl(&fm[0], r.peer, r.tag, r.conn)
-			}
-			if err := r.vd.sendNow(d.ctx, &fm); err == nil {
-				switch r.tag {
+			d.mu.RLock()
+			vd := d.vdevs[r.vd]
+			d.mu.RUnlock()
+			r.ctl.Encode(&fm[0])
+			if err := vd.sendNow(d.ctx, &fm); err == nil {
+				switch r.ctl.Tag {
 				case TagReset:
 					d.ctr.resetsSent.Add(1)
 				case TagNoConn:
@@ -394,7 +396,7 @@ func (d *Device) tickLoop() {
 		case <-d.ctx.Done():
 			return
 		case now := <-t.C:
-			d.sweepClaims(now)
+			d.agree.Sweep(now)
 			snap = d.snapshot(snap[:0])
 			if len(snap) == 0 {
 				// Idle: no timer until a connection is registered.
@@ -455,7 +457,7 @@ func (d *Device) register(c *Conn) error {
 	if d.closed {
 		return net.ErrClosed
 	}
-	c.id = freeID(&d.nextID, d.conns)
+	c.id = agree.FreeID(&d.nextID, d.conns)
 	d.conns[c.id] = c
 	if len(d.conns) == 1 {
 		select {

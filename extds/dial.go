@@ -2,10 +2,11 @@ package extds
 
 // The client side: Dialer dials the shadow connection and turns it into
 // an EXT-DS Conn (handshake.go) or a TCP fallback (fallback.go). Before
-// anything is written into the socket, the peer is resolved to a node and
-// the server's acceptor must claim the 4-tuple (claim.go); otherwise the
-// application gets the plain socket as it is. A Dialer holds no state of
-// its own and no locks; the Device's negative cache has its own.
+// anything is written into the socket, the peer is resolved to a node
+// and the server's acceptor must claim the 4-tuple (internal/agree);
+// otherwise the application gets the plain socket as it is. A Dialer
+// holds no state of its own and no locks; the Agent's negative cache
+// has its own.
 
 import (
 	"context"
@@ -15,6 +16,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/agree"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -184,12 +186,12 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 	if !ok {
 		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
 	}
-	if dev.negative(address) {
+	if dev.agree.Negative(address) {
 		return dev.fallback(raw, nil, FallbackCached), nil, nil
 	}
 	lport, _ := portOf(raw.LocalAddr())
-	// Out-of-band agreement keyed by the 4-tuple (claim.go): nothing is
-	// written into raw unless the server's acceptor claimed it.
+	// Out-of-band agreement keyed by the 4-tuple (internal/agree): nothing
+	// is written into raw unless the server's acceptor claimed it.
 	la, lok := addrPortOf(raw.LocalAddr())
 	ra, rok := addrPortOf(raw.RemoteAddr())
 	if !lok || !rok {
@@ -198,21 +200,22 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 	if dev.PeerHold(ra) > 0 {
 		return dev.fallback(raw, nil, FallbackShortLived), nil, nil
 	}
-	why, agreed, di, err := dev.offer(ctx, node, la, ra, open)
+	ans, di, err := dev.agree.Offer(ctx, node, la, ra, open)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, nil, ctx.Err()
-	case errors.Is(err, errCommitUnsent):
+	case errors.Is(err, agree.ErrCommitUnsent):
 		return nil, nil, err // the acceptor fails the connection: so do we
 	case err != nil:
 		dev.rlog.warn("extds: cannot claim, using tcp", "err", err)
 		return dev.fallback(raw, nil, FallbackNoRoute), nil, nil
-	case di != nil:
-		return nil, di, nil // agreed over the fabric (claimdirect.go)
+	case ans == agree.Direct:
+		return nil, di, nil // agreed over the fabric (internal/agree/claimdirect.go)
 	}
-	if !agreed {
+	if ans != agree.Agreed {
+		why := offerFallback[ans]
 		if why == FallbackNoClaim {
-			dev.setNegative(address) // a listener whose acceptor does not claim: TCP for a while
+			dev.agree.SetNegative(address) // a listener whose acceptor does not claim: TCP for a while
 		}
 		return dev.fallback(raw, nil, why), nil, nil
 	}
@@ -231,7 +234,7 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 		default:
 			dev.ctr.handshakeErr.Add(1)
 			dev.rlog.warn("extds: direct handshake failed", "addr", address, "err", err)
-			dev.setNegative(address)
+			dev.agree.SetNegative(address)
 			return nil, nil, fmt.Errorf("%w: %w", errNoAnswer, err)
 		}
 	}
@@ -256,7 +259,7 @@ func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string
 	c.discard()
 	dev.ctr.handshakeErr.Add(1)
 	dev.rlog.warn("extds: handshake failed", "addr", address, "err", err)
-	dev.setNegative(address)
+	dev.agree.SetNegative(address)
 	return nil, nil, fmt.Errorf("%w: %w", errNoAnswer, err)
 }
 

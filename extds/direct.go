@@ -6,14 +6,14 @@ package extds
 // file holds only the agreement, in the shadow handshake (handshake.go):
 //
 //	client                                    server
-//	offer: hello, flags = flagDirect,
+//	offer: hello, flags = FlagDirect,
 //	       node only (no ring yet) ────────→ create() makes the buffer
-//	                           ←───────────── reply, status = statusDirect,
+//	                           ←───────────── reply, status = StatusDirect,
 //	                                           node, token, ID, ring size
 //	open(info) maps it; ack {token} ────────→ done: both return DirectInfo
 //
 // A server that cannot or will not make one (no create hook, create
-// fails) answers statusNeedRing; the client then registers its ring and
+// fails) answers StatusNeedRing; the client then registers its ring and
 // the ordinary handshake follows (one round trip more, only then), and
 // the connection is an EXT-DS Conn as before. So a direct connection
 // costs no EXT-DS ring in either exnd. A client that did not offer never
@@ -28,18 +28,17 @@ import (
 	"net"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/agree"
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
 // DirectInfo names a direct connection's shared buffer: the accepting
-// node, a 32-bit token it chose (also the ack's value) and a 64-bit ID
-// that names the buffer's files, and the ring size per direction.
-type DirectInfo struct {
-	Node  fabric.NodeID
-	Token uint32
-	ID    uint64
-	Ring  uint32
-}
+// node (Node), a 32-bit token it chose (Token, also the ack's value) and
+// a 64-bit ID that names the buffer's files (ID), and the ring size per
+// direction (Ring). The type is the agreement's (internal/agree), which
+// also makes one over the fabric (Claim.AgreeDirect).
+type DirectInfo = agree.DirectInfo
 
 // UpgradeDirect is Upgrade for a client that can take a direct connection
 // (its hello offers one). If the server makes one, open is called with
@@ -69,42 +68,42 @@ func (d *Device) AcceptShadowDirect(ctx context.Context, shadow net.Conn, peeked
 
 // serverDirect answers a direct offer: with a direct connection if
 // create makes one (the result is then its DirectInfo after the client's
-// ack), otherwise with statusNeedRing, and then it reads and returns the
+// ack), otherwise with StatusNeedRing, and then it reads and returns the
 // client's ordinary hello.
-func (d *Device) serverDirect(raw net.Conn, b *[helloLen]byte, create func() (DirectInfo, error)) (hello, *DirectInfo, error) {
-	fail := func(err error) (hello, *DirectInfo, error) {
+func (d *Device) serverDirect(raw net.Conn, b *[wire.HelloLen]byte, create func() (DirectInfo, error)) (wire.Hello, *DirectInfo, error) {
+	fail := func(err error) (wire.Hello, *DirectInfo, error) {
 		d.ctr.handshakeErr.Add(1)
-		return hello{}, nil, err
+		return wire.Hello{}, nil, err
 	}
 	if create != nil {
 		di, err := create()
 		if err == nil {
-			r := hello{status: statusDirect, node: d.att.Node(), conn: di.Token, ring: fabric.NLA(di.ID), ringSize: di.Ring}
-			r.encode(b[:], magicReply)
+			r := wire.Hello{Status: wire.StatusDirect, Node: d.att.Node(), Conn: di.Token, Ring: fabric.NLA(di.ID), RingSize: di.Ring}
+			r.Encode(b[:], wire.MagicReply)
 			if _, err := raw.Write(b[:]); err != nil {
 				return fail(err)
 			}
-			var a [ackLen]byte
+			var a [wire.AckLen]byte
 			if _, err := io.ReadFull(raw, a[:]); err != nil {
 				return fail(err)
 			}
-			if err := decodeAck(a[:], di.Token); err != nil {
+			if err := wire.DecodeAck(a[:], di.Token); err != nil {
 				return fail(err)
 			}
-			return hello{}, &di, nil
+			return wire.Hello{}, &di, nil
 		}
 		d.rlog.warn("extds: cannot make a direct connection, using the relay", "err", err)
 	}
-	(&hello{status: statusNeedRing}).encode(b[:], magicReply)
+	(&wire.Hello{Status: wire.StatusNeedRing}).Encode(b[:], wire.MagicReply)
 	if _, err := raw.Write(b[:]); err != nil {
 		return fail(err)
 	}
 	if _, err := io.ReadFull(raw, b[:]); err != nil {
 		return fail(err)
 	}
-	h, err := decodeHello(b[:], magicHello)
-	if err == nil && (h.status != statusOK || h.ring == 0) {
-		err = fmt.Errorf("second hello is not an ordinary one: %w", errHandshake)
+	h, err := wire.DecodeHello(b[:], wire.MagicHello)
+	if err == nil && (h.Status != wire.StatusOK || h.Ring == 0) {
+		err = fmt.Errorf("second hello is not an ordinary one: %w", wire.ErrHandshake)
 	}
 	if err != nil {
 		return fail(err)
@@ -118,25 +117,25 @@ func (d *Device) serverDirect(raw net.Conn, b *[helloLen]byte, create func() (Di
 func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(DirectInfo) error) (*DirectInfo, error) {
 	stop := handshakeDeadline(ctx, raw, d.cfg.handshakeTO)
 	defer stop()
-	h, err := askHello(raw, &hello{flags: flagDirect, node: d.att.Node()})
+	h, err := askHello(raw, &wire.Hello{Flags: wire.FlagDirect, Node: d.att.Node()})
 	if err != nil {
 		return nil, err
 	}
-	switch h.status {
-	case statusNeedRing:
+	switch h.Status {
+	case wire.StatusNeedRing:
 		return nil, nil
-	case statusDirect:
+	case wire.StatusDirect:
 	default:
-		return nil, fmt.Errorf("reply status %d to a direct offer: %w", h.status, errHandshake)
+		return nil, fmt.Errorf("reply status %d to a direct offer: %w", h.Status, wire.ErrHandshake)
 	}
-	if err := h.checkNode(node); err != nil {
+	if err := checkNode(&h, node); err != nil {
 		return nil, err
 	}
-	di := &DirectInfo{Node: h.node, Token: h.conn, ID: uint64(h.ring), Ring: h.ringSize}
+	di := &DirectInfo{Node: h.Node, Token: h.Conn, ID: uint64(h.Ring), Ring: h.RingSize}
 	if err := open(*di); err != nil {
 		return nil, fmt.Errorf("open direct buffer: %w", err)
 	}
-	if err := ackReply(ctx, raw, h.conn, stop); err != nil {
+	if err := ackReply(ctx, raw, h.Conn, stop); err != nil {
 		return nil, err
 	}
 	_ = raw.SetDeadline(time.Time{})

@@ -36,6 +36,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -70,29 +71,29 @@ func (d *Device) newConn(port uint16, shadow net.Conn) (*Conn, error) {
 }
 
 // establish records the peer's handshake and makes c ready to send.
-func (c *Conn) establish(h hello) error {
-	tx, err := c.vd.ep.Register(int(h.ringSize))
+func (c *Conn) establish(h wire.Hello) error {
+	tx, err := c.vd.ep.Register(int(h.RingSize))
 	if err != nil {
 		return fmt.Errorf("register tx ring: %w", err)
 	}
 	c.mu.Lock()
 	c.txRing = tx
-	c.peerAddr = fabric.Addr{Node: h.node, VPID: h.vpid}
-	c.peerID, c.peerRing, c.peerRingSize, c.peerEager = h.conn, h.ring, h.ringSize, h.eagerWin
-	c.txFree, c.txEager = h.ringSize, h.eagerWin
+	c.peerAddr = fabric.Addr{Node: h.Node, VPID: h.VPID}
+	c.peerID, c.peerRing, c.peerRingSize, c.peerEager = h.Conn, h.Ring, h.RingSize, h.EagerWin
+	c.txFree, c.txEager = h.RingSize, h.EagerWin
 	c.mu.Unlock()
 	c.dev.mu.Lock()
 	c.dev.regions[tx.NLA.Region()] = c
-	c.dev.byPeer[peerKey{c.peerAddr, h.conn}] = c
+	c.dev.byPeer[peerKey{c.peerAddr, h.Conn}] = c
 	c.dev.mu.Unlock()
-	c.peer.Store(uint32(h.node) | uint32(h.vpid)<<16 | 1<<24)
+	c.peer.Store(uint32(h.Node) | uint32(h.VPID)<<16 | 1<<24)
 	return nil
 }
 
-func (c *Conn) localHello() hello {
-	return hello{
-		node: c.dev.att.Node(), vpid: c.vd.ep.Addr().VPID, conn: c.id,
-		ring: c.rxRing.NLA, ringSize: c.ringSize, eagerWin: c.eagerWin,
+func (c *Conn) localHello() wire.Hello {
+	return wire.Hello{
+		Node: c.dev.att.Node(), VPID: c.vd.ep.Addr().VPID, Conn: c.id,
+		Ring: c.rxRing.NLA, RingSize: c.ringSize, EagerWin: c.eagerWin,
 	}
 }
 
@@ -149,7 +150,7 @@ func (c *Conn) watchShadow() {
 
 var errPeerNoFab = errors.New("peer cannot attach to the fabric")
 
-func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID) (hello, error) {
+func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.NodeID) (wire.Hello, error) {
 	stop := handshakeDeadline(ctx, raw, c.cfg.handshakeTO)
 	defer stop()
 	lh := c.localHello()
@@ -157,32 +158,32 @@ func (c *Conn) clientHandshake(ctx context.Context, raw net.Conn, node fabric.No
 	if err != nil {
 		return h, err
 	}
-	if h.status != statusOK {
-		return h, fmt.Errorf("reply status %d to an ordinary hello: %w", h.status, errHandshake)
+	if h.Status != wire.StatusOK {
+		return h, fmt.Errorf("reply status %d to an ordinary hello: %w", h.Status, wire.ErrHandshake)
 	}
-	if err := h.checkNode(node); err != nil {
+	if err := checkNode(&h, node); err != nil {
 		return h, err
 	}
 	if err := c.establish(h); err != nil {
 		return h, err
 	}
-	return h, ackReply(ctx, raw, h.conn, stop)
+	return h, ackReply(ctx, raw, h.Conn, stop)
 }
 
 // askHello sends out as the client's hello on raw and reads the server's
 // reply. A server that cannot attach to the fabric answers errPeerNoFab;
 // the other statuses are the caller's to judge.
-func askHello(raw net.Conn, out *hello) (hello, error) {
-	var b [helloLen]byte
-	out.encode(b[:], magicHello)
+func askHello(raw net.Conn, out *wire.Hello) (wire.Hello, error) {
+	var b [wire.HelloLen]byte
+	out.Encode(b[:], wire.MagicHello)
 	if _, err := raw.Write(b[:]); err != nil {
-		return hello{}, err
+		return wire.Hello{}, err
 	}
 	if _, err := io.ReadFull(raw, b[:]); err != nil {
-		return hello{}, err
+		return wire.Hello{}, err
 	}
-	h, err := decodeHello(b[:], magicReply)
-	if err == nil && h.status == statusNoFab {
+	h, err := wire.DecodeHello(b[:], wire.MagicReply)
+	if err == nil && h.Status == wire.StatusNoFab {
 		err = errPeerNoFab
 	}
 	return h, err
@@ -190,9 +191,9 @@ func askHello(raw net.Conn, out *hello) (hello, error) {
 
 // checkNode refuses a reply from a node other than node, the one the
 // resolver placed the peer on.
-func (h *hello) checkNode(node fabric.NodeID) error {
-	if h.node != node {
-		return fmt.Errorf("peer claims node %d, resolver says %d: %w", h.node, node, errHandshake)
+func checkNode(h *wire.Hello, node fabric.NodeID) error {
+	if h.Node != node {
+		return fmt.Errorf("peer claims node %d, resolver says %d: %w", h.Node, node, wire.ErrHandshake)
 	}
 	return nil
 }
@@ -202,8 +203,8 @@ func (h *hello) checkNode(node fabric.NodeID) error {
 // error if it ended meanwhile, as the watcher has set (or is setting) a
 // past deadline.
 func ackReply(ctx context.Context, raw net.Conn, conn uint32, stop func() bool) error {
-	var a [ackLen]byte
-	encodeAck(a[:], conn)
+	var a [wire.AckLen]byte
+	wire.EncodeAck(a[:], conn)
 	if _, err := raw.Write(a[:]); err != nil {
 		return err
 	}
@@ -233,9 +234,9 @@ func (l *Listener) serverHandshake(raw net.Conn) *Conn {
 	}
 	cfg := &d.cfg
 	_ = raw.SetReadDeadline(time.Now().Add(cfg.peekTO))
-	var b [helloLen]byte
+	var b [wire.HelloLen]byte
 	n, err := io.ReadFull(raw, b[:HelloPrefixLen])
-	if err != nil || string(b[:HelloPrefixLen]) != magicHello {
+	if err != nil || string(b[:HelloPrefixLen]) != wire.MagicHello {
 		var ne net.Error
 		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) && n == 0 {
 			raw.Close() // closed before saying anything
@@ -263,7 +264,7 @@ func (l *Listener) serverHandshake(raw net.Conn) *Conn {
 
 // HelloPrefixLen is how many first bytes of a stream tell an EXT-DS
 // client's hello from anything else.
-const HelloPrefixLen = len(magicHello)
+const HelloPrefixLen = len(wire.MagicHello)
 
 // ClassifyPeek looks at the first bytes a server received (peeked, not
 // consumed): hello means they start an EXT-DS hello, plain that they
@@ -271,7 +272,7 @@ const HelloPrefixLen = len(magicHello)
 // more bytes are needed to tell.
 func ClassifyPeek(b []byte) (hello, plain bool) {
 	n := min(len(b), HelloPrefixLen)
-	if string(b[:n]) != magicHello[:n] {
+	if string(b[:n]) != wire.MagicHello[:n] {
 		return false, true
 	}
 	return n == HelloPrefixLen, false
@@ -316,7 +317,7 @@ func (d *Device) acceptShadow(ctx context.Context, shadow net.Conn, peeked []byt
 	_ = shadow.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = shadow.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	var b [helloLen]byte
+	var b [wire.HelloLen]byte
 	if _, err := io.ReadFull(shadow, b[:]); err != nil {
 		d.ctr.handshakeErr.Add(1)
 		return fail(err)
@@ -346,17 +347,17 @@ func (d *Device) acceptShadow(ctx context.Context, shadow net.Conn, peeked []byt
 // attach, reply, read the ack. It returns a connection in ModeEXTDS (not
 // yet started), in ModeTCP when this node cannot attach (the client was
 // told), or an error (raw is then not closed).
-func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte, create func() (DirectInfo, error)) (*Conn, *DirectInfo, error) {
-	h, err := decodeHello(b[:], magicHello)
-	if err == nil && h.status != statusOK {
-		err = fmt.Errorf("hello with status %d: %w", h.status, errHandshake)
+func (d *Device) serverHello(raw net.Conn, port uint16, b *[wire.HelloLen]byte, create func() (DirectInfo, error)) (*Conn, *DirectInfo, error) {
+	h, err := wire.DecodeHello(b[:], wire.MagicHello)
+	if err == nil && h.Status != wire.StatusOK {
+		err = fmt.Errorf("hello with status %d: %w", h.Status, wire.ErrHandshake)
 	}
 	if err != nil {
 		d.ctr.handshakeErr.Add(1)
 		d.rlog.warn("extds: bad hello", "from", raw.RemoteAddr(), "err", err)
 		return nil, nil, err
 	}
-	if h.flags&flagDirect != 0 && h.ring == 0 {
+	if h.Flags&wire.FlagDirect != 0 && h.Ring == 0 {
 		// A direct offer: make one, or ask for the ordinary hello.
 		var di *DirectInfo
 		if h, di, err = d.serverDirect(raw, b, create); di != nil || err != nil {
@@ -371,9 +372,9 @@ func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte, creat
 	}
 	if err != nil {
 		d.rlog.warn("extds: cannot attach accepted connection, using tcp", "err", err)
-		var r hello
-		r.status = statusNoFab
-		r.encode(b[:], magicReply)
+		var r wire.Hello
+		r.Status = wire.StatusNoFab
+		r.Encode(b[:], wire.MagicReply)
 		if _, err := raw.Write(b[:]); err != nil {
 			return nil, nil, err
 		}
@@ -381,11 +382,11 @@ func (d *Device) serverHello(raw net.Conn, port uint16, b *[helloLen]byte, creat
 		return d.fallback(raw, nil, FallbackPeerNoFab), nil, nil
 	}
 	lh := c.localHello()
-	lh.encode(b[:], magicReply)
+	lh.Encode(b[:], wire.MagicReply)
 	if _, err = raw.Write(b[:]); err == nil {
-		var a [ackLen]byte
+		var a [wire.AckLen]byte
 		if _, err = io.ReadFull(raw, a[:]); err == nil {
-			err = decodeAck(a[:], c.id)
+			err = wire.DecodeAck(a[:], c.id)
 		}
 		if err == nil {
 			return c, nil, nil

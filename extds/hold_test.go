@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/agree"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -24,6 +25,12 @@ func claimListener(t testing.TB, p *pair) (net.Listener, uint16) {
 	return ln, port
 }
 
+// tupleOf is the TCP connection of the accepted socket sv as the server
+// sees it.
+func tupleOf(sv net.Conn) TupleKey {
+	return TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
+}
+
 // TestSkippedByHold: an acceptor that accepts late (its window over)
 // takes a connection made inside the clients' window of the port's
 // latest hold as plain TCP at once, exactly then; and when the client
@@ -33,14 +40,11 @@ func TestSkippedByHold(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	ln, port := claimListener(t, p)
-	key := func(sv net.Conn) TupleKey {
-		return TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
-	}
 	// No hold yet: nothing was skipped.
 	cl0, sv0 := shadowPair(t, ln)
 	defer cl0.Close()
 	defer sv0.Close()
-	if p.devB.SkippedByHold(key(sv0), time.Now()) {
+	if p.devB.SkippedByHold(tupleOf(sv0), time.Now()) {
 		t.Fatal("skipped without any hold")
 	}
 	// A hold of 150 ms, ended: the clients' window was [start, end-25ms].
@@ -50,7 +54,7 @@ func TestSkippedByHold(t *testing.T) {
 	e0 := time.Now() // the hold's end lies in [e0, e1]
 	p.devB.HoldPort(port, 0)
 	e1 := time.Now()
-	const cut = 2*HoldMargin + skipSlack // the clients' window ends this much earlier
+	const cut = 2*HoldMargin + agree.SkipSlack // the clients' window ends this much earlier
 	for _, c := range []struct {
 		name string
 		made time.Time
@@ -64,7 +68,7 @@ func TestSkippedByHold(t *testing.T) {
 		{"after the hold", e1.Add(time.Millisecond), false},
 	} {
 		cl, sv := shadowPair(t, ln)
-		if got := p.devB.SkippedByHold(key(sv), c.made); got != c.want {
+		if got := p.devB.SkippedByHold(tupleOf(sv), c.made); got != c.want {
 			t.Errorf("%s: SkippedByHold = %v, want %v", c.name, got, c.want)
 		}
 		cl.Close()
@@ -74,8 +78,8 @@ func TestSkippedByHold(t *testing.T) {
 	cl1, sv1 := shadowPair(t, ln)
 	defer cl1.Close()
 	defer sv1.Close()
-	claim := p.devB.Claim(key(sv1))
-	if p.devB.SkippedByHold(key(sv1), start.Add(10*time.Millisecond)) {
+	claim := p.devB.Claim(tupleOf(sv1))
+	if p.devB.SkippedByHold(tupleOf(sv1), start.Add(10*time.Millisecond)) {
 		t.Fatal("skipped a connection whose acceptor claimed it")
 	}
 	claim.Close()
@@ -85,7 +89,7 @@ func TestSkippedByHold(t *testing.T) {
 	// cache: the hold is over).
 	cl, sv := shadowPair(t, ln)
 	defer sv.Close()
-	if !p.devB.SkippedByHold(key(sv), start.Add(20*time.Millisecond)) {
+	if !p.devB.SkippedByHold(tupleOf(sv), start.Add(20*time.Millisecond)) {
 		t.Fatal("not skipped inside the window")
 	}
 	served := p.devB.Stats().ProbesServed
@@ -94,46 +98,28 @@ func TestSkippedByHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if r, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || r != FallbackShortLived {
-		t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", c.Mode(), r, ok)
-	}
 	if n := p.devB.Stats().ProbesServed - served; n != 1 {
 		t.Fatalf("%d claims served, want the client's one", n)
 	}
 	if h := p.devA.PeerHold(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); h != 0 {
 		t.Fatalf("client keeps a hold of %v after a decline with no time left", h)
 	}
+	wantShortLived(t, c, sv)
+}
+
+// wantShortLived checks that c, the client's end of the connection whose
+// server end is sv, fell back as short_lived, and that the application's
+// bytes are the first sv sees: nothing was written before them.
+func wantShortLived(t testing.TB, c *Conn, sv net.Conn) {
+	t.Helper()
+	if why, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || why != FallbackShortLived {
+		t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", c.Mode(), why, ok)
+	}
 	if _, err := io.WriteString(c, "app bytes"); err != nil {
 		t.Fatal(err)
 	}
 	if _, peeked := peekFirst(t, sv, HelloPrefixLen); string(peeked) != "app " {
 		t.Fatalf("server saw %q first: something was written before the app", peeked)
-	}
-}
-
-func TestHoldReason(t *testing.T) {
-	for _, tc := range []struct {
-		left time.Duration
-		want uint8
-		back time.Duration
-	}{
-		{0, 0x80, 0},
-		{15 * time.Millisecond, 0x80, 0},
-		{16 * time.Millisecond, 0x81, 16 * time.Millisecond},
-		{time.Second, 0x80 | 62, 62 * holdQuantum},
-		{MaxHold, 0xFF, MaxHold},
-		{time.Minute, 0xFF, MaxHold},
-	} {
-		r := holdReason(tc.left)
-		back, ok := holdOf(r)
-		if r != tc.want || !ok || back != tc.back {
-			t.Errorf("holdReason(%v) = %#x → %v %v, want %#x → %v", tc.left, r, back, ok, tc.want, tc.back)
-		}
-	}
-	for _, r := range []uint8{0, declineNoListener, declineLate, declineBusy, declineMismatch, 0x7F} {
-		if _, ok := holdOf(r); ok {
-			t.Errorf("holdOf(%#x) is a hold", r)
-		}
 	}
 }
 
@@ -167,7 +153,7 @@ func TestHoldPort(t *testing.T) {
 		// An acceptor that claims the connection after all learns that
 		// no hello comes exactly when the client's CLAIM was declined.
 		asked := p.devB.Stats().ProbesServed - served
-		claim := p.devB.Claim(TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()})
+		claim := p.devB.Claim(tupleOf(sv))
 		if held := claim.Held(); held != (asked == 1) {
 			t.Fatalf("Claim.Held = %v after %d claims served", held, asked)
 		}
@@ -194,33 +180,6 @@ func TestHoldPort(t *testing.T) {
 	}
 }
 
-// TestHoldPeerFromSend: the client's window counts from the CLAIM's
-// sending, so an answer read late shortens it instead of pushing it past
-// the server's.
-func TestHoldPeerFromSend(t *testing.T) {
-	p := newPair(t)
-	ap := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.7"), 8080)
-	const left = 500 * time.Millisecond
-	for _, c := range []struct {
-		name  string
-		late  time.Duration // how long before now the CLAIM was sent
-		upper time.Duration // PeerHold at most
-	}{
-		{"read at once", 0, left - 2*HoldMargin},
-		{"read 100 ms late", 100 * time.Millisecond, left - 2*HoldMargin - 100*time.Millisecond},
-		{"read after the window", left - HoldMargin, 0},
-	} {
-		p.devA.holdPeer(ap, left, time.Now().Add(-c.late))
-		h := p.devA.PeerHold(ap)
-		if h > c.upper || (c.upper > 0 && h < c.upper-50*time.Millisecond) {
-			t.Errorf("%s: PeerHold = %v, want just under %v", c.name, h, c.upper)
-		}
-		p.devA.negMu.Lock()
-		clear(p.devA.held)
-		p.devA.negMu.Unlock()
-	}
-}
-
 // TestAcceptOnHold: an acceptor that finds its port on hold takes the
 // connection as plain TCP without claiming it, and its client is told so
 // whenever its CLAIM came: one that came before the hold began (a hold's
@@ -236,7 +195,7 @@ func TestAcceptOnHold(t *testing.T) {
 			ln, port := claimListener(t, p)
 			cl, sv := shadowPair(t, ln)
 			defer sv.Close()
-			key := TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
+			key := tupleOf(sv)
 			type result struct {
 				c   *Conn
 				err error
@@ -272,15 +231,7 @@ func TestAcceptOnHold(t *testing.T) {
 				t.Fatal(r.err)
 			}
 			defer r.c.Close()
-			if why, ok := r.c.FallbackReason(); r.c.Mode() != ModeTCP || !ok || why != FallbackShortLived {
-				t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", r.c.Mode(), why, ok)
-			}
-			if _, err := io.WriteString(r.c, "app bytes"); err != nil {
-				t.Fatal(err)
-			}
-			if _, peeked := peekFirst(t, sv, HelloPrefixLen); string(peeked) != "app " {
-				t.Fatalf("server saw %q first: something was written before the app", peeked)
-			}
+			wantShortLived(t, r.c, sv)
 		})
 	}
 }
@@ -298,28 +249,25 @@ func TestClaimAfterSilentSkip(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	p := newPair(t)
 	ln, port := claimListener(t, p)
-	key := func(sv net.Conn) TupleKey {
-		return TupleKey{Local: sv.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: sv.RemoteAddr().(*net.TCPAddr).AddrPort()}
-	}
 	p.devB.HoldPort(port, time.Second)
 	cl, sv := shadowPair(t, ln) // accepted inside the hold; nobody asked
 	defer sv.Close()
 	time.Sleep(3 * HoldMargin)
 	p.devB.HoldPort(port, 0)
-	if !p.devB.acceptedInHold(key(sv), time.Now()) {
+	if !p.devB.agree.AcceptedInHold(tupleOf(sv), time.Now()) {
 		t.Fatal("a connection accepted inside the hold without asking: not recognized")
 	}
 	cl2, sv2 := shadowPair(t, ln) // made after the hold
 	defer cl2.Close()
 	defer sv2.Close()
-	if p.devB.acceptedInHold(key(sv2), time.Now()) {
+	if p.devB.agree.AcceptedInHold(tupleOf(sv2), time.Now()) {
 		t.Fatal("a connection made after the hold counts as skipped")
 	}
 	other, otherPort := claimListener(t, p) // a port never held
 	cl3, sv3 := shadowPair(t, other)
 	defer cl3.Close()
 	defer sv3.Close()
-	if p.devB.acceptedInHold(key(sv3), time.Now()) {
+	if p.devB.agree.AcceptedInHold(tupleOf(sv3), time.Now()) {
 		t.Fatalf("a connection to port %d, never held, counts as skipped", otherPort)
 	}
 
@@ -329,21 +277,13 @@ func TestClaimAfterSilentSkip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if why, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || why != FallbackShortLived {
-		t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", c.Mode(), why, ok)
-	}
 	if took := time.Since(start); took >= DefaultClaimTimeout {
 		t.Fatalf("the decline took %v: the CLAIM waited out the claim timeout", took)
 	}
 	if h := p.devA.PeerHold(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); h != 0 {
 		t.Fatalf("client keeps a hold of %v after the hold ended", h)
 	}
-	if _, err := io.WriteString(c, "app bytes"); err != nil {
-		t.Fatal(err)
-	}
-	if _, peeked := peekFirst(t, sv, HelloPrefixLen); string(peeked) != "app " {
-		t.Fatalf("server saw %q first: something was written before the app", peeked)
-	}
+	wantShortLived(t, c, sv)
 
 	// One made inside a hold but still in the accept queue (its own
 	// listener: shadowPair would accept it).
@@ -357,7 +297,7 @@ func TestClaimAfterSilentSkip(t *testing.T) {
 	time.Sleep(3 * HoldMargin)
 	p.devB.HoldPort(qport, 0)
 	qk := TupleKey{Local: queued.RemoteAddr().(*net.TCPAddr).AddrPort(), Remote: queued.LocalAddr().(*net.TCPAddr).AddrPort()}
-	if p.devB.acceptedInHold(qk, time.Now()) {
+	if p.devB.agree.AcceptedInHold(qk, time.Now()) {
 		t.Fatal("a connection in the accept queue counts as skipped")
 	}
 }

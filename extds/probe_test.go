@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/fabrictest"
 	"github.com/exn-project/exn/internal/testenv"
@@ -154,7 +155,7 @@ func TestForgedProbes(t *testing.T) {
 // waiting forever.
 func TestNoConnUnblocksWriter(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	p := newPair(t, WithRingSize(minRingSize), WithEagerWindow(1024))
+	p := newPair(t, WithRingSize(wire.MinRingSize), WithEagerWindow(1024))
 	c, s := p.conns(t)
 	defer c.Close()
 	// Fill the server's buffers so the writer blocks on credits.
@@ -176,7 +177,7 @@ func TestNoConnUnblocksWriter(t *testing.T) {
 	// from the client's own endpoint instead: what an in-flight fragment
 	// would look like.
 	var m [1]fabric.Message
-	encData(&m[0], c.peerAddr, c.peerID, true, []byte("x"))
+	wire.EncData(&m[0], c.peerAddr, c.peerID, true, []byte("x"))
 	if _, err := c.vd.ep.Send(t.Context(), m[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -383,15 +384,15 @@ func TestProtocolViolationFromPeer(t *testing.T) {
 			var batch []fabric.Message
 			switch tc.name {
 			case "eager-overflow":
-				for i := 0; i < 1024/fragData+2; i++ {
+				for i := 0; i < 1024/wire.FragData+2; i++ {
 					var m fabric.Message
-					encData(&m, s.vd.ep.Addr(), s.id, false, make([]byte, fragData))
+					wire.EncData(&m, s.vd.ep.Addr(), s.id, false, make([]byte, wire.FragData))
 					batch = append(batch, m)
 				}
 			case "duplicate-shutdown":
 				for i := 0; i < 2; i++ {
 					var m fabric.Message
-					encCtl(&m, s.vd.ep.Addr(), TagShutdown, s.id)
+					wire.EncCtl(&m, s.vd.ep.Addr(), TagShutdown, s.id)
 					batch = append(batch, m)
 				}
 			default:

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -19,7 +20,7 @@ func TestManyConnections(t *testing.T) {
 	if testenv.Small() {
 		n = 100
 	}
-	p := newPair(t, WithRingSize(minRingSize), WithEagerWindow(2048))
+	p := newPair(t, WithRingSize(wire.MinRingSize), WithEagerWindow(2048))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // echo server

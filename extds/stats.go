@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/exn-project/exn/extds/internal/agree"
 )
 
 // DropReason says why an incoming message or notification was dropped.
@@ -17,7 +19,7 @@ const (
 	DropProtocol                       // decodable but illegal for the conn's state; conn reset
 	DropNotify                         // RMA notification matching no transfer
 	DropCtrlQueue                      // control message (RESET) not sent: queue full
-	DropProbe                          // listener probe or reply that matches nothing (stale, forged, wrong vdev)
+	DropProbe                          // agreement message that matches nothing (stale, forged, wrong vdev): the Agent's
 	numDropReasons
 )
 
@@ -42,8 +44,8 @@ const (
 	FallbackNoListener                        // the peer node's Device has no EXT-DS listener on the port (probe)
 	FallbackNoClaim                           // a listener is registered but no EXT-DS acceptor claimed the connection in time
 	FallbackDeclined                          // the server declined the claim (acceptor went TCP, table full, address mismatch)
-	FallbackDirectAbort                       // a direct connection was agreed but the client could not open it (claimdirect.go)
-	FallbackShortLived                        // the server's port is on hold: its connections are too short to gain (hold.go)
+	FallbackDirectAbort                       // a direct connection was agreed but the client could not open it (internal/agree/claimdirect.go)
+	FallbackShortLived                        // the server's port is on hold: its connections are too short to gain (internal/agree/hold.go)
 	numFallbackReasons
 )
 
@@ -75,9 +77,9 @@ type counters struct {
 	lingerExpired, reaped    atomic.Uint64
 	shadowLost, notifyErrors atomic.Uint64
 	noConnSent, noConnLimit  atomic.Uint64 // NOCONN replies sent / suppressed by the rate limit
-	probes, probeTimeouts    atomic.Uint64 // probes sent / unanswered (counted as "no")
-	probesServed             atomic.Uint64 // probes answered for peers
-	directAgreed             atomic.Uint64 // direct connections committed over the fabric (accepting side)
+	// Probes, claims and direct agreements are counted by the Agent
+	// (agree.Stats), and so are the DropProbe drops and the
+	// HandshakeErrors of a direct agreement.
 }
 
 // Stats is a snapshot of a Device's counters.
@@ -113,7 +115,8 @@ type Stats struct {
 	DirectAgreed         uint64 // direct connections agreed over the fabric, counted where accepted
 }
 
-func (c *counters) snapshot() Stats {
+// snapshot is c's Stats with the Agent's counters a.
+func (c *counters) snapshot(a agree.Stats) Stats {
 	s := Stats{
 		ConnsEXTDS: c.connsEXTDS.Load(), ConnsTCP: c.connsTCP.Load(), Active: c.active.Load(),
 		Fallbacks: make(map[string]uint64), Drops: make(map[string]uint64),
@@ -121,13 +124,13 @@ func (c *counters) snapshot() Stats {
 		RxBytes: c.rxBytes.Load(), VELOMsgs: c.veloMsgs.Load(), RMAPuts: c.rmaPuts.Load(),
 		RingFullFallbacks: c.ringFull.Load(), CreditMsgs: c.creditMsgs.Load(), CreditBytes: c.creditBytes.Load(),
 		CreditWaits: c.creditWaits.Load(), ResetsSent: c.resetsSent.Load(), ResetsRecv: c.resetsRecv.Load(),
-		PeerDown: c.peerDown.Load(), HandshakeErrors: c.handshakeErr.Load(),
+		PeerDown: c.peerDown.Load(), HandshakeErrors: c.handshakeErr.Load() + a.HandshakeErrors,
 		ZCopyReads: c.zcopyReads.Load(), ZCopyWrites: c.zcopyWrites.Load(),
 		LingerExpired: c.lingerExpired.Load(), Reaped: c.reaped.Load(),
 		ShadowLost: c.shadowLost.Load(), NotifyErrors: c.notifyErrors.Load(),
 		NoConnSent: c.noConnSent.Load(), NoConnLimited: c.noConnLimit.Load(),
-		Probes: c.probes.Load(), ProbeTimeouts: c.probeTimeouts.Load(), ProbesServed: c.probesServed.Load(),
-		DirectAgreed: c.directAgreed.Load(),
+		Probes: a.Probes, ProbeTimeouts: a.ProbeTimeouts, ProbesServed: a.ProbesServed,
+		DirectAgreed: a.DirectAgreed,
 	}
 	for i := range c.fallbacks {
 		s.Fallbacks[FallbackReason(i).String()] = c.fallbacks[i].Load()
@@ -135,6 +138,7 @@ func (c *counters) snapshot() Stats {
 	for i := range c.drops {
 		s.Drops[DropReason(i).String()] = c.drops[i].Load()
 	}
+	s.Drops[DropProbe.String()] += a.Drops
 	return s
 }
 

@@ -25,6 +25,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -45,7 +46,7 @@ const (
 	// behind; waiting for the credits it is about to return and PUTting
 	// is faster: streams of 1 MiB writes between processes on shm went
 	// from 1.5 to 2.9 GB/s (docs/extds.md, "Numbers").
-	ringFullVELOMax = sendBatch * fragData
+	ringFullVELOMax = sendBatch * wire.FragData
 	// maxPutsInFlight: a PUT is made only while the ring holds fewer than
 	// about this many chunks of its size (outstanding bytes < this ×
 	// chunk); otherwise the write treats the ring as short. Every PUT is

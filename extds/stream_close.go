@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -131,7 +132,7 @@ func (c *Conn) abort(err error, reset bool) {
 	c.mu.Unlock()
 	if send {
 		var fm [1]fabric.Message
-		encCtl(&fm[0], c.peerAddr, TagReset, c.peerID)
+		wire.EncCtl(&fm[0], c.peerAddr, TagReset, c.peerID)
 		ctx, cancel := context.WithTimeout(context.Background(), ctrlSendTimeout)
 		if _, e := c.vd.ep.Send(ctx, fm[:]); e == nil {
 			c.dev.ctr.resetsSent.Add(1)
@@ -179,11 +180,11 @@ func (c *Conn) closeStream() error {
 	var msgs [2]fabric.Message
 	k := 0
 	if fr|fe != 0 {
-		encTwo(&msgs[k], c.peerAddr, TagRMAAvail, c.peerID, fr, fe)
+		wire.EncTwo(&msgs[k], c.peerAddr, TagRMAAvail, c.peerID, fr, fe)
 		k++
 	}
 	if needShut {
-		encCtl(&msgs[k], c.peerAddr, TagShutdown, c.peerID)
+		wire.EncCtl(&msgs[k], c.peerAddr, TagShutdown, c.peerID)
 		k++
 	}
 	var err error

@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -170,7 +171,7 @@ func (c *Conn) flushCredits(all bool) {
 	}
 	c.freedRing, c.freedEager = 0, 0
 	c.mu.Unlock()
-	encTwo(&c.rbatch[0], c.peerAddr, TagRMAAvail, c.peerID, fr, fe)
+	wire.EncTwo(&c.rbatch[0], c.peerAddr, TagRMAAvail, c.peerID, fr, fe)
 	// c.ctx, not a timeout context: no allocation per credit message; the
 	// peer's rx loop drains without waiting on applications, and its death
 	// ends the Send with ErrPeerDown.

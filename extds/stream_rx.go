@@ -20,6 +20,7 @@ package extds
 import (
 	"fmt"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -29,30 +30,30 @@ func (c *Conn) protoErr(why string, args ...any) {
 }
 
 // onMsg handles one message for this connection. It runs on the rx loop.
-func (c *Conn) onMsg(m *msg) {
+func (c *Conn) onMsg(m *wire.Msg) {
 	c.mu.Lock()
 	c.onMsgLocked(m)
 	c.unlockNote()
 }
 
-func (c *Conn) onMsgLocked(m *msg) {
+func (c *Conn) onMsgLocked(m *wire.Msg) {
 	if c.released {
 		return
 	}
-	if c.err != nil && m.tag != TagReset {
+	if c.err != nil && m.Tag != TagReset {
 		return // already failed; drain silently
 	}
 	if c.closed {
-		switch m.tag {
+		switch m.Tag {
 		case TagVELO, TagVELOLast, TagRMAInfo, TagZCSrc, TagZCWant, TagZCPut:
 			// Data for a closed socket: reset, as TCP does.
 			c.failLocked(errReset, true)
 			return
 		}
 	}
-	switch m.tag {
+	switch m.Tag {
 	case TagVELO, TagVELOLast:
-		n := uint32(len(m.data))
+		n := uint32(len(m.Data))
 		if c.rdShut {
 			c.protoErr("data after shutdown")
 			return
@@ -62,8 +63,8 @@ func (c *Conn) onMsgLocked(m *msg) {
 			return
 		}
 		tailPos := (int(c.eHead) + int(c.eLen)) % len(c.eager)
-		k := copy(c.eager[tailPos:], m.data)
-		copy(c.eager, m.data[k:])
+		k := copy(c.eager[tailPos:], m.Data)
+		copy(c.eager, m.Data[k:])
 		c.eLen += n
 		if t := c.segs.tail(); t != nil && t.kind == segVELO {
 			t.n += n
@@ -72,7 +73,7 @@ func (c *Conn) onMsgLocked(m *msg) {
 		}
 		c.rdReadyLocked()
 	case TagRMAInfo:
-		off, n := m.a, m.b
+		off, n := m.A, m.B
 		if c.rdShut {
 			c.protoErr("data after shutdown")
 			return
@@ -100,12 +101,12 @@ func (c *Conn) onMsgLocked(m *msg) {
 			c.rdReadyLocked()
 		}
 	case TagRMAAvail:
-		if uint64(c.txFree)+uint64(m.a) > uint64(c.peerRingSize) || uint64(c.txEager)+uint64(m.b) > uint64(c.peerEager) {
-			c.protoErr("credit overflow", "ring", m.a, "eager", m.b)
+		if uint64(c.txFree)+uint64(m.A) > uint64(c.peerRingSize) || uint64(c.txEager)+uint64(m.B) > uint64(c.peerEager) {
+			c.protoErr("credit overflow", "ring", m.A, "eager", m.B)
 			return
 		}
-		c.txFree += m.a
-		c.txEager += m.b
+		c.txFree += m.A
+		c.txEager += m.B
 		wake(c.wrWake)
 		if c.closed && c.drainedLocked() {
 			c.releaseLocked()
@@ -122,15 +123,15 @@ func (c *Conn) onMsgLocked(m *msg) {
 		c.dev.ctr.resetsRecv.Add(1)
 		c.failLocked(errReset, false)
 	case TagZCSrc, TagZCWant:
-		if c.rdShut || m.b > maxZCopy {
-			c.protoErr("bad zcopy advert", "len", m.b)
+		if c.rdShut || m.B > maxZCopy {
+			c.protoErr("bad zcopy advert", "len", m.B)
 			return
 		}
 		k := segZCSrc
-		if m.tag == TagZCWant {
+		if m.Tag == TagZCWant {
 			k = segZCWant
 		}
-		if c.pushLocked(seg{kind: k, ready: true, n: m.b, nla: m.nla}) {
+		if c.pushLocked(seg{kind: k, ready: true, n: m.B, nla: m.NLA}) {
 			c.rdReadyLocked()
 		}
 	case TagZCSink:
@@ -138,14 +139,14 @@ func (c *Conn) onMsgLocked(m *msg) {
 			c.protoErr("unexpected zc_sink")
 			return
 		}
-		c.zcSinkNLA, c.zcSinkLen = m.nla, m.b
+		c.zcSinkNLA, c.zcSinkLen = m.NLA, m.B
 		wake(c.wrWake)
 	case TagZCPut:
-		if h := c.segs.peek(); h == nil || h.kind != segZCWant || c.zcPending == 0 || c.zcPutLen != 0 || m.b != c.zcPending {
-			c.protoErr("unexpected zc_put", "len", m.b)
+		if h := c.segs.peek(); h == nil || h.kind != segZCWant || c.zcPending == 0 || c.zcPutLen != 0 || m.B != c.zcPending {
+			c.protoErr("unexpected zc_put", "len", m.B)
 			return
 		}
-		c.zcPutLen = m.b
+		c.zcPutLen = m.B
 		c.rdReadyLocked()
 	case TagZCDone:
 		if !c.zcActive || c.zcDone {

@@ -26,6 +26,7 @@ import (
 	"os"
 	"syscall"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -105,7 +106,7 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 				c.mu.Unlock()
 				continue
 			}
-			chunk = uint32(min(len(p), sendBatch*fragData, int(c.txEager)))
+			chunk = uint32(min(len(p), sendBatch*wire.FragData, int(c.txEager)))
 			c.txEager -= chunk
 			if large {
 				c.dev.ctr.ringFull.Add(1)
@@ -134,8 +135,8 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 func (c *Conn) sendFrags(p []byte, last bool) error {
 	k := 0
 	for len(p) > 0 {
-		n := min(len(p), fragData)
-		encData(&c.wbatch[k], c.peerAddr, c.peerID, last && n == len(p), p[:n])
+		n := min(len(p), wire.FragData)
+		wire.EncData(&c.wbatch[k], c.peerAddr, c.peerID, last && n == len(p), p[:n])
 		p = p[n:]
 		k++
 	}
@@ -144,7 +145,7 @@ func (c *Conn) sendFrags(p []byte, last bool) error {
 	}
 	c.dev.ctr.veloMsgs.Add(uint64(k))
 	for i := 0; i < k; i++ {
-		c.dev.ctr.txVELO.Add(uint64(c.wbatch[i].Len) - hdrLen)
+		c.dev.ctr.txVELO.Add(uint64(c.wbatch[i].Len) - wire.HdrLen)
 	}
 	return nil
 }
@@ -168,7 +169,7 @@ func (c *Conn) putMirror(off, n uint32) error {
 	if _, err := c.vd.ep.Post(c.wrma[:]); err != nil {
 		return c.sendErr(err)
 	}
-	encTwo(&c.wbatch[0], c.peerAddr, TagRMAInfo, c.peerID, off, n)
+	wire.EncTwo(&c.wbatch[0], c.peerAddr, TagRMAInfo, c.peerID, off, n)
 	if err := c.send(c.wbatch[:1]); err != nil {
 		return err
 	}
@@ -201,7 +202,7 @@ func (c *Conn) closeWrite() error {
 	}
 	c.wrShut = true
 	c.mu.Unlock()
-	encCtl(&c.wbatch[0], c.peerAddr, TagShutdown, c.peerID)
+	wire.EncCtl(&c.wbatch[0], c.peerAddr, TagShutdown, c.peerID)
 	return c.opErr("close", c.send(c.wbatch[:1]))
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -206,8 +207,8 @@ func TestUpgradeNoAnswer(t *testing.T) {
 		t.Fatalf("Upgrade: conn %v, err %v", c != nil, err)
 	}
 	got, _ := io.ReadAll(sv) // the client shut its side down after the hello
-	if len(got) != helloLen {
-		t.Fatalf("server got %d bytes, want the %d-byte hello", len(got), helloLen)
+	if len(got) != wire.HelloLen {
+		t.Fatalf("server got %d bytes, want the %d-byte hello", len(got), wire.HelloLen)
 	}
 
 	// The address is now cached as not EXT-DS: no second wait.

@@ -24,6 +24,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/fabric"
 )
 
@@ -97,9 +98,9 @@ func (c *Conn) zcStep(a *zcAction) error {
 		c.dev.ctr.zcopyReads.Add(1)
 		return nil
 	case a.sink:
-		encNLA(&fm[0], c.peerAddr, TagZCSink, c.peerID, a.sinkNLA, a.sinkLen)
+		wire.EncNLA(&fm[0], c.peerAddr, TagZCSink, c.peerID, a.sinkNLA, a.sinkLen)
 	case a.done:
-		encCtl(&fm[0], c.peerAddr, TagZCDone, c.peerID)
+		wire.EncCtl(&fm[0], c.peerAddr, TagZCDone, c.peerID)
 	}
 	return c.send(fm[:])
 }
@@ -180,9 +181,9 @@ func (c *Conn) zcWrite(b *Buffer, off, n uint32) error {
 		c.mu.Unlock()
 	}()
 	if mode == ZCopyRead {
-		encNLA(&c.wbatch[0], c.peerAddr, TagZCSrc, c.peerID, b.reg.NLA+fabric.NLA(off), n)
+		wire.EncNLA(&c.wbatch[0], c.peerAddr, TagZCSrc, c.peerID, b.reg.NLA+fabric.NLA(off), n)
 	} else {
-		encLen(&c.wbatch[0], c.peerAddr, TagZCWant, c.peerID, n)
+		wire.EncLen(&c.wbatch[0], c.peerAddr, TagZCWant, c.peerID, n)
 	}
 	if err := c.send(c.wbatch[:1]); err != nil {
 		return err
@@ -207,7 +208,7 @@ func (c *Conn) zcWrite(b *Buffer, off, n uint32) error {
 			if _, err := c.vd.ep.Post(c.wrma[:]); err != nil {
 				return c.sendErr(err)
 			}
-			encLen(&c.wbatch[0], c.peerAddr, TagZCPut, c.peerID, chunk)
+			wire.EncLen(&c.wbatch[0], c.peerAddr, TagZCPut, c.peerID, chunk)
 			if err := c.send(c.wbatch[:1]); err != nil {
 				return err
 			}

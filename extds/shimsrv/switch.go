@@ -348,7 +348,7 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 	key := extds.TupleKey{Local: la, Remote: ra}
 	if made, ok := madeAt(shadow); ok && s.dev.SkippedByHold(key, made) {
 		// Made while its client skipped asking (a hold; this server
-		// accepts late): no CLAIM and no hello come (extds/hold.go).
+		// accepts late): no CLAIM and no hello come (extds/internal/agree/hold.go).
 		return s.dev.AcceptHeld(shadow), nil, nil
 	}
 	var cl *extds.Claim
@@ -361,7 +361,7 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 	}
 	defer cl.Close()
 	if cl.Held() {
-		// Its CLAIM was declined by a hold (extds/hold.go): no hello.
+		// Its CLAIM was declined by a hold (extds/internal/agree/hold.go): no hello.
 		return s.dev.AcceptHeld(shadow), nil, nil
 	}
 	// The client's CLAIM may still be on its way (its exnd sends it after
@@ -369,7 +369,7 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 	// client would wait for the answer, on top of the peek timeout.
 	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout, cl.DirectPending)
 	if err == nil && cl.DirectPending() {
-		// Agreed over the fabric, nothing in the stream (claimdirect.go).
+		// Agreed over the fabric, nothing in the stream (extds/internal/agree/claimdirect.go).
 		c, di, err := cl.AgreeDirect(ctx, shadow, create, prepare)
 		if err != nil || c != nil || di != nil {
 			return c, di, err

@@ -4,7 +4,7 @@ package sys
 // inet_diag) knows it, looked up by its exact 4-tuple: whether a process
 // has accepted it yet, and how long ago its peer last acknowledged
 // anything. exnd asks when a peer's CLAIM arrives for a connection that
-// no acceptor asked about (extds/hold.go): a connection already accepted
+// no acceptor asked about (extds/internal/agree/hold.go): a connection already accepted
 // and made inside a hold was taken as plain TCP without asking.
 //
 // The request is the exact lookup (no NLM_F_DUMP): the kernel answers

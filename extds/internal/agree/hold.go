@@ -1,4 +1,4 @@
-package extds
+package agree
 
 // Holds for short-lived connections (issue #15; docs/extds.md, "Short
 // connections"). Setting up an EXT-DS connection costs the two exnds
@@ -10,7 +10,7 @@ package extds
 //
 //   - a CLAIM for it that no acceptor claimed is declined at once, and the
 //     decline carries the hold's remaining time: CLAIM_REPLY's reason
-//     byte is declineHold | q, q the remaining time in holdQuantum units
+//     byte is DeclineHold | q, q the remaining time in HoldQuantum units
 //     (rounded down; 0: too little left to cache);
 //   - the client's Device keeps the server address as held for that time
 //     minus 2·HoldMargin, counted from when it sent the CLAIM (holdPeer):
@@ -43,31 +43,24 @@ package extds
 // host), can arrive after the hold ended for a connection whose acceptor
 // skipped asking: nobody would ever claim it. onClaim therefore asks the
 // kernel about a CLAIM's connection that no acceptor asked about, after
-// a hold (acceptedInHold): accepted already and made inside the
+// a hold (AcceptedInHold): accepted already and made inside the
 // acceptors' window, it is declined as held. A CLAIM offered before a
 // hold began is declined when it begins (HoldPort), as its acceptor may
 // now skip asking.
 //
 // Locks: holds live in claimTable (t.mu, a leaf lock); the client's
 // window cache under negMu (a leaf lock), as the negative cache.
+// The encoding of a hold's time in CLAIM_REPLY is wire's (HoldReason).
 
 import (
-	"net"
 	"net/netip"
 	"time"
 
+	"github.com/exn-project/exn/extds/internal/wire"
 	"github.com/exn-project/exn/internal/sys"
 )
 
 const (
-	// holdQuantum is the unit of a hold's remaining time on the wire;
-	// with 7 bits, MaxHold.
-	holdQuantum = 16 * time.Millisecond
-	// declineHold marks CLAIM_REPLY's reason byte as a hold (low 7 bits:
-	// quanta left). Reasons below 0x80 are the other declines.
-	declineHold uint8 = 0x80
-	// MaxHold is the longest hold the wire can say (HoldPort clamps).
-	MaxHold = 127 * holdQuantum
 	// HoldMargin is how much earlier than the server's exnd every other
 	// party ends a hold: far more than a control round trip or a fabric
 	// one-way trip (tens to hundreds of microseconds, docs/wakeup.md),
@@ -76,11 +69,11 @@ const (
 	// maxHeldPeers bounds the client's cache; a full cache is cleared
 	// (its entries only save questions).
 	maxHeldPeers = 4096
-	// skipSlack is how much earlier than a client's window ends a
+	// SkipSlack is how much earlier than a client's window ends a
 	// connection must have been made to count as skipped
 	// (SkippedByHold): the age the kernel gives is in jiffies (4 ms at
 	// 250 Hz).
-	skipSlack = 5 * time.Millisecond
+	SkipSlack = 5 * time.Millisecond
 )
 
 // holdSpan is a port's latest hold: when it began and when it ends. The
@@ -88,10 +81,10 @@ const (
 // SkippedByHold.
 type holdSpan struct{ start, end time.Time }
 
-// HoldPort puts the listener port on hold for d (at most MaxHold; 0 or
-// less ends a hold). See the file comment. Safe for concurrent use.
-func (d *Device) HoldPort(port uint16, dur time.Duration) {
-	t := &d.claims
+// HoldPort implements Device.HoldPort: port on hold for dur, at most
+// wire.MaxHold; 0 or less ends a hold.
+func (a *Agent) HoldPort(port uint16, dur time.Duration) {
+	t := &a.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
@@ -105,7 +98,7 @@ func (d *Device) HoldPort(port uint16, dur time.Duration) {
 	if len(t.spans) >= maxClaims {
 		clear(t.spans)
 	}
-	sp := holdSpan{start: now, end: now.Add(min(dur, MaxHold))}
+	sp := holdSpan{start: now, end: now.Add(min(dur, wire.MaxHold))}
 	t.spans[port] = sp
 	// CLAIMs offered before the hold and not yet claimed: their
 	// acceptors may now skip asking (a shim learns the hold from another
@@ -114,55 +107,45 @@ func (d *Device) HoldPort(port uint16, dur time.Duration) {
 	// finds the tombstone (AcceptOnHold, Claim.Held): TCP on both sides.
 	for _, e := range t.m {
 		if e.st == stOffered && e.sport == port {
-			d.claimReply(e, port, 0, holdReason(sp.end.Sub(now)))
+			a.claimReply(e, port, 0, wire.HoldReason(sp.end.Sub(now)))
 			e.st, e.expires = stHeld, now.Add(claimTombstone)
 		}
 	}
 }
 
-// SkippedByHold reports whether the accepted connection key, made at
-// made, was made while a client skipped asking because its port was on
-// hold: inside the port's latest hold, and before the clients' window
-// of it ended (2·HoldMargin and skipSlack before its end). Such a
-// client sends no CLAIM and no hello, so the acceptor takes the
-// connection as TCP at once (AcceptHeld) instead of waiting for them.
-// It reports false if a CLAIM or a tombstone for key is known (Claim
-// decides those). When it reports true, a CLAIM for key that still comes
-// (its client did not skip after all) is declined as held, so that the
-// client goes plain TCP too and nothing is written into the stream.
-func (d *Device) SkippedByHold(key TupleKey, made time.Time) bool {
-	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
-	t := &d.claims
+// SkippedByHold implements Device.SkippedByHold: whether key, made at
+// made, was made inside the port's latest hold and before the clients'
+// window of it ended (2·HoldMargin and SkipSlack before its end), with
+// no CLAIM or tombstone known for it. When it reports true, a CLAIM for
+// key that still comes is declined as held.
+func (a *Agent) SkippedByHold(key TupleKey, made time.Time) bool {
+	key = key.norm()
+	t := &a.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sp, ok := t.spans[key.Local.Port()]
-	if !ok || t.m[key] != nil || made.Before(sp.start) || made.After(sp.end.Add(-2*HoldMargin-skipSlack)) {
+	if !ok || t.m[key] != nil || made.Before(sp.start) || made.After(sp.end.Add(-2*HoldMargin-SkipSlack)) {
 		return false
 	}
 	t.skipLocked(key, time.Now())
 	return true
 }
 
-// PortHold returns how long port stays on hold for this node's acceptors:
-// the remaining hold minus HoldMargin, 0 if none.
-func (d *Device) PortHold(port uint16) time.Duration {
-	t := &d.claims
+// PortHold implements Device.PortHold: the remaining hold of port minus
+// HoldMargin, 0 if none.
+func (a *Agent) PortHold(port uint16) time.Duration {
+	t := &a.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return max(t.holdLeftLocked(port, time.Now())-HoldMargin, 0)
 }
 
-// AcceptOnHold is PortHold for the acceptor of the connection key: how
-// long its port stays on hold for acceptors, 0 if it is not. When it is,
-// the acceptor takes the connection as plain TCP without claiming it,
-// so the connection's claim state is settled here: a CLAIM for key that
-// comes later is declined as held whenever it comes, even after the
-// hold. (One that came before the hold began was declined when it began,
-// HoldPort; one that came during it, at once, onClaim.) Safe for
-// concurrent use.
-func (d *Device) AcceptOnHold(key TupleKey) time.Duration {
-	key = TupleKey{normAP(key.Local), normAP(key.Remote)}
-	t := &d.claims
+// AcceptOnHold implements Device.AcceptOnHold: PortHold for the acceptor
+// of key, which, when it is on hold, settles key's claim state so that
+// a later CLAIM for it is declined as held.
+func (a *Agent) AcceptOnHold(key TupleKey) time.Duration {
+	key = key.norm()
+	t := &a.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
@@ -176,12 +159,12 @@ func (d *Device) AcceptOnHold(key TupleKey) time.Duration {
 	return left - HoldMargin
 }
 
-// acceptedInHold reports whether the connection key, whose CLAIM just
+// AcceptedInHold reports whether the connection key, whose CLAIM just
 // arrived after its port's latest hold ended and which no acceptor asked
 // about, may have been taken as plain TCP by an acceptor that skipped
 // asking during the hold: the kernel (sock_diag, in this process's
 // network namespace) says it was accepted already, and made before the
-// acceptors' window ended (HoldMargin before the hold, skipSlack for the
+// acceptors' window ended (HoldMargin before the hold, SkipSlack for the
 // age's jiffies). Its CLAIM then took longer than the margin to arrive
 // (a loaded host; CI met it once) and is declined as held, with nothing
 // to cache; waiting would end in the client's no_claim and its negative
@@ -192,8 +175,8 @@ func (d *Device) AcceptOnHold(key TupleKey) time.Duration {
 // accepted yet) is false, and the CLAIM waits for its acceptor as any
 // other. Called by the rx loop without t.mu: the lookup is one netlink
 // round trip of kernel work, never a wait.
-func (d *Device) acceptedInHold(key TupleKey, now time.Time) bool {
-	t := &d.claims
+func (a *Agent) AcceptedInHold(key TupleKey, now time.Time) bool {
+	t := &a.claims
 	t.mu.Lock()
 	sp, ok := t.spans[key.Local.Port()]
 	known := t.m[key] != nil
@@ -203,10 +186,10 @@ func (d *Device) acceptedInHold(key TupleKey, now time.Time) bool {
 	}
 	info, found, err := sys.LookupTCP(key.Local, key.Remote)
 	if err != nil {
-		d.rlog.warn("extds: cannot look up a claimed connection", "local", key.Local, "remote", key.Remote, "err", err)
+		a.host.Warn("extds: cannot look up a claimed connection", "local", key.Local, "remote", key.Remote, "err", err)
 		return false
 	}
-	return found && info.Accepted && now.Add(-info.SinceLastAck).Before(sp.end.Add(-HoldMargin+skipSlack))
+	return found && info.Accepted && now.Add(-info.SinceLastAck).Before(sp.end.Add(-HoldMargin+SkipSlack))
 }
 
 // skipLocked records that key's acceptor took it as plain TCP because of
@@ -227,34 +210,6 @@ func (t *claimTable) holdLeftLocked(port uint16, now time.Time) time.Duration {
 	return 0
 }
 
-// timeLeft is the time from now until m[k]; 0 if there is no entry, and
-// an entry that has passed is deleted. The caller guards m.
-func timeLeft[K comparable](m map[K]time.Time, k K, now time.Time) time.Duration {
-	until, ok := m[k]
-	if !ok {
-		return 0
-	}
-	if left := until.Sub(now); left > 0 {
-		return left
-	}
-	delete(m, k)
-	return 0
-}
-
-// holdReason is CLAIM_REPLY's reason for a remaining hold.
-func holdReason(left time.Duration) uint8 {
-	return declineHold | uint8(min(left/holdQuantum, 127))
-}
-
-// holdOf decodes a CLAIM_REPLY reason: the hold's remaining time and
-// whether the reason is a hold.
-func holdOf(reason uint8) (time.Duration, bool) {
-	if reason&declineHold == 0 {
-		return 0, false
-	}
-	return time.Duration(reason&^declineHold) * holdQuantum, true
-}
-
 // heldPeers maps a server to the end of its hold, as the client's Device
 // knows it (under negMu).
 type heldPeers map[netip.AddrPort]time.Time
@@ -267,33 +222,27 @@ type heldPeers map[netip.AddrPort]time.Time
 // the window counts from sent: the server answered after it, and however
 // late the answer arrives or is read (a loaded host), the client's window
 // cannot outlast the server's.
-func (d *Device) holdPeer(addr netip.AddrPort, left time.Duration, sent time.Time) {
+func (a *Agent) holdPeer(addr netip.AddrPort, left time.Duration, sent time.Time) {
 	end := sent.Add(left - 2*HoldMargin)
 	if !end.After(time.Now()) {
 		return
 	}
-	d.negMu.Lock()
-	defer d.negMu.Unlock()
-	if len(d.held) >= maxHeldPeers {
-		clear(d.held)
+	a.negMu.Lock()
+	defer a.negMu.Unlock()
+	if len(a.held) >= maxHeldPeers {
+		clear(a.held)
 	}
-	d.held[normAP(addr)] = end
+	a.held[normAP(addr)] = end
 }
 
-// PeerHold returns how long connections to the server at addr stay
-// plain TCP without asking (a hold its exnd announced), 0 if none.
-func (d *Device) PeerHold(addr netip.AddrPort) time.Duration {
-	d.negMu.Lock()
-	defer d.negMu.Unlock()
-	return timeLeft(d.held, normAP(addr), time.Now())
+// PeerHold implements Device.PeerHold: how long connections to the
+// server at addr stay plain TCP without asking, 0 if none.
+func (a *Agent) PeerHold(addr netip.AddrPort) time.Duration {
+	a.negMu.Lock()
+	defer a.negMu.Unlock()
+	return timeLeft(a.held, normAP(addr), time.Now())
 }
 
 // Held reports whether the client's CLAIM for this connection was
 // declined because the port is on hold: the client sends no hello.
-func (c *Claim) Held() bool { return c.state() == stHeld }
-
-// AcceptHeld is AcceptShadow for a connection whose claim is Held: shadow
-// as a ModeTCP Conn, counted as FallbackShortLived, nothing read.
-func (d *Device) AcceptHeld(shadow net.Conn) *Conn {
-	return d.fallback(shadow, nil, FallbackShortLived)
-}
+func (c Claim) Held() bool { return c.state() == stHeld }

@@ -1,0 +1,150 @@
+package wire
+
+// Bodies of the out-of-band agreement's messages (extds/internal/agree).
+//
+// CLAIM and CLAIM_REPLY (tags 0x4E / 0x4F; conn field = the client's
+// token):
+//
+//	CLAIM        sport u16, cport u16, flags u32, client IP [16], server IP [16]   44 bytes
+//	CLAIM_REPLY  sport u16, status u8 (1 agreed, 0 declined), reason u8        8 bytes
+//
+// reason: 1 no listener, 2 late, 3 busy, 4 mismatch; 0x80 | q the port
+// is on hold for q more HoldQuantum units (HoldReason).
+//
+// flags: bit 0 (ClaimFlagDirect), the client can take a direct
+// connection; other bits zero. IPs are 16-byte (IPv4 as IPv4-mapped).
+//
+// The direct agreement (tags 0x52 / 0x53; the header's conn field as
+// shown):
+//
+//	CLAIM_DIRECT  conn = the client's CLAIM token:
+//	              sport u16, 0 u16, token u32, ring u32, ID u64        24 bytes
+//	COMMIT        conn = the server's token (CLAIM_DIRECT's):
+//	              sport u16, status u8 (1 commit, 0 abort), 0 u8        8 bytes
+//
+// No locks: every function works on its arguments only.
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"time"
+
+	"github.com/exn-project/exn/fabric"
+)
+
+// Message lengths, header included.
+const (
+	ClaimLen       = 44
+	ClaimRepLen    = 8
+	ClaimDirectLen = 24
+	CommitLen      = 8
+)
+
+// ClaimFlagDirect is the CLAIM flag of a client that can take a direct
+// connection.
+const ClaimFlagDirect uint32 = 1
+
+// Decline reasons carried in CLAIM_REPLY.
+const (
+	DeclineNoListener uint8 = 1 // no listener registered for the port
+	DeclineLate       uint8 = 2 // the acceptor already went plain TCP
+	DeclineBusy       uint8 = 3 // claim table full
+	DeclineMismatch   uint8 = 4 // the client IP does not resolve to the sender
+	// DeclineHold marks the reason as a hold (low 7 bits: quanta left).
+	// Reasons below 0x80 are the other declines.
+	DeclineHold uint8 = 0x80
+)
+
+const (
+	// HoldQuantum is the unit of a hold's remaining time on the wire;
+	// with 7 bits, MaxHold.
+	HoldQuantum = 16 * time.Millisecond
+	// MaxHold is the longest hold the wire can say.
+	MaxHold = 127 * HoldQuantum
+)
+
+// HoldReason is CLAIM_REPLY's reason for a remaining hold.
+func HoldReason(left time.Duration) uint8 {
+	return DeclineHold | uint8(min(left/HoldQuantum, 127))
+}
+
+// HoldOf decodes a CLAIM_REPLY reason: the hold's remaining time and
+// whether the reason is a hold.
+func HoldOf(reason uint8) (time.Duration, bool) {
+	if reason&DeclineHold == 0 {
+		return 0, false
+	}
+	return time.Duration(reason&^DeclineHold) * HoldQuantum, true
+}
+
+// DecodeClaim checks and decodes a CLAIM's body (Msg.Data).
+func DecodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, flags uint32, ok bool) {
+	if len(p) != ClaimLen-HdrLen {
+		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
+	}
+	if flags = binary.LittleEndian.Uint32(p[4:]); flags&^ClaimFlagDirect != 0 {
+		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
+	}
+	sport, cport = binary.LittleEndian.Uint16(p), binary.LittleEndian.Uint16(p[2:])
+	cip = netip.AddrFrom16([16]byte(p[8:24])).Unmap()
+	sip = netip.AddrFrom16([16]byte(p[24:40])).Unmap()
+	return sport, cport, cip, sip, flags, sport != 0 && cport != 0
+}
+
+// EncClaim is the CLAIM of the client's connection local→remote.
+func EncClaim(fm *fabric.Message, peer fabric.Addr, token uint32, local, remote netip.AddrPort, flags uint32) {
+	putHdr(fm, peer, TagClaim, token, ClaimLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], remote.Port())
+	binary.LittleEndian.PutUint16(fm.Data[6:], local.Port())
+	binary.LittleEndian.PutUint32(fm.Data[8:], flags)
+	c, s := local.Addr().As16(), remote.Addr().As16()
+	copy(fm.Data[12:28], c[:])
+	copy(fm.Data[28:44], s[:])
+}
+
+// EncClaimRep is a CLAIM_REPLY.
+func EncClaimRep(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16, status, reason uint8) {
+	putHdr(fm, peer, TagClaimRep, token, ClaimRepLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	fm.Data[6], fm.Data[7] = status, reason
+}
+
+// StatusBody decodes the body that CLAIM_REPLY and COMMIT begin with: the
+// port, then a status byte that is 0 or 1. ok is false if the message is
+// not n bytes long (header included) or the status is anything else.
+func StatusBody(m *Msg, n int) (port uint16, status uint8, ok bool) {
+	if len(m.Data) != n-HdrLen || m.Data[2] > 1 {
+		return 0, 0, false
+	}
+	return binary.LittleEndian.Uint16(m.Data), m.Data[2], true
+}
+
+// DecodeClaimDirect checks and decodes a CLAIM_DIRECT's body.
+func DecodeClaimDirect(p []byte) (port uint16, token, ring uint32, id uint64, ok bool) {
+	if len(p) != ClaimDirectLen-HdrLen || binary.LittleEndian.Uint16(p[2:]) != 0 {
+		return 0, 0, 0, 0, false
+	}
+	port = binary.LittleEndian.Uint16(p)
+	token = binary.LittleEndian.Uint32(p[4:])
+	ring = binary.LittleEndian.Uint32(p[8:])
+	id = binary.LittleEndian.Uint64(p[12:])
+	return port, token, ring, id, port != 0 && token != 0 && ring != 0
+}
+
+// EncClaimDirect is the CLAIM_DIRECT answering the CLAIM of ctoken: the
+// direct connection's token, ring size and buffer ID.
+func EncClaimDirect(fm *fabric.Message, peer fabric.Addr, ctoken uint32, port uint16, token, ring uint32, id uint64) {
+	putHdr(fm, peer, TagClaimDirect, ctoken, ClaimDirectLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	binary.LittleEndian.PutUint16(fm.Data[6:], 0)
+	binary.LittleEndian.PutUint32(fm.Data[8:], token)
+	binary.LittleEndian.PutUint32(fm.Data[12:], ring)
+	binary.LittleEndian.PutUint64(fm.Data[16:], id)
+}
+
+// EncCommit is a COMMIT (status 1) or its abort (0).
+func EncCommit(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16, status uint8) {
+	putHdr(fm, peer, TagCommit, token, CommitLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	fm.Data[6], fm.Data[7] = status, 0
+}
