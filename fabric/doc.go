@@ -23,10 +23,12 @@
 //   - A peer that disappears becomes ErrPeerDown for its callers; a sender
 //     blocked on it returns.
 //
-// Two optional interfaces say more than the contract promises:
-// PeerWatcher (a NIC announces changes of its peer set) and PutOrderer (an
+// Three optional interfaces say more than the contract promises:
+// PeerWatcher (a NIC announces changes of its peer set), PutOrderer (an
 // Endpoint places its PUTs before its later VELO messages to the same
-// node, which exn's receiver-granted PUT needs).
+// node, which exn's receiver-granted PUT needs) and BufferRegistrar (an
+// Endpoint registers memory its caller owns, such as a mapping shared
+// with another process).
 //
 // Backends live in sub-packages (fabric/mem, fabric/shm, ...) and all pass
 // the conformance suite in fabric/fabrictest.

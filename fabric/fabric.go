@@ -268,6 +268,39 @@ type PeerWatcher interface {
 	PeersChanged() <-chan struct{}
 }
 
+// BufferRegistrar is implemented by an Endpoint that can register memory
+// its caller owns — typically an mmap of a file another process maps too
+// (an LD_PRELOAD program's connection buffer in /dev/shm) — as ibv_reg_mr
+// or fi_mr_reg do, so RMA moves bytes straight from or into it with no
+// extra copy. fabric/mem, fabric/fabnet and fabric/ofi implement it;
+// fabric/shm does not (its RMA is stores into the target's own /dev/shm
+// region files, which a caller's mapping is not). Callers test for it
+// with a type assertion.
+type BufferRegistrar interface {
+	// RegisterBuffer registers buf for RMA, owned by this VPID, and
+	// returns its Region: Region.Buf is buf itself (same memory, capacity
+	// trimmed to len(buf)), and the region is len(buf) bytes. len(buf)
+	// must be 1..MaxRegionSize, as Register's size; otherwise, and when
+	// region indices are exhausted, the error wraps ErrInvalid, and on a
+	// closed endpoint it is net.ErrClosed.
+	//
+	// Ownership: buf stays the caller's. The caller keeps it mapped and
+	// valid until Deregister of the region's base NLA, or Close of the
+	// endpoint, has returned (both wait for RMA in flight on it); the
+	// fabric never frees, unmaps or resizes it, and after that return
+	// never touches it again. buf should be an mmap, not Go memory:
+	// fabric/ofi hands its address to libfabric (it pins Go memory while
+	// registered, but providers register page-aligned mappings best).
+	//
+	// Concurrency: safe to call from many goroutines, like Register. RMA
+	// reads and writes buf concurrently with the caller's own access,
+	// and with other processes' access through a shared mapping; nothing
+	// synchronises them (the protocol above does: e.g. it announces a PUT
+	// once the completer notification came, or under PutOrderer; a PUT's
+	// requester notification says only that the source was read).
+	RegisterBuffer(buf []byte) (Region, error)
+}
+
 // PutOrderer is implemented by an Endpoint that can say whether its RMA
 // PUTs are placed before its later VELO messages are delivered: once
 // Post has returned without error for a PUT, a message that the same

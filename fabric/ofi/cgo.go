@@ -11,9 +11,12 @@ package ofi
 // cgo_rma.c (memory, registration, RMA) and unpark.c (the getinfo filter).
 // Rules kept here:
 //
-//   - No Go pointer is ever handed to C to keep: every buffer libfabric
-//     sees (receive and send slots, RMA regions, CQ entry arrays) is C
-//     memory from calloc or mmap.
+//   - No unpinned Go pointer is ever handed to C to keep: every buffer
+//     libfabric sees (receive and send slots, RMA regions, CQ entry
+//     arrays) is C memory from calloc or mmap, except a caller's buffer
+//     (RegisterBuffer), which is meant to be an mmap too and is pinned
+//     (runtime.Pinner, a no-op on non-Go memory) while registered in case
+//     it is Go memory after all.
 //   - Operation contexts are integers (see opctx in wire.go) cast to
 //     void* inside C, so no Go value hides in a pointer and the provider
 //     is never asked to write into a context (we do not accept FI_CONTEXT).
@@ -31,6 +34,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
 )
 
@@ -249,10 +253,22 @@ func (f *fab) avInsertSvc(node, svc string) (uint64, error) {
 }
 
 // cmem is C memory from mmap: page aligned, never moved by Go, and
-// unmapped (so a stale access faults instead of corrupting) on free.
+// unmapped (so a stale access faults instead of corrupting) on free. Or,
+// from callerMem, a caller's buffer: pinned, and only unpinned on free.
 type cmem struct {
 	p   unsafe.Pointer
 	len int
+	pin *runtime.Pinner // non-nil: the caller's memory, never unmapped here
+}
+
+// callerMem is cmem over buf (non-empty), which stays its caller's: free
+// only unpins it. Pin keeps the GC's hands off buf should it be Go memory
+// (cgo's rule for a pointer C keeps); it does nothing on an mmap.
+func callerMem(buf []byte) cmem {
+	p := unsafe.Pointer(unsafe.SliceData(buf))
+	pin := new(runtime.Pinner)
+	pin.Pin(p)
+	return cmem{p: p, len: len(buf), pin: pin}
 }
 
 func mmapMem(n int) (cmem, error) {
@@ -269,6 +285,10 @@ func (m cmem) at(off int) unsafe.Pointer {
 	return unsafe.Add(m.p, off)
 }
 func (m cmem) free() {
+	if m.pin != nil {
+		m.pin.Unpin()
+		return
+	}
 	if m.p != nil {
 		C.exn_munmap(m.p, C.size_t(m.len))
 	}

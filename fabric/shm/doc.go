@@ -21,7 +21,9 @@
 // target's VPID file: senders in any process write into it directly, the
 // owner reads. RMA is a single copy done by the requester, which maps the
 // peer's region file (lazily, cached, checked against the region's
-// generation on every request). Waiting spins (while waits are short),
+// generation on every request). So a region must be such a file, and
+// endpoints do not implement fabric.BufferRegistrar (memory a caller
+// owns is not one). Waiting spins (while waits are short),
 // sleeps on a shared futex for a short slice (while the exchange is hot),
 // then parks its goroutine in the Go netpoller on the VPID's doorbell
 // FIFO, so an idle consumer holds no thread in a blocking system call;

@@ -161,6 +161,23 @@ func Register[O comparable, R any](c *Core, t *Table[O, R], owner O, size int, m
 	if err := c.CheckRegister(size); err != nil {
 		return fabric.Region{}, err
 	}
+	return publish(c, t, owner, make([]byte, size), mk)
+}
+
+// RegisterBuffer is fabric.BufferRegistrar.RegisterBuffer for the same
+// backends: it checks len(buf) as Register checks a size and publishes
+// mk(idx, buf) with buf itself, which stays the caller's (the backend's
+// retire must not free or unmap it).
+func RegisterBuffer[O comparable, R any](c *Core, t *Table[O, R], owner O, buf []byte, mk func(idx uint32, buf []byte) R) (fabric.Region, error) {
+	if err := c.CheckRegister(len(buf)); err != nil {
+		return fabric.Region{}, err
+	}
+	return publish(c, t, owner, buf[:len(buf):len(buf)], mk)
+}
+
+// publish reserves an index and publishes mk(idx, buf) in t under owner,
+// atomically with the endpoint not being closed.
+func publish[O comparable, R any](c *Core, t *Table[O, R], owner O, buf []byte, mk func(idx uint32, buf []byte) R) (fabric.Region, error) {
 	t.Lock()
 	defer t.Unlock()
 	if c.Closed.Load() {
@@ -170,8 +187,7 @@ func Register[O comparable, R any](c *Core, t *Table[O, R], owner O, size int, m
 	if !ok {
 		return fabric.Region{}, c.ErrExhausted()
 	}
-	buf := make([]byte, size)
-	t.PutLocked(idx, owner, mk(idx, buf), uint64(size))
+	t.PutLocked(idx, owner, mk(idx, buf), uint64(len(buf)))
 	return fabric.Region{NLA: fabric.MakeNLA(idx, 0), Buf: buf}, nil
 }
 
