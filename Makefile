@@ -12,6 +12,11 @@ PKGS    := iperf3 sockperf iproute2 iputils-ping gcc make procps libfabric-dev
 NETPERF_SRC ?= ../shared/tools/netperf
 NETPERF_DIR ?= build/netperf
 export EXN_NETPERF_DIR := $(abspath $(NETPERF_DIR))
+# exnd speaks libfabric (--fabric ofi:PROVIDER, real RDMA NICs) whenever
+# libfabric's headers are installed: `make` then builds cmd/ with the ofi
+# build tag, so nobody has to know about it. Without them the binaries
+# build as before and exnd answers ofi: specs with the reason.
+OFI_TAG ?= $(shell printf '\043include <rdma/fabric.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo ofi)
 
 .PHONY: all build test deps fmt-check vet unit race clean demo fuzz ofi netperf bench-ofi
 
@@ -19,7 +24,7 @@ all: build
 
 build:
 	mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -tags '$(OFI_TAG)' -o $(BIN)/ ./cmd/...
 	$(MAKE) -s -C shim OUT=$(abspath $(BIN))/libextds.so CC=$(CC)
 	$(CC) -O2 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -o $(BIN)/libshmfab.so fabric/shm/cabi/shmfab*.c
 
