@@ -9,6 +9,7 @@ import (
 
 	"github.com/exn-project/exn/extds/internal/agree"
 	"github.com/exn-project/exn/extds/internal/wire"
+	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/internal/sys"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -71,8 +72,16 @@ func TestClaimDirect(t *testing.T) {
 	errCreate := errors.New("no space")
 	errOpen := errors.New("cannot open")
 	made := DirectInfo{Node: nodeB, Token: 0x1235, ID: 1 << 40, Ring: 1 << 16}
+	// Across hosts (CLAIM_RDIRECT, COMMIT_R): the acceptor names its
+	// engine connection and buffer, the client's open its own.
+	remote := made
+	remote.Remote, remote.NLA = true, fabric.MakeNLA(3, 0x100)
+	client := remote
+	client.ClientID, client.ClientNLA = 1<<41|7, fabric.MakeNLA(5, 0x200)
 	tests := []struct {
 		name      string
+		fill      *DirectInfo // the client's open fills in ClientID and ClientNLA from it
+		want      *DirectInfo // wantDI: what both sides get (nil: made)
 		claimTO   time.Duration
 		create    func() (DirectInfo, error)
 		openErr   error
@@ -94,6 +103,11 @@ func TestClaimDirect(t *testing.T) {
 		// the client has opened: TestDirectNoCommitResets there).
 		{name: "no-commit", create: func() (DirectInfo, error) { return made, nil }, openWait: 400 * time.Millisecond, noCommit: true},
 		{name: "create-fails", create: func() (DirectInfo, error) { return DirectInfo{}, errCreate }, wantModes: ModeEXTDS, wantBytes: true},
+		{name: "remote-commit", create: func() (DirectInfo, error) { return remote, nil }, fill: &client, want: &client, wantDI: true},
+		// A client whose open names no engine connection cannot join a
+		// cross-host one: it aborts, and both stay TCP.
+		{name: "remote-open-names-nothing", create: func() (DirectInfo, error) { return remote, nil }, wantModes: ModeTCP, wantWhy: "direct_abort"},
+		{name: "remote-open-fails", create: func() (DirectInfo, error) { return remote, nil }, fill: &client, openErr: errOpen, wantModes: ModeTCP, wantWhy: "direct_abort"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,8 +132,12 @@ func TestClaimDirect(t *testing.T) {
 			}
 			defer tc0.Close()
 			var opened *DirectInfo
-			open := func(di DirectInfo) error {
-				opened = &di
+			open := func(di *DirectInfo) error {
+				if tc.fill != nil {
+					di.ClientID, di.ClientNLA = tc.fill.ClientID, tc.fill.ClientNLA
+				}
+				cp := *di
+				opened = &cp
 				time.Sleep(tc.openWait)
 				return tc.openErr
 			}
@@ -146,8 +164,12 @@ func TestClaimDirect(t *testing.T) {
 				defer sr.c.Close()
 			}
 			if tc.wantDI {
-				if cdi == nil || sr.di == nil || *cdi != made || *sr.di != made || opened == nil {
-					t.Fatalf("direct: client %+v, server %+v, opened %+v; want %+v", cdi, sr.di, opened, made)
+				want := made
+				if tc.want != nil {
+					want = *tc.want
+				}
+				if cdi == nil || sr.di == nil || *cdi != want || *sr.di != want || opened == nil {
+					t.Fatalf("direct: client %+v, server %+v, opened %+v; want %+v", cdi, sr.di, opened, want)
 				}
 				if n := p.devB.Stats().DirectAgreed; n != 1 {
 					t.Errorf("DirectAgreed %d, want 1", n)

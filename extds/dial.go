@@ -167,7 +167,7 @@ func (d *Dialer) upgrade(ctx context.Context, raw net.Conn, address string) (*Co
 // upgradeDirect is upgrade with a direct offer when open is not nil
 // (direct.go): the result is then either a *Conn or, when the server made
 // a direct connection and open took it, its DirectInfo.
-func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string, open func(DirectInfo) error) (*Conn, *DirectInfo, error) {
+func (d *Dialer) upgradeDirect(ctx context.Context, raw net.Conn, address string, open func(*DirectInfo) error) (*Conn, *DirectInfo, error) {
 	dev := d.Device
 	if dev == nil {
 		return tcpConn(raw, nil), nil, nil

@@ -47,7 +47,7 @@ type DirectInfo = agree.DirectInfo
 // keeps shadow, whose stream starts after the handshake. If open fails
 // the handshake fails (the error wraps open's). Otherwise the results are
 // Upgrade's. open runs on the caller's goroutine.
-func (d *Dialer) UpgradeDirect(ctx context.Context, shadow net.Conn, open func(DirectInfo) error) (*Conn, *DirectInfo, error) {
+func (d *Dialer) UpgradeDirect(ctx context.Context, shadow net.Conn, open func(*DirectInfo) error) (*Conn, *DirectInfo, error) {
 	c, di, err := d.upgradeDirect(ctx, shadow, shadow.RemoteAddr().String(), open)
 	if err != nil {
 		abandon(shadow)
@@ -114,7 +114,7 @@ func (d *Device) serverDirect(raw net.Conn, b *[wire.HelloLen]byte, create func(
 // clientDirect sends a direct offer and reads the answer: a DirectInfo
 // (opened with open and acked), or (nil, nil) when the server asks for
 // the ordinary hello, or errPeerNoFab.
-func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(DirectInfo) error) (*DirectInfo, error) {
+func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.NodeID, open func(*DirectInfo) error) (*DirectInfo, error) {
 	stop := handshakeDeadline(ctx, raw, d.cfg.handshakeTO)
 	defer stop()
 	h, err := askHello(raw, &wire.Hello{Flags: wire.FlagDirect, Node: d.att.Node()})
@@ -132,7 +132,7 @@ func (d *Device) clientDirect(ctx context.Context, raw net.Conn, node fabric.Nod
 		return nil, err
 	}
 	di := &DirectInfo{Node: h.Node, Token: h.Conn, ID: uint64(h.Ring), Ring: h.RingSize}
-	if err := open(*di); err != nil {
+	if err := open(di); err != nil {
 		return nil, fmt.Errorf("open direct buffer: %w", err)
 	}
 	if err := ackReply(ctx, raw, h.Conn, stop); err != nil {

@@ -151,7 +151,7 @@ func TestDirectNoCommitResets(t *testing.T) {
 	}
 	defer c.Close()
 	var fs *dring.Files
-	open := func(di extds.DirectInfo) error {
+	open := func(di *extds.DirectInfo) error {
 		var err error
 		fs, err = dring.Open(dir, dring.Name("t", di.Node, di.ID))
 		time.Sleep(800 * time.Millisecond) // a stalled exnd

@@ -83,8 +83,8 @@ const directLivenessPeriod = time.Second
 
 // directOpen is the connecting side's open hook: the accepting exnd made
 // the files; open them and keep them for prepareDirect.
-func (s *Server) directOpen(out **dring.Files) func(extds.DirectInfo) error {
-	return func(di extds.DirectInfo) error {
+func (s *Server) directOpen(out **dring.Files) func(*extds.DirectInfo) error {
+	return func(di *extds.DirectInfo) error {
 		fs, err := dring.Open(s.directCfg.Dir, dring.Name(s.directCfg.Fabric, di.Node, di.ID))
 		if err != nil {
 			return err

@@ -141,12 +141,14 @@ func (a *Agent) drop(args ...any) {
 // rather than to a connection; nil for every other tag. Method
 // expressions: nothing is allocated per message.
 var handlers = [256]func(*Agent, int, fabric.Addr, *wire.Msg){
-	wire.TagProbe:       (*Agent).onProbe,
-	wire.TagProbeRep:    (*Agent).onProbeReply,
-	wire.TagClaim:       (*Agent).onClaim,
-	wire.TagClaimRep:    (*Agent).onClaimReply,
-	wire.TagClaimDirect: (*Agent).onClaimDirect,
-	wire.TagCommit:      (*Agent).onCommit,
+	wire.TagProbe:        (*Agent).onProbe,
+	wire.TagProbeRep:     (*Agent).onProbeReply,
+	wire.TagClaim:        (*Agent).onClaim,
+	wire.TagClaimRep:     (*Agent).onClaimReply,
+	wire.TagClaimDirect:  (*Agent).onClaimDirect,
+	wire.TagCommit:       (*Agent).onCommit,
+	wire.TagClaimRDirect: (*Agent).onClaimRDirect,
+	wire.TagCommitR:      (*Agent).onCommitR,
 }
 
 // Handles reports whether a message with tag is the Agent's (Handle).
@@ -288,4 +290,14 @@ type DirectInfo struct {
 	Token uint32
 	ID    uint64
 	Ring  uint32
+	// Across hosts (issue #38; CLAIM_RDIRECT, COMMIT_R): each node has
+	// its own copy of the buffer, joined by exnd's engine
+	// (extds/rdirect). ID is then the accepting exnd's engine connection
+	// and NLA its buffer's base; ClientID and ClientNLA are the
+	// connecting exnd's, which its open hook fills in and its COMMIT_R
+	// carries.
+	Remote    bool
+	NLA       fabric.NLA
+	ClientID  uint64
+	ClientNLA fabric.NLA
 }

@@ -69,10 +69,10 @@ type claimEntry struct {
 	expires time.Time // stOffered, stClosed
 	sport   uint16    // the server port (COMMIT's check)
 	// Direct agreement (claimdirect.go).
-	offerDirect bool       // the CLAIM offered a direct connection
-	wake        func()     // ClaimDirect's hook (nil: Claim's acceptor, no direct)
-	commit      chan uint8 // cap 1, stReplied: COMMIT's status
-	ck          commitKey  // stReplied: its key in the commit table
+	offerDirect bool           // the CLAIM offered a direct connection
+	wake        func()         // ClaimDirect's hook (nil: Claim's acceptor, no direct)
+	commit      chan commitAns // cap 1, stReplied: COMMIT's status (COMMIT_R's client side)
+	ck          commitKey      // stReplied: its key in the commit table
 }
 
 type claimTable struct {
@@ -365,7 +365,7 @@ const (
 // and an acceptor that makes one answers with its name: open is called
 // and, when it succeeds, the result is Direct and its DirectInfo
 // (claimdirect.go).
-func (a *Agent) Offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort, open func(DirectInfo) error) (Answer, *DirectInfo, error) {
+func (a *Agent) Offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort, open func(*DirectInfo) error) (Answer, *DirectInfo, error) {
 	local, remote = normAP(local), normAP(remote)
 	v, peer, err := a.askTarget(node, local.Port(), remote.Port())
 	if err != nil {

@@ -15,6 +15,15 @@ package agree
 //	  or, if open fails, or the answer came
 //	  after the client gave up: COMMIT {token, 0} → both stay plain TCP
 //
+// Across hosts (create's DirectInfo has Remote set: an exnd whose fabric
+// is not shm, docs/direct.md "Across hosts") the answer is CLAIM_RDIRECT,
+// which adds the acceptor's engine connection and buffer NLA; the
+// client's open makes its own buffer and engine connection, and its
+// COMMIT_R carries them back. An abort is the plain COMMIT {token, 0}
+// either way; a plain COMMIT {token, 1} for a cross-host answer (or a
+// COMMIT_R for a one-host one) is a protocol violation that fails the
+// connection.
+//
 // Nothing is written into the shadow connection by either side, so an
 // abort leaves both programs plain TCP streams, untouched. Once it sent
 // COMMIT the client is direct; an accepting exnd that gets no COMMIT
@@ -58,6 +67,17 @@ type claimAns struct {
 	status, reason uint8 // 1 agreed, 0 declined (reason), statusDirectAns
 	token, ring    uint32
 	id             uint64
+	remote         bool       // CLAIM_RDIRECT
+	nla            fabric.NLA // CLAIM_RDIRECT: the acceptor's buffer
+}
+
+// commitAns is what an acceptor's AgreeDirect receives from the rx loop:
+// COMMIT's status, and COMMIT_R's client side (remote set).
+type commitAns struct {
+	status uint8
+	remote bool
+	id     uint64
+	nla    fabric.NLA
 }
 
 var (
@@ -65,6 +85,9 @@ var (
 	ErrNoCommit = errors.New("extds: the client did not commit the direct connection in time")
 	// ErrCommitUnsent: the client's COMMIT could not be sent (Offer).
 	ErrCommitUnsent = errors.New("extds: cannot send COMMIT")
+	// ErrCommitMismatch: a COMMIT of the other kind (one host, across
+	// hosts) than the answer it commits to.
+	ErrCommitMismatch = errors.New("extds: COMMIT does not match the direct answer's kind")
 )
 
 // DirectPending reports whether a direct CLAIM is waiting for AgreeDirect.
@@ -111,12 +134,16 @@ func (c Claim) AgreeDirect(ctx context.Context, create func() (DirectInfo, error
 		t.mu.Unlock()
 		return nil, false, nil
 	}
-	e.st, e.commit, e.ck = stReplied, make(chan uint8, 1), ck
+	e.st, e.commit, e.ck = stReplied, make(chan commitAns, 1), ck
 	t.commits[ck] = e
 	t.mu.Unlock()
 
 	var fm [1]fabric.Message
-	wire.EncClaimDirect(&fm[0], from, ctok, c.key.Local.Port(), made.Token, made.Ring, made.ID)
+	if made.Remote {
+		wire.EncClaimRDirect(&fm[0], from, ctok, c.key.Local.Port(), made.Token, made.Ring, made.ID, made.NLA)
+	} else {
+		wire.EncClaimDirect(&fm[0], from, ctok, c.key.Local.Port(), made.Token, made.Ring, made.ID)
+	}
 	if err := a.sendNow(ctx, vd, &fm); err != nil {
 		a.ctr.handshakeErr.Add(1)
 		return nil, false, fmt.Errorf("send CLAIM_DIRECT: %w", err)
@@ -127,12 +154,17 @@ func (c Claim) AgreeDirect(ctx context.Context, create func() (DirectInfo, error
 	timer := time.NewTimer(a.cfg.HandshakeTimeout)
 	defer timer.Stop()
 	select {
-	case st := <-e.commit:
-		if st == 1 {
-			a.ctr.directAgreed.Add(1)
-			return &made, false, nil
+	case ans := <-e.commit:
+		switch {
+		case ans.status != 1:
+			return nil, true, nil
+		case ans.remote != made.Remote:
+			a.ctr.handshakeErr.Add(1)
+			return nil, false, ErrCommitMismatch
 		}
-		return nil, true, nil
+		made.ClientID, made.ClientNLA = ans.id, ans.nla
+		a.ctr.directAgreed.Add(1)
+		return &made, false, nil
 	case <-timer.C:
 		a.ctr.handshakeErr.Add(1)
 		return nil, false, ErrNoCommit
@@ -159,6 +191,20 @@ func (a *Agent) onClaimDirect(v int, from fabric.Addr, m *wire.Msg) {
 	a.commit(v, from, tok, port, 0)
 }
 
+// onClaimRDirect is onClaimDirect for a cross-host answer.
+func (a *Agent) onClaimRDirect(v int, from fabric.Addr, m *wire.Msg) {
+	port, tok, ring, id, nla, ok := wire.DecodeClaimRDirect(m.Data)
+	if !ok {
+		a.drop("from", from, "why", "malformed cross-host direct claim answer")
+		return
+	}
+	if a.answer(v, from, m.Conn, port, claimAns{status: statusDirectAns, token: tok, ring: ring, id: id, remote: true, nla: nla}) == ansTaken {
+		return
+	}
+	a.drop("from", from, "token", m.Conn, "why", "direct claim answer matches no waiting claim")
+	a.commit(v, from, tok, port, 0)
+}
+
 // onCommit hands a COMMIT to the acceptor waiting for it (rx loop).
 func (a *Agent) onCommit(v int, from fabric.Addr, m *wire.Msg) {
 	port, status, ok := wire.StatusBody(m, wire.CommitLen)
@@ -166,18 +212,34 @@ func (a *Agent) onCommit(v int, from fabric.Addr, m *wire.Msg) {
 		a.drop("from", from, "why", "malformed commit")
 		return
 	}
+	a.committed(v, from, m.Conn, port, commitAns{status: status})
+}
+
+// onCommitR hands a COMMIT_R to the acceptor waiting for it (rx loop).
+func (a *Agent) onCommitR(v int, from fabric.Addr, m *wire.Msg) {
+	port, id, nla, ok := wire.DecodeCommitR(m.Data)
+	if !ok {
+		a.drop("from", from, "why", "malformed cross-host commit")
+		return
+	}
+	a.committed(v, from, m.Conn, port, commitAns{status: 1, remote: true, id: id, nla: nla})
+}
+
+// committed hands ans to the acceptor whose CLAIM_DIRECT (or
+// CLAIM_RDIRECT) carried token (rx loop; never blocks).
+func (a *Agent) committed(v int, from fabric.Addr, token uint32, port uint16, ans commitAns) {
 	t := &a.claims
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := commitKey{from, m.Conn}
+	k := commitKey{from, token}
 	e := t.commits[k]
 	if e == nil || e.vd != v || e.sport != port {
-		a.drop("from", from, "token", m.Conn, "why", "commit matches no direct claim")
+		a.drop("from", from, "token", token, "why", "commit matches no direct claim")
 		return
 	}
 	delete(t.commits, k)
 	select {
-	case e.commit <- status:
+	case e.commit <- ans:
 	default:
 	}
 }
@@ -188,19 +250,29 @@ func (a *Agent) commit(v int, peer fabric.Addr, token uint32, port uint16, statu
 	a.host.Queue(v, wire.Ctl{Peer: peer, Conn: token, Tag: wire.TagCommit, Port: port, Status: status})
 }
 
-// clientDirectClaim is the client's side once a CLAIM_DIRECT came: open
-// the buffer and COMMIT (sent from this goroutine: the acceptor waits on
-// it), or abort and stay TCP when open fails.
-func (a *Agent) clientDirectClaim(ctx context.Context, v int, peer fabric.Addr, port uint16, ans claimAns, open func(DirectInfo) error) (Answer, *DirectInfo, error) {
-	di := &DirectInfo{Node: peer.Node, Token: ans.token, ID: ans.id, Ring: ans.ring}
+// clientDirectClaim is the client's side once a CLAIM_DIRECT (or
+// CLAIM_RDIRECT) came: open the buffer and COMMIT (sent from this
+// goroutine: the acceptor waits on it), or abort and stay TCP when open
+// fails. Across hosts, open makes this side's buffer and engine
+// connection and fills in di's ClientID and ClientNLA, which COMMIT_R
+// carries.
+func (a *Agent) clientDirectClaim(ctx context.Context, v int, peer fabric.Addr, port uint16, ans claimAns, open func(*DirectInfo) error) (Answer, *DirectInfo, error) {
+	di := &DirectInfo{Node: peer.Node, Token: ans.token, ID: ans.id, Ring: ans.ring, Remote: ans.remote, NLA: ans.nla}
 	status := uint8(1)
-	oerr := open(*di)
+	oerr := open(di)
+	if oerr == nil && di.Remote && (di.ClientID == 0 || di.ClientNLA == 0) {
+		oerr = errors.New("open named no engine connection for a cross-host direct connection")
+	}
 	if oerr != nil {
 		a.host.Warn("extds: cannot open the direct buffer, using tcp", "node", peer.Node, "err", oerr)
 		status = 0
 	}
 	var fm [1]fabric.Message
-	wire.EncCommit(&fm[0], peer, ans.token, port, status)
+	if status == 1 && di.Remote {
+		wire.EncCommitR(&fm[0], peer, ans.token, port, di.ClientID, di.ClientNLA)
+	} else {
+		wire.EncCommit(&fm[0], peer, ans.token, port, status)
+	}
 	err := a.sendNow(ctx, v, &fm)
 	switch {
 	case err != nil && oerr == nil:

@@ -22,6 +22,20 @@ package wire
 //	COMMIT        conn = the server's token (CLAIM_DIRECT's):
 //	              sport u16, status u8 (1 commit, 0 abort), 0 u8        8 bytes
 //
+// Across hosts (issue #38, docs/direct.md "Across hosts"), where each
+// node has its own copy of the buffer and exnd's engine (extds/rdirect)
+// joins them, the answer and the commit also name each side's engine
+// connection and the fabric address (NLA) of its registered buffer
+// (tags 0x54 / 0x55):
+//
+//	CLAIM_RDIRECT conn = the client's CLAIM token:
+//	              sport u16, 0 u16, token u32, ring u32, ID u64, NLA u64   32 bytes
+//	COMMIT_R      conn = the server's token (CLAIM_RDIRECT's):
+//	              sport u16, 1 u8, 0 u8, ID u64, NLA u64                  24 bytes
+//
+// ID is the sender's engine connection, NLA its buffer's base. An abort
+// is the plain COMMIT with status 0, as for one host.
+//
 // No locks: every function works on its arguments only.
 
 import (
@@ -38,6 +52,8 @@ const (
 	ClaimRepLen    = 8
 	ClaimDirectLen = 24
 	CommitLen      = 8
+	ClaimRDirLen   = 32
+	CommitRLen     = 24
 )
 
 // ClaimFlagDirect is the CLAIM flag of a client that can take a direct
@@ -147,4 +163,51 @@ func EncCommit(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16, 
 	putHdr(fm, peer, TagCommit, token, CommitLen)
 	binary.LittleEndian.PutUint16(fm.Data[4:], port)
 	fm.Data[6], fm.Data[7] = status, 0
+}
+
+// DecodeClaimRDirect checks and decodes a CLAIM_RDIRECT's body.
+func DecodeClaimRDirect(p []byte) (port uint16, token, ring uint32, id uint64, nla fabric.NLA, ok bool) {
+	if len(p) != ClaimRDirLen-HdrLen || binary.LittleEndian.Uint16(p[2:]) != 0 {
+		return 0, 0, 0, 0, 0, false
+	}
+	port = binary.LittleEndian.Uint16(p)
+	token = binary.LittleEndian.Uint32(p[4:])
+	ring = binary.LittleEndian.Uint32(p[8:])
+	id = binary.LittleEndian.Uint64(p[12:])
+	nla = fabric.NLA(binary.LittleEndian.Uint64(p[20:]))
+	return port, token, ring, id, nla, port != 0 && token != 0 && ring != 0 && id != 0 && nla != 0
+}
+
+// EncClaimRDirect is the CLAIM_RDIRECT answering the CLAIM of ctoken:
+// the token, the ring size, the acceptor's engine connection and its
+// buffer's NLA.
+func EncClaimRDirect(fm *fabric.Message, peer fabric.Addr, ctoken uint32, port uint16, token, ring uint32, id uint64, nla fabric.NLA) {
+	putHdr(fm, peer, TagClaimRDirect, ctoken, ClaimRDirLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	binary.LittleEndian.PutUint16(fm.Data[6:], 0)
+	binary.LittleEndian.PutUint32(fm.Data[8:], token)
+	binary.LittleEndian.PutUint32(fm.Data[12:], ring)
+	binary.LittleEndian.PutUint64(fm.Data[16:], id)
+	binary.LittleEndian.PutUint64(fm.Data[24:], uint64(nla))
+}
+
+// DecodeCommitR checks and decodes a COMMIT_R's body.
+func DecodeCommitR(p []byte) (port uint16, id uint64, nla fabric.NLA, ok bool) {
+	if len(p) != CommitRLen-HdrLen || p[2] != 1 || p[3] != 0 {
+		return 0, 0, 0, false
+	}
+	port = binary.LittleEndian.Uint16(p)
+	id = binary.LittleEndian.Uint64(p[4:])
+	nla = fabric.NLA(binary.LittleEndian.Uint64(p[12:]))
+	return port, id, nla, port != 0 && id != 0 && nla != 0
+}
+
+// EncCommitR is a cross-host COMMIT: the client's engine connection and
+// its buffer's NLA.
+func EncCommitR(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16, id uint64, nla fabric.NLA) {
+	putHdr(fm, peer, TagCommitR, token, CommitRLen)
+	binary.LittleEndian.PutUint16(fm.Data[4:], port)
+	fm.Data[6], fm.Data[7] = 1, 0
+	binary.LittleEndian.PutUint64(fm.Data[8:], id)
+	binary.LittleEndian.PutUint64(fm.Data[16:], uint64(nla))
 }

@@ -3,6 +3,8 @@ package wire
 import (
 	"testing"
 	"time"
+
+	"github.com/exn-project/exn/fabric"
 )
 
 func TestHoldReason(t *testing.T) {
@@ -28,5 +30,69 @@ func TestHoldReason(t *testing.T) {
 		if _, ok := HoldOf(r); ok {
 			t.Errorf("HoldOf(%#x) is a hold", r)
 		}
+	}
+}
+
+// TestRDirectBodies: the cross-host agreement's bodies decode what their
+// encoders made and refuse every field a forger could get wrong.
+func TestRDirectBodies(t *testing.T) {
+	peer := fabric.Addr{Node: 2, VPID: 16}
+	nla := fabric.MakeNLA(3, 9)
+	var m fabric.Message
+	EncClaimRDirect(&m, peer, 7, 80, 9, 1<<16, 1<<40, nla)
+	rd := append([]byte(nil), m.Payload()[HdrLen:]...)
+	EncCommitR(&m, peer, 9, 80, 1<<33, nla)
+	cr := append([]byte(nil), m.Payload()[HdrLen:]...)
+
+	port, tok, ring, id, got, ok := DecodeClaimRDirect(rd)
+	if !ok || port != 80 || tok != 9 || ring != 1<<16 || id != 1<<40 || got != nla {
+		t.Fatalf("CLAIM_RDIRECT = %d %d %d %d %v %v", port, tok, ring, id, got, ok)
+	}
+	cport, cid, cnla, ok := DecodeCommitR(cr)
+	if !ok || cport != 80 || cid != 1<<33 || cnla != nla {
+		t.Fatalf("COMMIT_R = %d %d %v %v", cport, cid, cnla, ok)
+	}
+	with := func(b []byte, off int, v byte) []byte {
+		c := append([]byte(nil), b...)
+		c[off] = v
+		return c
+	}
+	zero := func(b []byte, off, n int) []byte {
+		c := append([]byte(nil), b...)
+		clear(c[off : off+n])
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		p    []byte
+		rdir bool
+	}{
+		{"rdirect short", rd[:len(rd)-1], true},
+		{"rdirect long", append(append([]byte(nil), rd...), 0), true},
+		{"rdirect reserved", with(rd, 2, 1), true},
+		{"rdirect zero port", zero(rd, 0, 2), true},
+		{"rdirect zero token", zero(rd, 4, 4), true},
+		{"rdirect zero ring", zero(rd, 8, 4), true},
+		{"rdirect zero id", zero(rd, 12, 8), true},
+		{"rdirect zero nla", zero(rd, 20, 8), true},
+		{"commit short", cr[:len(cr)-1], false},
+		{"commit status 0", with(cr, 2, 0), false},
+		{"commit status 2", with(cr, 2, 2), false},
+		{"commit reserved", with(cr, 3, 1), false},
+		{"commit zero port", zero(cr, 0, 2), false},
+		{"commit zero id", zero(cr, 4, 8), false},
+		{"commit zero nla", zero(cr, 12, 8), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ok bool
+			if tc.rdir {
+				_, _, _, _, _, ok = DecodeClaimRDirect(tc.p)
+			} else {
+				_, _, _, ok = DecodeCommitR(tc.p)
+			}
+			if ok {
+				t.Fatalf("accepted %x", tc.p)
+			}
+		})
 	}
 }

@@ -36,6 +36,10 @@ func FuzzDecodeMsg(f *testing.F) {
 	f.Add(uint8(m.Tag), m.Payload())
 	EncCommit(&m, peer, 9, 80, 1)
 	f.Add(uint8(m.Tag), m.Payload())
+	EncClaimRDirect(&m, peer, 7, 80, 9, 1<<16, 1<<40, fabric.MakeNLA(3, 9))
+	f.Add(uint8(m.Tag), m.Payload())
+	EncCommitR(&m, peer, 9, 80, 1<<33, fabric.MakeNLA(4, 1))
+	f.Add(uint8(m.Tag), m.Payload())
 	EncClaimRep(&m, peer, 7, 80, 0, HoldReason(time.Second))
 	f.Add(uint8(m.Tag), m.Payload())
 	f.Add(uint8(0x50), []byte{1, 0, 0, 0, 1, 2, 3, 4})
@@ -93,6 +97,18 @@ func FuzzDecodeMsg(f *testing.F) {
 				return
 			}
 			EncCommit(&m, peer, d.Conn, binary.LittleEndian.Uint16(d.Data), d.Data[2])
+		case TagClaimRDirect:
+			port, tok, ring, id, nla, ok := DecodeClaimRDirect(d.Data)
+			if !ok {
+				return
+			}
+			EncClaimRDirect(&m, peer, d.Conn, port, tok, ring, id, nla)
+		case TagCommitR:
+			port, id, nla, ok := DecodeCommitR(d.Data)
+			if !ok {
+				return
+			}
+			EncCommitR(&m, peer, d.Conn, port, id, nla)
 		default:
 			t.Fatalf("decoded unknown tag %#x", d.Tag)
 		}

@@ -35,7 +35,10 @@ const (
 	// The direct agreement. 0x50 and 0x51 are fabric/fping's.
 	TagClaimDirect fabric.Tag = 0x52
 	TagCommit      fabric.Tag = 0x53
-	tagLast                   = TagCommit
+	// The cross-host direct agreement (issue #38; claim.go).
+	TagClaimRDirect fabric.Tag = 0x54
+	TagCommitR      fabric.Tag = 0x55
+	tagLast                    = TagCommitR
 )
 
 const (
@@ -77,8 +80,10 @@ var wantLen = [...]int{
 	TagClaim - TagVELO:    ClaimLen,
 	TagClaimRep - TagVELO: ClaimRepLen,
 	// 0x50, 0x51: fabric/fping's tags, not EXT-DS's (0: unknown).
-	TagClaimDirect - TagVELO: ClaimDirectLen,
-	TagCommit - TagVELO:      CommitLen,
+	TagClaimDirect - TagVELO:  ClaimDirectLen,
+	TagCommit - TagVELO:       CommitLen,
+	TagClaimRDirect - TagVELO: ClaimRDirLen,
+	TagCommitR - TagVELO:      CommitRLen,
 }
 
 // Decode parses one fabric message's payload. It rejects unknown tags,
@@ -119,7 +124,7 @@ func Decode(tag fabric.Tag, p []byte, m *Msg) error {
 		if m.B == 0 || m.NLA == 0 {
 			return errZeroLen
 		}
-	case TagClaim, TagClaimRep, TagClaimDirect, TagCommit:
+	case TagClaim, TagClaimRep, TagClaimDirect, TagCommit, TagClaimRDirect, TagCommitR:
 		m.Data = p[HdrLen:] // claim.go's decoders check the rest
 	case TagZCWant, TagZCPut:
 		m.B = binary.LittleEndian.Uint32(p[4:])
