@@ -78,6 +78,8 @@ func TestClaimDirect(t *testing.T) {
 	remote.Remote, remote.NLA = true, fabric.MakeNLA(3, 0x100)
 	client := remote
 	client.ClientID, client.ClientNLA = 1<<41|7, fabric.MakeNLA(5, 0x200)
+	accepted := client // the acceptor also learns the client's node
+	accepted.ClientNode = nodeA
 	tests := []struct {
 		name      string
 		fill      *DirectInfo // the client's open fills in ClientID and ClientNLA from it
@@ -168,8 +170,12 @@ func TestClaimDirect(t *testing.T) {
 				if tc.want != nil {
 					want = *tc.want
 				}
-				if cdi == nil || sr.di == nil || *cdi != want || *sr.di != want || opened == nil {
-					t.Fatalf("direct: client %+v, server %+v, opened %+v; want %+v", cdi, sr.di, opened, want)
+				wantSrv := want
+				if tc.want == &client {
+					wantSrv = accepted
+				}
+				if cdi == nil || sr.di == nil || *cdi != want || *sr.di != wantSrv || opened == nil {
+					t.Fatalf("direct: client %+v, server %+v, opened %+v; want %+v and %+v", cdi, sr.di, opened, want, wantSrv)
 				}
 				if n := p.devB.Stats().DirectAgreed; n != 1 {
 					t.Errorf("DirectAgreed %d, want 1", n)

@@ -68,9 +68,10 @@ type Config struct {
 	// GOMAXPROCS is exnd's Go scheduler Ps (--gomaxprocs); 0 picks them
 	// (Procs).
 	GOMAXPROCS int
-	// EXTDSDirect lets shimmed programs on an shm fabric exchange bytes
-	// through a shared buffer, without exnd in the data path
-	// (--extds-direct, default true; docs/direct.md).
+	// EXTDSDirect lets shimmed programs exchange bytes through a
+	// connection buffer, without exnd's relay (--extds-direct, default
+	// true; docs/direct.md): on shm one buffer both programs map; on net
+	// and ofi a copy per node, joined by exnd's engine by RMA (issue #38).
 	EXTDSDirect bool
 	// EXTDSShortHold is how long a listener port whose shimmed
 	// connections close within milliseconds stays plain TCP
@@ -178,7 +179,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
 	fs.BoolVar(&c.Push, "push", true, "carry large frames by receiver-granted PUT where the fabric places a PUT before a later message (ofi:tcp), without a GET per frame (false: advert and GET only)")
 	fs.IntVar(&c.GOMAXPROCS, "gomaxprocs", 0, "Go scheduler Ps for exnd (0: one fewer than the CPUs on an ofi fabric, Go's default elsewhere; GOMAXPROCS in the environment takes precedence over 0)")
-	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "on an shm fabric, let two programs under libextds.so move their bytes through a shared buffer, with exnd out of the data path (false: exnd relays every byte)")
+	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "let two programs under libextds.so move their bytes through a connection buffer instead of exnd's relay: on shm one shared buffer, exnd out of the data path; on net and ofi a copy per node that exnd's engine joins by RMA PUT (false: exnd relays every byte)")
 	fs.DurationVar(&c.EXTDSShortHold, "extds-short-hold", shimsrv.DefaultShortHold, "keep a listener port whose shimmed connections close within milliseconds on plain TCP for this `DURATION`, then try EXT-DS again (0: never; at most 2.032s)")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
 	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")

@@ -17,6 +17,7 @@ import (
 	"github.com/exn-project/exn/exn"
 	"github.com/exn-project/exn/exn/taplink"
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/rdirect"
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
@@ -58,6 +59,9 @@ type Daemon struct {
 	// shimStats is the shim server's counters (switches, fallbacks and
 	// refusals by reason), for "stats" and metrics.
 	shimStats func() shimsrv.Stats
+	// remoteStats is the cross-host direct engine's counters (nil when
+	// it does not run: gateway/extds.go).
+	remoteStats func() rdirect.Stats
 	// attachStats is the kernel-bypass lease service's counters, for
 	// metrics.
 	attachStats func() metrics.AttachStats

@@ -11,6 +11,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
 	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/extds/rdirect"
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/backend"
@@ -55,12 +57,30 @@ func startEXTDS(d *Daemon) (started, error) {
 	if d.cfg.Control != "" {
 		sopts = append(sopts, shimsrv.WithStateFile(d.cfg.Control+".listeners"))
 	}
-	if d.cfg.EXTDSDirect && d.cfg.Fabric.Kind == backend.SHM {
+	var eng *rdirect.Engine
+	switch {
+	case !d.cfg.EXTDSDirect:
+	case d.cfg.Fabric.Kind == backend.SHM:
 		// The fabric's files are in /dev/shm (fabric/shm): so are a direct
 		// connection's, and every node of the fabric can open them.
 		sopts = append(sopts, shimsrv.WithDirect(shimsrv.DirectConfig{
 			Fabric: d.cfg.Fabric.Arg, Dir: "/dev/shm", Node: d.cfg.Node, Ring: dring.DefaultRing,
 		}))
+	default:
+		// Across hosts (issue #38): each node keeps its own copy of a
+		// connection's buffer in /dev/shm, and the engine on VPID
+		// rdirect.VPID joins the copies by RMA (docs/direct.md, "Across
+		// hosts"). A fabric that cannot register the buffers (no
+		// fabric.BufferRegistrar) keeps the relay, said once here.
+		if eng, err = startEngine(d, log); err != nil {
+			log.Warn("EXT-DS direct connections across hosts are off: the shim relays", "err", err)
+			break
+		}
+		sopts = append(sopts, shimsrv.WithDirect(shimsrv.DirectConfig{
+			Fabric: fmt.Sprintf("%s%d", d.cfg.Fabric.Kind, os.Getpid()), Dir: "/dev/shm", Node: d.cfg.Node,
+			Ring: dring.DefaultRing, Engine: eng,
+		}))
+		d.remoteStats = eng.Stats
 	}
 	sopts = append(sopts, shimsrv.WithShortHold(d.cfg.EXTDSShortHold))
 	srv := shimsrv.New(dev, &extds.Dialer{Device: dev}, log.With("sub", "shim"), sopts...)
@@ -98,10 +118,24 @@ func startEXTDS(d *Daemon) (started, error) {
 		// processes lose their leases, then the Device releases the VPIDs.
 		srv.Close()
 		att.Close()
+		if eng != nil {
+			_ = eng.Close() // after the shim server: it resets what is left
+		}
 		if err := dev.Close(); err != nil {
 			return fmt.Errorf("close extds: %w", err)
 		}
 		return nil
 	}
 	return started{close: closeFn, ops: ops, fdOps: srv.FDHandlers()}, nil
+}
+
+// startEngine opens the cross-host direct engine's VPID on this node's
+// NIC and starts it (extds/rdirect); the caller closes it.
+func startEngine(d *Daemon, log *slog.Logger) (*rdirect.Engine, error) {
+	ep, err := d.nic.Open(rdirect.VPID)
+	if err != nil {
+		return nil, fmt.Errorf("open vpid %d: %w", rdirect.VPID, err)
+	}
+	// New closes ep on error.
+	return rdirect.New(ep, rdirect.Config{Logger: log.With("sub", "rdirect"), Liveness: d.nic})
 }

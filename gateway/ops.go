@@ -50,6 +50,9 @@ func (d *Daemon) startMetrics() error {
 	if d.shimStats != nil {
 		cs = append(cs, metrics.Shim(d.cfg.Node, d.shimStats))
 	}
+	if d.remoteStats != nil {
+		cs = append(cs, metrics.DirectRemote(d.cfg.Node, d.remoteStats))
+	}
 	if d.attachStats != nil {
 		cs = append(cs, metrics.Attach(d.cfg.Node, d.attachStats))
 	}
@@ -249,6 +252,12 @@ func (d *Daemon) Stats() map[string]any {
 	out["control"] = d.controlStats()
 	if d.shimStats != nil {
 		out["shim"] = d.shimStats()
+	}
+	if d.remoteStats != nil {
+		st := d.remoteStats()
+		m := snake(st)
+		m["resets"] = st.ResetsByReason()
+		out["direct_remote"] = m
 	}
 	if d.extdsStats != nil {
 		out["extds"] = snake(d.extdsStats())

@@ -37,17 +37,23 @@ import (
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
 	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/extds/rdirect"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/internal/sys"
 )
 
-// DirectConfig enables direct connections: the shm fabric's name and
-// directory, this node, and the ring size per direction.
+// DirectConfig enables direct connections: the fabric's name (in the
+// buffers' file names) and the directory of the buffers, this node, and
+// the ring size per direction. With Engine nil the fabric is shm and both
+// programs map one buffer (one host); with an Engine each node has its
+// own copy, joined over the fabric by the engine (across hosts,
+// remote.go), which the Server uses but does not own or close.
 type DirectConfig struct {
 	Fabric string
 	Dir    string
 	Node   fabric.NodeID
 	Ring   int
+	Engine *rdirect.Engine
 }
 
 // WithDirect lets the server make and take direct connections.
@@ -69,6 +75,7 @@ type dconn struct {
 	lport    uint16        // the local TCP port (accept: the listener's)
 	since    time.Time
 	relaying atomic.Bool
+	rem      *remoteSide // across hosts: this side's engine connection (remote.go)
 }
 
 // directLivenessPeriod is how often the peer nodes of open direct
@@ -123,6 +130,7 @@ func (p *directPrep) discard(reset bool) {
 	if reset {
 		p.dc.ep.Reset()
 	}
+	p.dc.rem.close()
 	p.dc.ep.Close()
 	p.dc.uc.Close()
 	for _, f := range p.out {
@@ -350,6 +358,7 @@ func (s *Server) endDirect(dc *dconn) {
 	s.directIn.Add(recvd)
 	dc.uc.Close()
 	dc.ep.Close()
+	s.endRemote(dc.rem) // across hosts: after the engine finished
 }
 
 // relay is shim-relay: the program is about to exec with a direct

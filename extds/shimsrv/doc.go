@@ -24,7 +24,8 @@
 // (shim-connect / shim-accept), splice.go (the bytes of a switched
 // connection), owner.go (which registration covers an accept), state.go
 // (registrations across exnd restarts), direct.go and dpool.go (direct
-// connections), hold.go (holds for short connections). Each file opens with its
+// connections), remote.go (direct connections across hosts, joined by the
+// extds/rdirect engine), hold.go (holds for short connections). Each file opens with its
 // goroutines and locks.
 //
 // # Ownership and imports
@@ -32,6 +33,7 @@
 // shimsrv owns the server side of the shim's control operations and the
 // splice goroutines of switched connections. The EXT-DS protocol itself
 // belongs to extds, the socket and its credentials to control, and the C
-// side to shim/libextds.c. It may import extds, control, internal/sys and
-// the standard library; only the daemon and metrics import it.
+// side to shim/ (libextds.c and its units), the moving of direct bytes
+// across hosts to extds/rdirect. It may import extds, extds/dring,
+// extds/rdirect, control, internal/sys and the standard library; only the daemon and metrics import it.
 package shimsrv

@@ -156,18 +156,31 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		dname string
 		prep  *directPrep // accept: made while the COMMIT comes
 		perr  error
+		rem   *remoteSide // across hosts (remote.go): until a dconn takes it over
 	)
+	remote := direct && s.directCfg.Engine != nil
 	switch {
 	case side == sideConnect && direct:
-		c, di, err = s.dialer.UpgradeDirect(ctx, shadow, s.directOpen(&fs))
+		open := s.directOpen(&fs)
+		if remote {
+			open = s.remoteOpen(&fs, &rem)
+		}
+		c, di, err = s.dialer.UpgradeDirect(ctx, shadow, open)
 	case side == sideConnect:
 		c, err = s.dialer.Upgrade(ctx, shadow)
 	case direct:
+		create := s.directCreate(&fs, &dname)
+		if remote {
+			create = s.remoteCreate(&fs, &rem)
+		}
 		prepare := func(di extds.DirectInfo) {
 			prep, perr = s.prepareDirect(fs, &di, shadow, who, side)
 			fs = nil // taken over
+			if prep != nil && rem != nil {
+				prep.dc.rem, rem = rem, nil
+			}
 		}
-		c, di, err = s.accept(ctx, shadow, s.directCreate(&fs, &dname), prepare)
+		c, di, err = s.accept(ctx, shadow, create, prepare)
 		if dname != "" {
 			// Made by us: the client has opened the files (it acked) or
 			// never will. Either way the names go now.
@@ -177,6 +190,12 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		}
 	default:
 		c, _, err = s.accept(ctx, shadow, nil, nil)
+	}
+	if err == nil && di != nil && di.Remote && prep != nil && prep.dc.rem != nil {
+		// Across hosts, the acceptor: the client's side came with its
+		// COMMIT_R, from the node the fabric names.
+		prep.dc.node, prep.dc.peer = di.ClientNode, fmt.Sprint(di.ClientNode)
+		err = prep.dc.rem.rc.Start(di.ClientNode, di.ClientID, di.ClientNLA)
 	}
 	if prep != nil && (err != nil || di == nil) {
 		prep.discard(err != nil) // the client may be direct: reset
@@ -195,7 +214,11 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	case err == nil && di != nil && prep == nil:
 		// Agreed in the shadow handshake, or on the connecting side.
 		prep, err = s.prepareDirect(fs, di, shadow, who, side)
+		if prep != nil && rem != nil {
+			prep.dc.rem, rem = rem, nil
+		}
 	}
+	rem.close() // made, and never entered: reset (the peer may have started)
 	if err != nil {
 		shadow.Close()
 		restore()
@@ -385,7 +408,10 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 	if err != nil {
 		return nil, nil, err
 	}
-	if create == nil {
+	if create == nil || s.directCfg.Engine != nil {
+		// Across hosts a direct connection is agreed over the fabric
+		// only (CLAIM_RDIRECT): a direct offer in the stream is answered
+		// with the ordinary handshake, and the relay.
 		c, err := s.dev.AcceptShadow(ctx, shadow, peeked)
 		return c, nil, err
 	}

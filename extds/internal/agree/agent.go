@@ -296,8 +296,9 @@ type DirectInfo struct {
 	// and NLA its buffer's base; ClientID and ClientNLA are the
 	// connecting exnd's, which its open hook fills in and its COMMIT_R
 	// carries.
-	Remote    bool
-	NLA       fabric.NLA
-	ClientID  uint64
-	ClientNLA fabric.NLA
+	Remote     bool
+	NLA        fabric.NLA
+	ClientID   uint64
+	ClientNLA  fabric.NLA
+	ClientNode fabric.NodeID // the acceptor's result only: the node the COMMIT_R came from
 }

@@ -162,7 +162,9 @@ func (c Claim) AgreeDirect(ctx context.Context, create func() (DirectInfo, error
 			a.ctr.handshakeErr.Add(1)
 			return nil, false, ErrCommitMismatch
 		}
-		made.ClientID, made.ClientNLA = ans.id, ans.nla
+		if made.Remote {
+			made.ClientID, made.ClientNLA, made.ClientNode = ans.id, ans.nla, from.Node
+		}
 		a.ctr.directAgreed.Add(1)
 		return &made, false, nil
 	case <-timer.C:

@@ -137,20 +137,31 @@ func StatusBody(m *Msg, n int) (port uint16, status uint8, ok bool) {
 
 // DecodeClaimDirect checks and decodes a CLAIM_DIRECT's body.
 func DecodeClaimDirect(p []byte) (port uint16, token, ring uint32, id uint64, ok bool) {
-	if len(p) != ClaimDirectLen-HdrLen || binary.LittleEndian.Uint16(p[2:]) != 0 {
+	if len(p) != ClaimDirectLen-HdrLen {
 		return 0, 0, 0, 0, false
 	}
+	return directBody(p)
+}
+
+// directBody decodes the fields CLAIM_DIRECT and CLAIM_RDIRECT begin with
+// (len(p) checked by the caller).
+func directBody(p []byte) (port uint16, token, ring uint32, id uint64, ok bool) {
 	port = binary.LittleEndian.Uint16(p)
 	token = binary.LittleEndian.Uint32(p[4:])
 	ring = binary.LittleEndian.Uint32(p[8:])
 	id = binary.LittleEndian.Uint64(p[12:])
-	return port, token, ring, id, port != 0 && token != 0 && ring != 0
+	return port, token, ring, id, binary.LittleEndian.Uint16(p[2:]) == 0 && port != 0 && token != 0 && ring != 0
 }
 
 // EncClaimDirect is the CLAIM_DIRECT answering the CLAIM of ctoken: the
 // direct connection's token, ring size and buffer ID.
 func EncClaimDirect(fm *fabric.Message, peer fabric.Addr, ctoken uint32, port uint16, token, ring uint32, id uint64) {
 	putHdr(fm, peer, TagClaimDirect, ctoken, ClaimDirectLen)
+	putDirect(fm, port, token, ring, id)
+}
+
+// putDirect writes the fields CLAIM_DIRECT and CLAIM_RDIRECT begin with.
+func putDirect(fm *fabric.Message, port uint16, token, ring uint32, id uint64) {
 	binary.LittleEndian.PutUint16(fm.Data[4:], port)
 	binary.LittleEndian.PutUint16(fm.Data[6:], 0)
 	binary.LittleEndian.PutUint32(fm.Data[8:], token)
@@ -167,15 +178,12 @@ func EncCommit(fm *fabric.Message, peer fabric.Addr, token uint32, port uint16, 
 
 // DecodeClaimRDirect checks and decodes a CLAIM_RDIRECT's body.
 func DecodeClaimRDirect(p []byte) (port uint16, token, ring uint32, id uint64, nla fabric.NLA, ok bool) {
-	if len(p) != ClaimRDirLen-HdrLen || binary.LittleEndian.Uint16(p[2:]) != 0 {
+	if len(p) != ClaimRDirLen-HdrLen {
 		return 0, 0, 0, 0, 0, false
 	}
-	port = binary.LittleEndian.Uint16(p)
-	token = binary.LittleEndian.Uint32(p[4:])
-	ring = binary.LittleEndian.Uint32(p[8:])
-	id = binary.LittleEndian.Uint64(p[12:])
+	port, token, ring, id, ok = directBody(p)
 	nla = fabric.NLA(binary.LittleEndian.Uint64(p[20:]))
-	return port, token, ring, id, nla, port != 0 && token != 0 && ring != 0 && id != 0 && nla != 0
+	return port, token, ring, id, nla, ok && id != 0 && nla != 0
 }
 
 // EncClaimRDirect is the CLAIM_RDIRECT answering the CLAIM of ctoken:
@@ -183,11 +191,7 @@ func DecodeClaimRDirect(p []byte) (port uint16, token, ring uint32, id uint64, n
 // buffer's NLA.
 func EncClaimRDirect(fm *fabric.Message, peer fabric.Addr, ctoken uint32, port uint16, token, ring uint32, id uint64, nla fabric.NLA) {
 	putHdr(fm, peer, TagClaimRDirect, ctoken, ClaimRDirLen)
-	binary.LittleEndian.PutUint16(fm.Data[4:], port)
-	binary.LittleEndian.PutUint16(fm.Data[6:], 0)
-	binary.LittleEndian.PutUint32(fm.Data[8:], token)
-	binary.LittleEndian.PutUint32(fm.Data[12:], ring)
-	binary.LittleEndian.PutUint64(fm.Data[16:], id)
+	putDirect(fm, port, token, ring, id)
 	binary.LittleEndian.PutUint64(fm.Data[24:], uint64(nla))
 }
 

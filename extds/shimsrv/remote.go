@@ -1,0 +1,185 @@
+package shimsrv
+
+// Direct connections across hosts (issue #38, docs/direct.md "Across
+// hosts"): on a fabric whose nodes cannot map each other's memory (net,
+// ofi), each side's exnd makes its own connection buffer, hands it to its
+// program exactly as on one host (the same six descriptors, the same
+// layout), and plays the peer side of it itself through the engine
+// (extds/rdirect), which joins the two copies by RMA PUT and cursor
+// messages. The program cannot tell the difference.
+//
+// Stages, per connection:
+//
+//	accepting exnd                              connecting exnd
+//	remoteCreate: a pooled buffer, mapped,
+//	  Engine.Prepare → CLAIM_RDIRECT ─────────→ remoteOpen: its own buffer,
+//	                                              Prepare, Start(acceptor)
+//	                  ←────────────────────────── COMMIT_R (its id and NLA)
+//	startRemote: Start(client)
+//	both: prepareDirect and enterDirect as on one host (dc.rc, dc.rmem)
+//	last close (watch): fin and rd_closed in the buffer; endRemote waits
+//	  for the engine to finish (or remoteLinger), then closes the Conn and
+//	  unmaps.
+//
+// Ownership: a remoteSide owns its mapping (rmem) and the dups of the
+// four bells the engine uses (bells), from remoteCreate/remoteOpen until
+// close; dconn takes it over in enterDirect. The buffer's names are
+// removed at once: nobody else opens them.
+//
+// Locks: none of its own; a remoteSide is used by one goroutine at a time
+// (the switch, then watch).
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
+	"github.com/exn-project/exn/extds/rdirect"
+	"github.com/exn-project/exn/internal/sys"
+)
+
+// remoteLinger bounds how long exnd keeps a closed cross-host direct
+// connection after its program's last close, for the engine to PUT the
+// bytes still in the ring and for the peer's fin: TCP's FIN_WAIT_2 bound
+// (Linux tcp_fin_timeout, 60 s). A peer program that never closes its
+// end costs this connection's buffer for that long, then a reset.
+const remoteLinger = 60 * time.Second
+
+// remoteSide is this node's half of a cross-host direct connection.
+type remoteSide struct {
+	rc    *rdirect.Conn
+	rmem  []byte       // exnd's own mapping of the buffer
+	bells *dring.Files // dups of the four bells (Buf nil), the engine's
+}
+
+// close resets what has not finished, then releases the engine's
+// connection, the mapping and the bells (in that order: the engine
+// touches neither once Close returned).
+func (r *remoteSide) close() {
+	if r == nil {
+		return
+	}
+	if r.rc != nil {
+		_ = r.rc.Close()
+	}
+	_ = sys.Unmap(r.rmem)
+	if r.bells != nil {
+		r.bells.Close()
+	}
+}
+
+// prepareRemote maps fs's buffer for exnd's engine and makes its
+// connection, where the program is side si. fs stays the caller's.
+func (s *Server) prepareRemote(fs *dring.Files, si int) (*remoteSide, error) {
+	st, err := fs.Buf.Stat()
+	if err != nil {
+		return nil, err
+	}
+	r := &remoteSide{bells: &dring.Files{}}
+	fail := func(err error) (*remoteSide, error) {
+		r.close()
+		return nil, fmt.Errorf("cross-host direct connection: %w", err)
+	}
+	for i := range 2 {
+		if r.bells.Data[i], err = dupFile(fs.Data[i]); err != nil {
+			return fail(err)
+		}
+		if r.bells.Space[i], err = dupFile(fs.Space[i]); err != nil {
+			return fail(err)
+		}
+	}
+	if r.rmem, err = sys.MapShared(fs.Buf, int(st.Size())); err != nil {
+		return fail(err)
+	}
+	b, err := rdirect.BellsOf(r.bells, si)
+	if err != nil {
+		return fail(err)
+	}
+	if r.rc, err = s.directCfg.Engine.Prepare(r.rmem, si, b); err != nil {
+		return fail(err)
+	}
+	return r, nil
+}
+
+// remoteCreate is the accepting side's create hook across hosts: a
+// buffer from the pool, prepared for the engine; CLAIM_RDIRECT names its
+// engine connection and NLA.
+func (s *Server) remoteCreate(out **dring.Files, rem **remoteSide) func() (extds.DirectInfo, error) {
+	return func() (extds.DirectInfo, error) {
+		b, err := s.takeBuf()
+		if err != nil {
+			return extds.DirectInfo{}, err
+		}
+		s.removeNames(b.name)
+		r, err := s.prepareRemote(b.fs, 1)
+		if err != nil {
+			b.fs.Close()
+			return extds.DirectInfo{}, err
+		}
+		*out, *rem = b.fs, r
+		return extds.DirectInfo{Node: s.directCfg.Node, Token: uint32(b.id) | 1, ID: r.rc.LocalID(),
+			Ring: uint32(r.rc.Ring()), Remote: true, NLA: r.rc.LocalNLA()}, nil
+	}
+}
+
+// remoteOpen is the connecting side's open hook across hosts: its own
+// buffer, prepared and started towards the acceptor's; di gets this
+// side's engine connection and NLA for COMMIT_R.
+func (s *Server) remoteOpen(out **dring.Files, rem **remoteSide) func(*extds.DirectInfo) error {
+	return func(di *extds.DirectInfo) error {
+		if !di.Remote {
+			return errors.New("the acceptor offers a one-host direct connection; this exnd makes them across hosts only")
+		}
+		if int(di.Ring) != s.directCfg.Ring {
+			return fmt.Errorf("ring size %d, this node's is %d", di.Ring, s.directCfg.Ring)
+		}
+		b, err := s.takeBuf()
+		if err != nil {
+			return err
+		}
+		s.removeNames(b.name)
+		r, err := s.prepareRemote(b.fs, 0)
+		if err != nil {
+			b.fs.Close()
+			return err
+		}
+		if err := r.rc.Start(di.Node, di.ID, di.NLA); err != nil {
+			r.close()
+			b.fs.Close()
+			return err
+		}
+		di.ClientID, di.ClientNLA = r.rc.LocalID(), r.rc.LocalNLA()
+		*out, *rem = b.fs, r
+		return nil
+	}
+}
+
+// removeNames removes a buffer's names (made by this exnd for itself:
+// nobody else opens them).
+func (s *Server) removeNames(name string) {
+	if err := dring.Remove(s.directCfg.Dir, name); err != nil {
+		s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", err)
+	}
+}
+
+// endRemote ends this side's engine connection once the program has let
+// go: the engine PUTs what is left in the ring, announces fin, and waits
+// for the peer's, within remoteLinger (exnd's shutdown cuts it short,
+// with a reset).
+func (s *Server) endRemote(r *remoteSide) {
+	if r == nil {
+		return
+	}
+	t := time.NewTimer(remoteLinger)
+	defer t.Stop()
+	select {
+	case <-r.rc.Done():
+	case <-t.C:
+		s.resets.Add(1)
+	case <-s.ctx.Done():
+	}
+	r.close()
+}
