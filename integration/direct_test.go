@@ -84,7 +84,25 @@ func (c *shimCluster) directCounts(t *testing.T, i int) directCount {
 // the exec'd ones relayed.
 func TestDirectCalls(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
-	c := shmShimCluster(t, nstest.Build(t), 43, "--metrics", directMetrics)
+	runDirectCalls(t, shmShimCluster(t, nstest.Build(t), 43, "--metrics", directMetrics))
+}
+
+// TestDirectCallsNet is TestDirectCalls across hosts (issue #38,
+// docs/direct.md "Across hosts"): the same checks between two exnd nodes
+// of a net fabric, where each node keeps its own copy of a connection's
+// buffer and exnd's engine joins the copies; every connection must be
+// direct on both nodes and exactly the exec'd ones relayed.
+func TestDirectCallsNet(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip", "gcc")
+	runDirectCalls(t, netShimCluster(t, nstest.Build(t), 44, "--metrics", directMetrics))
+}
+
+// runDirectCalls runs shim/test/directcalls.c's checks on c (both nodes
+// started with --metrics directMetrics): the server on node 2, the
+// client on node 1; it checks every result line and both nodes' direct
+// and relay counters.
+func runDirectCalls(t *testing.T, c *shimCluster) {
+	t.Helper()
 	prog := buildDirectCalls(t, t.TempDir())
 	ip := c.nodes[1].IP.String()
 	port := nstest.PortArg()

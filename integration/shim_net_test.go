@@ -22,9 +22,7 @@ import (
 // mem fabric.
 func TestShimNet(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "ss", "iperf3", "sockperf", "gcc")
-	exnd := nstest.Build(t)
-	nc := nstest.StartNetCluster(t, exnd, 53, []int{1, 2})
-	c := newShimCluster(t, exnd, [2]*nstest.Node{nc.Nodes[0], nc.Nodes[1]})
+	c := netShimCluster(t, nstest.Build(t), 53)
 	ip := c.nodes[1].IP.String()
 	srvEnv, cliEnv := c.env(1), c.env(0)
 
@@ -62,4 +60,13 @@ func TestShimNet(t *testing.T) {
 		t.Logf("unshimmed on net: iperf3 %.2f Gbit/s (%.0f bytes, EXT-DS conns %.0f); sockperf ping-pong p50 %.2f us, p99 %.2f us",
 			bps/1e9, bytes, d.ConnsEXTDS, p50, p99)
 	})
+}
+
+// netShimCluster starts two nodes of the exnd binary exnd, with the extra
+// flags args, on a new net fabric in subnet (StartNetCluster), and makes
+// them a shimCluster (newShimCluster).
+func netShimCluster(t *testing.T, exnd string, subnet int, args ...string) *shimCluster {
+	t.Helper()
+	nc := nstest.StartNetCluster(t, exnd, subnet, []int{1, 2}, args...)
+	return newShimCluster(t, exnd, [2]*nstest.Node{nc.Nodes[0], nc.Nodes[1]})
 }

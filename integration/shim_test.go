@@ -116,6 +116,7 @@ func (c *shimCluster) env(i int, extra ...string) []string {
 // counters are the numbers a test reads from `exnctl stats --json`.
 type shimCounters struct {
 	ExtdsRx, ConnsEXTDS, ConnsTCP float64
+	Direct                        float64 // of ConnsEXTDS: direct connections (docs/direct.md)
 	TapBytes                      float64 // tx+rx on exn0: what went by TCP over the fabric
 	// How the payload crossed the fabric (the perf test logs them).
 	TxVELO, TxRMA, RingFull, CreditWaits float64
@@ -154,8 +155,8 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 		}
 	}
 	return shimCounters{Fallbacks: fb, ExtdsRx: num(s.EXTDS, "rx_bytes") + num(s.Shim, "direct_bytes_in"),
-		ConnsEXTDS: num(s.EXTDS, "conns_extds") + num(s.Shim, "direct_conns"),
-		ConnsTCP:   num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
+		ConnsEXTDS: num(s.EXTDS, "conns_extds") + num(s.Shim, "direct_conns"), Direct: num(s.Shim, "direct_conns"),
+		ConnsTCP: num(s.EXTDS, "conns_tcp"), TapBytes: num(s.TAP, "rx_bytes") + num(s.TAP, "tx_bytes"),
 		TxVELO: num(s.EXTDS, "tx_velo_bytes"), TxRMA: num(s.EXTDS, "tx_rma_bytes"),
 		RingFull: num(s.EXTDS, "ring_full_fallbacks"), CreditWaits: num(s.EXTDS, "credit_waits")}
 }
@@ -163,6 +164,7 @@ func (c *shimCluster) stats(t *testing.T, i int) shimCounters {
 // delta is the change of both nodes' counters across f.
 type shimDelta struct {
 	ExtdsRx, ConnsEXTDS, ConnsTCP, TapBytes float64
+	Direct                                  float64
 	TxVELO, TxRMA, RingFull, CreditWaits    float64
 	Fallbacks                               string // the reasons that rose, both nodes
 }
@@ -187,6 +189,7 @@ func (c *shimCluster) measure(t *testing.T, f func()) shimDelta {
 	return shimDelta{
 		ExtdsRx:     a0.ExtdsRx + a1.ExtdsRx - b0.ExtdsRx - b1.ExtdsRx,
 		ConnsEXTDS:  a0.ConnsEXTDS + a1.ConnsEXTDS - b0.ConnsEXTDS - b1.ConnsEXTDS,
+		Direct:      a0.Direct + a1.Direct - b0.Direct - b1.Direct,
 		ConnsTCP:    a0.ConnsTCP + a1.ConnsTCP - b0.ConnsTCP - b1.ConnsTCP,
 		TapBytes:    a0.TapBytes + a1.TapBytes - b0.TapBytes - b1.TapBytes,
 		TxVELO:      a0.TxVELO + a1.TxVELO - b0.TxVELO - b1.TxVELO,
@@ -201,7 +204,7 @@ func (c *shimCluster) measure(t *testing.T, f func()) shimDelta {
 // only a small fraction of that went over exn0 as TCP.
 func overEXTDS(t *testing.T, what string, d shimDelta, bytes float64) {
 	t.Helper()
-	t.Logf("%s: %.0f bytes; EXT-DS rx %.0f, conns extds %.0f tcp %.0f; exn0 %.0f bytes", what, bytes, d.ExtdsRx, d.ConnsEXTDS, d.ConnsTCP, d.TapBytes)
+	t.Logf("%s: %.0f bytes; EXT-DS rx %.0f, conns extds %.0f (direct %.0f) tcp %.0f; exn0 %.0f bytes", what, bytes, d.ExtdsRx, d.ConnsEXTDS, d.Direct, d.ConnsTCP, d.TapBytes)
 	if d.ExtdsRx < 0.95*bytes {
 		t.Errorf("%s: EXT-DS delivered %.0f bytes, want at least %.0f", what, d.ExtdsRx, 0.95*bytes)
 	}

@@ -56,6 +56,16 @@ func (s *Server) makeBuf() (pooled, error) {
 	if err != nil {
 		return pooled{}, err
 	}
+	if s.directCfg.Engine != nil {
+		// Across hosts nobody opens a buffer by its name (remote.go):
+		// the names go at once, so an exnd that dies leaves nothing in
+		// the directory (the kernel frees the files with their last
+		// descriptor).
+		if err := dring.Remove(s.directCfg.Dir, name); err != nil {
+			fs.Close()
+			return pooled{}, err
+		}
+	}
 	return pooled{fs: fs, name: name, id: id}, nil
 }
 

@@ -23,8 +23,9 @@ package shimsrv
 //
 // Ownership: a remoteSide owns its mapping (rmem) and the dups of the
 // four bells the engine uses (bells), from remoteCreate/remoteOpen until
-// close; dconn takes it over in enterDirect. The buffer's names are
-// removed at once: nobody else opens them.
+// close; dconn takes it over in enterDirect. The buffers have no names
+// (dpool.go's makeBuf removes them at once): nobody else opens them, and
+// an exnd that dies leaves nothing in the directory.
 //
 // Locks: none of its own; a remoteSide is used by one goroutine at a time
 // (the switch, then watch).
@@ -32,7 +33,6 @@ package shimsrv
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/exn-project/exn/extds"
@@ -109,11 +109,10 @@ func (s *Server) prepareRemote(fs *dring.Files, si int) (*remoteSide, error) {
 // engine connection and NLA.
 func (s *Server) remoteCreate(out **dring.Files, rem **remoteSide) func() (extds.DirectInfo, error) {
 	return func() (extds.DirectInfo, error) {
-		b, err := s.takeBuf()
+		b, err := s.takeBuf() // unnamed already (makeBuf)
 		if err != nil {
 			return extds.DirectInfo{}, err
 		}
-		s.removeNames(b.name)
 		r, err := s.prepareRemote(b.fs, 1)
 		if err != nil {
 			b.fs.Close()
@@ -140,7 +139,6 @@ func (s *Server) remoteOpen(out **dring.Files, rem **remoteSide) func(*extds.Dir
 		if err != nil {
 			return err
 		}
-		s.removeNames(b.name)
 		r, err := s.prepareRemote(b.fs, 0)
 		if err != nil {
 			b.fs.Close()
@@ -154,14 +152,6 @@ func (s *Server) remoteOpen(out **dring.Files, rem **remoteSide) func(*extds.Dir
 		di.ClientID, di.ClientNLA = r.rc.LocalID(), r.rc.LocalNLA()
 		*out, *rem = b.fs, r
 		return nil
-	}
-}
-
-// removeNames removes a buffer's names (made by this exnd for itself:
-// nobody else opens them).
-func (s *Server) removeNames(name string) {
-	if err := dring.Remove(s.directCfg.Dir, name); err != nil {
-		s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", err)
 	}
 }
 

@@ -39,7 +39,7 @@ func NodeIP6(subnet, id int) netip.Addr {
 // fabric fab, with 10.77.subnet.id/24 and fd77:subnet::id/64 on exn0, and
 // waits until exn0 is up. Each node gets its own control socket in a
 // temporary directory (Node.Control). extra flags are appended, so a
-// --control in extra overrides it.
+// --control in extra overrides it (and Node.Control says so).
 func StartNode(t testing.TB, exnd, fab string, subnet, id int, extra ...string) *Node {
 	t.Helper()
 	n := &Node{NS: NewNetns(t, "n"+strconv.Itoa(id)+"-"), ID: id, Fabric: fab,
@@ -47,8 +47,21 @@ func StartNode(t testing.TB, exnd, fab string, subnet, id int, extra ...string) 
 		Control: filepath.Join(t.TempDir(), "exnd.sock")}
 	n.args = append([]string{exnd, "--node-id", strconv.Itoa(id), "--fabric", "shm:" + fab,
 		"--addr", n.IP.String() + "/24," + n.IP6.String() + "/64", "--control", n.Control}, extra...)
+	n.Control = controlFlag(n.args)
 	n.Start(t)
 	return n
+}
+
+// controlFlag is the value of the last --control in args (exnd's flags
+// parse the last one).
+func controlFlag(args []string) string {
+	v := ""
+	for i, a := range args {
+		if a == "--control" && i+1 < len(args) {
+			v = args[i+1]
+		}
+	}
+	return v
 }
 
 // Start (re)starts exnd in the node's namespace and waits for exn0.

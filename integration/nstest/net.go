@@ -83,12 +83,27 @@ func StartNetCluster(t testing.TB, exnd string, subnet int, ids []int, extra ...
 	return StartUnderlayCluster(t, exnd, "net", NetPort, subnet, ids, extra...)
 }
 
+// StartNetClusterEach is StartNetCluster with flags of each node's own:
+// each(id) is appended to node id's exnd (a --control there becomes
+// Node.Control).
+func StartNetClusterEach(t testing.TB, exnd string, subnet int, ids []int, each func(id int) []string) *NetCluster {
+	t.Helper()
+	return startUnderlay(t, exnd, "net", NetPort, subnet, ids, each)
+}
+
 // StartUnderlayCluster is StartNetCluster for any fabric that reaches its
 // peers over the underlay: "net" (each node listens on its underlay
 // address and port) or a spec used as is, such as "ofi:tcp" (the peers
 // file then carries the underlay address and port of every node, which
 // the backend binds and dials).
 func StartUnderlayCluster(t testing.TB, exnd, fabric string, port, subnet int, ids []int, extra ...string) *NetCluster {
+	t.Helper()
+	return startUnderlay(t, exnd, fabric, port, subnet, ids, func(int) []string { return extra })
+}
+
+// startUnderlay is StartUnderlayCluster with each(id) the extra flags of
+// node id.
+func startUnderlay(t testing.TB, exnd, fabric string, port, subnet int, ids []int, each func(id int) []string) *NetCluster {
 	t.Helper()
 	c := &NetCluster{Underlay: NewUnderlay(t, subnet), Peers: filepath.Join(t.TempDir(), "peers")}
 	var peers strings.Builder
@@ -111,7 +126,8 @@ func StartUnderlayCluster(t testing.TB, exnd, fabric string, port, subnet int, i
 	}
 	for _, n := range c.Nodes {
 		n.args = append([]string{exnd, "--node-id", strconv.Itoa(n.ID), "--fabric", n.Fabric, "--peers", c.Peers,
-			"--addr", n.IP.String() + "/24," + n.IP6.String() + "/64", "--control", n.Control}, extra...)
+			"--addr", n.IP.String() + "/24," + n.IP6.String() + "/64", "--control", n.Control}, each(n.ID)...)
+		n.Control = controlFlag(n.args)
 		n.Start(t)
 	}
 	if err := c.WaitPeers(10*time.Second, c.Nodes...); err != nil {

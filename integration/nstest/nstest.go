@@ -291,14 +291,22 @@ func (n *Netns) StartEnv(t testing.TB, env []string, args ...string) *Proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			t.Errorf("%s: pid %d did not die after SIGKILL", p.Name, pgid)
+		if err := p.Kill(); err != nil {
+			t.Error(err)
 		}
 	})
 	return p
+}
+
+// Kill kills the process group and waits up to 5 s for the process.
+func (p *Proc) Kill() error {
+	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("%s: pid %d did not die after SIGKILL", p.Name, p.Pid())
+	}
 }
 
 // Pid returns the process ID (which is also its process group ID).
