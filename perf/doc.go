@@ -30,8 +30,12 @@
 //   - shim-direct.sh (BenchmarkShimDirect, shimdirect_test.go) and
 //     crr-ab.sh: the shim's direct connections, and an A/B of two exnd
 //     builds under netperf TCP_CRR (issues #14, #15).
+//   - shim-xhost.sh (BenchmarkShimXHost, shimxhost_test.go): the shim's
+//     direct connections across hosts on net and ofi:tcp against the
+//     underlay, exn0, the relay and fi_pingpong, and the exnds' idle CPU
+//     with 100 direct connections open (testdata/hold_conns.c; issue #38).
 //   - bench.sh: the shared runner of ext-eth.sh, extds.sh, netperf.sh,
-//     wakeup.sh and offload.sh (build, run once, clean up namespaces and
+//     wakeup.sh, offload.sh, shim-direct.sh and shim-xhost.sh (build, run once, clean up namespaces and
 //     shm files even when killed); lib.sh and twonodes.sh are sourced by
 //     the scripts that start test binaries or exnd nodes themselves, and
 //     procstat.sh by the ones that price a run in the whole machine's CPU.

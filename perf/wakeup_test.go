@@ -134,23 +134,16 @@ func BenchmarkWakeupIdleScale(b *testing.B) {
 		// (duplicate address detection, router solicitations, MLD
 		// reports: multicast to every peer) dies down.
 		time.Sleep(12 * time.Second)
-		t0 := make([]uint64, size)
+		pids := make([]int, size)
 		for i, n := range nodes {
-			var err error
-			if t0[i], err = nstest.CPUNanos(n.Proc.Pid()); err != nil {
-				b.Fatal(err)
-			}
+			pids[i] = n.Proc.Pid()
 		}
-		w0 := time.Now()
-		time.Sleep(10 * time.Second)
-		wall := time.Since(w0)
+		shares, err := idleShares(pids, 10*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
 		var sum, worst float64
-		for i, n := range nodes {
-			t1, err := nstest.CPUNanos(n.Proc.Pid())
-			if err != nil {
-				b.Fatal(err)
-			}
-			s := float64(t1-t0[i]) / float64(wall.Nanoseconds()) * 100
+		for _, s := range shares {
 			sum += s
 			worst = max(worst, s)
 		}
@@ -211,7 +204,8 @@ func fabricPings(n *nstest.Node) (cold, warm []float64, err error) {
 // sockperf64 runs sockperf TCP ping-pong with 64-byte messages for secs
 // seconds (server in srv, client in cli) and returns the p50 in µs.
 func sockperf64(b *testing.B, srv, cli *nstest.Netns, ip string, secs int) (float64, error) {
-	return sockperfEnv(b, shimWay{srv: srv, cli: cli, ip: ip}, secs)
+	r, err := sockperfEnv(b, shimWay{srv: srv, cli: cli, ip: ip}, secs)
+	return r.P50, err
 }
 
 // fifoFloor builds and runs perf/testdata/fifo_pingpong.c: count round
@@ -241,17 +235,35 @@ func fifoFloor(b *testing.B, count int, gap time.Duration) (float64, error) {
 
 // idleShare is pid's CPU time over d as a percentage of d.
 func idleShare(pid int, d time.Duration) (float64, error) {
-	t0, err := nstest.CPUNanos(pid)
+	s, err := idleShares([]int{pid}, d)
 	if err != nil {
 		return 0, err
+	}
+	return s[0], nil
+}
+
+// idleShares is each of pids' CPU time over the same d, as a percentage
+// of d.
+func idleShares(pids []int, d time.Duration) ([]float64, error) {
+	t0 := make([]uint64, len(pids))
+	for i, pid := range pids {
+		var err error
+		if t0[i], err = nstest.CPUNanos(pid); err != nil {
+			return nil, err
+		}
 	}
 	w0 := time.Now()
 	time.Sleep(d)
-	t1, err := nstest.CPUNanos(pid)
-	if err != nil {
-		return 0, err
+	wall := time.Since(w0)
+	shares := make([]float64, len(pids))
+	for i, pid := range pids {
+		t1, err := nstest.CPUNanos(pid)
+		if err != nil {
+			return nil, err
+		}
+		shares[i] = float64(t1-t0[i]) / float64(wall.Nanoseconds()) * 100
 	}
-	return float64(t1-t0) / float64(time.Since(w0).Nanoseconds()) * 100, nil
+	return shares, nil
 }
 
 // pct is the p-th percentile of v (p = 100: the largest).
