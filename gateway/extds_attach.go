@@ -257,64 +257,62 @@ func (s *attachSvc) parsePort(arg string) (uint16, error) {
 	return uint16(p), nil
 }
 
-// leasePort parses "PID BASE PORT" (the arguments of extds-listen and
-// extds-unlisten, op) into the lease and the port. s.mu is held.
-func (s *attachSvc) leasePort(ctx context.Context, op string, args []string) (*appLease, uint16, error) {
+// onLeasePort parses "PID BASE PORT" (the arguments of extds-listen and
+// extds-unlisten, op) into the lease and the port, and runs f on them
+// with s.mu held.
+func (s *attachSvc) onLeasePort(ctx context.Context, op string, args []string, f func(l *appLease, port uint16) error) (any, error) {
 	if len(args) != 3 {
-		return nil, 0, s.refuse("usage: %s PID BASE PORT", op)
+		return nil, s.refuse("usage: %s PID BASE PORT", op)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	l, err := s.lease(ctx, args[0], args[1])
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	port, err := s.parsePort(args[2])
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	return l, port, nil
+	if err := f(l, port); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
 }
 
 func (s *attachSvc) handleListen(ctx context.Context, args []string) (any, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, port, err := s.leasePort(ctx, "extds-listen", args)
-	if err != nil {
-		return nil, err
-	}
-	n := 0
-	for _, us := range l.ports {
-		n += len(us)
-	}
-	if n >= maxPortsPerLease {
-		return nil, s.refuse("lease at vpid %d has %d ports registered", l.grant.VPIDBase, n)
-	}
-	u, err := s.dev.RegisterPort(port)
-	if err != nil {
-		return nil, err
-	}
-	l.ports[port] = append(l.ports[port], u)
-	s.listens.Add(1)
-	return struct{}{}, nil
+	return s.onLeasePort(ctx, "extds-listen", args, func(l *appLease, port uint16) error {
+		n := 0
+		for _, us := range l.ports {
+			n += len(us)
+		}
+		if n >= maxPortsPerLease {
+			return s.refuse("lease at vpid %d has %d ports registered", l.grant.VPIDBase, n)
+		}
+		u, err := s.dev.RegisterPort(port)
+		if err != nil {
+			return err
+		}
+		l.ports[port] = append(l.ports[port], u)
+		s.listens.Add(1)
+		return nil
+	})
 }
 
 func (s *attachSvc) handleUnlisten(ctx context.Context, args []string) (any, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, port, err := s.leasePort(ctx, "extds-unlisten", args)
-	if err != nil {
-		return nil, err
-	}
-	us := l.ports[port]
-	if len(us) == 0 {
-		return nil, s.refuse("port %d is not registered by the lease at vpid %d", port, l.grant.VPIDBase)
-	}
-	us[len(us)-1]()
-	if us = us[:len(us)-1]; len(us) == 0 {
-		delete(l.ports, port)
-	} else {
-		l.ports[port] = us
-	}
-	return struct{}{}, nil
+	return s.onLeasePort(ctx, "extds-unlisten", args, func(l *appLease, port uint16) error {
+		us := l.ports[port]
+		if len(us) == 0 {
+			return s.refuse("port %d is not registered by the lease at vpid %d", port, l.grant.VPIDBase)
+		}
+		us[len(us)-1]()
+		if us = us[:len(us)-1]; len(us) == 0 {
+			delete(l.ports, port)
+		} else {
+			l.ports[port] = us
+		}
+		return nil
+	})
 }
 
 // LeaseRow is one row of "extds-leases".

@@ -364,14 +364,9 @@ func (e *Endpoint) register(w *waiter) error {
 	if err != nil {
 		return fmt.Errorf("dring: dup bell: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "bell") // non-blocking: in the netpoller
-	rc, err := f.SyscallConn()
-	if err == nil {
-		err = f.SetReadDeadline(time.Time{})
-	}
+	f, rc, err := sys.PollableFile(fd, "bell") // non-blocking: in the netpoller
 	if err != nil {
-		f.Close()
-		return fmt.Errorf("dring: bell %w: %v", sys.ErrNotPollable, err)
+		return fmt.Errorf("dring: %w", err)
 	}
 	w.f, w.rc = f, rc
 	return nil

@@ -42,11 +42,7 @@ func TestNewUnsupported(t *testing.T) {
 // MinRing connection (many wraps), checking every byte, on both fabric
 // modes.
 func TestBothWays(t *testing.T) {
-	total := 1 << 20
-	if testenv.Small() {
-		total = 256 << 10
-	}
-	streams(t, func(t *testing.T, cl *cluster, p *pair) {
+	streams(t, 1<<20, 256<<10, func(t *testing.T, cl *cluster, p *pair, total int) {
 		runAll(t, "stream", 60*time.Second,
 			func() error { return writeStream(p.a.prog, 1, total, 3000, true) },
 			func() error { return writeStream(p.b.prog, 2, total, 700, true) },
@@ -71,13 +67,17 @@ func TestBothWays(t *testing.T) {
 }
 
 // streams runs f on every fabric mode with a fresh cluster and one
-// MinRing connection (many wraps), checking for leaks.
-func streams(t *testing.T, f func(t *testing.T, cl *cluster, p *pair)) {
+// MinRing connection (many wraps), checking for leaks; f moves total
+// bytes (small under EXN_TEST_SMALL).
+func streams(t *testing.T, total, small int, f func(t *testing.T, cl *cluster, p *pair, total int)) {
+	if testenv.Small() {
+		total = small
+	}
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			testenv.VerifyNoLeaks(t)
 			cl := newCluster(t, mode)
-			f(t, cl, cl.dial(t, dring.MinRing))
+			f(t, cl, cl.dial(t, dring.MinRing), total)
 		})
 	}
 }
@@ -116,11 +116,7 @@ func violations(s Stats) (n uint64) {
 // the ring and parks, the engines say so (writer_blocked) and send
 // window updates, and every byte arrives.
 func TestSlowReader(t *testing.T) {
-	total := 512 << 10
-	if testenv.Small() {
-		total = 128 << 10
-	}
-	streams(t, func(t *testing.T, cl *cluster, p *pair) {
+	streams(t, 512<<10, 128<<10, func(t *testing.T, cl *cluster, p *pair, total int) {
 		runAll(t, "stream", 60*time.Second,
 			func() error { return writeStream(p.a.prog, 7, total, 8192, true) },
 			func() error { return readStream(p.b.prog, 7, total, 600, true) })

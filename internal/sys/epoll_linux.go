@@ -46,14 +46,9 @@ func NewEpoll(max int) (*Epoll, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("epoll: nonblock: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "epoll") // non-blocking: in the netpoller
-	rc, err := f.SyscallConn()
-	if err == nil {
-		err = f.SetReadDeadline(time.Time{})
-	}
+	f, rc, err := PollableFile(fd, "epoll")
 	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("epoll %w: %v", ErrNotPollable, err)
+		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	p := &Epoll{f: f, rc: rc, fd: fd, evs: make([]unix.EpollEvent, max)}
 	p.cb = func(fd uintptr) bool {
@@ -174,4 +169,22 @@ func (e *Eventfd) Close() error {
 	err := unix.Close(e.fd)
 	e.fd = -1
 	return err
+}
+
+// PollableFile makes fd, a non-blocking descriptor, a file in Go's
+// netpoller, so that its RawConn.Read parks the goroutine, not the
+// thread. It takes fd over (closed on error). The error wraps
+// ErrNotPollable when the runtime could not register it (SetReadDeadline
+// fails with ErrNoDeadline on a file the netpoller does not watch).
+func PollableFile(fd int, name string) (*os.File, syscall.RawConn, error) {
+	f := os.NewFile(uintptr(fd), name)
+	rc, err := f.SyscallConn()
+	if err == nil {
+		err = f.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s %w: %v", name, ErrNotPollable, err)
+	}
+	return f, rc, nil
 }

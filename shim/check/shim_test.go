@@ -197,7 +197,7 @@ func (f *fakeExnd) splice(tcp *net.TCPConn, uc *net.UnixConn) {
 	f.wg.Add(1)
 	cp := func(dst, src net.Conn, closeWrite func() error) {
 		defer done.Done()
-		io.Copy(countingWriter{dst, &f.bytes}, src)
+		io.Copy(counting(dst, &f.bytes), src)
 		closeWrite()
 	}
 	go cp(tcp, uc, tcp.CloseWrite)
@@ -210,17 +210,19 @@ func (f *fakeExnd) splice(tcp *net.TCPConn, uc *net.UnixConn) {
 	}()
 }
 
-// countingWriter counts as it writes, so a test can read the count while
-// the splice is still running.
-type countingWriter struct {
-	w io.Writer
-	n *atomic.Int64
-}
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte) (int, error)
 
-func (c countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n.Add(int64(n))
-	return n, err
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// counting writes to w and counts in n as it writes, so a test can read
+// the count while the splice is still running.
+func counting(w io.Writer, n *atomic.Int64) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		k, err := w.Write(p)
+		n.Add(int64(k))
+		return k, err
+	})
 }
 
 // env returns the environment of a shimmed program.

@@ -62,27 +62,33 @@ func TestRDirectBodies(t *testing.T) {
 		clear(c[off : off+n])
 		return c
 	}
-	for _, tc := range []struct {
+	type bad struct {
 		name string
 		p    []byte
 		rdir bool
-	}{
+	}
+	cases := []bad{
 		{"rdirect short", rd[:len(rd)-1], true},
 		{"rdirect long", append(append([]byte(nil), rd...), 0), true},
 		{"rdirect reserved", with(rd, 2, 1), true},
-		{"rdirect zero port", zero(rd, 0, 2), true},
-		{"rdirect zero token", zero(rd, 4, 4), true},
-		{"rdirect zero ring", zero(rd, 8, 4), true},
-		{"rdirect zero id", zero(rd, 12, 8), true},
-		{"rdirect zero nla", zero(rd, 20, 8), true},
 		{"commit short", cr[:len(cr)-1], false},
 		{"commit status 0", with(cr, 2, 0), false},
 		{"commit status 2", with(cr, 2, 2), false},
 		{"commit reserved", with(cr, 3, 1), false},
-		{"commit zero port", zero(cr, 0, 2), false},
-		{"commit zero id", zero(cr, 4, 8), false},
-		{"commit zero nla", zero(cr, 12, 8), false},
-	} {
+	}
+	// Every field that must not be zero: its name, offset and size in
+	// each body.
+	type field struct {
+		name      string
+		off, size int
+	}
+	for _, f := range []field{{"port", 0, 2}, {"token", 4, 4}, {"ring", 8, 4}, {"id", 12, 8}, {"nla", 20, 8}} {
+		cases = append(cases, bad{"rdirect zero " + f.name, zero(rd, f.off, f.size), true})
+	}
+	for _, f := range []field{{"port", 0, 2}, {"id", 4, 8}, {"nla", 12, 8}} {
+		cases = append(cases, bad{"commit zero " + f.name, zero(cr, f.off, f.size), false})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var ok bool
 			if tc.rdir {
