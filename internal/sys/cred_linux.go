@@ -137,10 +137,20 @@ func SocketInode(fd int) (uint64, error) {
 }
 
 // ListeningTCP returns the inodes of every listening TCP socket of the
-// caller's network namespace (/proc/net/tcp and tcp6, state 0A) with
-// their local ports. A socket is destroyed when its last descriptor in any
-// process is closed, so an inode present here is a listener still open.
+// caller's network namespace with their local ports: by sock_diag
+// (sockdiag_listen_linux.go, which says why), or from /proc/net/tcp and
+// tcp6 (state 0A) where sock_diag cannot answer. A socket is destroyed
+// when its last descriptor in any process is closed, so an inode present
+// here is a listener still open.
 func ListeningTCP() (map[uint64]uint16, error) {
+	if out, err := listeningDiag(); err == nil {
+		return out, nil
+	}
+	return listeningProc()
+}
+
+// listeningProc is ListeningTCP from /proc/net/tcp and tcp6.
+func listeningProc() (map[uint64]uint16, error) {
 	out := make(map[uint64]uint16)
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(f)
