@@ -264,7 +264,7 @@ func (c *shimCluster) sockperf(t *testing.T, srvEnv, cliEnv []string, ip, test, 
 		t.Fatal(err)
 	}
 	out, err := cli.RunEnv(time.Duration(secs)*time.Second+30*time.Second, cliEnv,
-		"sockperf", test, "-f", feed, "-F", mux, "-t", strconv.Itoa(secs))
+		"sockperf", test, "-f", feed, "-F", mux, "-t", strconv.Itoa(secs), "--mps", nstest.SockperfMPS)
 	if err != nil || !strings.Contains(out, "Summary") {
 		t.Fatalf("sockperf %s -F %s: %v\n%s\nserver: %s", test, mux, err, tailStr(out), tailStr(s.Output()))
 	}
