@@ -3,8 +3,8 @@ package shimsrv
 // Listener registrations that outlive exnd: with WithStateFile the
 // server writes its registrations (port, socket inode, uid, pid) to a
 // file after every change, and New restores those whose socket is still
-// a listening TCP socket on the same port (the kernel's word, from
-// /proc/net/tcp: an inode is unique while the socket exists). So a
+// a listening TCP socket on the same port (the kernel's word,
+// sys.ListeningTCP: an inode is unique while the socket exists). So a
 // server program that was already running when exnd restarted (SIGTERM,
 // SIGKILL, upgrade) gets EXT-DS for its next connection, without
 // re-registering itself.
