@@ -125,26 +125,17 @@ func encodeDiagReq(la, ra netip.Addr, lport, rport uint16) [unix.NLMSG_HDRLEN + 
 // LISTEN, or other ports) is "not found".
 func parseDiagAnswer(b []byte, lport, rport uint16) (TCPConnInfo, bool, error) {
 	ne := binary.NativeEndian
-	if len(b) < unix.NLMSG_HDRLEN {
-		return TCPConnInfo{}, false, fmt.Errorf("sock_diag: short answer (%d bytes)", len(b))
-	}
-	mlen, typ := int(ne.Uint32(b)), ne.Uint16(b[4:])
-	if mlen < unix.NLMSG_HDRLEN || mlen > len(b) {
-		return TCPConnInfo{}, false, fmt.Errorf("sock_diag: bad message length %d of %d", mlen, len(b))
-	}
-	body := b[unix.NLMSG_HDRLEN:mlen]
-	switch typ {
-	case unix.NLMSG_ERROR:
-		if len(body) < 4 {
-			return TCPConnInfo{}, false, fmt.Errorf("sock_diag: short error message")
-		}
-		errno := -int32(ne.Uint32(body))
-		if errno == int32(unix.ENOENT) {
+	typ, body, _, err := nlNext(b)
+	switch {
+	case err != nil:
+		return TCPConnInfo{}, false, err
+	case typ == unix.NLMSG_ERROR:
+		errno, err := nlErrno(body)
+		if errno == unix.ENOENT {
 			return TCPConnInfo{}, false, nil
 		}
-		return TCPConnInfo{}, false, os.NewSyscallError("sock_diag", unix.Errno(errno))
-	case unix.SOCK_DIAG_BY_FAMILY:
-	default:
+		return TCPConnInfo{}, false, err
+	case typ != unix.SOCK_DIAG_BY_FAMILY:
 		return TCPConnInfo{}, false, fmt.Errorf("sock_diag: unexpected message type %d", typ)
 	}
 	if len(body) < diagMsgLen {
@@ -170,4 +161,29 @@ func parseDiagAnswer(b []byte, lport, rport uint16) (TCPConnInfo, bool, error) {
 		a = a[min((alen+unix.RTA_ALIGNTO-1)&^(unix.RTA_ALIGNTO-1), len(a)):]
 	}
 	return TCPConnInfo{}, false, fmt.Errorf("sock_diag: no tcp_info in the answer")
+}
+
+// nlNext splits the first netlink message off b: its type, its body and
+// the messages after it (aligned). An error names a short or overlong
+// message.
+func nlNext(b []byte) (typ uint16, body, rest []byte, err error) {
+	ne := binary.NativeEndian
+	if len(b) < unix.NLMSG_HDRLEN {
+		return 0, nil, nil, fmt.Errorf("sock_diag: short message (%d bytes)", len(b))
+	}
+	mlen := int(ne.Uint32(b))
+	if mlen < unix.NLMSG_HDRLEN || mlen > len(b) {
+		return 0, nil, nil, fmt.Errorf("sock_diag: bad message length %d of %d", mlen, len(b))
+	}
+	next := min((mlen+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(b))
+	return ne.Uint16(b[4:]), b[unix.NLMSG_HDRLEN:mlen], b[next:], nil
+}
+
+// nlErrno is the errno of an NLMSG_ERROR body, and it as an error.
+func nlErrno(body []byte) (unix.Errno, error) {
+	if len(body) < 4 {
+		return 0, fmt.Errorf("sock_diag: short error message")
+	}
+	errno := unix.Errno(-int32(binary.NativeEndian.Uint32(body)))
+	return errno, os.NewSyscallError("sock_diag", errno)
 }

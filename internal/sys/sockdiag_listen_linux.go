@@ -83,22 +83,16 @@ func encodeListenDump(family uint8, seq uint32) [unix.NLMSG_HDRLEN + diagReqLen]
 func parseListenDump(b []byte, out map[uint64]uint16) (done bool, err error) {
 	ne := binary.NativeEndian
 	for len(b) > 0 {
-		if len(b) < unix.NLMSG_HDRLEN {
-			return false, fmt.Errorf("sock_diag: short message (%d bytes)", len(b))
+		typ, body, rest, err := nlNext(b)
+		if err != nil {
+			return false, err
 		}
-		mlen, typ := int(ne.Uint32(b)), ne.Uint16(b[4:])
-		if mlen < unix.NLMSG_HDRLEN || mlen > len(b) {
-			return false, fmt.Errorf("sock_diag: bad message length %d of %d", mlen, len(b))
-		}
-		body := b[unix.NLMSG_HDRLEN:mlen]
 		switch typ {
 		case unix.NLMSG_DONE:
 			return true, nil
 		case unix.NLMSG_ERROR:
-			if len(body) < 4 {
-				return false, fmt.Errorf("sock_diag: short error message")
-			}
-			return false, os.NewSyscallError("sock_diag", unix.Errno(-int32(ne.Uint32(body))))
+			_, err := nlErrno(body)
+			return false, err
 		case unix.SOCK_DIAG_BY_FAMILY:
 			if len(body) < diagMsgLen {
 				return false, fmt.Errorf("sock_diag: short inet_diag_msg (%d bytes)", len(body))
@@ -107,7 +101,7 @@ func parseListenDump(b []byte, out map[uint64]uint16) (done bool, err error) {
 				out[ino] = binary.BigEndian.Uint16(body[diagIDOff:])
 			}
 		}
-		b = b[min((mlen+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(b)):]
+		b = rest
 	}
 	return false, nil
 }
