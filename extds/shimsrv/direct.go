@@ -227,7 +227,11 @@ func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
 	dc.id = s.nextID
 	s.dconns[dc.id] = dc
 	s.wg.Add(1)
-	if !s.livenessOn {
+	// Across hosts the engine watches the peer nodes itself
+	// (rdirect.Config.Liveness) and resets their connections: a second
+	// watcher here would only poll the same fabric again.
+	local := dc.rem == nil
+	if local && !s.livenessOn {
 		s.livenessOn = true
 		s.wg.Add(1)
 		// The watch channel is taken here, before checkPeer below: a
@@ -237,7 +241,9 @@ func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
 	}
 	s.mu.Unlock()
 	go s.watch(dc)
-	s.checkPeer(dc) // after it is in s.dconns: see directLiveness
+	if local {
+		s.checkPeer(dc) // after it is in s.dconns: see directLiveness
+	}
 	s.directConns.Add(1)
 	s.switched.Add(1)
 	s.logConn(slog.LevelDebug, "extds shim: direct", "id", dc.id, "side", dc.side, "pid", dc.pid,
