@@ -107,6 +107,9 @@ type Conn struct {
 	rdWake       chan struct{}
 	wrWake       chan struct{}
 	rdDL, wrDL   deadline
+	// rdSpin, wrSpin: the learned spin of Read's and Write's waits
+	// (spin.go), under mu.
+	rdSpin, wrSpin spinBudget
 
 	wsem   sync.Mutex // the writer slot: Write, ReadFrom, WriteBuffer (see ReadFrom)
 	wmu    sync.Mutex

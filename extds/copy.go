@@ -79,7 +79,7 @@ func (c *Conn) readFromLocked(r io.Reader) (int64, error) {
 			// No room worth a read: wait for RMA_AVAIL like Write.
 			c.dev.ctr.creditWaits.Add(1)
 			free := c.txFree
-			err := c.spinWaitLocked(c.wrWake, &c.wrDL, func() bool {
+			err := c.spinWaitLocked(&c.wrSpin, c.wrWake, &c.wrDL, func() bool {
 				return c.txFree != free || c.closed || c.err != nil || c.wrShut || isClosedChan(c.wrDL.wait())
 			})
 			c.mu.Unlock()
@@ -176,7 +176,7 @@ func (c *Conn) writeToLocked(w io.Writer) (int64, error) {
 		}
 		s := c.segs.peek()
 		if s == nil || s.kind == segRMA && !s.ready {
-			err := c.spinWaitLocked(c.rdWake, &c.rdDL, c.readableLocked)
+			err := c.spinWaitLocked(&c.rdSpin, c.rdWake, &c.rdDL, c.readableLocked)
 			c.mu.Unlock()
 			if err != nil {
 				return total, err

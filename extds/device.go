@@ -8,7 +8,7 @@ package extds
 //     rxBudget VELO messages, then PollNotifications up to rxBudget; when
 //     both are empty, Wait (the endpoint spins briefly, then sleeps).
 //     A Read or a Write waiting for credits first polls the vdev itself
-//     for connSpinBudget before it parks (Conn.spinWaitLocked):
+//     for its learned spin budget (spin.go) before it parks (Conn.spinWaitLocked):
 //     vdev.poll, the same Recv + dispatch, under vdev.rxMu, which the rx
 //     loop holds for its polls too, so messages keep their order.
 //  2. demux (Device.dispatch): decode the payload (no allocation), hand a

@@ -77,6 +77,7 @@ type counters struct {
 	lingerExpired, reaped    atomic.Uint64
 	shadowLost, notifyErrors atomic.Uint64
 	noConnSent, noConnLimit  atomic.Uint64 // NOCONN replies sent / suppressed by the rate limit
+	waitsSpun, waitsParked   atomic.Uint64 // Read/Write waits that ended in their spin / parked (spin.go)
 	// Probes, claims and direct agreements are counted by the Agent
 	// (agree.Stats), and so are the DropProbe drops and the
 	// HandshakeErrors of a direct agreement.
@@ -113,6 +114,8 @@ type Stats struct {
 	ProbeTimeouts        uint64 // probes without an answer in ProbeTimeout
 	ProbesServed         uint64 // probes from peers answered
 	DirectAgreed         uint64 // direct connections agreed over the fabric, counted where accepted
+	WaitsSpun            uint64 // Read/Write waits that ended within their spin (spin.go)
+	WaitsParked          uint64 // Read/Write waits that parked
 }
 
 // snapshot is c's Stats with the Agent's counters a.
@@ -131,6 +134,7 @@ func (c *counters) snapshot(a agree.Stats) Stats {
 		NoConnSent: c.noConnSent.Load(), NoConnLimited: c.noConnLimit.Load(),
 		Probes: a.Probes, ProbeTimeouts: a.ProbeTimeouts, ProbesServed: a.ProbesServed,
 		DirectAgreed: a.DirectAgreed,
+		WaitsSpun:    c.waitsSpun.Load(), WaitsParked: c.waitsParked.Load(),
 	}
 	for i := range c.fallbacks {
 		s.Fallbacks[FallbackReason(i).String()] = c.fallbacks[i].Load()

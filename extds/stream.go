@@ -258,7 +258,8 @@ func (c *Conn) sendErr(err error) error {
 // goroutine on the scheduler's run queue, where it is found before the
 // network is ever polled.
 const (
-	// connSpinBudget is the longest a waiter polls before it parks. It is
+	// connSpinBudget is what a waiter polls before it parks, until its
+	// Conn learned better (spin.go). It is
 	// about what parking costs here: the wake-up chain it replaces (the
 	// peer's doorbell ring, the rx loop's netpoller wake-up, the hand-off
 	// to this goroutine) measured 20–40 µs between two processes on this
@@ -269,10 +270,15 @@ const (
 )
 
 // spinWaitLocked waits until ready() may have become true: it spins for
-// connSpinBudget, then parks on wakeCh like waitLocked. mu is held on
-// entry and exit, and when ready is called.
-func (c *Conn) spinWaitLocked(wakeCh chan struct{}, dl *deadline, ready func() bool) error {
-	if c.spinLocked(time.Now(), ready) {
+// sb's learned budget (spin.go), then parks on wakeCh like waitLocked,
+// and tells sb how the wait went. mu is held on entry and exit, and when
+// ready is called.
+func (c *Conn) spinWaitLocked(sb *spinBudget, wakeCh chan struct{}, dl *deadline, ready func() bool) error {
+	budget := sb.next()
+	start := time.Now()
+	if budget > 0 && c.spinLocked(start, budget, ready) {
+		sb.hit()
+		c.dev.ctr.waitsSpun.Add(1)
 		// The wake-up token for what arrived is stale now.
 		select {
 		case <-wakeCh:
@@ -280,12 +286,18 @@ func (c *Conn) spinWaitLocked(wakeCh chan struct{}, dl *deadline, ready func() b
 		}
 		return nil
 	}
-	return c.waitLocked(wakeCh, dl)
+	c.dev.ctr.waitsParked.Add(1)
+	at := time.Now()
+	err := c.waitLocked(wakeCh, dl)
+	if err == nil {
+		sb.parked(at.Sub(start), time.Since(at))
+	}
+	return err
 }
 
-// spinLocked polls c's vdev until ready() or connSpinBudget has passed
-// since start. mu is held on entry and exit (released while polling).
-func (c *Conn) spinLocked(start time.Time, ready func() bool) bool {
+// spinLocked polls c's vdev until ready() or budget has passed since
+// start. mu is held on entry and exit (released while polling).
+func (c *Conn) spinLocked(start time.Time, budget time.Duration, ready func() bool) bool {
 	v := c.vd
 	for {
 		c.mu.Unlock()
@@ -301,7 +313,7 @@ func (c *Conn) spinLocked(start time.Time, ready func() bool) bool {
 		if ready() {
 			return true
 		}
-		if time.Since(start) > connSpinBudget {
+		if time.Since(start) > budget {
 			return false
 		}
 	}

@@ -55,7 +55,7 @@ func (c *Conn) readLocked(p []byte) (int, error) {
 		}
 		s := c.segs.peek()
 		if s == nil {
-			if err := c.spinWaitLocked(c.rdWake, &c.rdDL, c.readableLocked); err != nil {
+			if err := c.spinWaitLocked(&c.rdSpin, c.rdWake, &c.rdDL, c.readableLocked); err != nil {
 				c.mu.Unlock()
 				return 0, err
 			}
@@ -68,7 +68,7 @@ func (c *Conn) readLocked(p []byte) (int, error) {
 			n = c.copyEagerLocked(p, s)
 		case segRMA:
 			if !s.ready {
-				if err := c.spinWaitLocked(c.rdWake, &c.rdDL, c.readableLocked); err != nil {
+				if err := c.spinWaitLocked(&c.rdSpin, c.rdWake, &c.rdDL, c.readableLocked); err != nil {
 					c.mu.Unlock()
 					return 0, err
 				}

@@ -97,7 +97,7 @@ func (c *Conn) writeLocked(p []byte) (int, error) {
 			if c.txEager == 0 || large && len(p) > ringFullVELOMax && c.ringWaitLocked() {
 				c.dev.ctr.creditWaits.Add(1)
 				free, eager := c.txFree, c.txEager
-				if err := c.spinWaitLocked(c.wrWake, &c.wrDL, func() bool {
+				if err := c.spinWaitLocked(&c.wrSpin, c.wrWake, &c.wrDL, func() bool {
 					return c.txFree != free || c.txEager != eager || c.closed || c.err != nil || c.wrShut || isClosedChan(c.wrDL.wait())
 				}); err != nil {
 					c.mu.Unlock()
