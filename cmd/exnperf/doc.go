@@ -1,10 +1,14 @@
 // Command exnperf runs exn benchmarks. With no arguments it runs the
 // embedded demo: an in-process N-node cluster on the mem fabric (no root,
-// no TAP), a TCP throughput and a TCP ping-pong latency test for every
-// ordered pair of nodes over EXT-Eth on gVisor netstack, printed as a
-// table and written as JSON and SVG.
+// no TAP), a throughput and a ping-pong latency test per ordered pair of
+// nodes, over TCP on EXT-Eth (gVisor netstack) and over EXT-DS, printed
+// as a table with the distribution across pairs and written as JSON and
+// SVG. Up to -all-pairs nodes (8) it measures every pair; beyond, the
+// ring i -> i+1 and -peers (2) random peers per node (-seed), with the
+// tests scaled down to fit -budget (see perf/demo.Sampling).
 //
-//	exnperf [-nodes 4] [-time 1s] [-rtt 2000] [-json FILE] [-svg FILE]
+//	exnperf [-nodes 4] [-time 1s] [-rtt 2000] [-all-pairs 8] [-peers 2]
+//	        [-seed 1] [-budget 2m] [-json FILE] [-svg FILE]
 //	exnperf demo [flags]   (the same)
 //	exnperf report [-quick] [-out docs] [-from DIR] [-only SECTION,...]
 //	                       (the benchmark matrix: docs/benchmarks.md, see perf/report)

@@ -44,7 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage: exnperf [demo|report] [flags]
 subcommands:
-  demo   (default) in-process N-node cluster: TCP throughput and latency for every pair
+  demo   (default) in-process N-node cluster: TCP and EXT-DS throughput and latency, every pair
+         up to 8 nodes, else the ring and 2 random peers per node (-all-pairs, -peers, -budget)
   report runs the benchmark matrix, writes docs/benchmarks.md and docs/charts/*.svg
 run "exnperf demo -h" or "exnperf report -h" for the flags`)
 }
@@ -57,6 +58,10 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	maxMiB := fs.Int64("max-mib", 0, "cap on MiB sent per pair (0: no cap)")
 	rtt := fs.Int("rtt", 2000, "1-byte TCP round trips per pair")
 	mtu := fs.Int("mtu", 0, "IP MTU (0: 65521)")
+	allUpTo := fs.Int("all-pairs", demo.DefaultAllUpTo, "measure every ordered pair when there are at most this many nodes (0: always sample)")
+	peers := fs.Int("peers", demo.DefaultPeers, "when sampling: random peers per node besides the ring successor i -> i+1 (0: ring only)")
+	seed := fs.Uint64("seed", 1, "seed of the random peers")
+	budget := fs.Duration("budget", 120*time.Second, "time the measurements should take: -time and -rtt are scaled down to fit (0: no limit)")
 	dir := fs.String("dir", ".", "directory for the default output files")
 	jsonPath := fs.String("json", "", "JSON results file (default DIR/exnperf-results.json; \"-\" to skip)")
 	svgPath := fs.String("svg", "", "SVG chart file (default DIR/exnperf-results.svg; \"-\" to skip)")
@@ -72,7 +77,15 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	o := demo.Options{Nodes: *nodes, Duration: *dur, MaxBytes: *maxMiB << 20, RoundTrips: *rtt, MTU: *mtu}
+	// The library reads 0 as its default and < 0 as none.
+	if *allUpTo == 0 {
+		*allUpTo = -1
+	}
+	if *peers == 0 {
+		*peers = -1
+	}
+	o := demo.Options{Nodes: *nodes, Duration: *dur, MaxBytes: *maxMiB << 20, RoundTrips: *rtt, MTU: *mtu,
+		Sampling: demo.Sampling{AllUpTo: *allUpTo, Peers: *peers, Seed: *seed}, Budget: *budget}
 	tty := isTerminal(stdout)
 	if tty {
 		start := time.Now()

@@ -22,11 +22,18 @@ import (
 // Options configures Run.
 type Options struct {
 	Nodes      int           // cluster size, >= 2
-	Duration   time.Duration // throughput test length per pair
+	Duration   time.Duration // throughput test length per pair (before Budget)
 	MaxBytes   int64         // throughput test cap per pair (0: none)
-	RoundTrips int           // ping-pong round trips per pair
+	RoundTrips int           // ping-pong round trips per pair (before Budget)
 	MTU        int           // IP MTU (0: default 65521)
 	NoEXTDS    bool          // skip the EXT-DS measurements
+	// Sampling chooses the pairs (the zero value: all pairs up to 8
+	// nodes, the ring and 2 random peers per node beyond).
+	Sampling Sampling
+	// Budget, if positive, is the time the measurements should take:
+	// when the pairs at Duration and RoundTrips are estimated to take
+	// longer, both are scaled down to fit (see PlanTests).
+	Budget time.Duration
 	// Progress, if set, receives a one-line status after each step.
 	Progress func(done, total int, what string)
 	Logger   *slog.Logger
@@ -62,17 +69,42 @@ type PathResult struct {
 
 // Result is a whole run.
 type Result struct {
-	Started    time.Time `json:"started"`
-	Nodes      int       `json:"nodes"`
-	Fabric     string    `json:"fabric"`
-	Transport  string    `json:"transport"`
-	MTU        int       `json:"mtu"`
-	TCP        string    `json:"tcp"`
-	DurationS  float64   `json:"per_pair_seconds"`
-	Pairs      []Pair    `json:"pairs"`
-	EngineRx   uint64    `json:"engine_rendezvous_frames"`
-	EngineDrop uint64    `json:"engine_drops"`
-	WallS      float64   `json:"wall_seconds"`
+	Started    time.Time    `json:"started"`
+	Nodes      int          `json:"nodes"`
+	Fabric     string       `json:"fabric"`
+	Transport  string       `json:"transport"`
+	MTU        int          `json:"mtu"`
+	TCP        string       `json:"tcp"`
+	DurationS  float64      `json:"per_pair_seconds"`
+	RoundTrips int          `json:"round_trips_per_pair"`
+	Sampling   SamplingInfo `json:"sampling"`
+	Machine    Machine      `json:"machine"`
+	Summary    Summary      `json:"summary"`
+	Pairs      []Pair       `json:"pairs"`
+	EngineRx   uint64       `json:"engine_rendezvous_frames"`
+	EngineDrop uint64       `json:"engine_drops"`
+	StartupS   float64      `json:"startup_seconds"` // cluster, servers and EXT-DS devices up
+	WallS      float64      `json:"wall_seconds"`
+}
+
+// SamplingInfo says which pairs a run measured, of how many, and how
+// long each test was.
+type SamplingInfo struct {
+	Rule      string `json:"rule"` // "all" or "ring+random"
+	Measured  int    `json:"pairs_measured"`
+	Total     int    `json:"pairs_total"` // n(n-1) ordered pairs
+	Senders   int    `json:"senders"`     // distinct nodes among the senders
+	Receivers int    `json:"receivers"`   // and the receivers
+	AllUpTo   int    `json:"all_pairs_up_to_nodes"`
+	Peers     int    `json:"random_peers_per_node"` // 0 with rule "all"
+	Seed      uint64 `json:"seed"`
+	// BudgetS is Options.Budget (0: none); Scale the factor it applied
+	// to the requested test sizes, EstimateS the cost model's estimate.
+	BudgetS             float64 `json:"budget_seconds"`
+	Scale               float64 `json:"scale"`
+	EstimateS           float64 `json:"estimate_seconds"`
+	RequestedS          float64 `json:"requested_per_pair_seconds"`
+	RequestedRoundTrips int     `json:"requested_round_trips"`
 }
 
 // Ports of the servers every node runs: TCP over EXT-Eth, and EXT-DS.
@@ -84,8 +116,9 @@ const (
 // dialFunc dials a test connection on one path.
 type dialFunc func(ctx context.Context, network, address string) (net.Conn, error)
 
-// Run brings the cluster up, measures every ordered pair in turn and
-// shuts the cluster down. It stops early with ctx.
+// Run brings the cluster up, measures the sampled pairs (see Sampling) in
+// turn, one test at a time, and shuts the cluster down. It stops early
+// with ctx.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Nodes < 2 {
 		return nil, fmt.Errorf("demo: %d nodes: need at least 2", o.Nodes)
@@ -93,16 +126,32 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Duration <= 0 || o.RoundTrips <= 0 {
 		return nil, errors.New("demo: duration and round trips must be positive")
 	}
+	if o.Budget < 0 {
+		return nil, fmt.Errorf("demo: budget %v: must not be negative", o.Budget)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	edges, all, err := SamplePairs(o.Nodes, o.Sampling)
+	if err != nil {
+		return nil, err
+	}
+	paths := 2
+	if o.NoEXTDS {
+		paths = 1
+	}
+	plan, err := PlanTests(len(edges), paths, o.Duration, o.RoundTrips, o.Budget)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
+	machine := machineNow()
 	c, err := node.NewCluster(o.Nodes, node.WithConfig(func(cfg *node.Config) {
 		cfg.Logger = o.Logger
 		cfg.MTU = o.MTU
 	}))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("demo: cluster: %w", err)
 	}
 	defer c.Close()
 	nodes := c.Nodes()
@@ -112,16 +161,19 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		Transport: transport(o), MTU: nodes[0].MTU(),
 		TCP: fmt.Sprintf("%s, SACK %v, send buffer %d/%d/%d, receive buffer %d/%d/%d", t.CongestionControl, !t.DisableSACK,
 			t.SendBuffer.Min, t.SendBuffer.Default, t.SendBuffer.Max, t.ReceiveBuffer.Min, t.ReceiveBuffer.Default, t.ReceiveBuffer.Max),
-		DurationS: o.Duration.Seconds(),
+		DurationS: plan.Duration.Seconds(), RoundTrips: plan.RoundTrips,
+		Sampling: samplingInfo(o, edges, all, plan),
+		Machine:  machine,
 	}
 
-	// Every node serves a sink (throughput) and an echo (ping-pong).
+	// Every node serves a sink (throughput) and an echo (ping-pong) on
+	// each path: two listeners per node, whatever the pairs.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, n := range nodes {
 		l, err := n.Listen("tcp4", fmt.Sprintf(":%d", port))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("demo: listen: %w", err)
 		}
 		defer l.Close()
 		wg.Add(1)
@@ -132,7 +184,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 
 	// EXT-DS: a Device per node on its NIC, the listener's shadow TCP on
-	// the node's netstack, peers resolved from the cluster's addresses.
+	// the node's netstack, peers resolved from the cluster's addresses
+	// (one resolver, shared).
 	dsDial := map[*node.Node]dialFunc{}
 	if !o.NoEXTDS {
 		res := extds.StaticResolver{}
@@ -147,7 +200,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			defer dev.Close()
 			inner, err := n.Listen("tcp4", fmt.Sprintf(":%d", dsPort))
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("demo: listen: %w", err)
 			}
 			l := extds.NewListener(dev, inner)
 			defer l.Close()
@@ -170,61 +223,88 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 		}
 	}
+	res.StartupS = time.Since(start).Seconds()
 
-	total := o.Nodes * (o.Nodes - 1)
-	done := 0
-	for _, a := range nodes {
-		for _, b := range nodes {
-			if a == b {
-				continue
-			}
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
-			p := Pair{From: a.Addr().Addr().String(), To: b.Addr().Addr().String()}
-			if o.Progress != nil {
-				o.Progress(done, total, fmt.Sprintf("%s -> %s throughput", p.From, p.To))
-			}
-			dst := netip.AddrPortFrom(b.Addr().Addr(), port).String()
-			var tcp PathResult
-			if err := throughput(ctx, a.DialContext, dst, o.Duration, o.MaxBytes, &tcp); err != nil {
-				return nil, fmt.Errorf("%s -> %s throughput: %w", p.From, p.To, err)
-			}
-			if o.Progress != nil {
-				o.Progress(done, total, fmt.Sprintf("%s -> %s latency", p.From, p.To))
-			}
-			if err := pingPong(ctx, a.DialContext, dst, o.RoundTrips, &tcp); err != nil {
-				return nil, fmt.Errorf("%s -> %s latency: %w", p.From, p.To, err)
-			}
-			p.Bytes, p.Seconds, p.MBps, p.Gbps = tcp.Bytes, tcp.Seconds, tcp.MBps, tcp.Gbps
-			p.RoundTrips, p.P50us, p.P99us, p.Minus = tcp.RoundTrips, tcp.P50us, tcp.P99us, tcp.Minus
-			if dial := dsDial[a]; dial != nil {
-				dsDst := netip.AddrPortFrom(b.Addr().Addr(), dsPort).String()
-				p.DS = &PathResult{}
-				if o.Progress != nil {
-					o.Progress(done, total, fmt.Sprintf("%s -> %s EXT-DS", p.From, p.To))
-				}
-				if err := throughput(ctx, dial, dsDst, o.Duration, o.MaxBytes, p.DS); err != nil {
-					return nil, fmt.Errorf("%s -> %s EXT-DS throughput: %w", p.From, p.To, err)
-				}
-				if err := pingPong(ctx, dial, dsDst, o.RoundTrips, p.DS); err != nil {
-					return nil, fmt.Errorf("%s -> %s EXT-DS latency: %w", p.From, p.To, err)
-				}
-			}
-			res.Pairs = append(res.Pairs, p)
-			done++
+	total := len(edges)
+	for done, e := range edges {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
+		a, b := nodes[e.From], nodes[e.To]
+		p, err := measurePair(ctx, o, plan, done, total, a, b, dsDial[a])
+		if err != nil {
+			return nil, err
+		}
+		res.Pairs = append(res.Pairs, p)
 	}
 	if o.Progress != nil {
-		o.Progress(done, total, "done")
+		o.Progress(total, total, "done")
 	}
+	res.Machine.LoadEnd = res.Machine.readLoad()
 	for _, n := range nodes {
 		st := n.Engine().Stats()
 		res.EngineRx += st.RxFrames[exn.ProtoRendezvous]
 		res.EngineDrop += st.TotalDrops()
 	}
+	res.Summary = Summarize(res.Pairs)
 	res.WallS = time.Since(start).Seconds()
 	return res, nil
+}
+
+// measurePair runs the throughput and latency tests of a -> b, over TCP
+// and, with dsDial, over EXT-DS.
+func measurePair(ctx context.Context, o Options, plan Plan, done, total int, a, b *node.Node, dsDial dialFunc) (Pair, error) {
+	p := Pair{From: a.Addr().Addr().String(), To: b.Addr().Addr().String()}
+	step := func(what string) {
+		if o.Progress != nil {
+			o.Progress(done, total, fmt.Sprintf("%s -> %s %s", p.From, p.To, what))
+		}
+	}
+	step("throughput")
+	dst := netip.AddrPortFrom(b.Addr().Addr(), port).String()
+	var tcp PathResult
+	if err := throughput(ctx, a.DialContext, dst, plan.Duration, o.MaxBytes, &tcp); err != nil {
+		return p, fmt.Errorf("%s -> %s throughput: %w", p.From, p.To, err)
+	}
+	step("latency")
+	if err := pingPong(ctx, a.DialContext, dst, plan.RoundTrips, &tcp); err != nil {
+		return p, fmt.Errorf("%s -> %s latency: %w", p.From, p.To, err)
+	}
+	p.Bytes, p.Seconds, p.MBps, p.Gbps = tcp.Bytes, tcp.Seconds, tcp.MBps, tcp.Gbps
+	p.RoundTrips, p.P50us, p.P99us, p.Minus = tcp.RoundTrips, tcp.P50us, tcp.P99us, tcp.Minus
+	if dsDial == nil {
+		return p, nil
+	}
+	dsDst := netip.AddrPortFrom(b.Addr().Addr(), dsPort).String()
+	p.DS = &PathResult{}
+	step("EXT-DS")
+	if err := throughput(ctx, dsDial, dsDst, plan.Duration, o.MaxBytes, p.DS); err != nil {
+		return p, fmt.Errorf("%s -> %s EXT-DS throughput: %w", p.From, p.To, err)
+	}
+	if err := pingPong(ctx, dsDial, dsDst, plan.RoundTrips, p.DS); err != nil {
+		return p, fmt.Errorf("%s -> %s EXT-DS latency: %w", p.From, p.To, err)
+	}
+	return p, nil
+}
+
+// samplingInfo describes the run's pairs and plan.
+func samplingInfo(o Options, edges []Edge, all bool, plan Plan) SamplingInfo {
+	s := o.Sampling.withDefaults()
+	info := SamplingInfo{
+		Rule: "all", Measured: len(edges), Total: o.Nodes * (o.Nodes - 1),
+		AllUpTo: s.AllUpTo, Seed: s.Seed,
+		BudgetS: o.Budget.Seconds(), Scale: plan.Scale, EstimateS: plan.Estimate.Seconds(),
+		RequestedS: o.Duration.Seconds(), RequestedRoundTrips: o.RoundTrips,
+	}
+	if !all {
+		info.Rule, info.Peers = "ring+random", s.Peers
+	}
+	from, to := map[int]bool{}, map[int]bool{}
+	for _, e := range edges {
+		from[e.From], to[e.To] = true, true
+	}
+	info.Senders, info.Receivers = len(from), len(to)
+	return info
 }
 
 func transport(o Options) string {
@@ -385,7 +465,10 @@ func pingPong(ctx context.Context, dial dialFunc, dst string, rounds int, p *Pat
 func WriteJSON(path string, r *Result) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("demo: json: %w", err)
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	return nil
 }
