@@ -151,6 +151,12 @@ type Claim struct {
 // decided the connection's mode.
 func (d *Device) Claim(key TupleKey) *Claim { return &Claim{d, d.agree.Claim(key, nil)} }
 
+// DeclineClaim settles the accepted TCP connection key as plain TCP
+// without claiming it: its client's CLAIM, now or later, is declined at
+// once and the client stays TCP with nothing written. For an acceptor
+// that cannot take EXT-DS (the shim short of descriptors).
+func (d *Device) DeclineClaim(key TupleKey) { d.agree.Decline(key) }
+
 // ClaimDirect is Claim for an acceptor that makes direct connections: a
 // CLAIM that offers one is not agreed by the rx loop but recorded, and
 // wake is called (from the rx loop, without locks held; it must not

@@ -90,6 +90,27 @@ static void disconnect(int fd)
 	real.connect(fd, &sa, sizeof sa);
 }
 
+/* What to ask exnd for fd: a direct connection if there is room for its
+ * descriptors (fdroom.c), else to count fd_limit and keep plain TCP; the
+ * relay under EXTDS_DIRECT=0. */
+static unsigned switch_how(int fd)
+{
+	if (!g_direct)
+		return CTL_SW_RELAY;
+	/* The direct table (direct.h) full, or nearly: a switch would find no
+	 * slot after exnd made the connection. DC_SLACK covers other threads
+	 * switching at the same moment. */
+	if (__atomic_load_n(&g_ndc, __ATOMIC_RELAXED) >= DC_MAX - DC_SLACK ||
+	    !fdroom_may_switch(fd, FDROOM_SWITCH_NEED,
+			       FDROOM_CONN_KEEP * __atomic_load_n(&g_ndc, __ATOMIC_RELAXED) +
+				   FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED))) {
+		dbg("fd %d: no room for a direct connection's descriptors, plain TCP (fd_limit)", fd);
+		return CTL_SW_FDLIMIT;
+	}
+	return CTL_SW_DIRECT;
+}
+
+
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
 	INIT();
@@ -146,7 +167,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
 		goto tcp;
 	}
-	switch (ctl_call(CTL_OP_CONNECT, (unsigned)g_direct, fd, buf, sizeof buf, &resp, ufd)) {
+	switch (ctl_call(CTL_OP_CONNECT, switch_how(fd), fd, buf, sizeof buf, &resp, ufd)) {
 	case CTL_NOCONN:
 		dbg("connect fd %d: no exnd, plain TCP", fd);
 		goto tcp;
@@ -268,7 +289,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		char buf[4096];
 		struct ctl_resp resp;
 		int ufd[CTL_MAXFD];
-		int c = ctl_call(CTL_OP_ACCEPT, (unsigned)g_direct, fd, buf, sizeof buf, &resp, ufd);
+		int c = ctl_call(CTL_OP_ACCEPT, switch_how(fd), fd, buf, sizeof buf, &resp, ufd);
 		if (c == CTL_NOCONN) {
 			dbg("accept fd %d: no exnd, plain TCP", fd);
 			errno = saved;

@@ -9,12 +9,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
 
 #include "ctl.h"
+#include "fdroom.h"
 #include "shim.h"
 
 static volatile int g_hello; /* 0 unknown, 1 exnd speaks shim v2, -1 it does not */
@@ -105,9 +107,23 @@ static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 			struct cmsghdr align;
 		} u;
 		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
-		ssize_t n = real.recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
-		if (n < 0 && errno == EINTR)
+		/* Wait outside the window (fdroom.c), then take the answer and
+		 * its descriptors inside it, above the program's soft limit. */
+		struct pollfd pf = {.fd = s, .events = POLLIN};
+		int pr = real.poll(&pf, 1, CTL_TIMEOUT_S * 1000);
+		if (pr < 0 && errno == EINTR)
 			continue;
+		if (pr == 0)
+			errno = ETIMEDOUT;
+		if (pr <= 0)
+			goto fail;
+		struct fdroom room;
+		fdroom_begin(&room);
+		ssize_t n = real.recvmsg(s, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN)) {
+			fdroom_end(&room);
+			continue;
+		}
 		if (n >= 0) {
 			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 				if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -116,13 +132,16 @@ static int ctl_recv(int s, char *buf, size_t size, size_t *linelen, int *rfd)
 				for (int i = 0; i < k; i++) {
 					int f;
 					memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-					if (nfd < CTL_MAXFD)
-						rfd[nfd++] = f;
-					else
+					if (nfd < CTL_MAXFD) {
+						int h = fdroom_place(&room, f, 0);
+						rfd[nfd++] = h >= 0 ? h : f;
+					} else {
 						real.close(f);
+					}
 				}
 			}
 		}
+		fdroom_end(&room);
 		if (n <= 0)
 			goto fail;
 		len += (size_t)n;

@@ -42,9 +42,13 @@ enum ctl_op { CTL_OP_HELLO, CTL_OP_LISTEN, CTL_OP_UNLISTEN, CTL_OP_CONNECT, CTL_
 /* Decode the response line s[0..n) into r. 0, or -1 if it is not one this decoder accepts. */
 int ctl_parse(const char *s, size_t n, struct ctl_resp *r);
 
+/* shim-connect's and shim-accept's argument: relay, a direct connection
+ * if exnd can make one, or "no room for the descriptors" (fdroom.c: exnd
+ * counts fallback fd_limit and answers "tcp"). */
+enum { CTL_SW_RELAY = 0, CTL_SW_DIRECT = 1, CTL_SW_FDLIMIT = 2 };
+
 /* Encode request op (arg: the port of shim-unlisten; for shim-connect and
- * shim-accept, nonzero asks for a direct connection) into buf: its
- * length, or -1. */
+ * shim-accept, a CTL_SW_*) into buf: its length, or -1. */
 int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg);
 
 /* ---- the client (ctl.c) ---- */

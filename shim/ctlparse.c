@@ -385,11 +385,13 @@ int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 		n = snprintf(buf, size, "shim-unlisten %u\n", arg);
 		break;
 	case CTL_OP_CONNECT:
-		n = snprintf(buf, size, arg ? "shim-connect direct\n" : "shim-connect\n");
+	case CTL_OP_ACCEPT: {
+		static const char *const how[] = {[CTL_SW_RELAY] = "", [CTL_SW_DIRECT] = " direct", [CTL_SW_FDLIMIT] = " fd_limit"};
+		if (arg > CTL_SW_FDLIMIT)
+			return -1;
+		n = snprintf(buf, size, "%s%s\n", op == CTL_OP_CONNECT ? "shim-connect" : "shim-accept", how[arg]);
 		break;
-	case CTL_OP_ACCEPT:
-		n = snprintf(buf, size, arg ? "shim-accept direct\n" : "shim-accept\n");
-		break;
+	}
 	case CTL_OP_RELAY: /* carries V (docs/direct.md, "exec") */
 		n = snprintf(buf, size, "shim-relay\n");
 		break;

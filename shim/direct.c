@@ -50,24 +50,6 @@ void direct_init(void)
 		g_dep[i].fd = -1;
 }
 
-/* Move fd to a high CLOEXEC number (out of the application's way); keep: dup, else move. */
-int hide_fd(int fd, int keep)
-{
-	static int lo;
-	if (!lo) {
-		struct rlimit rl;
-		lo = 512;
-		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 1024)
-			lo = (int)(rl.rlim_cur / 2 > 65536 ? 65536 : rl.rlim_cur / 2);
-	}
-	int h = real.fcntl(fd, F_DUPFD_CLOEXEC, lo);
-	if (h < 0)
-		h = real.fcntl(fd, F_DUPFD_CLOEXEC, 0);
-	if (h >= 0 && !keep)
-		real.close(fd);
-	return h;
-}
-
 void dep_free_locked(int i)
 {
 	struct depreg *r = &g_dep[i];
@@ -146,14 +128,18 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 		return -1;
 	}
 	struct dconn *c = &g_dc[slot];
-	int hv = hide_fd(ufd[0], 1), hb[4], e = hv < 0 ? EMFILE : 0;
+	/* Out of the program's descriptor space, in one window (fdroom.c). */
+	struct fdroom room;
+	fdroom_begin(&room);
+	int hv = fdroom_place(&room, ufd[0], 1), hb[4], e = hv < 0 ? EMFILE : 0;
 	for (int i = 0; i < 4; i++) {
-		hb[i] = hide_fd(ufd[2 + i], 0);
+		hb[i] = fdroom_place(&room, ufd[2 + i], 0);
 		if (hb[i] < 0)
 			e = EMFILE;
 		else
 			ufd[2 + i] = -1;
 	}
+	fdroom_end(&room);
 	if (!e) {
 		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, hv);
 		e = a < 0 ? -a : 0;

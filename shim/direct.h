@@ -14,11 +14,13 @@
 #include <sys/uio.h>
 
 #include "dring.h"
+#include "fdroom.h"
 #include "shim.h"
 
 #pragma GCC visibility push(hidden)
 
 #define DC_MAX 1024
+#define DC_SLACK 16 /* slots left to concurrent switches (calls.c, switch_how) */
 #define DEP_MAX 1024
 #define DEP_TAG 0xe8dd5a5e00000000ull /* epoll data of a bell registration: tag | record index */
 
@@ -70,8 +72,6 @@ void direct_ref_locked(struct fdent *e);
 /* O_NONBLOCK of a direct descriptor, cached for the data path. */
 void direct_setfl(int fd, long fl);
 
-/* Move fd to a high CLOEXEC number (out of the application's way); keep: dup, else move. */
-int hide_fd(int fd, int keep);
 
 /* With the lock held: free record i of g_dep (its hidden bells). */
 void dep_free_locked(int i);

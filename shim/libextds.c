@@ -187,8 +187,18 @@ void shim_init(void)
 
 /* A child forked while another thread held the lock would deadlock on
  * it: fork takes the lock, so the table is consistent in both. */
-static void atfork_prepare(void) { if (g_ready) lock(); }
-static void atfork_release(void) { if (g_ready) unlock(); }
+static void atfork_prepare(void)
+{
+	if (g_ready)
+		lock();
+	fdroom_atfork_prepare(); /* after lock(): the order of hide_fd's callers */
+}
+static void atfork_release(void)
+{
+	fdroom_atfork_release();
+	if (g_ready)
+		unlock();
+}
 
 __attribute__((constructor)) static void ctor(void)
 {

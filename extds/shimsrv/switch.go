@@ -64,17 +64,24 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 	if err != nil {
 		return nil, nil, err
 	}
-	// The one optional argument, "direct": the shim can take a direct
-	// connection (docs/direct.md); without it exnd relays.
+	// The one optional argument: "direct", the shim can take a direct
+	// connection (docs/direct.md), without it exnd relays; or
+	// "fd_limit", the shim has no room for the descriptors a switch
+	// takes and keeps the socket as plain TCP (docs/direct.md,
+	// "Descriptors").
 	direct := len(r.Args) == 1 && r.Args[0] == "direct"
-	if (len(r.Args) != 0 && !direct) || len(r.Files) != 1 {
-		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no argument or \"direct\" and 1 socket descriptor, got %d and %d", op, len(r.Args), len(r.Files))
+	fdLimit := len(r.Args) == 1 && r.Args[0] == ArgFDLimit
+	if (len(r.Args) != 0 && !direct && !fdLimit) || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no argument or \"direct\" or %q and 1 socket descriptor, got %d and %d", op, ArgFDLimit, len(r.Args), len(r.Files))
 	}
 	pid := who.PID
 	if !s.enter() {
 		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
 	}
 	defer s.wg.Done()
+	if fdLimit {
+		return s.stayTCP(r.Files[0], side, ArgFDLimit)
+	}
 	res, out, err := s.switchSocket(ctx, r.Files[0], who, side, direct && s.directCfg != nil)
 	if err != nil {
 		s.errs.Add(1)
@@ -82,6 +89,40 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return res, out, nil
+}
+
+// ArgFDLimit is shim-connect's and shim-accept's argument, and the
+// fallback reason, for a program without room for the descriptors a
+// switch takes.
+const ArgFDLimit = "fd_limit"
+
+// stayTCP answers a shim that keeps its socket f as plain TCP for reason
+// (it asks only so that exnd counts it and, for an accepted connection,
+// declines the client's claim at once instead of letting it wait out
+// the claim timeout). Nothing is read from or written to f.
+func (s *Server) stayTCP(f *os.File, side, reason string) (any, []*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	var isTCP bool
+	var la, ra netip.AddrPort
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr == nil && isTCP && side == sideAccept {
+			la, ra, ierr = sys.SockPeerName(int(fd))
+		}
+	}); err != nil || ierr != nil {
+		return nil, nil, errors.Join(err, ierr)
+	}
+	if !isTCP {
+		return nil, nil, errors.New("descriptor is not a TCP socket")
+	}
+	if side == sideAccept {
+		s.dev.DeclineClaim(extds.TupleKey{Local: la, Remote: ra})
+	}
+	s.fallback(reason)
+	return SwitchResult{Mode: "tcp", Reason: reason}, nil, nil
 }
 
 // switchSocket upgrades the application's socket f. f stays owned by the

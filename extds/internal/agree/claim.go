@@ -152,6 +152,33 @@ func (a *Agent) Claim(key TupleKey, wake func()) Claim {
 	return Claim{a: a, key: key}
 }
 
+// Decline settles the accepted connection key as plain TCP without
+// claiming it (an acceptor that cannot take EXT-DS, e.g. short of
+// descriptors): a CLAIM that already came is declined now, one that
+// comes later at once (a tombstone), so its client never waits out the
+// claim timeout. Safe for concurrent use.
+func (a *Agent) Decline(key TupleKey) {
+	key = key.norm()
+	t := &a.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[key]
+	until := time.Now().Add(claimTombstone)
+	switch {
+	case e == nil && len(t.m) < maxClaims:
+		t.m[key] = &claimEntry{st: stClosed, expires: until}
+	case e == nil:
+		// Full: a CLAIM is declined busy.
+	case e.st == stOffered:
+		a.claimReply(e, key.Local.Port(), 0, wire.DeclineLate)
+		e.st, e.expires, e.wake = stClosed, until, nil
+	case e.st == stAccepting:
+		e.st, e.expires, e.wake = stClosed, until, nil
+	}
+	// Agreed or agreeing (a reused 4-tuple's claim in flight): that
+	// acceptor's Close settles it.
+}
+
 // Agreed reports whether the client was told to go ahead.
 func (c Claim) Agreed() bool { return c.state() == stAgreed }
 

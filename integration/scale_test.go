@@ -1,0 +1,117 @@
+package integration
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/integration/nstest"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// manyConns is one program's counts line of shim/test/manyconns.c.
+type manyConns struct {
+	conns, accepted, emfile, switched, bad, fdsBase, fdsOpen, epollErr int
+}
+
+func parseManyConns(t *testing.T, who, out string) manyConns {
+	t.Helper()
+	var m manyConns
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(l, "server "):
+			if _, err := fmt.Sscanf(l, "server accepted %d emfile %d switched %d epoll_err %d", &m.accepted, &m.emfile, &m.switched, &m.epollErr); err == nil {
+				return m
+			}
+		case strings.HasPrefix(l, "client "):
+			if _, err := fmt.Sscanf(l, "client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d",
+				&m.conns, &m.emfile, &m.switched, &m.bad, &m.fdsBase, &m.fdsOpen); err == nil {
+				return m
+			}
+		}
+	}
+	t.Fatalf("%s: no counts line in:\n%s", who, out)
+	return m
+}
+
+// TestShimManyConns is issue #32's "never worse than TCP" for
+// descriptors: an epoll echo server and a client, both under the shim on
+// two nodes of one shm fabric, 900 concurrent connections, each program
+// under a soft descriptor limit of 1024.
+//
+//   - With room above the soft limit (the default: a higher hard limit),
+//     the shim keeps its own descriptors there (shim/fdroom.c): every
+//     echo is right, neither program sees EMFILE, and at least 800
+//     connections are switched on both sides.
+//   - With none (soft = hard = 1024), the shim's descriptors share the
+//     program's space: it switches only while there is room, the rest
+//     stay plain TCP with reason fd_limit counted by exnd, and still
+//     every echo is right and neither program sees EMFILE.
+func TestShimManyConns(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip", "gcc", "prlimit")
+	c := shmShimCluster(t, nstest.Build(t), 45, directArgs...)
+	prog := filepath.Join(t.TempDir(), "manyconns")
+	testenv.MustCC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "manyconns.c"))
+	const n = 900
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Max < 4096 {
+		t.Fatalf("the hard descriptor limit is %d: this test needs 4096 to leave room above a soft limit of 1024", rl.Max)
+	}
+	ip := c.nodes[1].IP.String()
+	for _, tc := range []struct {
+		name        string
+		nofile      string // prlimit's --nofile=SOFT:HARD
+		minSwitched int
+		fdLimit     bool // fallbacks fd_limit expected
+	}{
+		{"soft 1024, room above", fmt.Sprintf("1024:%d", rl.Max), 800, false},
+		{"soft = hard = 1024", "1024:1024", 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := nstest.PortArg()
+			before := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
+			lim := []string{"prlimit", "--nofile=" + tc.nofile}
+			srv := c.nodes[1].NS.StartEnv(t, c.env(1), append(lim, prog, "server", ip, port, fmt.Sprint(n))...)
+			if err := c.nodes[1].NS.WaitListening(srv, port, 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			out, cerr := c.nodes[0].NS.RunEnv(3*time.Minute, c.env(0), append(lim, prog, "client", ip, port, fmt.Sprint(n), "3")...)
+			serr := srv.Wait(time.Minute)
+			if cerr != nil || serr != nil {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, out, serr, srv.Output())
+			}
+			cl, sv := parseManyConns(t, "client", out), parseManyConns(t, "server", srv.Output())
+			after := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
+			fdLimit := after[0].Fallbacks["shim:fd_limit"] - before[0].Fallbacks["shim:fd_limit"] +
+				after[1].Fallbacks["shim:fd_limit"] - before[1].Fallbacks["shim:fd_limit"]
+			perConn := float64(cl.fdsOpen-cl.fdsBase) / float64(max(cl.conns, 1))
+			t.Logf("client: %d connections, %d switched, %d EMFILE, %d bad echoes, %.2f descriptors per connection (hidden ones included); "+
+				"server: %d accepted, %d switched, %d EMFILE; fd_limit fallbacks %.0f",
+				cl.conns, cl.switched, cl.emfile, cl.bad, perConn, sv.accepted, sv.switched, sv.emfile, fdLimit)
+			if cl.conns != n || sv.accepted != n {
+				t.Errorf("client made %d connections, server accepted %d, want %d each", cl.conns, sv.accepted, n)
+			}
+			if cl.emfile != 0 || sv.emfile != 0 {
+				t.Errorf("EMFILE: client %d, server %d; plain TCP would give none", cl.emfile, sv.emfile)
+			}
+			if sv.epollErr != 0 {
+				t.Errorf("server: %d epoll_ctl errors", sv.epollErr)
+			}
+			if cl.bad != 0 {
+				t.Errorf("%d echoes wrong", cl.bad)
+			}
+			if cl.switched < tc.minSwitched || sv.switched < tc.minSwitched {
+				t.Errorf("switched: client %d, server %d, want at least %d", cl.switched, sv.switched, tc.minSwitched)
+			}
+			if tc.fdLimit != (fdLimit > 0) {
+				t.Errorf("fd_limit fallbacks %.0f, want them: %v", fdLimit, tc.fdLimit)
+			}
+		})
+	}
+}

@@ -1,0 +1,199 @@
+/*
+ * manyconns: many concurrent connections through libextds.so (issue #32,
+ * integration/scale_test.go, perf/shim-scale.sh).
+ *
+ *   manyconns server IP PORT N   epoll (level-triggered) echo server; exits
+ *                                once N connections came and all closed
+ *   manyconns client IP PORT N R opens N connections, then R rounds of a
+ *                                16-byte echo on each, checked by content
+ *
+ * Both print one line of counts that the caller parses:
+ *
+ *   server accepted A emfile E switched S epoll_err P
+ *   client conns C emfile E switched S bad B fds_base F0 fds_open F1
+ *
+ * "switched": connections whose descriptor the kernel calls AF_UNIX (a
+ * raw getsockopt the shim does not see): EXT-DS, direct or relayed.
+ * emfile counts EMFILE and ENFILE from socket, connect and accept. fds_*
+ * are the entries of /proc/self/fd before the first connection and with
+ * all C open: what the program's descriptors cost.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+static int kernel_domain(int fd)
+{
+	int v = -1;
+	socklen_t l = sizeof v;
+	if (syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0)
+		return -1;
+	return v;
+}
+
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1; /* the directory's own */
+}
+
+static int is_emfile(int e) { return e == EMFILE || e == ENFILE; }
+
+static int io_all(int fd, char *buf, size_t n, int wr)
+{
+	size_t off = 0;
+	while (off < n) {
+		ssize_t k = wr ? write(fd, buf + off, n - off) : read(fd, buf + off, n - off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		off += (size_t)k;
+	}
+	return 0;
+}
+
+static int server(struct sockaddr_in *a, int n)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (l < 0 || bind(l, (struct sockaddr *)a, sizeof *a) < 0 || listen(l, 4096) < 0) {
+		perror("listen");
+		return 1;
+	}
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
+	epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+	int accepted = 0, emfile = 0, switched = 0, open = 0, epoll_err = 0;
+	char buf[4096];
+	struct epoll_event evs[256];
+	while (accepted < n || open > 0) {
+		int k = epoll_wait(ep, evs, 256, -1);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0) {
+			perror("epoll_wait");
+			return 1;
+		}
+		for (int i = 0; i < k; i++) {
+			int fd = evs[i].data.fd;
+			if (fd == l) {
+				int c = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+				if (c < 0) {
+					if (is_emfile(errno))
+						emfile++;
+					continue;
+				}
+				accepted++;
+				open++;
+				if (kernel_domain(c) == AF_UNIX)
+					switched++;
+				struct epoll_event ce = {.events = EPOLLIN, .data.fd = c};
+				if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ce) < 0) {
+					fprintf(stderr, "epoll_ctl: %s\n", strerror(errno));
+					epoll_err++;
+					close(c);
+					open--;
+				}
+				continue;
+			}
+			ssize_t r = read(fd, buf, sizeof buf);
+			if (r < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			if (r <= 0 || io_all(fd, buf, (size_t)r, 1) < 0) {
+				epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+				close(fd);
+				open--;
+			}
+		}
+	}
+	printf("server accepted %d emfile %d switched %d epoll_err %d\n", accepted, emfile, switched, epoll_err);
+	return 0;
+}
+
+static int client(struct sockaddr_in *a, int n, int rounds)
+{
+	int *fds = calloc((size_t)n, sizeof *fds);
+	int conns = 0, emfile = 0, switched = 0, bad = 0;
+	int base = count_fds();
+	for (int i = 0; i < n; i++) {
+		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (s < 0) {
+			emfile += is_emfile(errno);
+			fds[i] = -1;
+			continue;
+		}
+		if (connect(s, (struct sockaddr *)a, sizeof *a) < 0) {
+			emfile += is_emfile(errno);
+			if (!is_emfile(errno))
+				fprintf(stderr, "connect %d: %s\n", i, strerror(errno));
+			close(s);
+			fds[i] = -1;
+			continue;
+		}
+		/* A connection the server never serves fails its echo here
+		 * instead of hanging the client. */
+		struct timeval tv = {10, 0};
+		setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		fds[i] = s;
+		conns++;
+		if (kernel_domain(s) == AF_UNIX)
+			switched++;
+	}
+	int open_fds = count_fds();
+	for (int r = 0; r < rounds; r++)
+		for (int i = 0; i < n; i++) {
+			if (fds[i] < 0)
+				continue;
+			char out[17], in[16];
+			snprintf(out, sizeof out, "%07u:%07u", (unsigned)i % 10000000u, (unsigned)r % 10000000u);
+			if (io_all(fds[i], out, 16, 1) < 0 || io_all(fds[i], in, 16, 0) < 0 || memcmp(in, out, 16) != 0)
+				bad++;
+		}
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	printf("client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d\n", conns, emfile, switched, bad,
+	       base, open_fds);
+	free(fds);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 5) {
+		fprintf(stderr, "usage: manyconns server|client IP PORT N [ROUNDS]\n");
+		return 2;
+	}
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[3]))};
+	if (inet_pton(AF_INET, argv[2], &a.sin_addr) != 1) {
+		fprintf(stderr, "bad address %s\n", argv[2]);
+		return 2;
+	}
+	int n = atoi(argv[4]);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (!strcmp(argv[1], "server"))
+		return server(&a, n);
+	if (!strcmp(argv[1], "client"))
+		return client(&a, n, argc > 5 ? atoi(argv[5]) : 3);
+	return 2;
+}
