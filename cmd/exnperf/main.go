@@ -68,6 +68,11 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	if code, ok := report.ParseFlags(fs, args, stderr, "exnperf"); !ok {
 		return code
 	}
+	// The output directory is made now, not found missing after the run.
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		fmt.Fprintf(stderr, "exnperf: %v\n", err)
+		return 1
+	}
 	if *jsonPath == "" {
 		*jsonPath = filepath.Join(*dir, "exnperf-results.json")
 	}
