@@ -42,12 +42,42 @@
 
 struct dconn g_dc[DC_MAX];
 struct depreg g_dep[DEP_MAX];
+struct depset g_dset[DSET_MAX];
 int g_ndc, g_ndep;
 
 void direct_init(void)
 {
 	for (int i = 0; i < DEP_MAX; i++)
 		g_dep[i].fd = -1;
+	for (int i = 0; i < DSET_MAX; i++)
+		g_dset[i] = (struct depset){.epfd = -1, .hot = -1, .recent = {-1, -1, -1, -1}};
+}
+
+struct depset *dset_of_locked(int epfd, int make)
+{
+	struct depset *free = NULL;
+	for (int i = 0; i < DSET_MAX; i++) {
+		if (g_dset[i].epfd == epfd)
+			return &g_dset[i];
+		if (!free && g_dset[i].epfd < 0)
+			free = &g_dset[i];
+	}
+	if (!make || !free)
+		return NULL;
+	*free = (struct depset){.epfd = epfd, .hot = -1, .recent = {-1, -1, -1, -1}};
+	return free;
+}
+
+void hot_unlink_locked(struct depset *s, int i)
+{
+	if (!g_dep[i].hot)
+		return;
+	for (int *p = &s->hot; *p >= 0; p = &g_dep[*p].hot_next)
+		if (*p == i) {
+			*p = g_dep[i].hot_next;
+			break;
+		}
+	g_dep[i].hot = 0;
 }
 
 void dep_free_locked(int i)
@@ -56,6 +86,18 @@ void dep_free_locked(int i)
 	for (int k = 0; k < 2; k++) {
 		real.epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell[k], NULL);
 		real.close(r->hbell[k]);
+	}
+	struct dconn *c = &g_dc[r->dc];
+	if (c->refs > 0) {
+		c->d.perm_in -= !!(r->armed & POLLIN);
+		c->d.perm_out -= !!(r->armed & POLLOUT);
+		dring_disarm(&c->d, r->armed); /* and the baton, if another waits */
+	}
+	struct depset *s = dset_of_locked(r->epfd, 0);
+	if (s) {
+		hot_unlink_locked(s, i);
+		if (--s->n == 0)
+			s->epfd = -1;
 	}
 	r->fd = -1;
 	g_ndep--;

@@ -22,7 +22,10 @@
 #define DC_MAX 1024
 #define DC_SLACK 16 /* slots left to concurrent switches (calls.c, switch_how) */
 #define DEP_MAX 1024
-#define DEP_TAG 0xe8dd5a5e00000000ull /* epoll data of a bell registration: tag | record index */
+#define DSET_MAX 256 /* epoll sets with direct records at once */
+/* epoll data of a bell registration: tag | DEP_SPACE for the space bell | record index */
+#define DEP_TAG 0xe8dd5a5e00000000ull
+#define DEP_SPACE 0x80000000u
 
 struct dconn {
 	int refs; /* descriptors of this process that refer to it; 0: free */
@@ -31,17 +34,46 @@ struct dconn {
 	struct dring d;
 };
 
+/*
+ * An epoll registration of a direct descriptor (direct_poll.c, "epoll in
+ * O(ready)"): armed for its events from EPOLL_CTL_ADD to its end, so the
+ * peer rings its bells whenever something comes; on its set's hot list
+ * while it may be ready (a bell fired, just added or modified, or a
+ * level-triggered report that may still hold).
+ */
 struct depreg {
 	int epfd, fd, hbell[2]; /* fd < 0: free; dups of my data and space bell */
-	struct epoll_event ev; /* the application's */
-	int disabled;          /* EPOLLONESHOT fired */
+	int dc;                 /* index in g_dc */
+	unsigned armed;         /* POLLIN/POLLOUT counted in the ring (dring_arm) */
+	int hot, hot_next;      /* on its set's hot list; next index or -1 */
+	struct epoll_event ev;  /* the application's */
+	int disabled;           /* EPOLLONESHOT fired */
 	uint64_t last_in, last_out; /* EPOLLET: cursor state last reported */
+	uint64_t baton[2];          /* the cursor state of the last baton passed per bell */
+};
+
+/* An epoll set with direct records: how many, its hot list, and the
+ * records it reported last, which epoll_wait's spin watches on the rings
+ * themselves (direct_poll.c). */
+#define DSET_RECENT 4
+struct depset {
+	int epfd; /* -1: free */
+	int n;    /* records */
+	int hot;  /* first hot record, -1: none */
+	int recent[DSET_RECENT]; /* record indices, -1: none */
+	unsigned nrecent;        /* reports so far (recent[] is a ring) */
 };
 
 /* direct.c's state; changed under the table lock. */
-extern struct dconn g_dc[DC_MAX];   /* direct connections mapped here */
+extern struct dconn g_dc[DC_MAX];    /* direct connections mapped here */
 extern struct depreg g_dep[DEP_MAX]; /* epoll registrations of direct descriptors */
-extern int g_ndc, g_ndep;            /* records in use */
+extern struct depset g_dset[DSET_MAX];
+extern int g_ndc, g_ndep; /* records in use */
+
+/* With the lock held: epfd's set, made if make and there is room; NULL if none. */
+struct depset *dset_of_locked(int epfd, int make);
+/* With the lock held: take record i off its set's hot list. */
+void hot_unlink_locked(struct depset *s, int i);
 
 /* The live, not relayed connection of fd, or NULL. */
 static inline struct dconn *dcof(int fd)

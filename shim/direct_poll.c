@@ -289,11 +289,43 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct times
 	return handled ? ret : real.pselect(nfds, r, w, x, tmo, mask);
 }
 
-/* ---- epoll ---- */
+/* ---- epoll in O(ready) ---- */
 
-/* epoll_ctl on a direct descriptor: V registered with the application's
- * data (it only ever shows the relay or exnd's death), and a hidden dup
- * of the bell with our record. 1 handled (ret in *ret), 0 not direct. */
+/*
+ * A direct descriptor in an epoll set is two kernel registrations: V with
+ * the application's data (it only ever shows the relay or exnd's death),
+ * and hidden dups of the side's data and space bells tagged DEP_TAG |
+ * record (| DEP_SPACE for the space bell). The record is armed for its
+ * events (dring_arm: counted in cons_wait / prod_wait) from
+ * EPOLL_CTL_ADD until EPOLL_CTL_DEL or the close, so the peer rings a bell
+ * whenever data or space comes, and the kernel's epoll says which record.
+ * A record is on its set's hot list while it may be ready: just added or
+ * modified, its bell fired, or a level-triggered report that may still
+ * hold. epoll_wait evaluates the hot list and the records the kernel
+ * names, never the others: its cost follows the ready records, not the
+ * registered ones (issue #32; before, it armed, checked and disarmed every
+ * record of the set on every wait: 1,000 idle records made a busy one's
+ * ping-pong 12x slower, docs/direct.md "Descriptors").
+ *
+ * The price: while a record is armed, each write of the peer into an
+ * empty ring (each read that frees space, for EPOLLOUT) rings a bell, a
+ * system call the peer skips when nobody waits (docs/direct.md,
+ * "Wake-up protocol").
+ *
+ * All of it runs under the table lock; the kernel waits do not.
+ */
+
+/* Put record i on s's hot list (once). */
+static void hot_push_locked(struct depset *s, int i)
+{
+	if (g_dep[i].hot)
+		return;
+	g_dep[i].hot = 1;
+	g_dep[i].hot_next = s->hot;
+	s->hot = i;
+}
+
+/* epoll_ctl on a direct descriptor. 1 handled (ret in *ret), 0 not direct. */
 int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 {
 	struct dconn *c = dcof(fd);
@@ -308,6 +340,7 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 	struct epoll_event vev = {0, {0}};
 	if (ev)
 		vev = (struct epoll_event){EPOLLIN | EPOLLRDHUP | (ev->events & pass), ev->data};
+	unsigned arm = ev ? ((ev->events & (EPOLLIN | EPOLLRDHUP) ? POLLIN : 0) | (ev->events & EPOLLOUT ? POLLOUT : 0)) : 0;
 	lock();
 	int slot = -1;
 	for (int i = 0; i < DEP_MAX; i++)
@@ -324,20 +357,25 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		for (int i = 0; i < DEP_MAX && slot < 0; i++)
 			if (g_dep[i].fd < 0)
 				slot = i;
-		if (slot < 0) {
+		struct depset *s = slot >= 0 ? dset_of_locked(epfd, 1) : NULL;
+		if (!s) {
 			unlock();
 			errno = ENOSPC;
 			return 1;
 		}
 		if (real.epoll_ctl(epfd, op, fd, &vev) < 0) {
+			if (s->n == 0)
+				s->epfd = -1;
 			unlock();
 			return 1;
 		}
 		int hb[2] = {hide_fd(c->d.dbell, 1), hide_fd(c->d.sbell, 1)}, k;
-		struct epoll_event bev = {EPOLLIN | (ev->events & EPOLLEXCLUSIVE), {.u64 = DEP_TAG | (uint64_t)slot}};
-		for (k = 0; k < 2; k++)
+		for (k = 0; k < 2; k++) {
+			struct epoll_event bev = {EPOLLIN | (ev->events & EPOLLEXCLUSIVE),
+						  {.u64 = DEP_TAG | (k ? DEP_SPACE : 0) | (uint64_t)slot}};
 			if (hb[k] < 0 || real.epoll_ctl(epfd, EPOLL_CTL_ADD, hb[k], &bev) < 0)
 				break;
+		}
 		if (k < 2) {
 			int e = errno;
 			for (int q = 0; q < 2; q++) {
@@ -347,11 +385,20 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 					real.close(hb[q]);
 			}
 			real.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+			if (s->n == 0)
+				s->epfd = -1;
 			unlock();
 			errno = e;
 			return 1;
 		}
-		g_dep[slot] = (struct depreg){epfd, fd, {hb[0], hb[1]}, *ev, 0, ~0ull, ~0ull};
+		g_dep[slot] = (struct depreg){.epfd = epfd, .fd = fd, .hbell = {hb[0], hb[1]}, .dc = (int)(c - g_dc),
+					      .armed = arm, .hot_next = -1, .ev = *ev, .last_in = ~0ull, .last_out = ~0ull,
+					      .baton = {~0ull, ~0ull}};
+		dring_arm(&c->d, arm);
+		c->d.perm_in += !!(arm & POLLIN);
+		c->d.perm_out += !!(arm & POLLOUT);
+		s->n++;
+		hot_push_locked(s, slot); /* it may be ready already */
 		g_ndep++;
 		*ret = 0;
 	} else if (slot < 0) {
@@ -359,10 +406,21 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		errno = ENOENT;
 		return 1;
 	} else if (op == EPOLL_CTL_MOD) {
+		struct depreg *r = &g_dep[slot];
 		if ((*ret = real.epoll_ctl(epfd, op, fd, &vev)) == 0) {
-			g_dep[slot].ev = *ev;
-			g_dep[slot].disabled = 0;
-			g_dep[slot].last_in = g_dep[slot].last_out = ~0ull;
+			if (arm != r->armed) {
+				dring_arm(&c->d, arm);
+				c->d.perm_in += !!(arm & POLLIN) - !!(r->armed & POLLIN);
+				c->d.perm_out += !!(arm & POLLOUT) - !!(r->armed & POLLOUT);
+				dring_disarm(&c->d, r->armed);
+				r->armed = arm;
+			}
+			r->ev = *ev;
+			r->disabled = 0;
+			r->last_in = r->last_out = ~0ull;
+			struct depset *s = dset_of_locked(epfd, 0);
+			if (s)
+				hot_push_locked(s, slot);
 		}
 	} else if (op == EPOLL_CTL_DEL) {
 		real.epoll_ctl(epfd, op, fd, NULL);
@@ -408,141 +466,133 @@ static uint32_t dep_eval(struct depreg *r, int commit)
 	return m;
 }
 
-static uint32_t dep_events(struct depreg *r) { return dep_eval(r, 1); }
-
-/* Collect the direct records of epfd that are ready into out (room max). */
-static int dep_collect(int epfd, struct epoll_event *out, int max)
+/* Report s's hot records that are ready into out (room max): a
+ * level-triggered one stays hot, the others leave the list. Records past
+ * max stay for the next call. With the lock held. */
+static int hot_collect_locked(struct depset *s, struct epoll_event *out, int max)
 {
 	int n = 0;
-	lock();
-	for (int i = 0; i < DEP_MAX && n < max; i++) {
-		if (g_dep[i].fd < 0 || g_dep[i].epfd != epfd)
+	for (int *p = &s->hot; *p >= 0 && n < max;) {
+		int i = *p;
+		struct depreg *r = &g_dep[i];
+		uint32_t m = r->fd >= 0 && r->epfd == s->epfd ? dep_eval(r, 1) : 0;
+		if (m) {
+			out[n++] = (struct epoll_event){m, r->ev.data};
+			int seen = 0;
+			for (int q = 0; q < DSET_RECENT; q++)
+				seen |= s->recent[q] == i;
+			if (!seen)
+				s->recent[s->nrecent++ % DSET_RECENT] = i;
+		}
+		if (m && !(r->ev.events & (EPOLLET | EPOLLONESHOT))) {
+			p = &r->hot_next;
 			continue;
-		uint32_t m = dep_events(&g_dep[i]);
-		if (m)
-			out[n++] = (struct epoll_event){m, g_dep[i].ev.data};
+		}
+		*p = r->hot_next; /* not ready, or reported once */
+		r->hot = 0;
 	}
-	unlock();
 	return n;
 }
 
-/* Arm (on) or disarm every direct record of epfd; arming: whether one is ready. */
-static int dep_arm(int epfd, int on)
-{
-	int ready = 0;
-	for (int i = 0; i < DEP_MAX; i++) {
-		struct depreg *r = &g_dep[i];
-		if (r->fd < 0 || r->epfd != epfd || r->disabled)
-			continue;
-		struct dconn *c = dcof(r->fd);
-		if (!c)
-			continue;
-		unsigned ev = r->ev.events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP);
-		if (on) {
-			/* ready: what dep_collect would report now; for EPOLLET
-			 * not the level (bytes already reported are no event,
-			 * and taking them for one spun without end) */
-			dring_arm(&c->d, ev);
-			if (dep_eval(r, 0))
-				ready = 1;
-		} else {
-			dring_disarm(&c->d, ev);
-		}
-	}
-	return ready;
-}
-
-/* Drop the bell events of epfd's direct records from evs[from:to]
- * (their readiness is computed); returns the new end. */
-static int dep_filter(int epfd, struct epoll_event *evs, int from, int to)
+/* Take the kernel's events evs[from:to): a bell event empties that bell
+ * (passing the baton, dring_bell_drained) and makes its record hot; the
+ * others are kept, in order. Returns the new end. With the lock held. */
+static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, int to)
 {
 	int k = from;
 	for (int i = from; i < to; i++) {
 		uint64_t u = evs[i].data.u64;
-		if ((u & ~0xffffffffull) == DEP_TAG && (u & 0xffffffffull) < DEP_MAX && g_dep[u & 0xffffffffull].epfd == epfd &&
-		    g_dep[u & 0xffffffffull].fd >= 0)
+		uint32_t idx = (uint32_t)u & ~DEP_SPACE;
+		if ((u & ~0xffffffffull) != DEP_TAG || idx >= DEP_MAX) {
+			evs[k++] = evs[i];
 			continue;
-		evs[k++] = evs[i];
+		}
+		struct depreg *r = &g_dep[idx];
+		if (r->fd < 0 || r->epfd != s->epfd)
+			continue; /* a record gone since: its bell is deregistered */
+		int space = (u & DEP_SPACE) != 0;
+		struct dconn *c = &g_dc[r->dc];
+		if (c->refs > 0)
+			dring_bell_drained(&c->d, space, &r->baton[space]);
+		hot_push_locked(s, (int)idx);
 	}
 	return k;
 }
 
-/* epoll_wait's spin, as d_poll_spin: the direct records' readiness, and
- * every SPIN_KERNEL_EVERY rounds a zero-timeout epoll_wait. Returns the
- * events found (0: the budget is spent, nothing ready). */
-static int dep_spin(int epfd, struct epoll_event *evs, int max, const sigset_t *mask)
+/* One look without blocking: the hot records and the recent ones, then,
+ * if kernel, the kernel (zero timeout) and what it made hot. */
+static int dep_poll_once(int epfd, struct depset *s, struct epoll_event *evs, int max, const sigset_t *mask, int kernel)
 {
-	int64_t t0 = d_now_ns();
 	struct timespec zero = {0, 0};
-	for (unsigned it = 1;; it++) {
-		int n = dep_collect(epfd, evs, max);
-		if (n > 0) {
-			int r = n < max ? real.epoll_pwait2(epfd, evs + n, max - n, &zero, mask) : 0;
-			return r > 0 ? dep_filter(epfd, evs, n, n + r) : n;
-		}
-		if (it % SPIN_KERNEL_EVERY == 0) {
-			int r = real.epoll_pwait2(epfd, evs, max, &zero, mask);
-			if (r > 0 && (r = dep_filter(epfd, evs, 0, r)) > 0)
-				return r + (r < max ? dep_collect(epfd, evs + r, max - r) : 0);
-			if (d_now_ns() - t0 >= EXDD_SPIN_NS)
-				return 0;
-		}
-		cpu_relax();
+	lock();
+	for (int q = 0; q < DSET_RECENT; q++) {
+		int i = s->recent[q];
+		if (i >= 0 && g_dep[i].fd >= 0 && g_dep[i].epfd == s->epfd && !g_dep[i].hot && dep_eval(&g_dep[i], 0))
+			hot_push_locked(s, i);
 	}
+	int n = hot_collect_locked(s, evs, max);
+	unlock();
+	if (n == max || (n == 0 && !kernel))
+		return n;
+	int r = real.epoll_pwait2(epfd, evs + n, max - n, &zero, mask);
+	if (r <= 0)
+		return n;
+	lock();
+	int k = dep_take_locked(s, evs, n, n + r);
+	if (k == n) /* only bells: what they made hot */
+		k += hot_collect_locked(s, evs + k, max - k);
+	unlock();
+	return k;
 }
 
 static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask)
 {
-	int has = 0;
-	if (g_ndep > 0)
-		for (int i = 0; i < DEP_MAX && !has; i++)
-			has = g_dep[i].fd >= 0 && g_dep[i].epfd == epfd;
-	if (!has || max <= 0)
-		return real.epoll_pwait2(epfd, evs, max, tmo, mask);
-	struct timespec t0;
-	now_ts(&t0);
-	if (!tmo || tmo->tv_sec || tmo->tv_nsec) {
-		int n = dep_spin(epfd, evs, max, mask);
-		if (n > 0)
-			return n;
+	struct depset *s = NULL;
+	if (__atomic_load_n(&g_ndep, __ATOMIC_RELAXED) > 0 && max > 0) {
+		lock();
+		s = dset_of_locked(epfd, 0);
+		unlock();
 	}
+	if (!s)
+		return real.epoll_pwait2(epfd, evs, max, tmo, mask);
+	int may_block = !tmo || tmo->tv_sec || tmo->tv_nsec;
+	/* The spin (docs/direct.md, "Wake-up protocol"), for EXDD_SPIN_NS
+	 * before parking: the rings of the records reported last (a busy
+	 * connection's next request shows there without a system call), and
+	 * every SPIN_KERNEL_EVERY rounds the kernel, where every other
+	 * record's bell rings. */
+	int64_t t0 = d_now_ns();
+	for (unsigned it = 0;; it++) {
+		int n = dep_poll_once(epfd, s, evs, max, mask, it % SPIN_KERNEL_EVERY == 0);
+		if (n > 0 || !may_block)
+			return n;
+		if (d_now_ns() - t0 >= EXDD_SPIN_NS)
+			break;
+		cpu_relax();
+	}
+	struct timespec ts0;
+	now_ts(&ts0);
 	for (;;) {
-		int n = dep_collect(epfd, evs, max);
-		int block = n == 0 && (!tmo || tmo->tv_sec || tmo->tv_nsec);
-		int armed = 0;
-		if (block) {
-			armed = 1;
-			if (dep_arm(epfd, 1)) {
-				dep_arm(epfd, 0);
-				continue;
-			}
-		}
-		struct timespec left = {0, 0}, *lp = &left;
-		if (block && !tmo)
-			lp = NULL;
-		else if (block) {
-			long long ns = (long long)tmo->tv_sec * 1000000000 + tmo->tv_nsec - (long long)ms_since(&t0) * 1000000;
+		struct timespec left = {0, 0}, *lp = NULL;
+		if (tmo) {
+			long long ns = (long long)tmo->tv_sec * 1000000000 + tmo->tv_nsec - (long long)ms_since(&ts0) * 1000000;
 			if (ns < 0)
 				ns = 0;
 			left = (struct timespec){ns / 1000000000, ns % 1000000000};
+			lp = &left;
 		}
-		int r = real.epoll_pwait2(epfd, evs + n, max - n, lp, mask);
-		int e = errno;
-		if (armed)
-			dep_arm(epfd, 0);
-		if (r < 0) {
-			if (n > 0)
-				return n;
-			errno = e;
-			return -1;
-		}
-		/* drop bell events (readiness is computed), keep the rest */
-		int k = dep_filter(epfd, evs, n, n + r);
-		if (k < max && r > 0 && block)
-			k += dep_collect(epfd, evs + k, max - k);
-		if (k > 0 || !block || r == 0)
+		int r = real.epoll_pwait2(epfd, evs, max, lp, mask);
+		if (r <= 0)
+			return r;
+		lock();
+		int k = dep_take_locked(s, evs, 0, r);
+		k += hot_collect_locked(s, evs + k, max - k);
+		unlock();
+		if (k > 0)
 			return k;
-		if (tmo && ms_since(&t0) >= tmo->tv_sec * 1000 + tmo->tv_nsec / 1000000)
+		/* Only bells, and nothing ready behind them (a byte for data
+		 * another reader took): wait on. */
+		if (tmo && ms_since(&ts0) >= tmo->tv_sec * 1000 + tmo->tv_nsec / 1000000)
 			return 0;
 	}
 }

@@ -274,6 +274,8 @@ void dring_disarm(struct dring *d, unsigned events)
 
 enum { W_READ, W_WRITE };
 
+static int wait_over(struct dring *d, int w);
+
 /* Whether a waiter of kind w can go on. */
 static int wait_over(struct dring *d, int w)
 {
@@ -289,13 +291,29 @@ static int wait_over(struct dring *d, int w)
 	return out_space(d) != 0;
 }
 
+void dring_bell_drained(struct dring *d, int space, uint64_t *last)
+{
+	int w = space ? W_WRITE : W_READ;
+	dring_drain(space ? d->sbell : d->dbell);
+	uint32_t waiting = LD_SC(space ? &d->out->prod_wait : &d->in->cons_wait);
+	if (waiting <= (space ? d->perm_out : d->perm_in) || !wait_over(d, w))
+		return;
+	uint64_t st = space ? LD(&d->out->head) ^ ((uint64_t)LD(&d->out->rd_closed) << 63)
+			    : LD(&d->in->tail) ^ ((uint64_t)LD(&d->in->fin) << 63);
+	st ^= (uint64_t)is_reset(d) << 62;
+	if (st == *last)
+		return;
+	*last = st;
+	ring_fd(space ? d->sbell : d->dbell);
+}
+
 /* The baton: after draining my bell of kind w, ring it again if another
  * waiter of that kind is parked and may go on (it may have lost the race
  * for the byte). The caller is not counted any more. */
 static void baton(struct dring *d, int w)
 {
-	if (w == W_READ ? LD_SC(&d->in->cons_wait) && wait_over(d, W_READ)
-			: LD_SC(&d->out->prod_wait) && wait_over(d, W_WRITE))
+	if (w == W_READ ? LD_SC(&d->in->cons_wait) > d->perm_in && wait_over(d, W_READ)
+			: LD_SC(&d->out->prod_wait) > d->perm_out && wait_over(d, W_WRITE))
 		ring_fd(w == W_READ ? d->dbell : d->sbell);
 }
 

@@ -83,6 +83,10 @@ struct dring {
 	int v;                    /* V */
 	int failed;               /* this process saw a forged cursor: EIO */
 	int rd_shut;              /* shutdown(SHUT_RD) in this process */
+	/* Waiters of this process that stay armed (epoll records,
+	 * direct_poll.c): counted in cons_wait / prod_wait, never parked on
+	 * the bell, so no baton is passed for them. */
+	unsigned perm_in, perm_out;
 };
 
 /*
@@ -155,6 +159,17 @@ DRING_API unsigned dring_arm(struct dring *d, unsigned events);
 /* After a park armed with dring_arm: uncount, empty the bells of events,
  * and pass the baton (docs/direct.md) to another parked waiter. */
 DRING_API void dring_disarm(struct dring *d, unsigned events);
+
+/*
+ * A waiter that stays armed (an epoll record, direct_poll.c; counted in
+ * perm_in / perm_out) emptied my data bell (space 0) or space bell
+ * (space 1): pass the baton to a parked waiter of that kind if more are
+ * counted than this process's armed ones and it may go on, once per
+ * change of the ring's state (*last: the state at the last baton), so
+ * that two such waiters (in two processes) never ring each other without
+ * end.
+ */
+DRING_API void dring_bell_drained(struct dring *d, int space, uint64_t *last);
 
 /* Empty a bell (non-blocking reads until EAGAIN). */
 DRING_API void dring_drain(int bell);

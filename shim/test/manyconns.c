@@ -4,8 +4,11 @@
  *
  *   manyconns server IP PORT N   epoll (level-triggered) echo server; exits
  *                                once N connections came and all closed
- *   manyconns client IP PORT N R opens N connections, then R rounds of a
- *                                16-byte echo on each, checked by content
+ *   manyconns client IP PORT N R [P]
+ *                                opens N connections, then R rounds of a
+ *                                16-byte echo on each, checked by content,
+ *                                then P timed 16-byte ping-pongs on the
+ *                                first while the others stay idle
  *
  * Both print one line of counts that the caller parses:
  *
@@ -16,7 +19,15 @@
  * raw getsockopt the shim does not see): EXT-DS, direct or relayed.
  * emfile counts EMFILE and ENFILE from socket, connect and accept. fds_*
  * are the entries of /proc/self/fd before the first connection and with
- * all C open: what the program's descriptors cost.
+ * all C open: what the program's descriptors cost. With P > 0 also
+ *
+ *   pingpong n P p50_ns X p99_ns Y
+ *
+ * and for each pid in $MANYCONNS_WATCH (space-separated, e.g. the exnds)
+ * and for /dev/shm, before the first connection and with all open:
+ *
+ *   watch PID fds F0 F1 rss_kib R0 R1
+ *   shm used_kib U0 U1
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -29,8 +40,10 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 static int kernel_domain(int fd)
@@ -54,6 +67,87 @@ static int count_fds(void)
 			n++;
 	closedir(d);
 	return n - 1; /* the directory's own */
+}
+
+/* Entries of /proc/PID/fd (-1: unreadable). */
+static int count_pid_fds(int pid)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd", pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -1;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n;
+}
+
+/* VmRSS of PID in KiB (-1: unreadable). */
+static long rss_kib(int pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	long v = -1;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "VmRSS: %ld", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
+static long shm_used_kib(void)
+{
+	struct statvfs s;
+	if (statvfs("/dev/shm", &s) < 0)
+		return -1;
+	return (long)((s.f_blocks - s.f_bfree) * s.f_frsize / 1024);
+}
+
+#define WATCH_MAX 8
+struct watch {
+	int n, pid[WATCH_MAX], fds[WATCH_MAX][2];
+	long rss[WATCH_MAX][2], shm[2];
+};
+
+static void watch_take(struct watch *w, int k)
+{
+	if (k == 0) {
+		const char *s = getenv("MANYCONNS_WATCH");
+		char *end;
+		w->n = 0;
+		while (s && *s && w->n < WATCH_MAX) {
+			long p = strtol(s, &end, 10);
+			if (end == s)
+				break;
+			w->pid[w->n++] = (int)p;
+			s = end;
+		}
+	}
+	for (int i = 0; i < w->n; i++) {
+		w->fds[i][k] = count_pid_fds(w->pid[i]);
+		w->rss[i][k] = rss_kib(w->pid[i]);
+	}
+	w->shm[k] = shm_used_kib();
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int cmp64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
 }
 
 static int is_emfile(int e) { return e == EMFILE || e == ENFILE; }
@@ -130,10 +224,12 @@ static int server(struct sockaddr_in *a, int n)
 	return 0;
 }
 
-static int client(struct sockaddr_in *a, int n, int rounds)
+static int client(struct sockaddr_in *a, int n, int rounds, int pings)
 {
 	int *fds = calloc((size_t)n, sizeof *fds);
 	int conns = 0, emfile = 0, switched = 0, bad = 0;
+	struct watch w;
+	watch_take(&w, 0);
 	int base = count_fds();
 	for (int i = 0; i < n; i++) {
 		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -160,6 +256,7 @@ static int client(struct sockaddr_in *a, int n, int rounds)
 			switched++;
 	}
 	int open_fds = count_fds();
+	watch_take(&w, 1);
 	for (int r = 0; r < rounds; r++)
 		for (int i = 0; i < n; i++) {
 			if (fds[i] < 0)
@@ -169,6 +266,27 @@ static int client(struct sockaddr_in *a, int n, int rounds)
 			if (io_all(fds[i], out, 16, 1) < 0 || io_all(fds[i], in, 16, 0) < 0 || memcmp(in, out, 16) != 0)
 				bad++;
 		}
+	if (pings > 0 && fds[0] >= 0) {
+		int64_t *lat = calloc((size_t)pings, sizeof *lat);
+		char out[16] = "ping-pong-16byte", in[16];
+		for (int i = 0; i < pings / 10; i++) /* warm-up */
+			if (io_all(fds[0], out, 16, 1) < 0 || io_all(fds[0], in, 16, 0) < 0)
+				bad++;
+		for (int i = 0; i < pings; i++) {
+			int64_t t0 = now_ns();
+			if (io_all(fds[0], out, 16, 1) < 0 || io_all(fds[0], in, 16, 0) < 0)
+				bad++;
+			lat[i] = now_ns() - t0;
+		}
+		qsort(lat, (size_t)pings, sizeof *lat, cmp64);
+		printf("pingpong n %d p50_ns %lld p99_ns %lld\n", pings, (long long)lat[pings / 2],
+		       (long long)lat[(long long)pings * 99 / 100]);
+		free(lat);
+	}
+	for (int i = 0; i < w.n; i++)
+		printf("watch %d fds %d %d rss_kib %ld %ld\n", w.pid[i], w.fds[i][0], w.fds[i][1], w.rss[i][0], w.rss[i][1]);
+	if (w.n > 0)
+		printf("shm used_kib %ld %ld\n", w.shm[0], w.shm[1]);
 	for (int i = 0; i < n; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
@@ -194,6 +312,6 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "server"))
 		return server(&a, n);
 	if (!strcmp(argv[1], "client"))
-		return client(&a, n, argc > 5 ? atoi(argv[5]) : 3);
+		return client(&a, n, argc > 5 ? atoi(argv[5]) : 3, argc > 6 ? atoi(argv[6]) : 0);
 	return 2;
 }
