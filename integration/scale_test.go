@@ -123,3 +123,56 @@ func TestShimManyConns(t *testing.T) {
 		})
 	}
 }
+
+// TestShimBurst10k: issue #32's "setup at rate": a client opens 10,000
+// connections in a burst to an epoll server, both under the shim with
+// room for them (soft limit 12,000): every one is served and echoes
+// right, none fails with EMFILE, and those that are not switched (the
+// shim's tables and descriptor room hold fewer) stay plain TCP with a
+// counted reason.
+func TestShimBurst10k(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip", "gcc", "prlimit")
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10000
+	if rl.Max < 16384 {
+		t.Fatalf("the hard descriptor limit is %d: this test needs 16384", rl.Max)
+	}
+	c := shmShimCluster(t, nstest.Build(t), 46, directArgs...)
+	prog := filepath.Join(t.TempDir(), "manyconns")
+	testenv.MustCC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "manyconns.c"))
+	ip := c.nodes[1].IP.String()
+	port := nstest.PortArg()
+	before := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
+	lim := []string{"prlimit", fmt.Sprintf("--nofile=12000:%d", rl.Max)}
+	srv := c.nodes[1].NS.StartEnv(t, c.env(1), append(lim, prog, "server", ip, port, fmt.Sprint(n))...)
+	if err := c.nodes[1].NS.WaitListening(srv, port, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out, cerr := c.nodes[0].NS.RunEnv(5*time.Minute, c.env(0), append(lim, prog, "client", ip, port, fmt.Sprint(n), "1")...)
+	serr := srv.Wait(2 * time.Minute)
+	if cerr != nil || serr != nil {
+		t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, out, serr, srv.Output())
+	}
+	cl, sv := parseManyConns(t, "client", out), parseManyConns(t, "server", srv.Output())
+	after := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
+	reasons := map[string]float64{}
+	for i := range after {
+		for r, v := range after[i].Fallbacks {
+			if d := v - before[i].Fallbacks[r]; d > 0 {
+				reasons[r] += d
+			}
+		}
+	}
+	t.Logf("%d connections in %v: client %d switched, server %d switched, fallbacks %v", n, time.Since(start).Round(time.Millisecond), cl.switched, sv.switched, reasons)
+	if cl.conns != n || sv.accepted != n || cl.emfile != 0 || sv.emfile != 0 || sv.epollErr != 0 || cl.bad != 0 {
+		t.Fatalf("client: %d connections, %d EMFILE, %d bad echoes; server: %d accepted, %d EMFILE, %d epoll errors; want %d and no errors",
+			cl.conns, cl.emfile, cl.bad, sv.accepted, sv.emfile, sv.epollErr, n)
+	}
+	if cl.switched != sv.switched {
+		t.Errorf("the client has %d connections switched, the server %d: mixed up", cl.switched, sv.switched)
+	}
+}
