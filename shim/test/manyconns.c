@@ -55,25 +55,16 @@ static int kernel_domain(int fd)
 	return v;
 }
 
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return -1;
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n - 1; /* the directory's own */
-}
 
-/* Entries of /proc/PID/fd (-1: unreadable). */
+/* Entries of /proc/PID/fd (pid 0: this process, without the directory's
+ * own descriptor), -1 if unreadable. */
 static int count_pid_fds(int pid)
 {
 	char path[64];
-	snprintf(path, sizeof path, "/proc/%d/fd", pid);
+	if (pid)
+		snprintf(path, sizeof path, "/proc/%d/fd", pid);
+	else
+		snprintf(path, sizeof path, "/proc/self/fd");
 	DIR *d = opendir(path);
 	if (!d)
 		return -1;
@@ -83,8 +74,10 @@ static int count_pid_fds(int pid)
 		if (e->d_name[0] != '.')
 			n++;
 	closedir(d);
-	return n;
+	return pid ? n : n - 1;
 }
+
+static int count_fds(void) { return count_pid_fds(0); }
 
 /* VmRSS of PID in KiB (-1: unreadable). */
 static long rss_kib(int pid)
