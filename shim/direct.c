@@ -88,7 +88,9 @@ void dep_free_locked(int i)
 		real.close(r->hbell[k]);
 	}
 	struct dconn *c = &g_dc[r->dc];
-	if (c->refs > 0) {
+	/* Only the process that armed it: a forked child's copy of the
+	 * record was never counted in the shared ring. */
+	if (c->refs > 0 && r->owner == (int)getpid()) {
 		c->d.perm_in -= !!(r->armed & POLLIN);
 		c->d.perm_out -= !!(r->armed & POLLOUT);
 		dring_disarm(&c->d, r->armed); /* and the baton, if another waits */

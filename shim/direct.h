@@ -45,6 +45,7 @@ struct depreg {
 	int epfd, fd, hbell[2]; /* fd < 0: free; dups of my data and space bell */
 	int dc;                 /* index in g_dc */
 	unsigned armed;         /* POLLIN/POLLOUT counted in the ring (dring_arm) */
+	int owner;              /* the pid that armed it: a forked child's copy never disarms */
 	int hot, hot_next;      /* on its set's hot list; next index or -1 */
 	struct epoll_event ev;  /* the application's */
 	int disabled;           /* EPOLLONESHOT fired */

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/select.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "direct.h"
 #include "shim.h"
@@ -392,7 +393,7 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 			return 1;
 		}
 		g_dep[slot] = (struct depreg){.epfd = epfd, .fd = fd, .hbell = {hb[0], hb[1]}, .dc = (int)(c - g_dc),
-					      .armed = arm, .hot_next = -1, .ev = *ev, .last_in = ~0ull, .last_out = ~0ull,
+					      .armed = arm, .owner = (int)getpid(), .hot_next = -1, .ev = *ev, .last_in = ~0ull, .last_out = ~0ull,
 					      .baton = {~0ull, ~0ull}};
 		dring_arm(&c->d, arm);
 		c->d.perm_in += !!(arm & POLLIN);
@@ -408,7 +409,7 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 	} else if (op == EPOLL_CTL_MOD) {
 		struct depreg *r = &g_dep[slot];
 		if ((*ret = real.epoll_ctl(epfd, op, fd, &vev)) == 0) {
-			if (arm != r->armed) {
+			if (arm != r->armed && r->owner == (int)getpid()) {
 				dring_arm(&c->d, arm);
 				c->d.perm_in += !!(arm & POLLIN) - !!(r->armed & POLLIN);
 				c->d.perm_out += !!(arm & POLLOUT) - !!(r->armed & POLLOUT);
@@ -525,6 +526,10 @@ static int dep_poll_once(int epfd, struct depset *s, struct epoll_event *evs, in
 {
 	struct timespec zero = {0, 0};
 	lock();
+	if (s->epfd != epfd) { /* the set went (epfd closed by another thread) */
+		unlock();
+		return kernel ? real.epoll_pwait2(epfd, evs, max, &zero, mask) : 0;
+	}
 	for (int q = 0; q < DSET_RECENT; q++) {
 		int i = s->recent[q];
 		if (i >= 0 && g_dep[i].fd >= 0 && g_dep[i].epfd == s->epfd && !g_dep[i].hot && dep_eval(&g_dep[i], 0))
@@ -585,6 +590,10 @@ static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct
 		if (r <= 0)
 			return r;
 		lock();
+		if (s->epfd != epfd) {
+			unlock();
+			return r;
+		}
 		int k = dep_take_locked(s, evs, 0, r);
 		k += hot_collect_locked(s, evs + k, max - k);
 		unlock();
