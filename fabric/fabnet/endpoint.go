@@ -125,7 +125,7 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 			var s *session
 			if s, err = e.nic.lookup(m.Peer.Node); err == nil {
 				if s != queued && queued != nil {
-					queued.kick()
+					queued.flush()
 				}
 				queued = s
 				err = e.sendRemote(ctx, s, m)
@@ -140,7 +140,7 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 		e.CountSent(m)
 	}
 	if queued != nil {
-		queued.kick()
+		queued.flush()
 	}
 	return len(msgs), nil
 }

@@ -145,7 +145,9 @@ type session struct {
 	rc      syscall.RawConn
 	wv      sys.Writev
 	writeFn func(fd uintptr) bool // s.writeRaw, bound once (no allocation per batch)
-	werr    error                 // writeRaw's error
+	onceFn  func(fd uintptr)      // s.writeOnce, bound once
+	werr    error                 // writeRaw's and writeOnce's error
+	wdone   bool                  // writeOnce wrote the whole batch
 
 	dead     chan struct{}
 	deadFlag atomic.Bool
@@ -165,10 +167,15 @@ type session struct {
 	awaitDone map[uint64]*bulk
 	wake      chan struct{}
 
-	// Writer goroutine only: the batch in flight, the spare control
+	// wr is the writer's role: the batch in flight, the spare control
 	// buffer, writev's backing array (reused so writev does not
-	// allocate) and the chunk headers.
-	out   out
+	// allocate) and the chunk headers are its holder's. The writer
+	// goroutine holds it per round; a sender that finds it free writes
+	// its control frames itself (flush). outPending: out holds the rest
+	// of a batch such a sender began, for the writer goroutine.
+	wr         sync.Mutex
+	outPending bool
+	out        out
 	spare []byte
 	iov   [1 + 2*writeChunks][]byte
 	hdr   [writeChunks][prefixSize + maxFixed]byte
@@ -202,7 +209,7 @@ func newSession(n *NIC, c net.Conn, h hello) *session {
 	}
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
-			s.rc, s.writeFn = rc, s.writeRaw
+			s.rc, s.writeFn, s.onceFn = rc, s.writeRaw, s.writeOnce
 		}
 	}
 	return s

@@ -8,10 +8,15 @@ package fabnet
 //	   head transfers) into s.out ──► writeOut: one writev (raw on a TCP
 //	   socket, writeRaw) ──► finishOut releases regions and finished
 //	   transfers, or dropOut after a failed write.
+//	VELO senders flush instead of kick: while the writer is idle and no
+//	   RMA transfer waits, the sender takes the batch and writes it with
+//	   non-blocking writevs itself (writeOnce); what the socket does not
+//	   take stays in s.out (outPending) for the writer goroutine, kicked.
+//	   A request/answer exchange then costs no writer wake-up per message.
 //
-// Locks: wmu guards ctl, bulk and awaitDone; chunkLocked acquires regions
-// with wmu held (region acquires never block). s.out is the writer
-// goroutine's alone.
+// Locks: wr (the writer's role: s.out and its buffers) is taken before
+// wmu; wmu guards ctl, bulk and awaitDone; chunkLocked acquires regions
+// with wmu held (region acquires never block).
 
 import (
 	"encoding/binary"
@@ -186,9 +191,76 @@ func (s *session) dropOut() {
 	o.ctl = nil
 }
 
-// writeLoop is the writer goroutine: woken by kick, it writes batches
-// until the queue is empty. Each write has a deadline of DeadAfter, so a
-// peer that stops reading cannot wedge it.
+// flush sends what a VELO sender queued: on the caller's goroutine when
+// the writer is idle and no RMA transfer waits (see the head comment),
+// else by kicking the writer. It never blocks on the socket.
+func (s *session) flush() {
+	if s.rc == nil || !s.wr.TryLock() {
+		s.kick()
+		return
+	}
+	s.wmu.Lock()
+	ok := len(s.bulk) == 0 && s.takeLocked()
+	more := len(s.bulk) > 0
+	s.wmu.Unlock()
+	if !ok {
+		s.wr.Unlock()
+		if more {
+			s.kick()
+		}
+		return
+	}
+	s.race.beforeWrite()
+	s.werr, s.wdone = nil, false
+	if err := s.rc.Control(s.onceFn); err != nil {
+		s.werr = err
+	}
+	if s.werr != nil {
+		err := s.werr
+		s.dropOut()
+		s.wr.Unlock()
+		s.kill(fmt.Errorf("write: %w", err))
+		return
+	}
+	done := s.wdone
+	if done {
+		s.n.nctr.writes.Add(1)
+		s.n.nctr.bytesOut.Add(uint64(s.out.nb))
+		s.finishOut()
+	} else {
+		s.outPending = true
+	}
+	s.wr.Unlock()
+	s.wmu.Lock()
+	more = len(s.ctl) > 0 || len(s.bulk) > 0 // queued while we wrote
+	s.wmu.Unlock()
+	if !done || more {
+		s.kick()
+	}
+}
+
+// writeOnce is flush's RawConn.Control callback: non-blocking writevs
+// until the batch is gone (wdone) or the socket is full; an error in
+// werr.
+func (s *session) writeOnce(fd uintptr) {
+	for len(s.out.bufs) > 0 {
+		n, err := s.wv.Write(int(fd), s.out.bufs)
+		if err == sys.EAGAIN {
+			return
+		}
+		if err != nil {
+			s.werr = fmt.Errorf("writev: %w", err)
+			return
+		}
+		consume(&s.out.bufs, n)
+	}
+	s.wdone = true
+}
+
+// writeLoop is the writer goroutine: woken by kick, it finishes a batch
+// a flush began, then writes batches until the queue is empty. Each
+// write has a deadline of DeadAfter, so a peer that stops reading cannot
+// wedge it.
 func (s *session) writeLoop() {
 	for {
 		select {
@@ -196,24 +268,39 @@ func (s *session) writeLoop() {
 		case <-s.dead:
 			return
 		}
-		for {
+		if !s.writeRound() {
+			return
+		}
+	}
+}
+
+// writeRound is one wake-up of the writer, holding wr; false once the
+// session died.
+func (s *session) writeRound() bool {
+	s.wr.Lock()
+	defer s.wr.Unlock()
+	pending := s.outPending
+	s.outPending = false
+	for {
+		if !pending {
 			s.wmu.Lock()
 			ok := s.takeLocked()
 			s.wmu.Unlock()
 			if !ok {
-				break
+				return true
 			}
-			s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.DeadAfter))
-			s.race.beforeWrite()
-			if err := s.writeOut(); err != nil {
-				s.dropOut()
-				s.kill(fmt.Errorf("write: %w", err))
-				return
-			}
-			s.n.nctr.writes.Add(1)
-			s.n.nctr.bytesOut.Add(uint64(s.out.nb))
-			s.finishOut()
 		}
+		pending = false
+		s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.DeadAfter))
+		s.race.beforeWrite()
+		if err := s.writeOut(); err != nil {
+			s.dropOut()
+			s.kill(fmt.Errorf("write: %w", err))
+			return false
+		}
+		s.n.nctr.writes.Add(1)
+		s.n.nctr.bytesOut.Add(uint64(s.out.nb))
+		s.finishOut()
 	}
 }
 
