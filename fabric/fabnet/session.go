@@ -176,9 +176,9 @@ type session struct {
 	wr         sync.Mutex
 	outPending bool
 	out        out
-	spare []byte
-	iov   [1 + 2*writeChunks][]byte
-	hdr   [writeChunks][prefixSize + maxFixed]byte
+	spare      []byte
+	iov        [1 + 2*writeChunks][]byte
+	hdr        [writeChunks][prefixSize + maxFixed]byte
 
 	cmu   sync.Mutex
 	tx    [256]txState
