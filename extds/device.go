@@ -91,6 +91,9 @@ type vdev struct {
 	dev *Device
 	idx int
 	ep  fabric.Endpoint
+	// colocated: its peers are goroutines of this process
+	// (fabric.Colocated), which a Conn's spin can starve (spin.go).
+	colocated bool
 
 	// rxMu serialises receiving and dispatching: the rx loop holds it
 	// for one poll, and so does a spinning reader that polls the
@@ -204,7 +207,8 @@ func (d *Device) vdev(idx int) (*vdev, error) {
 	if err != nil {
 		return nil, fmt.Errorf("extds: open vdev %d: %w", idx, err)
 	}
-	v = &vdev{dev: d, idx: idx, ep: ep,
+	co, _ := ep.(fabric.Colocated)
+	v = &vdev{dev: d, idx: idx, ep: ep, colocated: co != nil && co.PeersInProcess(),
 		msgs: make([]fabric.Message, rxBudget), notes: make([]fabric.Notification, rxBudget)}
 	d.vdevs[idx] = v
 	d.wg.Add(1)

@@ -20,38 +20,48 @@ import "time"
 //     20 µs spin, 1.1 µs with none).
 //
 // So each Conn learns its budget per direction, between zero and
-// connSpinBudget, from the waits it sees:
+// connSpinMax, from the waits it sees:
 //
 //   - a wait that ends within its spin keeps the budget;
-//   - a wait that spun, parked, and was woken within spinQuickWake of
-//     parking was answered only because it stopped spinning: the spin
-//     starved the answerer. The budget drops to zero (park at once);
+//   - peers in this process (fabric.Colocated: mem): a wait that spun,
+//     parked, and was woken within spinQuickWake of parking was
+//     answered only because it stopped spinning: the spin starved the
+//     answerer. The budget drops to zero (park at once). The budget
+//     never grows past connSpinBudget there: a rule that doubled it
+//     after a wait that parked but ended soon after made both sides of
+//     an in-process ping-pong grow to the maximum, because the peer's
+//     spin delays this side's wake-up by the peer's budget, which that
+//     rule read as "spin longer" (BenchmarkPingPong 1 B: p99 52–64 µs,
+//     against 11–15 µs without growth);
+//   - peers in other processes (shm, net, ofi): nothing this side does
+//     delays the answer, so a wait that spun, parked and still ended
+//     within connSpinMax of its start would have been caught by a longer
+//     spin: the budget becomes twice that spin, up to connSpinMax. (The
+//     starvation rule there read an answer that came just after the
+//     spin, handed over by this process's receive loop within a µs, as
+//     starvation, and parked every wait of a 1 KiB ping-pong between two
+//     shm processes: p50 0.61× TCP over exn0 instead of 0.27×.)
 //   - a wait longer than connSpinMax (think time, an idle connection)
 //     halves the budget: the spin did not pay, and an idle connection
 //     soon costs nothing but its park;
-//   - any other wait keeps the budget; at zero, one whose wake-up was
-//     slow brings the next probe forward (a spin might have caught it);
+//   - at zero, a wait whose wake-up was slow brings the next probe
+//     forward (a spin might have caught it);
 //   - below connSpinBudget, every probeGap-th wait spins connSpinBudget
 //     (a probe). A probe that hits restores connSpinBudget; one that
 //     fails doubles the gap, up to spinProbeMaxGap, so a Conn whose spin
 //     never pays spends at most one budget per spinProbeMaxGap waits on
 //     finding that out again.
 //
-// The budget never grows past connSpinBudget. A rule that doubled it
-// after a wait that parked but ended soon after (to catch a
-// cross-process answer that comes just after the spin) was tried: in
-// one process the peer's spin delays this side's wake-up by the peer's
-// budget, which that rule read as "spin longer", so both sides grew to
-// the maximum and starved each other (BenchmarkPingPong p99 52–64 µs
-// against 5–13 µs without growth).
-//
-// Idle stays idle: a wait spins at most connSpinBudget, then parks on
-// its channel with no timer.
+// Idle stays idle: a wait spins at most connSpinMax, then parks on its
+// channel with no timer.
 
 const (
-	// connSpinMax: a wait longer than this is think time or idleness,
-	// not a round trip that a spin could catch: twice the cross-process
-	// wake-up chain (20–40 µs here, docs/wakeup.md).
+	// connSpinMax is the longest budget a Conn learns across processes,
+	// and a wait longer than this is think time or idleness, not a round
+	// trip that a spin could catch: twice the cross-process wake-up chain
+	// (20–40 µs here, docs/wakeup.md). Spinning longer than parking
+	// costs can at best save that cost; at twice it the spin wastes at
+	// most as much as it could save (the ski-rental bound).
 	connSpinMax = 80 * time.Microsecond
 	// spinQuickWake is how soon after parking a wake-up says the spin
 	// itself held the answer back: less than any cross-process wake-up
@@ -105,12 +115,15 @@ func (b *spinBudget) hit() {
 }
 
 // parked records a wait that spun spun (0: it parked at once), then
-// parked for parked.
-func (b *spinBudget) parked(spun, parked time.Duration) {
+// parked for parked; colocated: the peer runs in this process.
+func (b *spinBudget) parked(spun, parked time.Duration, colocated bool) {
 	switch {
-	case spun > 0 && parked < spinQuickWake:
+	case colocated && spun > 0 && parked < spinQuickWake:
 		b.set(0)
 		b.failedProbe()
+	case !colocated && spun > 0 && spun+parked <= connSpinMax:
+		b.set(min(connSpinMax, 2*spun))
+		b.gap = spinProbeGap
 	case spun+parked > connSpinMax:
 		b.set(b.budget() / 2)
 		b.failedProbe()

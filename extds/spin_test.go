@@ -11,10 +11,12 @@ import (
 
 // waitModel is how a peer answers a wait in the simulation of
 // TestSpinBudget: answerAt is when the answer arrives if this side spins
-// through it; parkedFor is how long a wait that parks sleeps.
+// through it; parkedFor is how long a wait that parks sleeps; colocated
+// says the peer runs in this process.
 type waitModel struct {
 	answerAt  func(i int) time.Duration
 	parkedFor func(i int, spun time.Duration) time.Duration
+	colocated bool
 }
 
 // simulate runs n waits through a fresh spinBudget and returns how many
@@ -30,23 +32,27 @@ func simulate(n int, m waitModel) (parks int, spent, last time.Duration) {
 		}
 		parks++
 		spent += budget
-		b.parked(budget, m.parkedFor(i, budget))
+		b.parked(budget, m.parkedFor(i, budget), m.colocated)
 	}
 	return parks, spent, b.budget()
 }
 
 // TestSpinBudget holds the adaptive spin (spin.go) to its promises,
 // with the clock simulated: a ping-pong whose answers come within the
-// budget never parks and keeps its budget; a wait whose answer comes
-// only once it parks (the peer starved by the spin, one process) drops
+// budget never parks and keeps its budget; in one process, a wait whose
+// answer comes only once it parks (the peer starved by the spin) drops
 // to parking at once and spends under 5 % of a budget per wait on its
-// probes; an idle connection spins less and less and ends at zero;
-// answers that come just after the budget (across processes) keep the
-// budget; and a pattern that becomes a fast ping-pong again gets its
-// budget back within a probe gap.
+// probes, and gets its budget back within a probe gap once the pattern
+// becomes a fast ping-pong; across processes, answers that come just
+// after the spin (however soon after parking they are handed over) grow
+// the budget until it catches them; an idle connection spins less and
+// less and ends at zero either way.
 func TestSpinBudget(t *testing.T) {
 	us := time.Microsecond
 	const n = 5000
+	always := func(d time.Duration) func(int, time.Duration) time.Duration {
+		return func(int, time.Duration) time.Duration { return d }
+	}
 	for _, tc := range []struct {
 		name       string
 		m          waitModel
@@ -56,29 +62,40 @@ func TestSpinBudget(t *testing.T) {
 	}{
 		{"ping-pong within the budget", waitModel{
 			answerAt:  func(i int) time.Duration { return time.Duration(1+i%5) * us },
-			parkedFor: func(int, time.Duration) time.Duration { return time.Second }, // counted by maxParks
+			parkedFor: always(time.Second), // counted by maxParks
 		}, 0, 5 * us, connSpinBudget},
-		{"starved peer", waitModel{
+		{"one process: starved peer", waitModel{
 			answerAt:  func(int) time.Duration { return time.Hour },
-			parkedFor: func(int, time.Duration) time.Duration { return us },
+			parkedFor: always(us),
+			colocated: true,
 		}, n, connSpinBudget / 20, 0},
-		{"idle", waitModel{
+		{"one process: idle", waitModel{
 			answerAt:  func(int) time.Duration { return time.Hour },
-			parkedFor: func(int, time.Duration) time.Duration { return time.Second },
+			parkedFor: always(time.Second),
+			colocated: true,
 		}, n, connSpinBudget / 20, 0},
-		{"answers just after the spin", waitModel{
-			answerAt:  func(int) time.Duration { return connSpinBudget + 5*us },
-			parkedFor: func(_ int, spun time.Duration) time.Duration { return connSpinBudget + 30*us - spun },
-		}, n, connSpinBudget, connSpinBudget},
-		{"starved, then a ping-pong", waitModel{
+		{"one process: starved, then a ping-pong", waitModel{
 			answerAt: func(i int) time.Duration {
 				if i < n/2 {
 					return time.Hour
 				}
 				return 2 * us
 			},
-			parkedFor: func(int, time.Duration) time.Duration { return us },
+			parkedFor: always(us),
+			colocated: true,
 		}, n/2 + spinProbeMaxGap, connSpinBudget, connSpinBudget},
+		{"other processes: answers 5 µs after the spin, handed over at once", waitModel{
+			answerAt:  func(int) time.Duration { return connSpinBudget + 5*us },
+			parkedFor: func(_ int, spun time.Duration) time.Duration { return connSpinBudget + 5*us - spun + us },
+		}, 1, connSpinBudget + 5*us, 2 * connSpinBudget},
+		{"other processes: answers after the spin, woken late", waitModel{
+			answerAt:  func(int) time.Duration { return connSpinBudget + 10*us },
+			parkedFor: func(_ int, spun time.Duration) time.Duration { return connSpinBudget + 40*us - spun },
+		}, 1, connSpinBudget + 10*us, 2 * connSpinBudget},
+		{"other processes: idle", waitModel{
+			answerAt:  func(int) time.Duration { return time.Hour },
+			parkedFor: always(time.Second),
+		}, n, connSpinBudget / 20, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			parks, spent, last := simulate(n, tc.m)

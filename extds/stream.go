@@ -290,7 +290,7 @@ func (c *Conn) spinWaitLocked(sb *spinBudget, wakeCh chan struct{}, dl *deadline
 	at := time.Now()
 	err := c.waitLocked(wakeCh, dl)
 	if err == nil {
-		sb.parked(at.Sub(start), time.Since(at))
+		sb.parked(at.Sub(start), time.Since(at), c.vd.colocated)
 	}
 	return err
 }

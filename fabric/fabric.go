@@ -316,4 +316,14 @@ type PutOrderer interface {
 	PutsBeforeSends() bool
 }
 
+// Colocated is implemented by an Endpoint whose peers all run in this
+// process (fabric/mem): a waiter that spins without yielding can then
+// keep the very goroutine it waits for from running, so a spin must
+// learn to stop (extds/spin.go). Backends across processes do not
+// implement it or return false; the answer does not change over the
+// endpoint's life.
+type Colocated interface {
+	PeersInProcess() bool
+}
+
 func isErr(err, target error) bool { return errors.Is(err, target) }

@@ -138,6 +138,10 @@ func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(req
 // before it returns.
 func (e *endpoint) PutsBeforeSends() bool { return true }
 
+// PeersInProcess implements fabric.Colocated: every endpoint of a
+// Cluster lives in this process.
+func (e *endpoint) PeersInProcess() bool { return true }
+
 // post runs one request to completion: local checks (returned), remote
 // checks (error notification), the copy, and the Table 3.1 notifications.
 func (e *endpoint) post(r *fabric.RMA) error {
