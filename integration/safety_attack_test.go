@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/integration/nstest"
 	"github.com/exn-project/exn/internal/testenv"
 	"golang.org/x/sys/unix"
@@ -73,7 +74,7 @@ func ctlDial() (*control.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Call(ctx, nil, "shim-hello", "2"); err != nil {
+	if err := c.Call(ctx, nil, "shim-hello", strconv.Itoa(shimsrv.Version)); err != nil {
 		c.Close()
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/integration/nstest"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -105,7 +106,7 @@ func shimHello(sock string) error {
 		return err
 	}
 	defer cl.Close()
-	return cl.Call(ctx, nil, "shim-hello", "2")
+	return cl.Call(ctx, nil, "shim-hello", strconv.Itoa(shimsrv.Version))
 }
 
 // env is the environment of a program shimmed on node i.

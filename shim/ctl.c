@@ -199,7 +199,7 @@ int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size, struc
 			return CTL_NOCONN;
 		}
 		close_fds(hfd);
-		if (ctl_parse(buf, n, r) < 0 || !r->ok || r->version != 2) {
+		if (ctl_parse(buf, n, r) < 0 || !r->ok || r->version != SHIM_VERSION_NUM) {
 			dbg("exnd does not speak shim v" SHIM_VERSION ": %s", buf);
 			g_hello = -1;
 			real.close(s);

@@ -18,7 +18,8 @@
 /* Shim protocol version: 2 names no PID (exnd asks the kernel,
  * SO_PEERCRED), shim-listen carries the listening socket, and accepts
  * are claimed out of band before a client writes. */
-#define SHIM_VERSION "2"
+#define SHIM_VERSION "3" /* 3: the connection buffer's layout version 2 (docs/direct.md) */
+#define SHIM_VERSION_NUM 3
 
 enum { CTL_MODE_NONE = 0, CTL_MODE_TCP = 1, CTL_MODE_EXTDS = 2, CTL_MODE_OTHER = 3, CTL_MODE_DIRECT = 4 };
 

@@ -513,6 +513,12 @@ static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, 
 			continue; /* a record gone since: its bell is deregistered */
 		int space = (u & DEP_SPACE) != 0;
 		struct dconn *c = &g_dc[r->dc];
+		/* A level-triggered record already hot is looked at anyway:
+		 * leave its bell (and its rung flag) as they are, so the peer
+		 * does not ring again while this side keeps up (a stream into
+		 * an epoll server: one bell per drain, not per pass). */
+		if (r->hot && !(r->ev.events & (EPOLLET | EPOLLONESHOT)))
+			continue;
 		if (c->refs > 0)
 			dring_bell_drained(&c->d, space, &r->baton[space]);
 		hot_push_locked(s, (int)idx);

@@ -46,6 +46,8 @@
 _Static_assert(sizeof(struct dring_ctl) == 1024, "control block is 1024 bytes");
 _Static_assert(offsetof(struct dring_ctl, head) == 128, "head at +128");
 _Static_assert(offsetof(struct dring_ctl, rd_closed) == 144, "rd_closed at +144");
+_Static_assert(offsetof(struct dring_ctl, data_rung) == 24 && offsetof(struct dring_ctl, space_rung) == 148,
+	       "data_rung at +24, space_rung at +148");
 _Static_assert(offsetof(struct dring_ctl, prod_wait) == 12 && offsetof(struct dring_ctl, cons_wait) == 136,
 	       "wait counts");
 
@@ -67,6 +69,37 @@ static void ring_fd(int fd)
 	char b = 1;
 	if (fd >= 0)
 		(void)syscall(SYS_write, fd, &b, 1); /* EAGAIN: a byte is pending, enough */
+}
+
+/*
+ * Ring the peer's data bell for what I produced (ring_data) or its space
+ * bell for what I consumed (ring_space) if it waits, once per drain: the
+ * direction's data_rung / space_rung says a ring is pending, and the
+ * waiter that empties the bell clears it (drain_mine). A waiter that
+ * stays armed (an epoll record) would otherwise cost a write per
+ * message (docs/direct.md, "Wake-up protocol").
+ */
+static void ring_data(struct dring *d)
+{
+	if (LD_SC(&d->out->cons_wait) && !LD_SC(&d->out->data_rung) &&
+	    !__atomic_exchange_n(&d->out->data_rung, 1, __ATOMIC_SEQ_CST))
+		ring_fd(d->peer_dbell);
+}
+
+static void ring_space(struct dring *d)
+{
+	if (LD_SC(&d->in->prod_wait) && !LD_SC(&d->in->space_rung) &&
+	    !__atomic_exchange_n(&d->in->space_rung, 1, __ATOMIC_SEQ_CST))
+		ring_fd(d->peer_sbell);
+}
+
+/* Empty my data bell (space 0) or space bell, then clear its rung flag:
+ * a ring after the clear writes a byte again, and the caller re-checks
+ * the ring after this. */
+static void drain_mine(struct dring *d, int space)
+{
+	dring_drain(space ? d->sbell : d->dbell);
+	__atomic_store_n(space ? &d->out->space_rung : &d->in->data_rung, 0, __ATOMIC_SEQ_CST);
 }
 
 static int64_t now_ns(void)
@@ -166,8 +199,7 @@ int dring_error(struct dring *d)
 void dring_fin(struct dring *d)
 {
 	ST(&d->out->fin, 1);
-	if (LD_SC(&d->out->cons_wait))
-		ring_fd(d->peer_dbell);
+	ring_data(d);
 }
 
 void dring_shut_rd(struct dring *d) { d->rd_shut = 1; }
@@ -175,8 +207,7 @@ void dring_shut_rd(struct dring *d) { d->rd_shut = 1; }
 void dring_rd_closed(struct dring *d)
 {
 	ST(&d->in->rd_closed, 1);
-	if (LD_SC(&d->in->prod_wait))
-		ring_fd(d->peer_sbell);
+	ring_space(d);
 }
 
 void dring_drain(int bell)
@@ -260,12 +291,12 @@ void dring_disarm(struct dring *d, unsigned events)
 {
 	if (events & EV_IN) {
 		ADD(&d->in->cons_wait, -1u);
-		dring_drain(d->dbell);
+		drain_mine(d, 0);
 		baton(d, 0);
 	}
 	if (events & EV_OUT) {
 		ADD(&d->out->prod_wait, -1u);
-		dring_drain(d->sbell);
+		drain_mine(d, 1);
 		baton(d, 1);
 	}
 }
@@ -294,7 +325,7 @@ static int wait_over(struct dring *d, int w)
 void dring_bell_drained(struct dring *d, int space, uint64_t *last)
 {
 	int w = space ? W_WRITE : W_READ;
-	dring_drain(space ? d->sbell : d->dbell);
+	drain_mine(d, space);
 	uint32_t waiting = LD_SC(space ? &d->out->prod_wait : &d->in->cons_wait);
 	if (waiting <= (space ? d->perm_out : d->perm_in) || !wait_over(d, w))
 		return;
@@ -352,7 +383,7 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 	int r = park(d, w, ws);
 	ADD(nwait, -1u);
 	if (r == 1) {
-		dring_drain(w == W_READ ? d->dbell : d->sbell);
+		drain_mine(d, w == W_WRITE);
 		baton(d, w);
 		r = 0;
 	}
@@ -544,8 +575,7 @@ ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int f
 		uint64_t t = LD(&d->out->tail);
 		ring_copy(d->outdata, d->ring, t, &k.c, n, 1);
 		ST(&d->out->tail, t + n);
-		if (LD_SC(&d->out->cons_wait))
-			ring_fd(d->peer_dbell);
+		ring_data(d);
 		k.done += n;
 	}
 	lk_release(&d->out->prod_lock);
@@ -585,8 +615,7 @@ ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int fl
 		if (flags & DRING_PEEK)
 			break;
 		ST(&d->in->head, h + n);
-		if (LD_SC(&d->in->prod_wait))
-			ring_fd(d->peer_sbell);
+		ring_space(d);
 		if (!(flags & DRING_WAITALL))
 			break;
 	}

@@ -29,7 +29,7 @@
 #define DRING_API __attribute__((visibility("hidden")))
 
 #define EXDD_MAGIC 0x44445845u /* "EXDD" */
-#define EXDD_VERSION 1u
+#define EXDD_VERSION 2u
 #define EXDD_HDR 4096u
 #define EXDD_RING_MIN 4096u
 #define EXDD_RING_MAX (64u << 20)
@@ -62,12 +62,14 @@ struct dring_ctl {
 	uint32_t prod_wait;
 	uint32_t prod_lock;
 	uint32_t rst;
-	uint8_t pad0[128 - 24];
+	uint32_t data_rung; /* the producer rang the consumer's data bell; the consumer clears it after draining */
+	uint8_t pad0[128 - 28];
 	uint64_t head;
 	uint32_t cons_wait;
 	uint32_t cons_lock;
 	uint32_t rd_closed;
-	uint8_t pad1[1024 - 128 - 20];
+	uint32_t space_rung; /* the consumer rang the producer's space bell; the producer clears it after draining */
+	uint8_t pad1[1024 - 128 - 24];
 };
 
 struct dring {

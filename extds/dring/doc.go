@@ -1,5 +1,5 @@
 // Package dring owns the shared buffer of an EXT-DS direct connection
-// (docs/direct.md): its layout (version 1), making and opening its files
+// (docs/direct.md): its layout (version 2), making and opening its files
 // (the buffer and the two sides' bell FIFOs), mapping and checking it,
 // and a Go endpoint for one side that speaks the same protocol as the C
 // shim (shim/dring.c). exnd uses the endpoint to relay a side after exec

@@ -59,6 +59,7 @@ type ctl struct {
 	tail, head                   *atomic.Uint64
 	fin, prodWait, prodLock, rst *atomic.Uint32
 	consWait, consLock, rdClosed *atomic.Uint32
+	dataRung, spaceRung          *atomic.Uint32
 }
 
 func ctlAt(mem []byte, d int) (c ctl, err error) {
@@ -76,6 +77,7 @@ func ctlAt(mem []byte, d int) (c ctl, err error) {
 	c = ctl{
 		tail: u64(cTail), fin: u32(cFin), prodWait: u32(cProdWait), prodLock: u32(cProdLock), rst: u32(cRst),
 		head: u64(cHead), consWait: u32(cConsWait), consLock: u32(cConsLock), rdClosed: u32(cRdClosed),
+		dataRung: u32(cDataRung), spaceRung: u32(cSpaceRung),
 	}
 	return c, err
 }
@@ -110,7 +112,8 @@ type Endpoint struct {
 // holding that role's mutex uses it.
 type waiter struct {
 	count *atomic.Uint32
-	bell  int      // the bell to park on (my data or space bell)
+	rung  *atomic.Uint32 // the bell's rung flag, cleared after each drain (docs/direct.md)
+	bell  int            // the bell to park on (my data or space bell)
 	f     *os.File // a dup of bell in the netpoller, made on the first park (under pmu)
 	rc    syscall.RawConn
 	ready func() bool
@@ -174,11 +177,13 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 			return fail(err)
 		}
 	}
-	e.rd = waiter{count: e.rx.consWait, bell: e.myData, ready: e.readable}
-	e.wr = waiter{count: e.tx.prodWait, bell: e.mySpace, ready: e.writable}
+	e.rd = waiter{count: e.rx.consWait, rung: e.rx.dataRung, bell: e.myData, ready: e.readable}
+	e.wr = waiter{count: e.tx.prodWait, rung: e.tx.spaceRung, bell: e.mySpace, ready: e.writable}
 	for _, w := range []*waiter{&e.rd, &e.wr} {
 		w.cb = func(fd uintptr) bool {
-			if n, _ := sys.DrainBell(int(fd), w.buf[:]); n > 0 || w.ready() {
+			n, _ := sys.DrainBell(int(fd), w.buf[:])
+			w.rung.Store(0) // after the drain: a later ring writes again
+			if n > 0 || w.ready() {
 				w.woke = true
 			}
 			return w.woke

@@ -13,6 +13,7 @@ type Control struct {
 	Tail, Head                   *atomic.Uint64
 	Fin, ProdWait, ProdLock, Rst *atomic.Uint32
 	ConsWait, ConsLock, RdClosed *atomic.Uint32
+	DataRung, SpaceRung          *atomic.Uint32 // the rung flags (docs/direct.md, "Wake-up protocol")
 }
 
 // ControlOf returns the view of direction d's (0 or 1) control block in
@@ -29,6 +30,7 @@ func ControlOf(mem []byte, d int) (Control, error) {
 		Tail: c.tail, Head: c.head,
 		Fin: c.fin, ProdWait: c.prodWait, ProdLock: c.prodLock, Rst: c.rst,
 		ConsWait: c.consWait, ConsLock: c.consLock, RdClosed: c.rdClosed,
+		DataRung: c.dataRung, SpaceRung: c.spaceRung,
 	}, nil
 }
 

@@ -6,10 +6,11 @@ import (
 	"fmt"
 )
 
-// Layout version 1 (docs/direct.md, "The connection buffer").
+// Layout version 2 (docs/direct.md, "The connection buffer"): version 1
+// and the rung flags.
 const (
 	Magic   = 0x44445845 // "EXDD" little-endian
-	Version = 1
+	Version = 2
 
 	// HeaderSize is the page before the two rings.
 	HeaderSize = 4096
@@ -31,15 +32,17 @@ const (
 	ctlBase = 1024 // control block of direction d at ctlBase + ctlSize·d
 	ctlSize = 1024
 
-	cTail     = 0
-	cFin      = 8
-	cProdWait = 12
-	cProdLock = 16
-	cRst      = 20
-	cHead     = 128
-	cConsWait = 136
-	cConsLock = 140
-	cRdClosed = 144
+	cTail      = 0
+	cFin       = 8
+	cProdWait  = 12
+	cProdLock  = 16
+	cRst       = 20
+	cDataRung  = 24 // the producer rang the consumer's data bell; cleared by the consumer after draining
+	cHead      = 128
+	cConsWait  = 136
+	cConsLock  = 140
+	cRdClosed  = 144
+	cSpaceRung = 148 // the consumer rang the producer's space bell; cleared by the producer after draining
 )
 
 // ErrCorrupt: a buffer's header or cursors break the layout's invariants

@@ -501,11 +501,16 @@ func (p *pump) park() {
 		if c == nil || c.detachDone {
 			continue
 		}
-		fd := c.bells.PeerData
+		// Drain, then clear the bell's rung flag (the program rings once
+		// per drain, docs/direct.md "Wake-up protocol"): PeerData for
+		// what it produced (direction S), PeerSpace for what it
+		// consumed (direction 1−S).
+		fd, rung := c.bells.PeerData, c.tx.DataRung
 		if d&1 != 0 {
-			fd = c.bells.PeerSpace
+			fd, rung = c.bells.PeerSpace, c.rx.SpaceRung
 		}
 		_, _ = sys.DrainBell(fd, p.buf[:])
+		rung.Store(0)
 		p.makeHot(c)
 	}
 }

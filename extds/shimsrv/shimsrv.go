@@ -29,7 +29,7 @@ import (
 // Version is the shim protocol version this server speaks. 2: no
 // request names a PID (the kernel says who calls), shim-listen carries
 // the listening socket, and accepts are claimed out of band.
-const Version = 2
+const Version = 3
 
 // Tunables, with why.
 const (

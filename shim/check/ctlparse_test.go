@@ -176,7 +176,7 @@ var fallbackReasons = []string{"no_route", "no_listener", "cached", "peer_no_fab
 
 func protoResponses() []protoResponse {
 	rs := []protoResponse{
-		{op: "shim-hello", v: shimsrv.HelloResult{Version: shimsrv.Version}, want: decoded{OK: true, Version: 2, ReasonPlain: true}},
+		{op: "shim-hello", v: shimsrv.HelloResult{Version: shimsrv.Version}, want: decoded{OK: true, Version: shimsrv.Version, ReasonPlain: true}},
 		{op: "shim-listen", v: shimsrv.ListenResult{Port: 8080}, want: decoded{OK: true, Port: 8080, ReasonPlain: true}},
 		{op: "shim-listen", v: shimsrv.ListenResult{Port: 65535}, want: decoded{OK: true, Port: 65535, ReasonPlain: true}, notDoc: true},
 		{op: "shim-unlisten", v: struct{}{}, want: decoded{OK: true, ReasonPlain: true}},
@@ -186,7 +186,7 @@ func protoResponses() []protoResponse {
 			want: decoded{OK: true, Mode: 4, ID: 5, Ring: 1 << 20, ReasonPlain: true}},
 		{op: "shim-accept", v: directResult{Mode: "direct", ID: math.MaxUint64, Side: 1, Ring: 64 << 20},
 			want: decoded{OK: true, Mode: 4, ID: math.MaxUint64, Side: 1, Ring: 64 << 20, ReasonPlain: true}, notDoc: true},
-		{op: "shim-hello", err: fmt.Errorf(`shim-hello: version "1" not supported (this exnd speaks 2)`), want: decoded{ReasonPlain: true}},
+		{op: "shim-hello", err: fmt.Errorf(`shim-hello: version "1" not supported (this exnd speaks 3)`), want: decoded{ReasonPlain: true}},
 		{op: "shim-connect", err: fmt.Errorf("shim-connect: <tag> & \\ \"é\"\t"), want: decoded{ReasonPlain: true}},
 	}
 	rs = append(rs, protoResponse{op: "shim-accept", v: shimsrv.SwitchResult{Mode: "tcp", Reason: "short_lived", HoldMS: 990, HoldEnd: 52718003900000},
@@ -275,7 +275,7 @@ func TestCtlRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{ // "op arg" of ctlharness → the line
-		"0 0": "shim-hello 2", "1 0": "shim-listen", "2 1": "shim-unlisten 1", "2 8080": "shim-unlisten 8080",
+		"0 0": "shim-hello 3", "1 0": "shim-listen", "2 1": "shim-unlisten 1", "2 8080": "shim-unlisten 8080",
 		"2 65535": "shim-unlisten 65535", "2 0": "ERR", "2 65536": "ERR", "3 0": "shim-connect", "4 0": "shim-accept", "3 1": "shim-connect direct", "4 1": "shim-accept direct", "3 2": "shim-connect fd_limit", "4 2": "shim-accept fd_limit", "3 3": "ERR", "5 0": "shim-relay", "99 0": "ERR",
 	}
 	type call struct {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -105,7 +106,7 @@ func newFake(t *testing.T, mode string) *fakeExnd {
 	f.mode.Store(mode)
 	f.srv.Handle("shim-hello", func(_ context.Context, args []string) (any, error) {
 		f.record("shim-hello", args)
-		return map[string]int{"version": 2}, nil
+		return map[string]int{"version": shimsrv.Version}, nil
 	})
 	f.srv.HandleFD("shim-listen", func(ctx context.Context, req *control.Request) (any, []*os.File, error) {
 		f.record("shim-listen", req.Args)
