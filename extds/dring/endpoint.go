@@ -114,7 +114,7 @@ type waiter struct {
 	count *atomic.Uint32
 	rung  *atomic.Uint32 // the bell's rung flag, cleared after each drain (docs/direct.md)
 	bell  int            // the bell to park on (my data or space bell)
-	f     *os.File // a dup of bell in the netpoller, made on the first park (under pmu)
+	f     *os.File       // a dup of bell in the netpoller, made on the first park (under pmu)
 	rc    syscall.RawConn
 	ready func() bool
 	cb    func(fd uintptr) bool
