@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -44,8 +45,8 @@ func TestEXTDSPart(t *testing.T) {
 		return ss.Listens
 	}
 	var hello struct{ Version int }
-	call(t, cl, &hello, "shim-hello", "2")
-	if hello.Version != 2 {
+	call(t, cl, &hello, "shim-hello", strconv.Itoa(shimsrv.Version))
+	if hello.Version != shimsrv.Version {
 		t.Fatalf("shim-hello: %+v", hello)
 	}
 	// shim-listen takes the listening socket; exnd reads its port.
