@@ -50,7 +50,7 @@ void direct_init(void)
 	for (int i = 0; i < DEP_MAX; i++)
 		g_dep[i].fd = -1;
 	for (int i = 0; i < DSET_MAX; i++)
-		g_dset[i] = (struct depset){.epfd = -1, .hot = -1, .recent = {-1, -1, -1, -1}};
+		g_dset[i] = (struct depset){.epfd = -1, .hot = -1, .rang = -1, .recent = {-1, -1, -1, -1}};
 }
 
 struct depset *dset_of_locked(int epfd, int make)
@@ -64,12 +64,20 @@ struct depset *dset_of_locked(int epfd, int make)
 	}
 	if (!make || !free)
 		return NULL;
-	*free = (struct depset){.epfd = epfd, .hot = -1, .recent = {-1, -1, -1, -1}};
+	*free = (struct depset){.epfd = epfd, .hot = -1, .rang = -1, .recent = {-1, -1, -1, -1}};
 	return free;
 }
 
 void hot_unlink_locked(struct depset *s, int i)
 {
+	if (g_dep[i].rang) {
+		for (int *p = &s->rang; *p >= 0; p = &g_dep[*p].rang_next)
+			if (*p == i) {
+				*p = g_dep[i].rang_next;
+				break;
+			}
+		g_dep[i].rang = 0;
+	}
 	if (!g_dep[i].hot)
 		return;
 	for (int *p = &s->hot; *p >= 0; p = &g_dep[*p].hot_next)

@@ -47,6 +47,8 @@ struct depreg {
 	unsigned armed;         /* POLLIN/POLLOUT counted in the ring (dring_arm) */
 	int owner;              /* the pid that armed it: a forked child's copy never disarms */
 	int hot, hot_next;      /* on its set's hot list; next index or -1 */
+	unsigned rang;          /* bells (1 data, 2 space) that fired and are not drained yet */
+	int rang_next;          /* next on its set's rang list, -1: none */
 	struct epoll_event ev;  /* the application's */
 	int disabled;           /* EPOLLONESHOT fired */
 	uint64_t last_in, last_out; /* EPOLLET: cursor state last reported */
@@ -61,6 +63,7 @@ struct depset {
 	int epfd; /* -1: free */
 	int n;    /* records */
 	int hot;  /* first hot record, -1: none */
+	int rang; /* first record with a bell that fired and is not drained, -1: none */
 	int recent[DSET_RECENT]; /* record indices, -1: none */
 	unsigned nrecent;        /* reports so far (recent[] is a ring) */
 };
@@ -73,7 +76,8 @@ extern int g_ndc, g_ndep; /* records in use */
 
 /* With the lock held: epfd's set, made if make and there is room; NULL if none. */
 struct depset *dset_of_locked(int epfd, int make);
-/* With the lock held: take record i off its set's hot list. */
+/* With the lock held: take record i off its set's hot list, and off its
+ * rang list. */
 void hot_unlink_locked(struct depset *s, int i);
 
 /* The live, not relayed connection of fd, or NULL. */

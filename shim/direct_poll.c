@@ -393,7 +393,7 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 			return 1;
 		}
 		g_dep[slot] = (struct depreg){.epfd = epfd, .fd = fd, .hbell = {hb[0], hb[1]}, .dc = (int)(c - g_dc),
-					      .armed = arm, .owner = (int)getpid(), .hot_next = -1, .ev = *ev, .last_in = ~0ull, .last_out = ~0ull,
+					      .armed = arm, .owner = (int)getpid(), .hot_next = -1, .rang_next = -1, .ev = *ev, .last_in = ~0ull, .last_out = ~0ull,
 					      .baton = {~0ull, ~0ull}};
 		dring_arm(&c->d, arm);
 		c->d.perm_in += !!(arm & POLLIN);
@@ -495,9 +495,15 @@ static int hot_collect_locked(struct depset *s, struct epoll_event *out, int max
 	return n;
 }
 
-/* Take the kernel's events evs[from:to): a bell event empties that bell
- * (passing the baton, dring_bell_drained) and makes its record hot; the
- * others are kept, in order. Returns the new end. With the lock held. */
+/* Take the kernel's events evs[from:to): a bell event makes its record
+ * hot and puts the bell on the set's rang list, undrained; the others are
+ * kept, in order. Returns the new end. With the lock held.
+ *
+ * A bell is drained (and its rung flag cleared) only just before
+ * epoll_wait blocks (dep_settle_locked): until then its byte keeps the
+ * peer from ringing again (the flag stays set), so a stream into a
+ * server that keeps up costs the producer no bell write at all, as when
+ * only a parked waiter was armed. */
 static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, int to)
 {
 	int k = from;
@@ -511,19 +517,36 @@ static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, 
 		struct depreg *r = &g_dep[idx];
 		if (r->fd < 0 || r->epfd != s->epfd)
 			continue; /* a record gone since: its bell is deregistered */
-		int space = (u & DEP_SPACE) != 0;
-		struct dconn *c = &g_dc[r->dc];
-		/* A level-triggered record already hot is looked at anyway:
-		 * leave its bell (and its rung flag) as they are, so the peer
-		 * does not ring again while this side keeps up (a stream into
-		 * an epoll server: one bell per drain, not per pass). */
-		if (r->hot && !(r->ev.events & (EPOLLET | EPOLLONESHOT)))
-			continue;
-		if (c->refs > 0)
-			dring_bell_drained(&c->d, space, &r->baton[space]);
+		unsigned bit = (u & DEP_SPACE) ? 2u : 1u;
+		if (!r->rang) {
+			r->rang_next = s->rang;
+			s->rang = (int)idx;
+		}
+		r->rang |= bit;
 		hot_push_locked(s, (int)idx);
 	}
 	return k;
+}
+
+/* Before blocking: empty every bell on the rang list (clearing its rung
+ * flag and passing the baton, dring_bell_drained) and make its record
+ * hot, so the caller looks at the rings once more after the drain and
+ * only then blocks: a peer that rings after the drain writes a byte the
+ * kernel wait sees. With the lock held. */
+static void dep_settle_locked(struct depset *s)
+{
+	while (s->rang >= 0) {
+		int i = s->rang;
+		struct depreg *r = &g_dep[i];
+		s->rang = r->rang_next;
+		struct dconn *c = &g_dc[r->dc];
+		for (int space = 0; space < 2; space++)
+			if ((r->rang & (1u << space)) && c->refs > 0)
+				dring_bell_drained(&c->d, space, &r->baton[space]);
+		r->rang = 0;
+		r->rang_next = -1;
+		hot_push_locked(s, i);
+	}
 }
 
 /* One look without blocking: the hot records and the recent ones, then,
@@ -592,6 +615,18 @@ static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct
 			left = (struct timespec){ns / 1000000000, ns % 1000000000};
 			lp = &left;
 		}
+		/* Drain the bells that fired, then look once more: only then
+		 * block (dep_settle_locked). */
+		lock();
+		if (s->epfd == epfd) {
+			dep_settle_locked(s);
+			int n = hot_collect_locked(s, evs, max);
+			if (n > 0) {
+				unlock();
+				return n;
+			}
+		}
+		unlock();
 		int r = real.epoll_pwait2(epfd, evs, max, lp, mask);
 		if (r <= 0)
 			return r;
