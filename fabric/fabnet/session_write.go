@@ -193,7 +193,9 @@ func (s *session) dropOut() {
 
 // flush sends what a VELO sender queued: on the caller's goroutine when
 // the writer is idle and no RMA transfer waits (see the head comment),
-// else by kicking the writer. It never blocks on the socket.
+// else by kicking the writer. It never blocks on the socket. Frames
+// other senders queue meanwhile need no look here: each of them kicks
+// or flushes in turn.
 func (s *session) flush() {
 	if s.rc == nil || !s.wr.TryLock() {
 		s.kick()
@@ -201,11 +203,11 @@ func (s *session) flush() {
 	}
 	s.wmu.Lock()
 	ok := len(s.bulk) == 0 && s.takeLocked()
-	more := len(s.bulk) > 0
+	bulk := len(s.bulk) > 0
 	s.wmu.Unlock()
 	if !ok {
 		s.wr.Unlock()
-		if more {
+		if bulk {
 			s.kick()
 		}
 		return
@@ -215,8 +217,7 @@ func (s *session) flush() {
 	if err := s.rc.Control(s.onceFn); err != nil {
 		s.werr = err
 	}
-	if s.werr != nil {
-		err := s.werr
+	if err := s.werr; err != nil {
 		s.dropOut()
 		s.wr.Unlock()
 		s.kill(fmt.Errorf("write: %w", err))
@@ -224,37 +225,25 @@ func (s *session) flush() {
 	}
 	done := s.wdone
 	if done {
-		s.n.nctr.writes.Add(1)
-		s.n.nctr.bytesOut.Add(uint64(s.out.nb))
-		s.finishOut()
+		s.wrote()
 	} else {
 		s.outPending = true
 	}
 	s.wr.Unlock()
-	s.wmu.Lock()
-	more = len(s.ctl) > 0 || len(s.bulk) > 0 // queued while we wrote
-	s.wmu.Unlock()
-	if !done || more {
+	if !done {
 		s.kick()
 	}
 }
 
-// writeOnce is flush's RawConn.Control callback: non-blocking writevs
-// until the batch is gone (wdone) or the socket is full; an error in
-// werr.
-func (s *session) writeOnce(fd uintptr) {
-	for len(s.out.bufs) > 0 {
-		n, err := s.wv.Write(int(fd), s.out.bufs)
-		if err == sys.EAGAIN {
-			return
-		}
-		if err != nil {
-			s.werr = fmt.Errorf("writev: %w", err)
-			return
-		}
-		consume(&s.out.bufs, n)
-	}
-	s.wdone = true
+// writeOnce is flush's RawConn.Control callback: writeRaw without the
+// wait for writability; wdone says the batch is gone.
+func (s *session) writeOnce(fd uintptr) { s.wdone = s.writeRaw(fd) && s.werr == nil }
+
+// wrote counts and releases the batch just written (wr held).
+func (s *session) wrote() {
+	s.n.nctr.writes.Add(1)
+	s.n.nctr.bytesOut.Add(uint64(s.out.nb))
+	s.finishOut()
 }
 
 // writeLoop is the writer goroutine: woken by kick, it finishes a batch
@@ -298,9 +287,7 @@ func (s *session) writeRound() bool {
 			s.kill(fmt.Errorf("write: %w", err))
 			return false
 		}
-		s.n.nctr.writes.Add(1)
-		s.n.nctr.bytesOut.Add(uint64(s.out.nb))
-		s.finishOut()
+		s.wrote()
 	}
 }
 
