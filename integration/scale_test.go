@@ -14,28 +14,13 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// manyConns is one program's counts line of shim/test/manyconns.c.
-type manyConns struct {
-	conns, accepted, emfile, switched, bad, fdsBase, fdsOpen, epollErr int
-}
-
-func parseManyConns(t *testing.T, who, out string) manyConns {
-	t.Helper()
-	var m manyConns
-	for _, l := range strings.Split(out, "\n") {
-		switch {
-		case strings.HasPrefix(l, "server "):
-			if _, err := fmt.Sscanf(l, "server accepted %d emfile %d switched %d epoll_err %d", &m.accepted, &m.emfile, &m.switched, &m.epollErr); err == nil {
-				return m
-			}
-		case strings.HasPrefix(l, "client "):
-			if _, err := fmt.Sscanf(l, "client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d",
-				&m.conns, &m.emfile, &m.switched, &m.bad, &m.fdsBase, &m.fdsOpen); err == nil {
-				return m
-			}
-		}
+// parseManyConns is nstest.ParseManyConns, failing tb.
+func parseManyConns(tb testing.TB, who, out string) nstest.ManyConns {
+	tb.Helper()
+	m, err := nstest.ParseManyConns(out)
+	if err != nil {
+		tb.Fatalf("%s: %v in:\n%s", who, err, out)
 	}
-	t.Fatalf("%s: no counts line in:\n%s", who, out)
 	return m
 }
 
@@ -143,8 +128,7 @@ func (c *shimCluster) waitReleased(t *testing.T, fds0 [2]int) {
 func TestShimManyConns(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc", "prlimit")
 	c := shmShimCluster(t, nstest.Build(t), 45, directArgs...)
-	prog := filepath.Join(t.TempDir(), "manyconns")
-	testenv.MustCC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "manyconns.c"))
+	prog := nstest.BuildManyConns(t)
 	c.warmUp(t, prog)
 	// Issue #32's case: 900 connections at a soft limit of 1024. On a
 	// machine whose hard limit leaves less room above 1024, the same
@@ -190,24 +174,24 @@ func TestShimManyConns(t *testing.T) {
 			after := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
 			fdLimit := after[0].Fallbacks["shim:fd_limit"] - before[0].Fallbacks["shim:fd_limit"] +
 				after[1].Fallbacks["shim:fd_limit"] - before[1].Fallbacks["shim:fd_limit"]
-			perConn := float64(cl.fdsOpen-cl.fdsBase) / float64(max(cl.conns, 1))
+			perConn := float64(cl.FDsOpen-cl.FDsBase) / float64(max(cl.Conns, 1))
 			t.Logf("client: %d connections, %d switched, %d EMFILE, %d bad echoes, %.2f descriptors per connection (hidden ones included); "+
 				"server: %d accepted, %d switched, %d EMFILE; fd_limit fallbacks %.0f",
-				cl.conns, cl.switched, cl.emfile, cl.bad, perConn, sv.accepted, sv.switched, sv.emfile, fdLimit)
-			if cl.conns != n || sv.accepted != n {
-				t.Errorf("client made %d connections, server accepted %d, want %d each", cl.conns, sv.accepted, n)
+				cl.Conns, cl.Switched, cl.EMFILE, cl.Bad, perConn, sv.Accepted, sv.Switched, sv.EMFILE, fdLimit)
+			if cl.Conns != n || sv.Accepted != n {
+				t.Errorf("client made %d connections, server accepted %d, want %d each", cl.Conns, sv.Accepted, n)
 			}
-			if cl.emfile != 0 || sv.emfile != 0 {
-				t.Errorf("EMFILE: client %d, server %d; plain TCP would give none", cl.emfile, sv.emfile)
+			if cl.EMFILE != 0 || sv.EMFILE != 0 {
+				t.Errorf("EMFILE: client %d, server %d; plain TCP would give none", cl.EMFILE, sv.EMFILE)
 			}
-			if sv.epollErr != 0 {
-				t.Errorf("server: %d epoll_ctl errors", sv.epollErr)
+			if sv.EpollErr != 0 {
+				t.Errorf("server: %d epoll_ctl errors", sv.EpollErr)
 			}
-			if cl.bad != 0 {
-				t.Errorf("%d echoes wrong", cl.bad)
+			if cl.Bad != 0 {
+				t.Errorf("%d echoes wrong", cl.Bad)
 			}
-			if cl.switched < tc.minSwitched || sv.switched < tc.minSwitched {
-				t.Errorf("switched: client %d, server %d, want at least %d", cl.switched, sv.switched, tc.minSwitched)
+			if cl.Switched < tc.minSwitched || sv.Switched < tc.minSwitched {
+				t.Errorf("switched: client %d, server %d, want at least %d", cl.Switched, sv.Switched, tc.minSwitched)
 			}
 			if tc.fdLimit != (fdLimit > 0) {
 				t.Errorf("fd_limit fallbacks %.0f, want them: %v", fdLimit, tc.fdLimit)
@@ -241,8 +225,7 @@ func TestShimBurst10k(t *testing.T) {
 		t.Fatalf("the hard descriptor limit is %d: too low for this test", rl.Max)
 	}
 	c := shmShimCluster(t, nstest.Build(t), 46, directArgs...)
-	prog := filepath.Join(t.TempDir(), "manyconns")
-	testenv.MustCC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "manyconns.c"))
+	prog := nstest.BuildManyConns(t)
 	c.warmUp(t, prog)
 	ip := c.nodes[1].IP.String()
 	port := nstest.PortArg()
@@ -269,13 +252,13 @@ func TestShimBurst10k(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d connections in %v: client %d switched, server %d switched, fallbacks %v", n, time.Since(start).Round(time.Millisecond), cl.switched, sv.switched, reasons)
-	if cl.conns != n || sv.accepted != n || cl.emfile != 0 || sv.emfile != 0 || sv.epollErr != 0 || cl.bad != 0 {
+	t.Logf("%d connections in %v: client %d switched, server %d switched, fallbacks %v", n, time.Since(start).Round(time.Millisecond), cl.Switched, sv.Switched, reasons)
+	if cl.Conns != n || sv.Accepted != n || cl.EMFILE != 0 || sv.EMFILE != 0 || sv.EpollErr != 0 || cl.Bad != 0 {
 		t.Fatalf("client: %d connections, %d EMFILE, %d bad echoes; server: %d accepted, %d EMFILE, %d epoll errors; want %d and no errors",
-			cl.conns, cl.emfile, cl.bad, sv.accepted, sv.emfile, sv.epollErr, n)
+			cl.Conns, cl.EMFILE, cl.Bad, sv.Accepted, sv.EMFILE, sv.EpollErr, n)
 	}
-	if cl.switched != sv.switched {
-		t.Errorf("the client has %d connections switched, the server %d: mixed up", cl.switched, sv.switched)
+	if cl.Switched != sv.Switched {
+		t.Errorf("the client has %d connections switched, the server %d: mixed up", cl.Switched, sv.Switched)
 	}
 	c.waitReleased(t, fds0)
 }

@@ -2,9 +2,7 @@ package perf
 
 import (
 	"fmt"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,50 +20,6 @@ var scaleIdle = []int{0, 1000}
 // scalePings is the timed ping-pongs per run on the busy connection.
 const scalePings = 20000
 
-// scaleRun is what one manyconns client run printed.
-type scaleRun struct {
-	p50, p99              float64 // ns, the busy connection's ping-pong
-	conns, switched       int
-	fdsBase, fdsOpen      int
-	exndFds, exndRSS      [2][2]float64 // per exnd: before, with all open
-	shmBase, shmOpen, bad float64
-}
-
-func parseScaleRun(out string) (scaleRun, error) {
-	var r scaleRun
-	seen, w := 0, 0
-	for _, l := range strings.Split(out, "\n") {
-		f := strings.Fields(l)
-		switch {
-		case len(f) == 7 && f[0] == "pingpong":
-			r.p50, _ = strconv.ParseFloat(f[4], 64)
-			r.p99, _ = strconv.ParseFloat(f[6], 64)
-			seen++
-		case len(f) == 8 && f[0] == "watch" && w < 2:
-			for k := 0; k < 2; k++ {
-				r.exndFds[w][k], _ = strconv.ParseFloat(f[3+k], 64)
-				r.exndRSS[w][k], _ = strconv.ParseFloat(f[6+k], 64)
-			}
-			w++
-		case len(f) == 4 && f[0] == "shm":
-			r.shmBase, _ = strconv.ParseFloat(f[2], 64)
-			r.shmOpen, _ = strconv.ParseFloat(f[3], 64)
-		case len(f) == 13 && f[0] == "client":
-			r.conns, _ = strconv.Atoi(f[2])
-			r.switched, _ = strconv.Atoi(f[6])
-			bad, _ := strconv.Atoi(f[8])
-			r.bad = float64(bad)
-			r.fdsBase, _ = strconv.Atoi(f[10])
-			r.fdsOpen, _ = strconv.Atoi(f[12])
-			seen++
-		}
-	}
-	if seen != 2 {
-		return r, fmt.Errorf("manyconns: no pingpong or counts line in %q", out)
-	}
-	return r, nil
-}
-
 // BenchmarkShimScale is issue #32's measurement of the shim with many
 // connections: an epoll echo server (shim/test/manyconns.c) and its
 // client, both under libextds.so on two exnd nodes of one shm fabric,
@@ -81,8 +35,7 @@ func parseScaleRun(out string) (scaleRun, error) {
 func BenchmarkShimScale(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip", "gcc")
 	lib := nstest.BuildShimLib(b)
-	prog := filepath.Join(b.TempDir(), "manyconns")
-	testenv.MustCC(b, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "manyconns.c"))
+	prog := nstest.BuildManyConns(b)
 	p := newPair(b, 32, 32)
 	reps := perfReps()
 	watch := fmt.Sprintf("MANYCONNS_WATCH=%d %d", p.n1.Proc.Pid(), p.n2.Proc.Pid())
@@ -110,9 +63,9 @@ func BenchmarkShimScale(b *testing.B) {
 		b.Fatalf("hard descriptor limit %d: the benchmark needs 8192", rl.Max)
 	}
 	lim := []string{"prlimit", fmt.Sprintf("--nofile=4096:%d", rl.Max), prog}
-	res := make([][][]scaleRun, len(ways)) // way, idle, rep
+	res := make([][][]nstest.ManyConns, len(ways)) // way, idle, rep
 	for i := range res {
-		res[i] = make([][]scaleRun, len(scaleIdle))
+		res[i] = make([][]nstest.ManyConns, len(scaleIdle))
 	}
 	for rep := 0; rep < reps; rep++ {
 		for wi, w := range ways {
@@ -127,18 +80,18 @@ func BenchmarkShimScale(b *testing.B) {
 				if serr := srv.Wait(time.Minute); err != nil || serr != nil {
 					b.Fatalf("%s, %d idle: client %v, server %v\n%s\n%s", w.name, idle, err, serr, out, srv.Output())
 				}
-				r, err := parseScaleRun(out)
+				r, err := nstest.ParseManyConns(out)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if r.bad != 0 || r.conns != idle+1 {
-					b.Fatalf("%s, %d idle: %d connections, %.0f bad echoes:\n%s", w.name, idle, r.conns, r.bad, out)
+				if r.Bad != 0 || r.Conns != idle+1 || r.P50 == 0 || len(r.Watch) != 2 {
+					b.Fatalf("%s, %d idle: %d connections, %d bad echoes, ping-pong p50 %v, %d watched:\n%s", w.name, idle, r.Conns, r.Bad, r.P50, len(r.Watch), out)
 				}
 				res[wi][ii] = append(res[wi][ii], r)
 			}
 		}
 	}
-	med := func(rs []scaleRun, f func(scaleRun) float64) float64 {
+	med := func(rs []nstest.ManyConns, f func(nstest.ManyConns) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
 			v[i] = f(r)
@@ -151,12 +104,12 @@ func BenchmarkShimScale(b *testing.B) {
 		scalePings, reps, numCPU(), loadAvg())
 	sb.WriteString("| way | idle connections | switched | ping-pong p50 | p99 | p50 against 0 idle |\n|---|---|---|---|---|---|\n")
 	for wi, w := range ways {
-		base := med(res[wi][0], func(r scaleRun) float64 { return r.p50 })
+		base := med(res[wi][0], func(r nstest.ManyConns) float64 { return r.P50 })
 		for ii, idle := range scaleIdle {
-			p50 := med(res[wi][ii], func(r scaleRun) float64 { return r.p50 })
+			p50 := med(res[wi][ii], func(r nstest.ManyConns) float64 { return r.P50 })
 			fmt.Fprintf(&sb, "| %s | %d | %.0f | %.1f µs | %.1f µs | %.2fx |\n", w.name, idle,
-				med(res[wi][ii], func(r scaleRun) float64 { return float64(r.switched) }), p50/1e3,
-				med(res[wi][ii], func(r scaleRun) float64 { return r.p99 })/1e3, p50/base)
+				med(res[wi][ii], func(r nstest.ManyConns) float64 { return float64(r.Switched) }), p50/1e3,
+				med(res[wi][ii], func(r nstest.ManyConns) float64 { return r.P99 })/1e3, p50/base)
 		}
 	}
 	sb.WriteString("\nBar (issue #32): the shim's p50 with 1,000 idle direct connections <= 1.5x its p50 with none.\n\n")
@@ -164,13 +117,13 @@ func BenchmarkShimScale(b *testing.B) {
 	k := float64(scaleIdle[last] + 1)
 	rs := res[len(ways)-1][last]
 	fmt.Fprintf(&sb, "With %d connections under the shim (medians): the client holds %.2f descriptors per connection (bar <= 2); ",
-		int(k), med(rs, func(r scaleRun) float64 { return float64(r.fdsOpen-r.fdsBase) / k }))
+		int(k), med(rs, func(r nstest.ManyConns) float64 { return float64(r.FDsOpen-r.FDsBase) / k }))
 	for e := 0; e < 2; e++ {
 		fmt.Fprintf(&sb, "exnd %d: %.2f descriptors and %.1f KiB RSS per connection; ", e+1,
-			med(rs, func(r scaleRun) float64 { return (r.exndFds[e][1] - r.exndFds[e][0]) / k }),
-			med(rs, func(r scaleRun) float64 { return (r.exndRSS[e][1] - r.exndRSS[e][0]) / k }))
+			med(rs, func(r nstest.ManyConns) float64 { return (r.Watch[e].FDs[1] - r.Watch[e].FDs[0]) / k }),
+			med(rs, func(r nstest.ManyConns) float64 { return (r.Watch[e].RSSKiB[1] - r.Watch[e].RSSKiB[0]) / k }))
 	}
-	fmt.Fprintf(&sb, "/dev/shm: %.1f KiB per connection.\n", med(rs, func(r scaleRun) float64 { return (r.shmOpen - r.shmBase) / k }))
+	fmt.Fprintf(&sb, "/dev/shm: %.1f KiB per connection.\n", med(rs, func(r nstest.ManyConns) float64 { return (r.ShmKiB[1] - r.ShmKiB[0]) / k }))
 	b.ReportMetric(float64(reps), "reps")
 	report(b, "", sb.String())
 }

@@ -45,12 +45,21 @@ struct depreg g_dep[DEP_MAX];
 struct depset g_dset[DSET_MAX];
 int g_ndc, g_ndep;
 
+/* An empty set for epfd (-1: a free slot). */
+static struct depset dset_empty(int epfd)
+{
+	struct depset s = {.epfd = epfd, .hot = -1, .rang = -1};
+	for (int q = 0; q < DSET_RECENT; q++)
+		s.recent[q] = -1;
+	return s;
+}
+
 void direct_init(void)
 {
 	for (int i = 0; i < DEP_MAX; i++)
 		g_dep[i].fd = -1;
 	for (int i = 0; i < DSET_MAX; i++)
-		g_dset[i] = (struct depset){.epfd = -1, .hot = -1, .rang = -1, .recent = {-1, -1, -1, -1}};
+		g_dset[i] = dset_empty(-1);
 }
 
 struct depset *dset_of_locked(int epfd, int make)
@@ -64,7 +73,7 @@ struct depset *dset_of_locked(int epfd, int make)
 	}
 	if (!make || !free)
 		return NULL;
-	*free = (struct depset){.epfd = epfd, .hot = -1, .rang = -1, .recent = {-1, -1, -1, -1}};
+	*free = dset_empty(epfd);
 	return free;
 }
 

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/exn-project/exn/control"
@@ -105,24 +106,45 @@ func (s *Server) stayTCP(f *os.File, side, reason string) (any, []*os.File, erro
 	if err != nil {
 		return nil, nil, err
 	}
-	var isTCP bool
-	var la, ra netip.AddrPort
-	var ierr error
-	if err := rc.Control(func(fd uintptr) {
-		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr == nil && isTCP && side == sideAccept {
-			la, ra, ierr = sys.SockPeerName(int(fd))
-		}
-	}); err != nil || ierr != nil {
-		return nil, nil, errors.Join(err, ierr)
-	}
-	if !isTCP {
-		return nil, nil, errors.New("descriptor is not a TCP socket")
+	ts, err := readTCPSocket(rc, side == sideAccept)
+	if err != nil {
+		return nil, nil, err
 	}
 	if side == sideAccept {
-		s.dev.DeclineClaim(extds.TupleKey{Local: la, Remote: ra})
+		s.dev.DeclineClaim(extds.TupleKey{Local: ts.local, Remote: ts.remote})
 	}
 	s.fallback(reason)
 	return SwitchResult{Mode: "tcp", Reason: reason}, nil, nil
+}
+
+// tcpSocket is what exnd reads of the application's socket before it
+// touches it.
+type tcpSocket struct {
+	nonblock      bool           // O_NONBLOCK, to restore if the program keeps the socket
+	local, remote netip.AddrPort // with names only
+}
+
+// readTCPSocket reads the application's socket behind rc: an error if it
+// is not a TCP socket; with names, its addresses too.
+func readTCPSocket(rc syscall.RawConn, names bool) (tcpSocket, error) {
+	var ts tcpSocket
+	var isTCP bool
+	var ierr error
+	err := rc.Control(func(fd uintptr) {
+		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr != nil || !isTCP {
+			return
+		}
+		if ts.nonblock, ierr = sys.Nonblocking(int(fd)); ierr == nil && names {
+			ts.local, ts.remote, ierr = sys.SockPeerName(int(fd))
+		}
+	})
+	if err = errors.Join(err, ierr); err != nil {
+		return ts, err
+	}
+	if !isTCP {
+		return ts, errors.New("descriptor is not a TCP socket")
+	}
+	return ts, nil
 }
 
 // switchSocket upgrades the application's socket f. f stays owned by the
@@ -132,26 +154,13 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	if err != nil {
 		return nil, nil, err
 	}
-	var isTCP, nonblock bool
-	var ierr error
-	if err := rc.Control(func(fd uintptr) {
-		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr == nil {
-			nonblock, ierr = sys.Nonblocking(int(fd))
-		}
-	}); err != nil {
+	ts, err := readTCPSocket(rc, side == sideAccept)
+	if err != nil {
 		return nil, nil, err
 	}
-	if ierr != nil {
-		return nil, nil, ierr
-	}
-	if !isTCP {
-		return nil, nil, errors.New("descriptor is not a TCP socket")
-	}
+	nonblock := ts.nonblock
 	if side == sideAccept {
-		var la, ra netip.AddrPort
-		if err := rc.Control(func(fd uintptr) { la, ra, ierr = sys.SockPeerName(int(fd)) }); err != nil || ierr != nil {
-			return nil, nil, errors.Join(err, ierr)
-		}
+		la, ra := ts.local, ts.remote
 		if !s.mayAccept(who, la) {
 			// Another user's registration: no claim is made for this
 			// connection, so its client is never told to go ahead.

@@ -1,0 +1,75 @@
+package nstest
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// BuildManyConns compiles shim/test/manyconns.c (many concurrent
+// connections through the shim, issue #32) into a temporary directory.
+func BuildManyConns(tb testing.TB) string {
+	tb.Helper()
+	prog := filepath.Join(tb.TempDir(), "manyconns")
+	testenv.MustCC(tb, "-O2", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "manyconns.c"))
+	return prog
+}
+
+// ManyConns is what one manyconns run printed (the lines are in the
+// program's head comment).
+type ManyConns struct {
+	// The counts line: a server's or a client's.
+	Conns, Accepted, EMFILE, Switched, Bad, EpollErr int
+	FDsBase, FDsOpen                                 int // the client's /proc/self/fd before and with all open
+	// A client's timed ping-pong (P > 0), ns.
+	P50, P99 float64
+	// A client's watched processes and /dev/shm ($MANYCONNS_WATCH):
+	// before the first connection and with all open.
+	Watch  []ManyConnsWatch
+	ShmKiB [2]float64
+}
+
+// ManyConnsWatch is one watched process.
+type ManyConnsWatch struct {
+	PID         int
+	FDs, RSSKiB [2]float64
+}
+
+// ParseManyConns reads manyconns' output; an error if it has no counts
+// line or a malformed one.
+func ParseManyConns(out string) (ManyConns, error) {
+	var m ManyConns
+	counts := false
+	for _, l := range strings.Split(out, "\n") {
+		var err error
+		switch f := strings.Fields(l); {
+		case len(f) > 0 && f[0] == "server":
+			_, err = fmt.Sscanf(l, "server accepted %d emfile %d switched %d epoll_err %d", &m.Accepted, &m.EMFILE, &m.Switched, &m.EpollErr)
+			counts = true
+		case len(f) > 0 && f[0] == "client":
+			_, err = fmt.Sscanf(l, "client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d",
+				&m.Conns, &m.EMFILE, &m.Switched, &m.Bad, &m.FDsBase, &m.FDsOpen)
+			counts = true
+		case len(f) > 0 && f[0] == "pingpong":
+			var n int
+			_, err = fmt.Sscanf(l, "pingpong n %d p50_ns %g p99_ns %g", &n, &m.P50, &m.P99)
+		case len(f) > 0 && f[0] == "watch":
+			var w ManyConnsWatch
+			_, err = fmt.Sscanf(l, "watch %d fds %g %g rss_kib %g %g", &w.PID, &w.FDs[0], &w.FDs[1], &w.RSSKiB[0], &w.RSSKiB[1])
+			m.Watch = append(m.Watch, w)
+		case len(f) > 0 && f[0] == "shm":
+			_, err = fmt.Sscanf(l, "shm used_kib %g %g", &m.ShmKiB[0], &m.ShmKiB[1])
+		}
+		if err != nil {
+			return m, fmt.Errorf("manyconns: line %q: %w", l, err)
+		}
+	}
+	if !counts {
+		return m, errors.New("manyconns: no counts line")
+	}
+	return m, nil
+}
