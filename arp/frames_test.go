@@ -99,6 +99,12 @@ func ndpFrame(tb testing.TB, ethSrc net.HardwareAddr, typ ipv6.ICMPType, src, ds
 	return ether(dm, ethSrc, 0x86DD, ip)
 }
 
+// ndp is ndpFrame as a frame maker of TestObserve's table (its tb is the
+// running case's).
+func ndp(ethSrc net.HardwareAddr, typ ipv6.ICMPType, src, dst netip.Addr, body []byte) func(testing.TB) []byte {
+	return func(tb testing.TB) []byte { return ndpFrame(tb, ethSrc, typ, src, dst, body) }
+}
+
 // nsBody is a Neighbor Solicitation body: 4 reserved bytes, target, options.
 func nsBody(target netip.Addr, opts ...[]byte) []byte {
 	b := make([]byte, 4, 20)

@@ -110,50 +110,37 @@ func TestObserve(t *testing.T) {
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
 		{
-			name: "ns dad teaches nothing",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborSolicitation, netip.IPv6Unspecified(), snm, nsBody(ll2))
-			},
+			name:  "ns dad teaches nothing",
+			frame: ndp(node1, ipv6.ICMPTypeNeighborSolicitation, netip.IPv6Unspecified(), snm, nsBody(ll2)),
 			stats: arp.Stats{Observed: 1},
 		},
 		{
-			name: "na with tll",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborAdvertisement, gua2, allN, naBody(gua2, llOpt(2, node2)))
-			},
+			name:  "na with tll",
+			frame: ndp(node1, ipv6.ICMPTypeNeighborAdvertisement, gua2, allN, naBody(gua2, llOpt(2, node2))),
 			learn: []want{{gua2, 0x0102}},
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
 		{
-			name: "na without tll uses ethernet source",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node2, ipv6.ICMPTypeNeighborAdvertisement, ll2, ll1, naBody(ll2))
-			},
+			name:  "na without tll uses ethernet source",
+			frame: ndp(node2, ipv6.ICMPTypeNeighborAdvertisement, ll2, ll1, naBody(ll2)),
 			learn: []want{{ll2, 0x0102}},
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
 		{
-			name: "rs with sll",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node2, ipv6.ICMPTypeRouterSolicitation, ll2, allR, rsBody(llOpt(1, node2)))
-			},
+			name:  "rs with sll",
+			frame: ndp(node2, ipv6.ICMPTypeRouterSolicitation, ll2, allR, rsBody(llOpt(1, node2))),
 			learn: []want{{ll2, 0x0102}},
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
 		{
-			name: "ra with sll and other option",
-			frame: func(tb testing.TB) []byte {
-				mtu := []byte{5, 1, 0, 0, 0, 0, 0x05, 0xdc}
-				return ndpFrame(tb, node1, ipv6.ICMPTypeRouterAdvertisement, ll1, allN, raBody(mtu, llOpt(1, node1)))
-			},
+			name:  "ra with sll and other option",
+			frame: ndp(node1, ipv6.ICMPTypeRouterAdvertisement, ll1, allN, raBody([]byte{5, 1, 0, 0, 0, 0, 0x05, 0xdc}, llOpt(1, node1))), // MTU 1500 first
 			learn: []want{{ll1, 1}},
 			stats: arp.Stats{Observed: 1, Learned: 1},
 		},
 		{
-			name: "ns foreign sll",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, foreign, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, foreign)))
-			},
+			name:  "ns foreign sll",
+			frame: ndp(foreign, ipv6.ICMPTypeNeighborSolicitation, ll1, snm, nsBody(ll2, llOpt(1, foreign))),
 			stats: arp.Stats{Observed: 1, Foreign: 1},
 		},
 		{
@@ -194,17 +181,13 @@ func TestObserve(t *testing.T) {
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "na multicast target",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeNeighborAdvertisement, ll1, allN, naBody(allN, llOpt(2, node1)))
-			},
+			name:  "na multicast target",
+			frame: ndp(node1, ipv6.ICMPTypeNeighborAdvertisement, ll1, allN, naBody(allN, llOpt(2, node1))),
 			stats: arp.Stats{Observed: 1, Malformed: 1},
 		},
 		{
-			name: "echo request is not ndp",
-			frame: func(tb testing.TB) []byte {
-				return ndpFrame(tb, node1, ipv6.ICMPTypeEchoRequest, ll1, ll2, []byte{0, 1, 0, 1})
-			},
+			name:  "echo request is not ndp",
+			frame: ndp(node1, ipv6.ICMPTypeEchoRequest, ll1, ll2, []byte{0, 1, 0, 1}),
 		},
 		{name: "ipv4 tcp ignored", frame: func(testing.TB) []byte { return ipv4TCP(1500) }},
 		{name: "runt ignored", frame: func(testing.TB) []byte { return []byte{1, 2, 3} }},

@@ -32,16 +32,24 @@ func startServer(t testing.TB) (*Server, string) {
 	return s, path
 }
 
+// dialServer connects a client to the server at path, failing t if it
+// cannot; the client is closed when t ends.
+func dialServer(t testing.TB, path string) *Client {
+	t.Helper()
+	c, err := Dial(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func TestCalls(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	_, path := startServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialServer(t, path)
 
 	tests := []struct {
 		op      string
@@ -87,11 +95,7 @@ func TestOverlongLineAndGarbage(t *testing.T) {
 		t.Fatalf("over-long line: got %q, want an error response", buf[:n])
 	}
 	// The server is still alive for new clients.
-	c, err := Dial(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialServer(t, path)
 	if err := c.Call(context.Background(), nil, "echo"); err != nil {
 		t.Fatalf("server unusable after bad client: %v", err)
 	}
@@ -100,11 +104,7 @@ func TestOverlongLineAndGarbage(t *testing.T) {
 func TestCloseUnblocksHandlersAndRemovesSocket(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	s, path := startServer(t)
-	c, err := Dial(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialServer(t, path)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Call(context.Background(), nil, "block") }()
 	time.Sleep(50 * time.Millisecond)
@@ -149,11 +149,7 @@ func TestFilePassing(t *testing.T) {
 		w.Close()
 		return "done", []*os.File{r}, nil
 	})
-	c, err := Dial(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialServer(t, path)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -184,11 +180,7 @@ func TestFilePassing(t *testing.T) {
 		t.Error("request with too many fds accepted")
 	}
 	// A plain handler ignores and closes passed descriptors.
-	c2, err := Dial(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	c2 := dialServer(t, path)
 	if _, err := c2.CallFD(context.Background(), nil, []*os.File{r}, "echo", "x"); err != nil {
 		t.Errorf("echo with an fd: %v", err)
 	}

@@ -6,12 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/exn-project/exn/internal/sys"
+	"github.com/exn-project/exn/internal/testenv"
 )
 
 // FuzzServe feeds arbitrary bytes to the request decoder (framing, line
@@ -25,23 +24,8 @@ func FuzzServe(f *testing.F) {
 		s := NewServer(nil)
 		s.SetLimits(0, 200*time.Millisecond)
 		s.Handle("status", func(context.Context, []string) (any, error) { return map[string]int{"n": 1}, nil })
-		a, b, err := sys.Socketpair("fuzz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srvc, err1 := net.FileConn(a)
-		clic, err2 := net.FileConn(b)
-		a.Close()
-		b.Close()
-		if err1 != nil || err2 != nil {
-			t.Fatal(err1, err2)
-		}
-		srv, cli := srvc.(*net.UnixConn), clic.(*net.UnixConn)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			s.ServeConn(context.Background(), srv)
-		}()
+		srv, cli := testenv.UnixPair(t)
+		done := testenv.Go(func() { s.ServeConn(context.Background(), srv) })
 		go func() {
 			_, _ = cli.Write(in)
 			_ = cli.CloseWrite()

@@ -25,6 +25,53 @@ func claimListener(t testing.TB, p *pair) (net.Listener, uint16) {
 	return ln, port
 }
 
+// claimConn is a fresh pair, a listener whose port p.devB serves by
+// claims (claimListener) and one connection to it: cl the client's end,
+// sv the accepted one, closed when t ends.
+func claimConn(t testing.TB) (p *pair, port uint16, cl, sv net.Conn) {
+	t.Helper()
+	p = newPair(t)
+	var ln net.Listener
+	ln, port = claimListener(t, p)
+	cl, sv = shadowPair(t, ln)
+	t.Cleanup(func() { sv.Close() })
+	return p, port, cl, sv
+}
+
+// settleClaim upgrades cl through p's dialer while the server's side
+// settles its connection (settle: a decline, a hold): with claimFirst
+// settle runs once the client's CLAIM has reached p.devB's exnd (a probe
+// served there), else before the client starts. It returns the client's
+// Conn.
+func settleClaim(t testing.TB, p *pair, cl net.Conn, claimFirst bool, settle func()) *Conn {
+	t.Helper()
+	type upgraded struct {
+		c   *Conn
+		err error
+	}
+	done := make(chan upgraded, 1)
+	upgrade := func() {
+		c, err := p.dialer.Upgrade(t.Context(), cl)
+		done <- upgraded{c, err}
+	}
+	if claimFirst {
+		served := p.devB.Stats().ProbesServed
+		go upgrade()
+		testenv.Eventually(t, "the client's CLAIM at the server's exnd", 10*time.Second, func() bool {
+			return p.devB.Stats().ProbesServed != served
+		})
+		settle()
+	} else {
+		settle()
+		go upgrade()
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.c
+}
+
 // tupleOf is the TCP connection of the accepted socket sv as the server
 // sees it.
 func tupleOf(sv net.Conn) TupleKey {
@@ -104,16 +151,17 @@ func TestSkippedByHold(t *testing.T) {
 	if h := p.devA.PeerHold(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); h != 0 {
 		t.Fatalf("client keeps a hold of %v after a decline with no time left", h)
 	}
-	wantShortLived(t, c, sv)
+	wantFallback(t, c, sv, FallbackShortLived)
 }
 
-// wantShortLived checks that c, the client's end of the connection whose
-// server end is sv, fell back as short_lived, and that the application's
-// bytes are the first sv sees: nothing was written before them.
-func wantShortLived(t testing.TB, c *Conn, sv net.Conn) {
+// wantFallback checks that c, the client's end of the connection whose
+// server end is sv, fell back to TCP for reason want, and that the
+// application's bytes are the first sv sees: nothing was written before
+// them.
+func wantFallback(t testing.TB, c *Conn, sv net.Conn, want FallbackReason) {
 	t.Helper()
-	if why, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || why != FallbackShortLived {
-		t.Fatalf("client: mode %v, reason %v (%v); want TCP, short_lived", c.Mode(), why, ok)
+	if why, ok := c.FallbackReason(); c.Mode() != ModeTCP || !ok || why != want {
+		t.Fatalf("client: mode %v, reason %v (%v); want TCP, %v", c.Mode(), why, ok, want)
 	}
 	if _, err := io.WriteString(c, "app bytes"); err != nil {
 		t.Fatal(err)
@@ -191,47 +239,22 @@ func TestAcceptOnHold(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	for _, claimFirst := range []bool{true, false} {
 		t.Run(map[bool]string{true: "claim before the hold", false: "claim after the hold"}[claimFirst], func(t *testing.T) {
-			p := newPair(t)
-			ln, port := claimListener(t, p)
-			cl, sv := shadowPair(t, ln)
-			defer sv.Close()
+			p, port, cl, sv := claimConn(t)
 			key := tupleOf(sv)
-			type result struct {
-				c   *Conn
-				err error
-			}
-			done := make(chan result, 1)
-			upgrade := func() {
-				c, err := p.dialer.Upgrade(t.Context(), cl)
-				done <- result{c, err}
-			}
-			served := p.devB.Stats().ProbesServed
-			if claimFirst {
-				go upgrade()
-				for end := time.Now().Add(10 * time.Second); p.devB.Stats().ProbesServed == served; { // the CLAIM is offered, before any hold
-					if time.Now().After(end) {
-						t.Fatal("the client's CLAIM never reached the server's exnd")
+			c := settleClaim(t, p, cl, claimFirst, func() {
+				p.devB.HoldPort(port, time.Second)
+				if left := p.devB.AcceptOnHold(key); left <= 0 {
+					t.Fatalf("AcceptOnHold = %v on a held port", left)
+				}
+				if !claimFirst {
+					p.devB.HoldPort(port, 0) // the CLAIM comes after the hold
+					if left := p.devB.AcceptOnHold(TupleKey{Local: key.Local, Remote: netip.MustParseAddrPort("127.0.0.1:1")}); left != 0 {
+						t.Fatalf("AcceptOnHold = %v after the hold", left)
 					}
-					time.Sleep(time.Millisecond)
 				}
-			}
-			p.devB.HoldPort(port, time.Second)
-			if left := p.devB.AcceptOnHold(key); left <= 0 {
-				t.Fatalf("AcceptOnHold = %v on a held port", left)
-			}
-			if !claimFirst {
-				p.devB.HoldPort(port, 0) // the CLAIM comes after the hold
-				if left := p.devB.AcceptOnHold(TupleKey{Local: key.Local, Remote: netip.MustParseAddrPort("127.0.0.1:1")}); left != 0 {
-					t.Fatalf("AcceptOnHold = %v after the hold", left)
-				}
-				go upgrade()
-			}
-			r := <-done
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			defer r.c.Close()
-			wantShortLived(t, r.c, sv)
+			})
+			defer c.Close()
+			wantFallback(t, c, sv, FallbackShortLived)
 		})
 	}
 }
@@ -283,7 +306,7 @@ func TestClaimAfterSilentSkip(t *testing.T) {
 	if h := p.devA.PeerHold(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)); h != 0 {
 		t.Fatalf("client keeps a hold of %v after the hold ended", h)
 	}
-	wantShortLived(t, c, sv)
+	wantFallback(t, c, sv, FallbackShortLived)
 
 	// One made inside a hold but still in the accept queue (its own
 	// listener: shadowPair would accept it).

@@ -25,12 +25,7 @@ const (
 
 var dropNames = [numDropReasons]string{"malformed", "unknown_conn", "peer_mismatch", "protocol", "notify", "ctrl_queue", "probe"}
 
-func (r DropReason) String() string {
-	if r < numDropReasons {
-		return dropNames[r]
-	}
-	return "unknown"
-}
+func (r DropReason) String() string { return label(dropNames[:], r) }
 
 // FallbackReason says why a connection runs over plain TCP.
 type FallbackReason uint8
@@ -51,9 +46,12 @@ const (
 
 var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined", "direct_abort", "short_lived"}
 
-func (r FallbackReason) String() string {
-	if r < numFallbackReasons {
-		return fallbackNames[r]
+func (r FallbackReason) String() string { return label(fallbackNames[:], r) }
+
+// label is the name of reason r, one of names, or "unknown" past their end.
+func label[R ~uint8](names []string, r R) string {
+	if int(r) < len(names) {
+		return names[r]
 	}
 	return "unknown"
 }

@@ -107,15 +107,7 @@ func runApp(role string) (res appResult) {
 		}
 		fmt.Println("LISTEN", ln.Addr(), tln.Addr())
 		for _, l := range []net.Listener{ln, tln} {
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					go serveApp(c)
-				}
-			}()
+			go testenv.AcceptLoop(l, serveApp)
 		}
 		io.Copy(io.Discard, os.Stdin) // until the parent closes it
 		ln.Close()

@@ -10,35 +10,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exn-project/exn/extds"
 	"github.com/exn-project/exn/extds/shimsrv"
 	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
 // TestEXTDSPart: exnd serves the shim operations, registers shim
-// listeners on its Device (a peer's probe sees them over the fabric),
-// answers shim-connect for an unknown peer with plain TCP, and shows
-// EXT-DS in conns, stats, shim-stats and /metrics. Close releases the
-// EXT-DS VPIDs.
+// listeners (shim-listen, counted in shim-stats until shim-unlisten),
+// answers shim-connect for an unknown peer with plain TCP, shows EXT-DS
+// in conns, stats, shim-stats and /metrics, and closes without error.
 func TestEXTDSPart(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	c := mem.NewCluster()
 	n := startNode(t, c, memConfig(t, 1))
 	cl := dial(t, n.cfg.Control)
-
-	// A bare peer node with its own Device, to probe node 1.
-	nic, err := c.NewNIC(9)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
-	peer, err := extds.NewDevice(nic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	_ = peer
 	listens := func() int {
 		var ss struct{ Listens int }
 		call(t, cl, &ss, "shim-stats")
@@ -82,12 +67,7 @@ func TestEXTDSPart(t *testing.T) {
 			s.Close()
 		}
 	}()
-	tc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tc.Close()
-	f, err := tc.(*net.TCPConn).File()
+	f, err := testenv.DialTCP(t, ln).File()
 	if err != nil {
 		t.Fatal(err)
 	}

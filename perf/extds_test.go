@@ -199,15 +199,7 @@ func dsServer(ctx context.Context, dev *extds.Device) int {
 	lns = append(lns, tln)
 	fmt.Printf("%s%d %d\n", dsListenPf, dsPort, tln.Addr().(*net.TCPAddr).Port)
 	for _, l := range lns {
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go dsServe(c)
-			}
-		}()
+		go testenv.AcceptLoop(l, dsServe)
 	}
 	<-ctx.Done()
 	for _, l := range lns {

@@ -215,9 +215,30 @@ for ev in sorted(tot):
         print("  %s per frame: node 1 %.2f, node 2 %.2f" % (ev, each[0].get(ev, 0) / frames, each[1].get(ev, 0) / frames))
 PY
 }
+# during CMD PID1 PID2 NAME CMD...: mach NAME CMD...; in the last round
+# with CMD (DURING or DURING_NET) run meanwhile, EXND_PIDS="PID1 PID2",
+# and its output on stderr after.
+during() {
+	local cmd=$1 p1=$2 p2=$3 dur=
+	shift 3
+	if [ -n "$cmd" ] && [ "$r" = "$ROUNDS" ]; then
+		EXND_PIDS="$p1 $p2" bash -c "$cmd" >"$tmp/during" 2>&1 &
+		dur=$!
+	fi
+	mach "$@"
+	[ -z "$dur" ] || { wait "$dur"; cat "$tmp/during" >&2; }
+}
+# last_counts LABEL GBIT: in the last round under STAT, waits for the
+# perf stat runs (stat LABEL ...) and appends their counts to $tmp/counts.
+last_counts() {
+	[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] || return 0
+	wait "${stats[@]}"
+	counts "$1" "$2" >>"$tmp/counts"
+	stats=()
+}
 
 echo "load at the start: $(cat /proc/loadavg); $(nproc) CPUs; GOMAXPROCS=${GOMAXPROCS:-unset}; exnd pinned: ${PIN:-no}"
-ul=() ex=() en=() rw=() : >"$tmp/rtt" : >"$tmp/rtt-ul" : >"$tmp/mach" : >"$tmp/raw.all"
+ul=() ex=() en=() rw=() : >"$tmp/rtt" : >"$tmp/rtt-ul" : >"$tmp/mach" : >"$tmp/raw.all" : >"$tmp/counts"
 ticks=0 bytes=0 nticks=0 nbytes=0 stats=()
 for r in $(seq "$ROUNDS"); do
 	ul+=("$(mach underlay iperf 10.91.16.2)")
@@ -231,38 +252,20 @@ for r in $(seq "$ROUNDS"); do
 		perf record -g ${PERF_EVENTS:-} -o "$prof/exnd-2.data" -p "$exnd2" -- sleep "$SECS" >/dev/null 2>&1 &
 		pr2=$!
 	fi
-	if [ -n "${DURING:-}" ] && [ "$r" = "$ROUNDS" ]; then
-		EXND_PIDS="$exnd1 $exnd2" bash -c "$DURING" >"$tmp/during" 2>&1 &
-		dur=$!
-	fi
-	g=$(mach exn0 iperf 10.91.17.2)
-	[ -n "${DURING:-}" ] && [ "$r" = "$ROUNDS" ] && { wait "$dur"; cat "$tmp/during" >&2; }
+	g=$(during "${DURING:-}" "$exnd1" "$exnd2" exn0 iperf 10.91.17.2)
 	ex+=("$g")
 	[ -n "$prof" ] && [ "$r" = "$ROUNDS" ] && wait "$pr1" "$pr2"
 	ticks=$(( ticks + $(cpu "$exnd1") + $(cpu "$exnd2") - c0 ))
 	bytes=$(python3 -c "print($bytes + $g * 1e9 / 8 * $SECS)")
-	if [ -n "$STAT" ] && [ "$r" = "$ROUNDS" ]; then
-		wait "${stats[@]}"
-		counts ofi "$g" >"$tmp/counts"
-		stats=()
-	fi
+	last_counts ofi "$g"
 	if [ -n "$NET" ]; then
 		c0=$(( $(cpu "$net1") + $(cpu "$net2") ))
 		[ -n "$STAT" ] && [ "$r" = "$ROUNDS" ] && stat net "$net1" "$net2"
-		if [ -n "${DURING_NET:-}" ] && [ "$r" = "$ROUNDS" ]; then
-			EXND_PIDS="$net1 $net2" bash -c "$DURING_NET" >"$tmp/during" 2>&1 &
-			dur=$!
-		fi
-		g=$(mach exn1 iperf 10.91.18.2)
-		[ -n "${DURING_NET:-}" ] && [ "$r" = "$ROUNDS" ] && { wait "$dur"; cat "$tmp/during" >&2; }
+		g=$(during "${DURING_NET:-}" "$net1" "$net2" exn1 iperf 10.91.18.2)
 		en+=("$g")
 		nticks=$(( nticks + $(cpu "$net1") + $(cpu "$net2") - c0 ))
 		nbytes=$(python3 -c "print($nbytes + $g * 1e9 / 8 * $SECS)")
-		if [ -n "$STAT" ] && [ "$r" = "$ROUNDS" ]; then
-			wait "${stats[@]}"
-			counts net "$g" >>"$tmp/counts"
-			stats=()
-		fi
+		last_counts net "$g"
 	fi
 	[ -n "$RAW" ] && rw+=("$(mach raw raw)")
 	ip netns exec "$nsA" ping -c "$PINGS" -i "$PING_I" -s 56 10.91.17.2 |

@@ -102,11 +102,7 @@ const ArgFDLimit = "fd_limit"
 // declines the client's claim at once instead of letting it wait out
 // the claim timeout). Nothing is read from or written to f.
 func (s *Server) stayTCP(f *os.File, side, reason string) (any, []*os.File, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return nil, nil, err
-	}
-	ts, err := readTCPSocket(rc, side == sideAccept)
+	_, ts, err := readTCPSocket(f, side == sideAccept)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,13 +120,18 @@ type tcpSocket struct {
 	local, remote netip.AddrPort // with names only
 }
 
-// readTCPSocket reads the application's socket behind rc: an error if it
-// is not a TCP socket; with names, its addresses too.
-func readTCPSocket(rc syscall.RawConn, names bool) (tcpSocket, error) {
+// readTCPSocket reads the application's socket f and returns its raw
+// connection (switchSocket restores O_NONBLOCK through it) with what it
+// read: an error if f is not a TCP socket; with names, its addresses too.
+func readTCPSocket(f *os.File, names bool) (syscall.RawConn, tcpSocket, error) {
 	var ts tcpSocket
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, ts, err
+	}
 	var isTCP bool
 	var ierr error
-	err := rc.Control(func(fd uintptr) {
+	err = rc.Control(func(fd uintptr) {
 		if isTCP, ierr = sys.IsTCPSocket(int(fd)); ierr != nil || !isTCP {
 			return
 		}
@@ -139,22 +140,18 @@ func readTCPSocket(rc syscall.RawConn, names bool) (tcpSocket, error) {
 		}
 	})
 	if err = errors.Join(err, ierr); err != nil {
-		return ts, err
+		return nil, ts, err
 	}
 	if !isTCP {
-		return ts, errors.New("descriptor is not a TCP socket")
+		return nil, ts, errors.New("descriptor is not a TCP socket")
 	}
-	return ts, nil
+	return rc, ts, nil
 }
 
 // switchSocket upgrades the application's socket f. f stays owned by the
 // control server (it closes it after the response); exnd works on a dup.
 func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer, side string, direct bool) (any, []*os.File, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return nil, nil, err
-	}
-	ts, err := readTCPSocket(rc, side == sideAccept)
+	rc, ts, err := readTCPSocket(f, side == sideAccept)
 	if err != nil {
 		return nil, nil, err
 	}

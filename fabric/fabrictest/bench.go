@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/bytesize"
 )
 
 // Bench runs the backend benchmarks. Every sub-benchmark reports
@@ -21,19 +22,9 @@ func Bench(b *testing.B, f Factory) {
 	b.Run("VELO/rate-120B", func(b *testing.B) { benchRate(b, f) })
 	for _, size := range []int{fabric.RMAMTU, 4 << 10, 64 << 10, 1 << 20, fabric.MaxRMALen} {
 		for _, op := range []fabric.Op{fabric.OpGet, fabric.OpPut} {
-			b.Run(fmt.Sprintf("RMA/%v-%s", op, sizeName(size)), func(b *testing.B) { benchRMA(b, f, op, size) })
+			b.Run(fmt.Sprintf("RMA/%v-%s", op, bytesize.Name(size, "")), func(b *testing.B) { benchRMA(b, f, op, size) })
 		}
 	}
-}
-
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
 }
 
 // rateBatch is the batch size of the message-rate sender and of every

@@ -16,7 +16,8 @@
 // # Ownership and imports
 //
 // fabrictest owns the conformance suite and benchmarks, not any backend's
-// own tests. It may import fabric, internal/testenv, golang.org/x/sys/unix
-// (the caller-owned mappings of the BufferRegistrar cases) and the standard
+// own tests. It may import fabric, internal/testenv, internal/bytesize
+// (the sizes in the benchmarks' names), golang.org/x/sys/unix (the
+// caller-owned mappings of the BufferRegistrar cases) and the standard
 // library (never a backend: backends import it, from their tests).
 package fabrictest

@@ -30,7 +30,6 @@ import (
 	"math"
 	"net"
 	"os"
-
 	"sync"
 	"sync/atomic"
 	"syscall"

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/exn-project/exn/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,11 +69,7 @@ func TestNonblockingAndSocketKind(t *testing.T) {
 	if tcp, err := IsTCPSocket(fd); err != nil || tcp {
 		t.Fatalf("unix socket: IsTCPSocket = %v, %v", tcp, err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := testenv.ListenTCP(t)
 	f, err := ln.(*net.TCPListener).File()
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,9 @@
 // Package testenv holds the test-environment policy shared by every
 // package's tests: when privileged tests run or skip, test sizes, leak
-// checks, bounded waits (Eventually, Within), helper processes and
-// loopback TCP servers (ListenTCP, ServeTCP), and building the C programs
-// the tests run (CC, CompileShim, ModulePath).
+// checks, bounded waits (Eventually, Within, Go), helper processes,
+// loopback TCP servers (ListenTCP, ServeTCP, AcceptLoop) and socketpairs
+// (UnixPair), and building the C programs the tests run (CC,
+// CompileShim, ModulePath).
 //
 // # Ownership and imports
 //

@@ -37,6 +37,15 @@ func StartHelper(t testing.TB, test string, env ...string) *exec.Cmd {
 func StartPipedHelper(t testing.TB, test string, env ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser) {
 	t.Helper()
 	cmd := HelperCommand(test, env...)
+	stdin, stdout := Pipes(t, cmd)
+	startReaped(t, cmd)
+	return cmd, stdin, stdout
+}
+
+// Pipes returns the ends of pipes to cmd's stdin and from its stdout, to
+// use once it starts, failing t if it cannot make them.
+func Pipes(t testing.TB, cmd *exec.Cmd) (io.WriteCloser, io.ReadCloser) {
+	t.Helper()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -45,8 +54,7 @@ func StartPipedHelper(t testing.TB, test string, env ...string) (*exec.Cmd, io.W
 	if err != nil {
 		t.Fatal(err)
 	}
-	startReaped(t, cmd)
-	return cmd, stdin, stdout
+	return stdin, stdout
 }
 
 func startReaped(t testing.TB, cmd *exec.Cmd) {

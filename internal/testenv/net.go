@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"syscall"
 	"testing"
 )
 
@@ -19,6 +21,18 @@ func ListenTCP(t testing.TB) net.Listener {
 	}
 	t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// DialTCP connects to ln, failing t if it cannot; the connection is
+// closed when t ends.
+func DialTCP(t testing.TB, ln net.Listener) *net.TCPConn {
+	t.Helper()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.TCPConn)
 }
 
 // FreeAddr returns a loopback address whose port was free a moment ago
@@ -43,19 +57,43 @@ func ServeTCP(t testing.TB, handle func(net.Conn)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); handle(c) }()
-		}
-	}()
+	done := Go(func() { AcceptLoop(ln, func(c net.Conn) { defer c.Close(); handle(c) }) })
 	t.Cleanup(func() { ln.Close(); <-done })
 	return ln.Addr().String()
+}
+
+// AcceptLoop accepts connections on l until Accept fails (l closed),
+// passing each to handle in its own goroutine; it does not wait for them.
+func AcceptLoop(l net.Listener, handle func(net.Conn)) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go handle(c)
+	}
+}
+
+// UnixPair returns the two ends of a connected AF_UNIX stream socketpair,
+// failing t if it cannot make them; both are closed when t ends.
+func UnixPair(t testing.TB) (a, b *net.UnixConn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(os.NewSyscallError("socketpair", err))
+	}
+	files := []*os.File{os.NewFile(uintptr(fds[0]), "socketpair-a"), os.NewFile(uintptr(fds[1]), "socketpair-b")}
+	var ends [2]*net.UnixConn
+	for i, f := range files {
+		defer f.Close() // the conns hold dups
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		ends[i] = c.(*net.UnixConn)
+	}
+	return ends[0], ends[1]
 }
 
 // Carry writes msg to w, reads len(msg) bytes from r and fails unless

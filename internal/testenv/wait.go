@@ -22,6 +22,17 @@ func Eventually(t testing.TB, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// Go runs f in its own goroutine and returns a channel closed when f
+// returns: a test's wait for its server or helper goroutine.
+func Go(f func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	return done
+}
+
 // Within returns the value a call running in another goroutine sends on
 // ch, failing t if none comes within d (the call is still blocked). what
 // names the call in the failure.

@@ -344,15 +344,9 @@ func serve(l net.Listener) {
 				putUint64(ack[:], uint64(n))
 				c.Write(ack[:])
 			case modeEcho:
-				buf := make([]byte, 1)
-				for {
-					if _, err := io.ReadFull(c, buf); err != nil {
-						return
-					}
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
+				// Each byte back as it comes (pingPong's round trips); the
+				// wrappers keep CopyBuffer on its buffer (no ReadFrom).
+				io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 1))
 			}
 		}()
 	}

@@ -17,7 +17,8 @@
 // report owns the benchmark matrix, the results' JSON form, the
 // performance targets (bars.go), the Markdown writer and which charts are
 // drawn from which results (charts.go); perf/svgchart draws them. It may
-// import perf/svgchart and the standard library, and runs the benchmarks
+// import perf/svgchart, internal/bytesize (to read the sizes in the
+// benchmarks' names) and the standard library, and runs the benchmarks
 // as child processes, so it never links exn's other packages; cmd/exnperf
 // imports it.
 package report

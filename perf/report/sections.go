@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/exn-project/exn/internal/bytesize"
 	"github.com/exn-project/exn/perf/svgchart"
 )
 
@@ -159,24 +160,6 @@ func fabricSection(backend, what string) Section {
 	}
 }
 
-var sizeRe = regexp.MustCompile(`(\d+)(B|KiB|MiB)$`)
-
-// parseSize reads "496B", "64KiB", "8MiB" at the end of s.
-func parseSize(s string) int {
-	m := sizeRe.FindStringSubmatch(s)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(m[1])
-	switch m[2] {
-	case "KiB":
-		n <<= 10
-	case "MiB":
-		n <<= 20
-	}
-	return n
-}
-
 func samples(a *Agg) int { return a.Samples }
 
 func extractFabric(backend string, st *Stream, cmd string) ([]Result, []string) {
@@ -209,7 +192,7 @@ func extractFabric(backend string, st *Stream, cmd string) ([]Result, []string) 
 			continue
 		}
 		op, _, _ := strings.Cut(rest, "-")
-		size := parseSize(rest)
+		size := bytesize.Parse(rest)
 		if size == 0 {
 			continue
 		}
@@ -341,7 +324,7 @@ func extractEXTDS(st *Stream, cmd string) ([]Result, []string) {
 		if !ok {
 			continue
 		}
-		size := parseSize(rest)
+		size := bytesize.Parse(rest)
 		tcp := ag[kind+"/tcp/"+rest]
 		switch kind {
 		case "PingPong":

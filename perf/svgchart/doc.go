@@ -12,6 +12,7 @@
 // # Ownership and imports
 //
 // svgchart owns the drawing (layout, axes, legend, palette, axis label
-// formats), not what is plotted. It imports only the standard library;
+// formats), not what is plotted. It imports only the standard library
+// and internal/bytesize (the size notation of the benchmarks' names);
 // perf/report and perf/demo import it.
 package svgchart

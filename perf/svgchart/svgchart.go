@@ -9,6 +9,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/exn-project/exn/internal/bytesize"
 )
 
 // Pt is one point of a line series.
@@ -363,16 +365,9 @@ func TrimNum(v float64) string {
 	return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.2f", v), "0"), ".")
 }
 
-// SizeName formats a byte count as 64 B, 4 KiB, 1 MiB.
-func SizeName(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
+// SizeName formats a byte count as 64 B, 4 KiB, 1 MiB (bytesize.Name
+// with a space).
+func SizeName(n int) string { return bytesize.Name(n, " ") }
 
 // Stack renders charts one above the other, left-aligned, as one SVG
 // document as wide as the widest.

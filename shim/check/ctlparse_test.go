@@ -29,7 +29,6 @@ import (
 
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds/shimsrv"
-	"github.com/exn-project/exn/internal/sys"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -62,14 +61,7 @@ func cParse(t testing.TB, line []byte) string {
 	defer harnessMu.Unlock()
 	if harnessCmd == nil {
 		cmd := exec.Command(bin, "parse")
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
+		in, out := testenv.Pipes(t, cmd)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -208,19 +200,8 @@ func encodeGo(t *testing.T, rs []protoResponse) [][]byte {
 	for i, r := range rs {
 		s.Handle("t"+strconv.Itoa(i), func(context.Context, []string) (any, error) { return r.v, r.err })
 	}
-	a, b, err := sys.Socketpair("ctl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ac, _ := net.FileConn(a)
-	bc, _ := net.FileConn(b)
-	a.Close()
-	b.Close()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.ServeConn(context.Background(), ac)
-	}()
+	ac, bc := testenv.UnixPair(t)
+	done := testenv.Go(func() { s.ServeConn(context.Background(), ac) })
 	defer func() {
 		bc.Close()
 		<-done
@@ -313,11 +294,7 @@ func TestCtlRequests(t *testing.T) {
 		}
 		calls = nil
 		c1, c2 := net.Pipe()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			s.ServeConn(context.Background(), c1)
-		}()
+		done := testenv.Go(func() { s.ServeConn(context.Background(), c1) })
 		_ = c2.SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := c2.Write([]byte(line + "\n")); err != nil {
 			t.Fatal(err)

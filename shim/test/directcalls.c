@@ -68,6 +68,7 @@
 #include <unistd.h>
 
 #include "addr.h"
+#include "testutil.h"
 
 #define WHYLEN 512
 #define FNV0 14695981039346656037ULL
@@ -96,28 +97,13 @@ static void fill_pat(unsigned char *b, uint64_t off, size_t n)
 		b[i] = pat(off + i);
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
+static int64_t now_ms(void) { return now_ns() / 1000000; }
 
 static void msleep(int ms)
 {
 	struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
 	while (nanosleep(&t, &t) < 0 && errno == EINTR)
 		;
-}
-
-/* What the kernel says the descriptor is (a raw syscall: not the shim). */
-static int kernel_domain(int fd)
-{
-	int v = -1;
-	socklen_t l = sizeof v;
-	if (syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0)
-		return -1;
-	return v;
 }
 
 /* Connection buffers mapped in this process (docs/direct.md: /dev/shm/exn-*). */

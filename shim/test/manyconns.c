@@ -46,15 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int kernel_domain(int fd)
-{
-	int v = -1;
-	socklen_t l = sizeof v;
-	if (syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0)
-		return -1;
-	return v;
-}
-
+#include "testutil.h"
 
 /* Entries of /proc/PID/fd (pid 0: this process, without the directory's
  * own descriptor), -1 if unreadable. */
@@ -128,19 +120,6 @@ static void watch_take(struct watch *w, int k)
 		w->rss[i][k] = rss_kib(w->pid[i]);
 	}
 	w->shm[k] = shm_used_kib();
-}
-
-static int64_t now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static int cmp64(const void *a, const void *b)
-{
-	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-	return x < y ? -1 : x > y;
 }
 
 static int is_emfile(int e) { return e == EMFILE || e == ENFILE; }

@@ -32,18 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int64_t now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static int cmp64(const void *a, const void *b)
-{
-	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-	return x < y ? -1 : x > y;
-}
+#include "testutil.h"
 
 enum way { FIFO, SOCKETPAIR, EVENTFD, FUTEX, NWAYS };
 static const char *names[NWAYS] = {"fifo", "socketpair", "eventfd", "futex"};
