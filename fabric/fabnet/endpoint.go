@@ -412,6 +412,12 @@ func (e *endpoint) Deregister(base fabric.NLA) error {
 // through notifications only.
 func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(reqs, e.post) }
 
+// PutsBeforeSends implements fabric.PutOrderer: a PUT to this node is
+// copied before Post returns (postLocal), and to another node its data
+// leaves on the session's stream before any message this endpoint sends
+// afterwards (the PUT fence, fence.go).
+func (e *endpoint) PutsBeforeSends() bool { return true }
+
 func (e *endpoint) post(r *fabric.RMA) error {
 	local, err := localq.PostLocal(&e.Core, &e.nic.regs, e, r)
 	if err != nil {

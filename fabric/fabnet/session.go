@@ -36,7 +36,13 @@ package fabnet
 // message and asks for more (credit-req) at half its last grant. A sender
 // without credits blocks; nothing is ever dropped for lack of room.
 //
-// Locks: wmu guards ctl, bulk and awaitDone; cmu guards tx and cwait (sender-side
+// PUT order (fabric.PutOrderer): a VELO frame an endpoint sends after
+// posting a PUT to the same peer is held (fence.go) until the PUT's last
+// chunk has been taken into a batch, and then goes in a later batch: the
+// stream carries it after the PUT's data, which the peer's reader places
+// before it reads the next frame.
+//
+// Locks: wmu guards ctl, bulk, awaitDone and the fence state; cmu guards tx and cwait (sender-side
 // credit state); pmu guards the pending-RMA slab's free list, its growth
 // and pdead. The reader alone touches putFail, rxMsg and the ackedClosed
 // epochs. Lock order: endpoint mailbox mu → cmu → wmu → region mu
@@ -127,6 +133,7 @@ type bulk struct {
 	ep         *endpoint   // GET response: the responder, for its notification
 	requester  fabric.Addr // GET response: who asked
 	aborted    bool
+	seq        uint64 // PUT: order among the session's PUTs (session.putSeq)
 }
 
 var bulkPool = sync.Pool{New: func() any { return new(bulk) }}
@@ -161,6 +168,16 @@ type session struct {
 	wmu  sync.Mutex
 	ctl  []byte  // encoded frames waiting for the writer
 	bulk []*bulk // FIFO of data transfers
+	// The PUT fence (fence.go): VELO frames an endpoint sent while a PUT
+	// it posted earlier to this peer still had chunks to write wait in
+	// fenced (encoded, in order; fences says where each ends, which VPID
+	// sent it and which PUTs it waits for) until those PUTs' last chunks
+	// were taken. putSeq numbers PUTs; openPuts counts each VPID's PUTs
+	// with chunks left.
+	fenced   []byte
+	fences   []fence
+	putSeq   uint64
+	openPuts map[fabric.VPID]int
 	// awaitDone holds GET responses whose last chunk was sent and whose
 	// responder notification waits for the requester's get-done
 	// (needGetDone), so the notification means the data has landed.

@@ -2,7 +2,8 @@ package fabnet
 
 // Session writer (see session.go for the whole pipeline):
 //
-//	senders ──► queueCtl / queueVELO (s.ctl) and queueBulk (s.bulk), under
+//	senders ──► queueCtl / queueVELO (s.ctl, or s.fenced behind the
+//	   sender's own PUTs: fence.go) and queueBulk (s.bulk), under
 //	   wmu, then kick ──► writeLoop: takeLocked moves all control frames
 //	   and up to writeChunks RMA chunks (chunkLocked, round-robin over the
 //	   head transfers) into s.out ──► writeOut: one writev (raw on a TCP
@@ -70,11 +71,19 @@ func (s *session) queueVELO(a fabric.VPID, m *fabric.Message) {
 		d.Node = m.Peer.Node
 	}
 	s.wmu.Lock()
-	off := len(s.ctl)
-	s.ctl = append(s.ctl, make([]byte, prefixSize+8)...)
-	putPrefix(s.ctl[off:], 8+int(m.Len), tVELO, 0, a, m.Peer.VPID)
-	binary.LittleEndian.PutUint64(s.ctl[off+prefixSize:], d.Encode())
-	s.ctl = append(s.ctl, m.Data[:m.Len]...)
+	q := &s.ctl
+	fenced := s.mustFenceLocked(a)
+	if fenced {
+		q = &s.fenced
+	}
+	off := len(*q)
+	*q = append(*q, make([]byte, prefixSize+8)...)
+	putPrefix((*q)[off:], 8+int(m.Len), tVELO, 0, a, m.Peer.VPID)
+	binary.LittleEndian.PutUint64((*q)[off+prefixSize:], d.Encode())
+	*q = append(*q, m.Data[:m.Len]...)
+	if fenced {
+		s.fences = append(s.fences, fence{end: len(s.fenced), vpid: a, need: s.putSeq})
+	}
 	s.wmu.Unlock()
 }
 
@@ -87,6 +96,9 @@ func (s *session) queueBulk(b *bulk) bool {
 		return false
 	}
 	s.bulk = append(s.bulk, b)
+	if b.put {
+		s.putQueuedLocked(b)
+	}
 	s.wmu.Unlock()
 	return true
 }
@@ -108,6 +120,9 @@ func (s *session) replyLater() { s.replyDue = true }
 // most writeChunks chunks) into s.out. False if nothing is queued.
 // Writer goroutine only, wmu held.
 func (s *session) takeLocked() bool {
+	if len(s.fences) > 0 {
+		s.releaseFencedLocked()
+	}
 	if len(s.ctl) == 0 && len(s.bulk) == 0 {
 		return false
 	}
@@ -131,6 +146,8 @@ func (s *session) takeLocked() bool {
 		h, data := s.chunkLocked(b, s.hdr[o.n][:], it)
 		if !it.done {
 			s.bulk = append(s.bulk, b)
+		} else if b.put {
+			s.putTakenLocked(b)
 		}
 		bufs = append(bufs, h)
 		if len(data) > 0 {
@@ -198,6 +215,14 @@ func (s *session) dropOut() {
 // or flushes in turn.
 func (s *session) flush() {
 	if s.rc == nil || !s.wr.TryLock() {
+		s.kick()
+		return
+	}
+	if s.outPending {
+		// The rest of an earlier flush's batch is still in s.out, for
+		// the writer goroutine (kicked then): a new batch may neither
+		// replace it nor go before it.
+		s.wr.Unlock()
 		s.kick()
 		return
 	}
