@@ -1,7 +1,7 @@
 package gateway
 
 // Liveness: a watcher of the fabric's peer set. At every change the NIC
-// announces (fabric.PeerWatcher: fabric/shm), or every LivenessInterval
+// announces (fabric.PeerWatcher: fabric/shm, fabric/fabnet), or every LivenessInterval
 // for a NIC that cannot announce them, it compares nic.Peers() with the
 // set it saw last. A peer that left is
 // "down": its learned neighbour entries are removed at once (so EXT-DS
@@ -36,12 +36,10 @@ import (
 )
 
 // LivenessInterval is how often the liveness part polls the peer set of
-// a NIC that cannot announce its changes (fabric/fabnet, fabric/ofi,
-// fabric/mem): fabnet's heartbeat period (fabnet.DefaultHeartbeat; it
-// declares a silent peer dead after three), the rate its own liveness
-// protocol already wakes the process at, so a peer's death shows here
-// within about 0.8 s (docs/wakeup.md). A fabric.PeerWatcher (fabric/shm)
-// is not polled at all.
+// a NIC that cannot announce its changes (fabric/ofi, fabric/mem): 200
+// ms, so a peer's death shows here within about 0.2 s of the fabric
+// noticing it (docs/wakeup.md). A fabric.PeerWatcher (fabric/shm,
+// fabric/fabnet) is not polled at all.
 var LivenessInterval = 200 * time.Millisecond
 
 // LivenessStats is the reply to the control operation "liveness".
@@ -122,9 +120,12 @@ func startLiveness(d *Daemon) (started, error) {
 func (l *liveness) run() {
 	defer close(l.done)
 	if w, ok := l.nic.(fabric.PeerWatcher); ok {
-		// Event driven (fabric/shm): no timer at all; the fabric's own
+		// Event driven (fabric/shm, fabric/fabnet): no timer at all; the fabric's own
 		// liveness protocol bounds how late a change shows.
 		ch := w.PeersChanged()
+		// A change between startLiveness's first poll and this channel
+		// would otherwise go unseen until the next one.
+		l.poll()
 		for {
 			select {
 			case <-l.stop:

@@ -363,14 +363,19 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// TestHalfOpen: a peer that completes the handshake and then falls silent
+// TestHalfOpen (heartbeat liveness): a peer that completes the handshake and then falls silent
 // (its host froze, or the connection is half-open) is declared down once
 // the clock passes DeadAfter, and a sender blocked on it returns.
 func TestHalfOpen(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	clk := &fakeClock{now: time.Unix(1000, 0)}
 	const hb = 5 * time.Millisecond
-	n := target(t, func(c *Config) { c.Now = clk.Now; c.Heartbeat = hb; c.DeadAfter = 4 * hb })
+	n := target(t, func(c *Config) {
+		c.Liveness = LivenessHeartbeat
+		c.Now = clk.Now
+		c.Heartbeat = hb
+		c.DeadAfter = 4 * hb
+	})
 	ep, _ := n.Open(1)
 	defer ep.Close()
 	f := fakePeer(t, n, 1)
@@ -396,14 +401,18 @@ func TestHalfOpen(t *testing.T) {
 	}
 }
 
-// TestHeartbeatKeepsIdleAlive: two real nodes with a tight liveness
+// TestHeartbeatKeepsIdleAlive (heartbeat liveness): two real nodes with a tight liveness
 // budget stay connected while idle: heartbeats flow both ways.
 func TestHeartbeatKeepsIdleAlive(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	// DeadAfter is far below the idle time, so only heartbeats keep the
 	// session, yet 16 heartbeats long, so a goroutine stalled by a loaded
 	// machine under -race does not look dead.
-	nics := cluster(t, 2, func(c *Config) { c.Heartbeat = 25 * time.Millisecond; c.DeadAfter = 400 * time.Millisecond })
+	nics := cluster(t, 2, func(c *Config) {
+		c.Liveness = LivenessHeartbeat
+		c.Heartbeat = 25 * time.Millisecond
+		c.DeadAfter = 400 * time.Millisecond
+	})
 	time.Sleep(1500 * time.Millisecond)
 	for _, n := range nics {
 		if s := n.NetStats(); s.HeartbeatTimeouts != 0 || s.SessionsUp != 1 {

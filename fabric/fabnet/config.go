@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/members"
 	"github.com/exn-project/exn/fabric/peers"
 )
 
@@ -50,6 +51,14 @@ const (
 	backoffMax = time.Second
 )
 
+// Liveness names a way to find dead peers (Config.Liveness).
+type Liveness string
+
+const (
+	LivenessSWIM      Liveness = "swim"
+	LivenessHeartbeat Liveness = "heartbeat"
+)
+
 // Config configures one node's NIC.
 type Config struct {
 	// Node is this node's ID.
@@ -68,9 +77,20 @@ type Config struct {
 	// IP literal), is refused. Nodes with a lower ID dial nodes with a
 	// higher ID.
 	Peers map[fabric.NodeID]string
+	// Liveness chooses how dead peers are found: LivenessSWIM (the
+	// default: membership by SWIM, swim.go, a constant cost per node at
+	// any cluster size) or LivenessHeartbeat (a heartbeat on every
+	// session every Heartbeat, dead after DeadAfter of silence: a cost
+	// per node that grows with the cluster). Every node of a fabric must
+	// use the same.
+	Liveness Liveness
+	// SWIM tunes the failure detector under LivenessSWIM (the zero value:
+	// members.Fabric).
+	SWIM members.Profile
 	// Heartbeat is the heartbeat interval (DefaultHeartbeat if 0) and
 	// DeadAfter the silence after which a peer is down (DefaultDeadAfter
-	// if 0; at least 2 × Heartbeat).
+	// if 0; at least 2 × Heartbeat). Under LivenessSWIM no heartbeats are
+	// sent; DeadAfter still bounds each session write.
 	Heartbeat, DeadAfter time.Duration
 	// MailboxSlots is the VELO mailbox size per VPID
 	// (DefaultMailboxSlots if 0).
@@ -87,6 +107,13 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
+	switch c.Liveness {
+	case "":
+		c.Liveness = LivenessSWIM
+	case LivenessSWIM, LivenessHeartbeat:
+	default:
+		return fmt.Errorf("fabnet: liveness %q (swim or heartbeat): %w", c.Liveness, fabric.ErrInvalid)
+	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = DefaultHeartbeat
 	}

@@ -4,8 +4,13 @@ package fabnet
 //
 //	acceptLoop ──► handshake (≤ maxHandshakes at once) ──► install ──► session.run
 //	dialLoop (one per higher-ID peer) ──► dial + handshake ──► install ──► session.run
-//	monitor: every Heartbeat, queue a heartbeat on every session and kill
-//	         those silent for DeadAfter (by the injected clock)
+//	liveness, one of (Config.Liveness):
+//	  swim (default; swim.go): membership by SWIM over UDP on the fabric
+//	         address; a node it declares dead loses its session
+//	  heartbeat: monitor, every Heartbeat, queues a heartbeat on every
+//	         session and kills those silent for DeadAfter (by the
+//	         injected clock)
+//	every change of the session table closes PeersChanged's channel
 //
 // Tie rule: only the lower node ID dials, so two nodes never race two
 // connections. A new session from a node replaces its old one (the peer
@@ -35,7 +40,9 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
+	"github.com/exn-project/exn/fabric/members"
 	"github.com/exn-project/exn/internal/ratelog"
+	"github.com/exn-project/exn/internal/sys"
 )
 
 // NIC is one node's emulated NIC on a TCP fabric. It implements
@@ -62,6 +69,17 @@ type NIC struct {
 	hsSem  chan struct{} // handshake slots
 
 	regs localq.Table[*endpoint, *region] // by NLA region index
+
+	// Under LivenessSWIM (swim.go); nil otherwise. Set by open before
+	// any session.
+	swim    *swimTransport
+	members *members.Members
+	// alive[id] is signalled when membership finds node id alive: its
+	// dialLoop waits for that (higher-ID peers only; fixed after open).
+	alive map[fabric.NodeID]chan struct{}
+	// changed is closed and replaced at each change of the session
+	// table (PeersChanged); guarded by mu.
+	changed chan struct{}
 
 	faults ratelog.Faults // peer-triggerable faults, one line per localq.FaultLogInterval
 }
@@ -108,13 +126,29 @@ func open(cfg Config) (*NIC, error) {
 	n.regs.Init()
 	n.faults.Init(cfg.Logger, localq.FaultLogInterval, "node", n.id)
 	n.sessions.Store(&map[fabric.NodeID]*session{})
-	n.wg.Add(2)
+	n.changed = make(chan struct{})
+	if cfg.Liveness == LivenessSWIM {
+		n.alive = make(map[fabric.NodeID]chan struct{})
+		for id := range cfg.Peers {
+			if id > n.id {
+				n.alive[id] = make(chan struct{}, 1)
+			}
+		}
+		if err := n.startSWIM(); err != nil {
+			n.cancel()
+			ln.Close()
+			return nil, err
+		}
+	} else {
+		n.wg.Add(1)
+		go n.monitor()
+	}
+	n.wg.Add(1)
 	go n.acceptLoop()
-	go n.monitor()
 	for id, addr := range cfg.Peers {
 		if id > n.id {
 			n.wg.Add(1)
-			go n.dialLoop(id, addr)
+			go n.dialLoop(id, addr, n.alive[id])
 		}
 	}
 	cfg.Logger.Debug("fabnet node up", "node", n.id, "listen", ln.Addr().String())
@@ -167,6 +201,10 @@ func (n *NIC) acceptLoop() {
 			defer n.wg.Done()
 			h, err := n.acceptHandshake(c)
 			<-n.hsSem
+			if errors.Is(err, errSWIMStream) {
+				n.swim.accept(c)
+				return
+			}
 			if err != nil {
 				n.nctr.handshakeRejected.Add(1)
 				n.ctr.Corrupt.Add(1)
@@ -186,7 +224,14 @@ func (n *NIC) acceptHandshake(c net.Conn) (hello, error) {
 	defer stop()
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	var b [helloSize]byte
-	if _, err := io.ReadFull(c, b[:]); err != nil {
+	if _, err := io.ReadFull(c, b[:len(swimMagic)]); err != nil {
+		return hello{}, fmt.Errorf("read hello: %w", err)
+	}
+	if string(b[:len(swimMagic)]) == swimMagic && n.swim != nil {
+		c.SetDeadline(time.Time{})
+		return hello{}, errSWIMStream
+	}
+	if _, err := io.ReadFull(c, b[len(swimMagic):]); err != nil {
 		return hello{}, fmt.Errorf("read hello: %w", err)
 	}
 	h, err := decodeHello(b[:])
@@ -216,6 +261,9 @@ func (n *NIC) acceptHandshake(c net.Conn) (hello, error) {
 // from that address.
 var errWrongNode = errors.New("wrong node")
 
+// errSWIMStream: the connection is a membership stream, not a session.
+var errSWIMStream = errors.New("membership stream")
+
 // checkPeer checks that node is a peer and, if its peers entry is an IP
 // literal, that the connection comes from that IP.
 func (n *NIC) checkPeer(node fabric.NodeID, remote net.Addr) error {
@@ -243,12 +291,22 @@ func (n *NIC) checkPeer(node fabric.NodeID, remote net.Addr) error {
 }
 
 // dialLoop keeps a session to peer id up for the NIC's lifetime.
-func (n *NIC) dialLoop(id fabric.NodeID, addr string) {
+func (n *NIC) dialLoop(id fabric.NodeID, addr string, alive <-chan struct{}) {
 	defer n.wg.Done()
 	backoff := backoffMin
 	d := net.Dialer{Timeout: dialTimeout}
 	ctx := n.life
 	for !n.closed.Load() {
+		// Under membership liveness a node it does not know alive (not
+		// joined yet, or declared dead) is not dialled: no session to a
+		// dead node comes back until membership sees the node again.
+		for n.members != nil && !n.members.Alive(id) {
+			select {
+			case <-alive:
+			case <-n.down:
+				return
+			}
+		}
 		n.nctr.dials.Add(1)
 		c, err := d.DialContext(ctx, "tcp", addr)
 		var h hello
@@ -314,6 +372,13 @@ func (n *NIC) dialHandshake(ctx context.Context, c net.Conn, want fabric.NodeID)
 func (n *NIC) install(c net.Conn, h hello) *session {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true) // the writer coalesces; Nagle would only add latency
+		if n.swim != nil {
+			// No heartbeat watches this session: its own unacknowledged
+			// data does (swim.go).
+			if rc, err := tc.SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) { sys.SetTCPUserTimeout(int(fd), sessionUserTimeout) })
+			}
+		}
 	}
 	n.mu.Lock()
 	if n.closed.Load() {
@@ -348,6 +413,16 @@ func (n *NIC) replaceLocked(node fabric.NodeID, s *session) {
 		m[node] = s
 	}
 	n.sessions.Store(&m)
+	close(n.changed)
+	n.changed = make(chan struct{})
+}
+
+// PeersChanged implements fabric.PeerWatcher: the channel closes at the
+// next change of the session table (a session up, replaced or gone).
+func (n *NIC) PeersChanged() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.changed
 }
 
 // remove takes s off the table if it is still the current session.
@@ -447,6 +522,11 @@ func (n *NIC) Stats() fabric.Stats { return n.ctr.Snapshot() }
 func (n *NIC) Close() error {
 	if !localq.Shut(&n.mu, &n.closed, func() { close(n.down); n.cancel() }) {
 		return nil
+	}
+	if n.members != nil {
+		// Peers mark us left at once instead of probing us dead; this
+		// also shuts the membership transport down.
+		n.members.Leave(leaveTimeout)
 	}
 	n.ln.Close()
 	for _, s := range *n.sessions.Load() {

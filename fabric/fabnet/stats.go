@@ -14,6 +14,11 @@ type netCounters struct {
 	dials, dialErrors atomic.Uint64
 	framesIn          atomic.Uint64
 	writes, bytesOut  atomic.Uint64
+	swimIn, swimOut   atomic.Uint64
+	swimStreams       atomic.Uint64
+	swimForeign       atomic.Uint64
+	swimDropped       atomic.Uint64
+	swimDown          atomic.Uint64
 }
 
 // NetStats is a snapshot of the transport counters.
@@ -38,6 +43,12 @@ type NetStats struct {
 	// FramesIn counts frames received; Writes the writev calls and
 	// BytesOut the bytes they sent (FramesIn/Writes hints at batching).
 	FramesIn, Writes, BytesOut uint64
+	// Under LivenessSWIM: membership datagrams received and sent, streams
+	// opened either way, datagrams and streams refused for coming from
+	// an address outside the peers table, datagrams and streams dropped
+	// because membership had not taken the earlier ones yet, and
+	// sessions killed because membership declared their node dead.
+	SWIMIn, SWIMOut, SWIMStreams, SWIMForeign, SWIMDropped, SWIMDown uint64
 }
 
 // NetStats returns the transport counters.
@@ -51,5 +62,7 @@ func (n *NIC) NetStats() NetStats {
 		StaleVELO: c.staleVELO.Load(),
 		Dials:     c.dials.Load(), DialErrors: c.dialErrors.Load(),
 		FramesIn: c.framesIn.Load(), Writes: c.writes.Load(), BytesOut: c.bytesOut.Load(),
+		SWIMIn: c.swimIn.Load(), SWIMOut: c.swimOut.Load(), SWIMStreams: c.swimStreams.Load(),
+		SWIMForeign: c.swimForeign.Load(), SWIMDropped: c.swimDropped.Load(), SWIMDown: c.swimDown.Load(),
 	}
 }

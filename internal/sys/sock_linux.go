@@ -4,7 +4,7 @@ package sys
 // socketpair for the application's end of a spliced connection, a
 // non-blocking MSG_PEEK, a hang-up check, O_NONBLOCK save/restore on a
 // descriptor shared with an application, process liveness, and the age
-// of an accepted connection.
+// of an accepted connection; TCP_USER_TIMEOUT for fabnet sessions.
 
 import (
 	"fmt"
@@ -114,4 +114,14 @@ func TCPSinceLastAck(fd int) (time.Duration, error) {
 		return 0, fmt.Errorf("getsockopt TCP_INFO: %w", err)
 	}
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond, nil
+}
+
+// SetTCPUserTimeout sets TCP_USER_TIMEOUT on TCP socket fd: the kernel
+// aborts the connection when data it sent stays unacknowledged for d
+// (fabric/fabnet's sessions, whose idle liveness is membership's).
+func SetTCPUserTimeout(fd int, d time.Duration) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d/time.Millisecond)); err != nil {
+		return fmt.Errorf("setsockopt TCP_USER_TIMEOUT: %w", err)
+	}
+	return nil
 }
