@@ -65,6 +65,10 @@ type Config struct {
 	// fabric orders a PUT before a later message (--push, default true;
 	// docs/ext-eth-engine.md "Push").
 	Push bool
+	// Liveness is how the net fabric finds dead peers (--liveness):
+	// "swim" (membership, the default) or "heartbeat" (a heartbeat on
+	// every session); docs/membership.md. Other fabrics ignore it.
+	Liveness string
 	// GOMAXPROCS is exnd's Go scheduler Ps (--gomaxprocs); 0 picks them
 	// (Procs).
 	GOMAXPROCS int
@@ -178,6 +182,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
 	fs.BoolVar(&c.Push, "push", true, "carry large frames by receiver-granted PUT where the fabric places a PUT before a later message (ofi:tcp; not net, see gateway/daemon.go pushOnNet), without a GET per frame (false: advert and GET only)")
+	fs.StringVar(&c.Liveness, "liveness", "swim", "how the net fabric finds dead peers: swim (membership by SWIM, a constant cost per node at any cluster size) or heartbeat (a heartbeat on every session; the cost grows with the cluster); every node must use the same (docs/membership.md)")
 	fs.IntVar(&c.GOMAXPROCS, "gomaxprocs", 0, "Go scheduler Ps for exnd (0: one fewer than the CPUs on an ofi fabric, Go's default elsewhere; GOMAXPROCS in the environment takes precedence over 0)")
 	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "let two programs under libextds.so move their bytes through a connection buffer instead of exnd's relay: on shm one shared buffer, exnd out of the data path; on net and ofi a copy per node that exnd's engine joins by RMA PUT (false: exnd relays every byte)")
 	fs.DurationVar(&c.EXTDSShortHold, "extds-short-hold", shimsrv.DefaultShortHold, "keep a listener port whose shimmed connections close within milliseconds on plain TCP for this `DURATION`, then try EXT-DS again (0: never; at most 2.032s)")

@@ -19,6 +19,7 @@ import (
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/exn"
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabnet"
 	"github.com/exn-project/exn/metrics"
 	"github.com/exn-project/exn/tap"
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,6 +56,13 @@ func (d *Daemon) startMetrics() error {
 	}
 	if d.attachStats != nil {
 		cs = append(cs, metrics.Attach(d.cfg.Node, d.attachStats))
+	}
+	if n, ok := d.nic.(*fabnet.NIC); ok && n.NetStats().Members > 0 {
+		cs = append(cs, metrics.Membership(d.cfg.Node, func() metrics.MembershipStats {
+			s := n.NetStats()
+			return metrics.MembershipStats{DatagramsIn: s.SWIMIn, DatagramsOut: s.SWIMOut, Streams: s.SWIMStreams,
+				Foreign: s.SWIMForeign, Dropped: s.SWIMDropped, DeclaredDead: s.SWIMDown, Members: s.Members}
+		}))
 	}
 	cs = append(cs, metrics.Control(d.cfg.Node, d.controlStats))
 	reg, err := metrics.NewRegistry(cs...)

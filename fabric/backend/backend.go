@@ -74,6 +74,9 @@ type Options struct {
 	Peers []peers.Peer
 	// Logger receives backend log lines; nil means slog.Default().
 	Logger *slog.Logger
+	// Liveness is net's way of finding dead peers (fabnet.Config.Liveness:
+	// "swim", "heartbeat"; empty: its default). Ignored by the others.
+	Liveness string
 }
 
 // Parse parses a backend spec. It checks the syntax of every kind,
@@ -166,10 +169,11 @@ func OpenSpec(s Spec, node fabric.NodeID, opts Options) (fabric.NIC, error) {
 			return nil, fmt.Errorf("fabric %s: node %d: the net backend needs a peers file (--peers): %w", s, node, ErrBadSpec)
 		}
 		nic, err := fabnet.Open(fabnet.Config{
-			Node:   node,
-			Listen: s.Arg,
-			Peers:  fabnet.PeerAddrs(opts.Peers, ""),
-			Logger: opts.Logger,
+			Node:     node,
+			Listen:   s.Arg,
+			Peers:    fabnet.PeerAddrs(opts.Peers, ""),
+			Logger:   opts.Logger,
+			Liveness: fabnet.Liveness(opts.Liveness),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("fabric %s: node %d: %w", s, node, err)

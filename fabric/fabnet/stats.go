@@ -49,12 +49,20 @@ type NetStats struct {
 	// because membership had not taken the earlier ones yet, and
 	// sessions killed because membership declared their node dead.
 	SWIMIn, SWIMOut, SWIMStreams, SWIMForeign, SWIMDropped, SWIMDown uint64
+	// Members is how many nodes membership knows alive, this one
+	// included (0 under LivenessHeartbeat).
+	Members int
 }
 
 // NetStats returns the transport counters.
 func (n *NIC) NetStats() NetStats {
 	c := &n.nctr
+	members := 0
+	if n.members != nil {
+		members = n.members.Stats().Alive
+	}
 	return NetStats{
+		Members:           members,
 		HandshakeRejected: c.handshakeRejected.Load(),
 		BadFrames:         c.badFrames.Load(), Oversized: c.oversized.Load(),
 		HeartbeatTimeouts: c.heartbeatTimeouts.Load(),
