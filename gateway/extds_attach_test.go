@@ -107,7 +107,7 @@ func runApp(role string) (res appResult) {
 		}
 		fmt.Println("LISTEN", ln.Addr(), tln.Addr())
 		for _, l := range []net.Listener{ln, tln} {
-			go testenv.AcceptLoop(l, serveApp)
+			go testenv.AcceptLoop(l, func(c net.Conn) { testenv.ServeKinds(c, kindPing, serveApp) })
 		}
 		io.Copy(io.Discard, os.Stdin) // until the parent closes it
 		ln.Close()
@@ -169,30 +169,24 @@ func runApp(role string) (res appResult) {
 	return appResult{Err: "unknown role " + role}
 }
 
-func serveApp(c net.Conn) {
-	defer c.Close()
-	var kind [1]byte
-	if _, err := io.ReadFull(c, kind[:]); err != nil {
+// serveApp serves the kinds other than kindPing (testenv.ServeKinds).
+func serveApp(c net.Conn, kind byte) {
+	if kind != kindSHA && kind != kindStream {
 		return
 	}
-	switch kind[0] {
-	case kindSHA, kindStream:
-		var l [8]byte
-		if _, err := io.ReadFull(c, l[:]); err != nil {
-			return
-		}
-		h := sha256.New()
-		if _, err := io.CopyN(h, c, int64(binary.LittleEndian.Uint64(l[:]))); err != nil {
-			return
-		}
-		if kind[0] == kindStream {
-			c.Write([]byte{1})
-			return
-		}
-		c.Write([]byte(hex.EncodeToString(h.Sum(nil))))
-	case kindPing:
-		testenv.EchoSized(c)
+	var l [8]byte
+	if _, err := io.ReadFull(c, l[:]); err != nil {
+		return
 	}
+	h := sha256.New()
+	if _, err := io.CopyN(h, c, int64(binary.LittleEndian.Uint64(l[:]))); err != nil {
+		return
+	}
+	if kind == kindStream {
+		c.Write([]byte{1})
+		return
+	}
+	c.Write([]byte(hex.EncodeToString(h.Sum(nil))))
 }
 
 // runBench measures ping-pong (1 B..4 KiB) and streaming (64 B..1 MiB
@@ -215,10 +209,7 @@ func runBench(ctx context.Context, dev *extds.Device, path, addr string) ([]benc
 		if err != nil {
 			return nil, err
 		}
-		var hdr [5]byte
-		hdr[0] = kindPing
-		binary.LittleEndian.PutUint32(hdr[1:], uint32(size))
-		c.Write(hdr[:])
+		testenv.OpenSized(c, kindPing, size)
 		buf := make([]byte, size)
 		const iters = 5000
 		rtts := make([]time.Duration, 0, iters)

@@ -199,7 +199,7 @@ func dsServer(ctx context.Context, dev *extds.Device) int {
 	lns = append(lns, tln)
 	fmt.Printf("%s%d %d\n", dsListenPf, dsPort, tln.Addr().(*net.TCPAddr).Port)
 	for _, l := range lns {
-		go testenv.AcceptLoop(l, dsServe)
+		go testenv.AcceptLoop(l, func(c net.Conn) { testenv.ServeKinds(c, dsKindPing, dsServe) })
 	}
 	<-ctx.Done()
 	for _, l := range lns {
@@ -208,45 +208,39 @@ func dsServer(ctx context.Context, dev *extds.Device) int {
 	return 0
 }
 
-func dsServe(c net.Conn) {
-	defer c.Close()
-	var kind [1]byte
-	if _, err := io.ReadFull(c, kind[:]); err != nil {
+// dsServe serves the kinds other than dsKindPing (testenv.ServeKinds).
+func dsServe(c net.Conn, kind byte) {
+	if kind != dsKindStream {
 		return
 	}
-	switch kind[0] {
-	case dsKindStream:
-		var n int64
-		var err error
-		var sink io.Writer = io.Discard
-		if os.Getenv(dsHashEnv) == "1" {
-			sink = sha256.New()
-		}
-		if os.Getenv(dsCopyEnv) == "1" {
-			n, err = io.Copy(sink, c)
-		} else {
-			buf := make([]byte, dsReadBuf)
-			for {
-				k, e := c.Read(buf)
-				sink.Write(buf[:k])
-				n += int64(k)
-				if e != nil {
-					if e != io.EOF {
-						err = e
-					}
-					break
+	var n int64
+	var err error
+	var sink io.Writer = io.Discard
+	if os.Getenv(dsHashEnv) == "1" {
+		sink = sha256.New()
+	}
+	if os.Getenv(dsCopyEnv) == "1" {
+		n, err = io.Copy(sink, c)
+	} else {
+		buf := make([]byte, dsReadBuf)
+		for {
+			k, e := c.Read(buf)
+			sink.Write(buf[:k])
+			n += int64(k)
+			if e != nil {
+				if e != io.EOF {
+					err = e
 				}
+				break
 			}
 		}
-		if err != nil {
-			return
-		}
-		var ack [8]byte
-		binary.LittleEndian.PutUint64(ack[:], uint64(n))
-		c.Write(ack[:])
-	case dsKindPing:
-		testenv.EchoSized(c)
 	}
+	if err != nil {
+		return
+	}
+	var ack [8]byte
+	binary.LittleEndian.PutUint64(ack[:], uint64(n))
+	c.Write(ack[:])
 }
 
 func dsClient(ctx context.Context, dev *extds.Device) (res dsResult) {
@@ -296,10 +290,7 @@ func dsPing(dial func() (net.Conn, error), size int) (dsRow, error) {
 		return dsRow{}, err
 	}
 	defer c.Close()
-	var hdr [5]byte
-	hdr[0] = dsKindPing
-	binary.LittleEndian.PutUint32(hdr[1:], uint32(size))
-	if _, err := c.Write(hdr[:]); err != nil {
+	if err := testenv.OpenSized(c, dsKindPing, size); err != nil {
 		return dsRow{}, err
 	}
 	buf := make([]byte, size)

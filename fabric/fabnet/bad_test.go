@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -345,30 +344,12 @@ func TestPeerDiesMidRMA(t *testing.T) {
 	}
 }
 
-// fakeClock is an injectable clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // TestHalfOpen (heartbeat liveness): a peer that completes the handshake and then falls silent
 // (its host froze, or the connection is half-open) is declared down once
 // the clock passes DeadAfter, and a sender blocked on it returns.
 func TestHalfOpen(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	clk := &fakeClock{now: time.Unix(1000, 0)}
+	clk := testenv.NewClock(time.Unix(1000, 0))
 	const hb = 5 * time.Millisecond
 	n := target(t, func(c *Config) {
 		c.Liveness = LivenessHeartbeat
@@ -391,7 +372,7 @@ func TestHalfOpen(t *testing.T) {
 	if n.Alive(1) != nil {
 		t.Fatal("peer declared down before the clock moved")
 	}
-	clk.Add(5 * hb)
+	clk.Advance(5 * hb)
 	waitUntil(t, "half-open peer down", func() bool { return errors.Is(n.Alive(1), fabric.ErrPeerDown) })
 	if err := testenv.Within(t, "blocked send", ch, 5*time.Second); !errors.Is(err, fabric.ErrPeerDown) {
 		t.Fatalf("blocked send: %v, want ErrPeerDown", err)

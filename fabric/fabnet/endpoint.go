@@ -72,6 +72,15 @@ func (mb *mailbox) roomLocked() bool { return mb.freeLocked() > 0 }
 
 type endpoint struct {
 	localq.Core // Addr, PollNotifications, Wait; notifications, closed state
+	// Register, RegisterBuffer, Deregister. A region made by
+	// RegisterBuffer is the caller's buf itself: the sessions read PUT
+	// data straight out of it into writev and read GET responses and
+	// incoming PUTs straight into it, each chunk under an acquire of the
+	// region. Deregister and Close mark it dead and wait for those chunks
+	// to finish (region.kill), then drop the reference; buf stays the
+	// caller's, never freed or unmapped here. Deregister returns once no
+	// transfer touches the region any more.
+	localq.Regions[*endpoint, *region]
 
 	nic  *NIC
 	addr fabric.Addr
@@ -83,6 +92,7 @@ func newEndpoint(n *NIC, v fabric.VPID) *endpoint {
 	e.mb.Init(n.cfg.MailboxSlots)
 	e.mb.rx = make(map[*session]*rxCredit)
 	e.Core.Init(e.addr, "fabnet", &n.ctr, &n.faults, e.mb.Length(), n.cfg.NotifyDepth, waitSpin)
+	e.Regions.Init(&e.Core, &n.regs, e, e.newRegion, (*region).kill)
 	return e
 }
 
@@ -213,16 +223,8 @@ func (e *endpoint) sendRemote(ctx context.Context, s *session, m *fabric.Message
 			e.nic.ctr.SendBlocked.Add(1)
 			counted = true
 		}
-		select {
-		case <-ch:
-		case <-s.dead:
-			return errSessDown
-		case <-e.Done:
-			return e.ErrClosed("send")
-		case <-e.nic.down:
-			return e.ErrClosed("send")
-		case <-ctx.Done():
-			return fmt.Errorf("fabnet: send to %v: %w", m.Peer, ctx.Err())
+		if err := e.ParkSender(ctx, m.Peer, ch, s.dead, nil, e.nic.down, errSessDown); err != nil {
+			return err
 		}
 		s.cmu.Lock()
 		gone, none := t.closedGen != closedGen, t.noVPID != noGen
@@ -373,36 +375,15 @@ func (e *endpoint) complete(r *fabric.RMA, nerr fabric.NotifyErr) {
 	}
 }
 
-// ---- registration ----
-
-func (e *endpoint) Register(size int) (fabric.Region, error) {
-	return localq.Register(&e.Core, &e.nic.regs, e, size, e.newRegion)
-}
+// ---- registration (localq.Regions) ----
 
 // The suite's Buffer* cases skip an endpoint without the interface; this
 // keeps the method from drifting out of it unnoticed.
 var _ fabric.BufferRegistrar = (*endpoint)(nil)
 
-// RegisterBuffer implements fabric.BufferRegistrar: the region is buf
-// itself. The sessions read PUT data straight out of it into writev and
-// read GET responses and incoming PUTs straight into it, each chunk under
-// an acquire of the region. Deregister and Close mark it dead and wait
-// for those chunks to finish, then drop the reference; buf stays the
-// caller's, never freed or unmapped here.
-func (e *endpoint) RegisterBuffer(buf []byte) (fabric.Region, error) {
-	return localq.RegisterBuffer(&e.Core, &e.nic.regs, e, buf, e.newRegion)
-}
-
 // newRegion is the region index idx of this endpoint over buf.
 func (e *endpoint) newRegion(idx uint32, buf []byte) *region {
 	return &region{idx: idx, owner: e, buf: buf}
-}
-
-// Deregister releases a region; it returns once no transfer touches it
-// any more (a transfer reading or writing it from the network finishes
-// its current chunk first).
-func (e *endpoint) Deregister(base fabric.NLA) error {
-	return localq.Deregister(&e.Core, &e.nic.regs, e, base, (*region).kill)
 }
 
 // ---- RMA ----

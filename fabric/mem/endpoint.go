@@ -29,6 +29,11 @@ const waitSpin = localq.DefaultSpin
 
 type endpoint struct {
 	localq.Core // Addr, PollNotifications, Wait; notifications, closed state
+	// Register, RegisterBuffer, Deregister. A region made by
+	// RegisterBuffer is the caller's buf itself: Deregister and Close
+	// only mark it dead (kill: after copies in flight finish) and drop
+	// the reference; buf stays the caller's.
+	localq.Regions[*endpoint, *region]
 
 	nic  *nic
 	addr fabric.Addr
@@ -39,6 +44,7 @@ func newEndpoint(n *nic, v fabric.VPID) *endpoint {
 	e := &endpoint{nic: n, addr: fabric.Addr{Node: n.id, VPID: v}}
 	e.mb.Init(n.c.opts.slots)
 	e.Core.Init(e.addr, "mem", &n.ctr, &n.faults, e.mb.Length(), n.c.opts.notifyDepth, waitSpin)
+	e.Regions.Init(&e.Core, &n.regs, e, e.newRegion, kill)
 	return e
 }
 
@@ -97,30 +103,15 @@ func (e *endpoint) Recv(msgs []fabric.Message) (int, error) {
 	return e.Core.Recv(&e.mb, msgs, e.mb.WakeLocked)
 }
 
-// ---- registration ----
-
-func (e *endpoint) Register(size int) (fabric.Region, error) {
-	return localq.Register(&e.Core, &e.nic.regs, e, size, e.newRegion)
-}
+// ---- registration (localq.Regions) ----
 
 // The suite's Buffer* cases skip an endpoint without the interface; this
 // keeps the method from drifting out of it unnoticed.
 var _ fabric.BufferRegistrar = (*endpoint)(nil)
 
-// RegisterBuffer implements fabric.BufferRegistrar: the region is buf
-// itself. Deregister and Close only mark it dead (after copies in flight
-// finish) and drop the reference; buf stays the caller's.
-func (e *endpoint) RegisterBuffer(buf []byte) (fabric.Region, error) {
-	return localq.RegisterBuffer(&e.Core, &e.nic.regs, e, buf, e.newRegion)
-}
-
 // newRegion is the region index idx of this endpoint over buf.
 func (e *endpoint) newRegion(idx uint32, buf []byte) *region {
 	return &region{node: e.nic.id, idx: idx, owner: e, buf: buf}
-}
-
-func (e *endpoint) Deregister(base fabric.NLA) error {
-	return localq.Deregister(&e.Core, &e.nic.regs, e, base, kill)
 }
 
 // kill waits for copies in flight on r and marks it dead.

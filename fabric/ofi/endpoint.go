@@ -25,6 +25,7 @@ package ofi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -254,31 +255,27 @@ func (e *endpoint) acquire(ctx context.Context, pr *pair, p *peer) (uint8, error
 }
 
 // block parks a sender until ch closes (answer or credits), the peer goes
-// down, ctx, or Close. A query (not waitCredits) to a remote peer is
-// bounded by queryTimeout: a silent peer is an unreachable one.
+// down, ctx, or Close (localq's Core.ParkSender). A query (not
+// waitCredits) to a remote peer is bounded by queryTimeout: a silent peer
+// is an unreachable one.
 func (e *endpoint) block(ctx context.Context, pr *pair, p *peer, ch, down <-chan struct{}, waitCredits bool) error {
-	var timeout <-chan time.Time
+	wait := ctx
 	if !waitCredits && p != nil {
 		// The timer exists only on the first send of a pair.
-		t := time.NewTimer(queryTimeout)
-		defer t.Stop()
-		timeout = t.C
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, queryTimeout)
+		defer cancel()
 	}
-	select {
-	case <-timeout:
+	err := e.ParkSender(wait, pr.dst, ch, down, nil, e.nic.done, fabric.ErrPeerDown)
+	switch {
+	case err == fabric.ErrPeerDown:
+		return fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		// queryTimeout passed, not the caller's time.
 		e.nic.peerDown(p, "no answer to a vpid open query")
 		return fmt.Errorf("ofi: velo send to %v: no answer in %v: %w", pr.dst, queryTimeout, fabric.ErrPeerDown)
-	case <-ch:
-	case <-down:
-		return fmt.Errorf("ofi: velo send to %v: %w", pr.dst, fabric.ErrPeerDown)
-	case <-e.Done:
-		return e.ErrClosed("send")
-	case <-e.nic.done:
-		return e.ErrClosed("send")
-	case <-ctx.Done():
-		return fmt.Errorf("ofi: send to %v: %w", pr.dst, ctx.Err())
 	}
-	return nil
+	return err
 }
 
 // openAnswer applies a pOpenA from target dst.

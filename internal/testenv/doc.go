@@ -1,9 +1,10 @@
 // Package testenv holds the test-environment policy shared by every
 // package's tests: when privileged tests run or skip, test sizes, leak
 // checks, bounded waits (Eventually, Within, Go), helper processes,
-// loopback TCP servers (ListenTCP, ServeTCP, AcceptLoop) and socketpairs
-// (UnixPair), and building the C programs the tests run (CC,
-// CompileShim, ModulePath).
+// loopback TCP servers (ListenTCP, ServeTCP, AcceptLoop), the kind-byte
+// test servers with their sized ping-pong (ServeKinds, EchoSized,
+// OpenSized), socketpairs (UnixPair), and building the C programs the
+// tests run (CC, CompileShim, ModulePath).
 //
 // # Ownership and imports
 //

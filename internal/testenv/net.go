@@ -131,3 +131,32 @@ func EchoSized(rw io.ReadWriter) {
 		}
 	}
 }
+
+// ServeKinds serves one connection of a test server whose client sends a
+// kind byte first: kind ping is the server half of a sized ping-pong
+// (EchoSized; the client starts it with OpenSized), any other kind goes
+// to serve. c is closed when that returns, or at once if no kind byte
+// comes.
+func ServeKinds(c net.Conn, ping byte, serve func(c net.Conn, kind byte)) {
+	defer c.Close()
+	var kind [1]byte
+	if _, err := io.ReadFull(c, kind[:]); err != nil {
+		return
+	}
+	if kind[0] == ping {
+		EchoSized(c)
+		return
+	}
+	serve(c, kind[0])
+}
+
+// OpenSized starts the client half of a sized ping-pong on a ServeKinds
+// server: it writes kind ping and the message size (u32, little-endian)
+// that EchoSized reads.
+func OpenSized(w io.Writer, ping byte, size int) error {
+	var hdr [5]byte
+	hdr[0] = ping
+	binary.LittleEndian.PutUint32(hdr[1:], uint32(size))
+	_, err := w.Write(hdr[:])
+	return err
+}

@@ -203,6 +203,43 @@ func Deregister[O comparable, R any](c *Core, t *Table[O, R], owner O, base fabr
 	return nil
 }
 
+// Regions is registration for a backend whose regions are plain Go
+// memory in a NIC's Table (mem, fabnet): embedded in the endpoint, its
+// promoted Register, RegisterBuffer and Deregister implement those of
+// fabric.Endpoint and fabric.BufferRegistrar through the functions above,
+// with the endpoint as owner, mk making a region and retire ending one.
+// Init runs before the endpoint is shared; the methods are then safe for
+// concurrent use.
+type Regions[O comparable, R any] struct {
+	c      *Core
+	t      *Table[O, R]
+	owner  O
+	mk     func(idx uint32, buf []byte) R
+	retire func(R)
+}
+
+// Init binds g to the endpoint's core c, the NIC's table t and owner.
+func (g *Regions[O, R]) Init(c *Core, t *Table[O, R], owner O, mk func(idx uint32, buf []byte) R, retire func(R)) {
+	g.c, g.t, g.owner, g.mk, g.retire = c, t, owner, mk, retire
+}
+
+// Register implements fabric.Endpoint.Register (see Register).
+func (g *Regions[O, R]) Register(size int) (fabric.Region, error) {
+	return Register(g.c, g.t, g.owner, size, g.mk)
+}
+
+// RegisterBuffer implements fabric.BufferRegistrar: the region is buf
+// itself, which stays the caller's (see RegisterBuffer).
+func (g *Regions[O, R]) RegisterBuffer(buf []byte) (fabric.Region, error) {
+	return RegisterBuffer(g.c, g.t, g.owner, buf, g.mk)
+}
+
+// Deregister implements fabric.Endpoint.Deregister (see Deregister): it
+// returns once retire has.
+func (g *Regions[O, R]) Deregister(base fabric.NLA) error {
+	return Deregister(g.c, g.t, g.owner, base, g.retire)
+}
+
 // SendStart is Send's entry check: the endpoint is open and ctx not done.
 func (c *Core) SendStart(ctx context.Context) error {
 	if c.Closed.Load() {
@@ -309,19 +346,32 @@ func (c *Core) Deliver(ctx context.Context, dst *Core, mb *Mailbox, m *fabric.Me
 			c.ctr.SendBlocked.Add(1)
 			counted = true
 		}
-		select {
-		case <-space:
-		case <-dst.Done:
-			return gone
-		case <-dstDown:
-			return gone
-		case <-c.Done:
-			return c.ErrClosed("send")
-		case <-selfDown:
-			return c.ErrClosed("send")
-		case <-ctx.Done():
-			return fmt.Errorf("%s: send to %v: %w", c.prefix, dst.addr, ctx.Err())
+		if err := c.ParkSender(ctx, dst.addr, space, dst.Done, dstDown, selfDown, gone); err != nil {
+			return err
 		}
+	}
+}
+
+// ParkSender blocks a sender to peer that found no room (Deliver) or no
+// credit (fabnet's and ofi's send paths) until wake closes: then it
+// returns nil and the sender looks again. It returns gone if the peer's
+// side ends first (peerGone or peerDown closes), c's ErrClosed if c's
+// endpoint closes or its node goes down (selfDown), and ctx's error. A
+// nil channel never closes.
+func (c *Core) ParkSender(ctx context.Context, peer fabric.Addr, wake, peerGone, peerDown, selfDown <-chan struct{}, gone error) error {
+	select {
+	case <-wake:
+		return nil
+	case <-peerGone:
+		return gone
+	case <-peerDown:
+		return gone
+	case <-c.Done:
+		return c.ErrClosed("send")
+	case <-selfDown:
+		return c.ErrClosed("send")
+	case <-ctx.Done():
+		return fmt.Errorf("%s: send to %v: %w", c.prefix, peer, ctx.Err())
 	}
 }
 

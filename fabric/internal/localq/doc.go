@@ -4,13 +4,16 @@
 // notification queue and its overflow accounting, PollNotifications,
 // the spin-then-sleep Wait, closed flag and done channel, registration
 // checks, the completion notifications of Table 3.1, the errors'
-// wording), the bounded Mailbox mem and fabnet receive into (with
-// Core.Recv and the blocking Core.Deliver), Open's VPID table, the region
-// table and the multicast group bitmap, and the NIC-level pieces of
-// nic.go (Shut, SelfAlive, AsNIC, FaultLogInterval; fabric/shm uses its
-// ClosedChan too). It knows nothing of transports; each backend
-// keeps only what is its own: its send path and back-pressure (credits in
-// fabnet and ofi), ofi's growing mailbox, RMA, and the body of Close.
+// wording), Regions (Register, RegisterBuffer and Deregister, embedded
+// in mem's and fabnet's endpoints), the bounded Mailbox mem and fabnet
+// receive into (with Core.Recv and the blocking Core.Deliver, whose wait,
+// Core.ParkSender, fabnet's and ofi's senders waiting for credit share),
+// Open's VPID table, the region table and the multicast group bitmap,
+// and the NIC-level pieces of nic.go (Shut, SelfAlive, AsNIC,
+// FaultLogInterval; fabric/shm uses its ClosedChan too). It knows
+// nothing of transports; each backend keeps only what is its own: its
+// send path and back-pressure (credits in fabnet and ofi), ofi's growing
+// mailbox, RMA, and the body of Close.
 //
 // Locking discipline:
 //
