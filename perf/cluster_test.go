@@ -3,7 +3,6 @@ package perf
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,7 +28,7 @@ const clusterPoll = 50 * time.Millisecond
 // (nstest.StartNetCluster), for N = 4 and 24 and for each liveness
 // (--liveness swim, the default, and heartbeat, the old one). Per run:
 // each exnd's CPU over 10 s of idle (after the mesh is up), as a share
-// of one core; then the time until every other node reports a node down
+// of one core, and its resident set after it; then the time until every other node reports a node down
 // (the "liveness" control operation's up list, polled every 50 ms) once
 // its exnd is SIGSTOPped (frozen: its sockets stay open, so only the
 // liveness protocol can find it) and once another's is SIGKILLed (its
@@ -43,14 +42,14 @@ func BenchmarkCluster(b *testing.B) {
 	sizes[len(sizes)-1] = testenv.EnvInt("EXN_CLUSTER_NODES", sizes[len(sizes)-1])
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d CPUs; load before %s\n\n", numCPU(), loadAvg())
-	sb.WriteString("| liveness | nodes | idle CPU per exnd, mean (% of a core) | max | frozen (SIGSTOP) node seen down by every peer (s) | killed (SIGKILL) node seen down by every peer (s) |\n|---|---|---|---|---|---|\n")
+	sb.WriteString("| liveness | nodes | idle CPU per exnd, mean (% of a core) | max | RSS per exnd, mean (MiB) | frozen (SIGSTOP) node seen down by every peer (s) | killed (SIGKILL) node seen down by every peer (s) |\n|---|---|---|---|---|---|---|\n")
 	subnet := 90
 	for _, live := range []string{"swim", "heartbeat"} {
 		for _, n := range sizes {
 			subnet++
 			b.Run(fmt.Sprintf("%s/nodes=%d", live, n), func(b *testing.B) {
 				r := runCluster(b, exnd, live, n, subnet)
-				fmt.Fprintf(&sb, "| %s | %d | %.3f | %.3f | %s | %s |\n", live, n, r.meanCPU, r.maxCPU, secsOrMissed(r.stopped), secsOrMissed(r.killed))
+				fmt.Fprintf(&sb, "| %s | %d | %.3f | %.3f | %.1f | %s | %s |\n", live, n, r.meanCPU, r.maxCPU, r.rssMiB, secsOrMissed(r.stopped), secsOrMissed(r.killed))
 				b.ReportMetric(r.meanCPU, "%cpu/node")
 				b.ReportMetric(r.stopped.Seconds(), "s-frozen")
 				b.ReportMetric(r.killed.Seconds(), "s-killed")
@@ -63,6 +62,7 @@ func BenchmarkCluster(b *testing.B) {
 
 type clusterResult struct {
 	meanCPU, maxCPU float64       // % of a core per exnd, idle
+	rssMiB          float64       // resident set per exnd, mean, after the idle
 	stopped, killed time.Duration // until every survivor saw it down; < 0: some never did
 }
 
@@ -70,11 +70,12 @@ func secsOrMissed(d time.Duration) string {
 	if d < 0 {
 		return "not within 10 s"
 	}
-	return strconv.FormatFloat(d.Seconds(), 'f', 2, 64)
+	return fmt.Sprintf("%.2f", d.Seconds())
 }
 
 func runCluster(b *testing.B, exnd, live string, n, subnet int) clusterResult {
 	ids := make([]int, n)
+	pids := make([]int, n)
 	for i := range ids {
 		ids[i] = i + 1
 	}
@@ -83,26 +84,22 @@ func runCluster(b *testing.B, exnd, live string, n, subnet int) clusterResult {
 		b.Fatal(err)
 	}
 	time.Sleep(2 * time.Second) // joins and their gossip settle
-	var r clusterResult
-	t0 := make([]uint64, n)
 	for i, nd := range c.Nodes {
-		v, err := nstest.CPUNanos(nd.Proc.Pid())
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0[i] = v
+		pids[i] = nd.Proc.Pid()
 	}
-	start := time.Now()
-	time.Sleep(clusterIdle)
-	el := time.Since(start)
-	for i, nd := range c.Nodes {
-		v, err := nstest.CPUNanos(nd.Proc.Pid())
-		if err != nil {
-			b.Fatal(err)
-		}
-		pct := float64(v-t0[i]) / float64(el.Nanoseconds()) * 100
+	shares, err := nstest.CPUShare(pids, clusterIdle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var r clusterResult
+	for i, pct := range shares {
 		r.meanCPU += pct / float64(n)
 		r.maxCPU = max(r.maxCPU, pct)
+		kib, err := nstest.RSSKiB(pids[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.rssMiB += float64(kib) / 1024 / float64(n)
 	}
 	// Frozen: the last node stops answering anything, its sockets open.
 	frozen := c.Nodes[n-1]
@@ -120,24 +117,12 @@ func runCluster(b *testing.B, exnd, live string, n, subnet int) clusterResult {
 	return r
 }
 
-// seenDown polls nodes until none reports id among its fabric peers and
-// returns how long that took, or -1 after 10 s.
+// seenDown is nstest.SeenDown at clusterPoll, -1 after 10 s.
 func seenDown(b *testing.B, nodes []*nstest.Node, id int) time.Duration {
-	t0 := time.Now()
-	left := slices.Clone(nodes)
-	for time.Since(t0) < 10*time.Second {
-		left = slices.DeleteFunc(left, func(nd *nstest.Node) bool {
-			up, err := nd.FabricPeers()
-			if err != nil {
-				b.Logf("node %d: %v", nd.ID, err)
-				return false
-			}
-			return !slices.Contains(up, id)
-		})
-		if len(left) == 0 {
-			return time.Since(t0)
-		}
-		time.Sleep(clusterPoll)
+	d, err := nstest.SeenDown(nodes, id, clusterPoll, 10*time.Second)
+	if err != nil {
+		b.Log(err)
+		return -1
 	}
-	return -1
+	return d
 }

@@ -45,17 +45,17 @@ type Profile struct {
 
 // Fabric is the profile exnd uses. Against memberlist's LAN profile
 // (probe 1 s, timeout 500 ms, suspicion ×4, gossip 200 ms to 3) it
-// probes five times as often, to find a dead node within the bounds of
+// probes four times as often, to find a dead node within the bounds of
 // issue #36 (every peer knows within 3 s at 24 nodes, 100 of 1,000 dead
 // within 5 s), at a cost that stays constant per node. The figures
 // behind each value are in docs/membership.md.
 var Fabric = Profile{
-	ProbeInterval:           200 * time.Millisecond,
-	ProbeTimeout:            100 * time.Millisecond,
+	ProbeInterval:           250 * time.Millisecond,
+	ProbeTimeout:            125 * time.Millisecond,
 	IndirectChecks:          3,
 	SuspicionMult:           3,
 	SuspicionMaxTimeoutMult: 2,
-	GossipInterval:          100 * time.Millisecond,
+	GossipInterval:          200 * time.Millisecond,
 	GossipNodes:             4,
 	RetransmitMult:          4,
 	// Anti-entropy every 5 s (memberlist's LAN profile: 30 s): a node

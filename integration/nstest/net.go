@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,4 +190,34 @@ func (n *Node) FabricPeers() ([]int, error) {
 	}
 	err := n.Call(&s, "liveness")
 	return s.Up, err
+}
+
+// SeenDown polls nodes every poll until none of them lists node id among
+// its fabric peers (the "liveness" operation) and returns how long that
+// took, or an error naming the nodes that still list it after limit.
+func SeenDown(nodes []*Node, id int, poll, limit time.Duration) (time.Duration, error) {
+	t0 := time.Now()
+	left := slices.Clone(nodes)
+	for {
+		var err error
+		left = slices.DeleteFunc(left, func(n *Node) bool {
+			up, e := n.FabricPeers()
+			if e != nil {
+				err = e
+				return false
+			}
+			return !slices.Contains(up, id)
+		})
+		if len(left) == 0 {
+			return time.Since(t0), nil
+		}
+		if time.Since(t0) > limit {
+			ids := make([]int, len(left))
+			for i, n := range left {
+				ids[i] = n.ID
+			}
+			return 0, fmt.Errorf("after %v, nodes %v still list node %d as up (last error: %v)", limit, ids, id, err)
+		}
+		time.Sleep(poll)
+	}
 }

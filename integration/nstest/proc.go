@@ -1,7 +1,7 @@
 package nstest
 
-// Readers of /proc for the processes the tests start: their CPU time and
-// the processes of a namespace.
+// Readers of /proc for the processes the tests start: their CPU time,
+// resident set and the processes of a namespace.
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // CPUTicks returns utime+stime of pid in clock ticks, from /proc/PID/stat.
@@ -73,4 +74,43 @@ func (n *Netns) pidsNamed(name string) []int {
 		}
 	}
 	return pids
+}
+
+// RSSKiB returns pid's resident set in KiB (/proc/PID/status VmRSS).
+func RSSKiB(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
+}
+
+// CPUShare measures each pid's CPU time over d and returns it as a
+// percentage of one core, in the order of pids.
+func CPUShare(pids []int, d time.Duration) ([]float64, error) {
+	t0 := make([]uint64, len(pids))
+	for i, pid := range pids {
+		v, err := CPUNanos(pid)
+		if err != nil {
+			return nil, err
+		}
+		t0[i] = v
+	}
+	start := time.Now()
+	time.Sleep(d)
+	el := time.Since(start)
+	out := make([]float64, len(pids))
+	for i, pid := range pids {
+		v, err := CPUNanos(pid)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = float64(v-t0[i]) / float64(el.Nanoseconds()) * 100
+	}
+	return out, nil
 }
