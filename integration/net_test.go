@@ -439,10 +439,12 @@ const netFrozenBound = 6 * time.Second
 // membership liveness (the default, docs/membership.md). A node whose
 // exnd is frozen (SIGSTOP: its sockets stay open, so no session ends by
 // itself) is reported down by every other node within netFrozenBound,
-// and is up again everywhere once it runs again.
+// node 1's /metrics (scraped over HTTP) counts it, and it is up again
+// everywhere once it runs again.
 func TestNetClusterLiveness(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip")
-	c := nstest.StartNetCluster(t, nstest.Build(t), 53, []int{1, 2, 3, 4})
+	const metrics = "127.0.0.1:9464" // each node's own namespace
+	c := nstest.StartNetClusterEach(t, nstest.Build(t), 53, []int{1, 2, 3, 4}, func(int) []string { return []string{"--metrics", metrics} })
 	frozen := c.Nodes[3]
 	if err := frozen.Proc.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -453,6 +455,10 @@ func TestNetClusterLiveness(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("a frozen node seen down by all three others in %v", d.Round(time.Millisecond))
+	fams := scrape(t, c.Nodes[0], metrics)
+	if v := sample(t, fams, "exn_membership_declared_dead_total"); v < 1 {
+		t.Errorf("node 1: exn_membership_declared_dead_total %v after the frozen node went down, want >= 1", v)
+	}
 	if err := c.WaitPeers(20*time.Second, c.Nodes...); err != nil {
 		t.Fatalf("after it ran again: %v", err)
 	}
