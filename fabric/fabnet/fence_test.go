@@ -1,10 +1,13 @@
 package fabnet
 
 import (
+	"context"
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/fabrictest"
 )
 
 // batch is what one takeLocked put on the wire: the VELO frames' tags,
@@ -141,5 +144,36 @@ func TestPutFence(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPutFenceEndToEnd: between two real nodes, a message an endpoint
+// sends right after its PUT finds the PUT's data in place at the peer
+// (the suite's PutOrder case, which skips while PutsBeforeSends answers
+// false: endpoint.go).
+func TestPutFenceEndToEnd(t *testing.T) {
+	nics := cluster(t, 2, nil)
+	a, b := fabrictest.OpenEP(t, nics[0], 1), fabrictest.OpenEP(t, nics[1], 1)
+	const size = 300 << 10 // five chunks and a part
+	la, rb := fabrictest.Register(t, a, size), fabrictest.Register(t, b, size)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for round := range 10 {
+		for i := range la.Buf {
+			la.Buf[i] = byte(round + i)
+		}
+		if _, err := a.Post([]fabric.RMA{{Op: fabric.OpPut, Peer: b.Addr(), Local: la.NLA, Remote: rb.NLA, Len: size}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Send(ctx, []fabric.Message{{Peer: b.Addr(), Tag: 1, Len: 8}}); err != nil {
+			t.Fatal(err)
+		}
+		var m [1]fabric.Message
+		fabrictest.RecvWait(t, ctx, b, m[:])
+		for i, v := range rb.Buf {
+			if v != la.Buf[i] {
+				t.Fatalf("round %d: byte %d = %#x when the message came, want %#x", round, i, v, la.Buf[i])
+			}
+		}
 	}
 }
