@@ -181,7 +181,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.EagerThreshold, "eager-threshold", DefaultEagerThreshold, "largest frame in `bytes` sent eagerly over VELO; larger ones use rendezvous")
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
-	fs.BoolVar(&c.Push, "push", true, "carry large frames by receiver-granted PUT where the fabric places a PUT before a later message (ofi:tcp; not net, see gateway/daemon.go pushOnNet), without a GET per frame (false: advert and GET only)")
+	fs.BoolVar(&c.Push, "push", true, "carry large frames by receiver-granted PUT where the fabric places a PUT before a later message (ofi:tcp), without a GET per frame (false: advert and GET only)")
 	fs.StringVar(&c.Liveness, "liveness", "swim", "how the net fabric finds dead peers: swim (membership by SWIM, a constant cost per node at any cluster size) or heartbeat (a heartbeat on every session; the cost grows with the cluster); every node must use the same (docs/membership.md)")
 	fs.IntVar(&c.GOMAXPROCS, "gomaxprocs", 0, "Go scheduler Ps for exnd (0: one fewer than the CPUs on an ofi fabric, Go's default elsewhere; GOMAXPROCS in the environment takes precedence over 0)")
 	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "let two programs under libextds.so move their bytes through a connection buffer instead of exnd's relay: on shm one shared buffer, exnd out of the data path; on net and ofi a copy per node that exnd's engine joins by RMA PUT (false: exnd relays every byte)")

@@ -100,15 +100,6 @@ type options struct {
 // WithDevice makes the node use dev instead of opening a TAP (tests use a
 // taptest.Device, which needs no root). The node closes it. Config's
 // Ifname, MTU and Addrs are then not applied to it.
-// pushOnNet: exn's push stays off on the net fabric although its PUT
-// fence (fabric/fabnet/fence.go) would allow it. Measured back to back
-// (docs/fabric-net.md, "PutOrderer, by a fence"), iperf3 over exn0 on
-// net gained nothing (11.4 against 11.5 Gbit/s) and cost more exnd CPU
-// per GB (0.96 against 0.89 s), and TestNetFabric/kill lost the first
-// large frame to a restarted node: the sender still held grants of the
-// node's previous incarnation (dropped there as push-forged).
-const pushOnNet = false
-
 func WithDevice(dev tap.Device) Option { return func(o *options) { o.dev = dev } }
 
 // WithMemCluster is the in-process cluster a "mem" fabric joins.
@@ -171,7 +162,7 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 		MTU:            cfg.MTU,
 		EagerThreshold: cfg.EagerThreshold,
 		Offload:        caps,
-		Push:           cfg.Push && (pushOnNet || cfg.Fabric.Kind != backend.Net),
+		Push:           cfg.Push,
 		Observer:       d.arp,
 		Logger:         log.With("part", "exn"),
 	}); err != nil {

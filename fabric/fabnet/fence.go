@@ -31,6 +31,9 @@ type fence struct {
 // a PUT with chunks left, or an earlier frame of a waits (which this one
 // may not overtake).
 func (s *session) mustFenceLocked(a fabric.VPID) bool {
+	if len(s.openPuts) == 0 && len(s.fences) == 0 {
+		return false // every VELO frame asks: no PUT open, no map lookup
+	}
 	if s.openPuts[a] > 0 {
 		return true
 	}
@@ -53,8 +56,13 @@ func (s *session) putQueuedLocked(b *bulk) {
 }
 
 // putTakenLocked: b's last chunk (or its abort) is in the batch being
-// built.
-func (s *session) putTakenLocked(b *bulk) { s.openPuts[b.a]-- }
+// built. A VPID with no PUT left leaves the map, so an empty map means no
+// PUT open at all.
+func (s *session) putTakenLocked(b *bulk) {
+	if s.openPuts[b.a]--; s.openPuts[b.a] == 0 {
+		delete(s.openPuts, b.a)
+	}
+}
 
 // waitsLocked says whether a PUT of vpid numbered below need still has
 // chunks to take.
