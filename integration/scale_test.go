@@ -62,8 +62,9 @@ func (c *shimCluster) exndFDKinds(t *testing.T, i int) map[string]int {
 
 // warmUp runs manyconns with 64 connections between the nodes, so that
 // what exnd makes once and keeps (the EXT-DS device's vdev endpoints, at
-// most 16; the pool of ready direct buffers, 4 sets of 5 files) exists
-// before a test takes its baseline of exnd's descriptors.
+// most 16; the pool of ready direct buffers, 4 pairs of a buffer and a
+// listener) exists before a test takes its baseline of exnd's
+// descriptors.
 func (c *shimCluster) warmUp(t *testing.T, prog string) {
 	t.Helper()
 	ip, port := c.nodes[1].IP.String(), nstest.PortArg()
@@ -113,7 +114,8 @@ func (c *shimCluster) waitReleased(t *testing.T, fds0 [2]int) {
 }
 
 // TestShimManyConns is issue #32's "never worse than TCP" for
-// descriptors: an epoll echo server and a client, both under the shim on
+// descriptors, and its "at most 2 per direct connection": an epoll echo
+// server and a client, both under the shim on
 // two nodes of one shm fabric, 900 concurrent connections, each program
 // under a soft descriptor limit of 1024.
 //
@@ -196,6 +198,12 @@ func TestShimManyConns(t *testing.T) {
 			if tc.fdLimit != (fdLimit > 0) {
 				t.Errorf("fd_limit fallbacks %.0f, want them: %v", fdLimit, tc.fdLimit)
 			}
+			// Issue #32: a direct connection costs the program at most 2
+			// descriptors (its socket and the bell; plus a kick per
+			// thread that parked and one per process with epoll sets).
+			if max := 2 + 2/float64(n); !tc.fdLimit && perConn > max {
+				t.Errorf("the client holds %.3f descriptors per connection, want at most %.3f", perConn, max)
+			}
 			c.waitReleased(t, fds0)
 		})
 	}
@@ -254,11 +262,25 @@ func TestShimBurst10k(t *testing.T) {
 	}
 	t.Logf("%d connections in %v: client %d switched, server %d switched, fallbacks %v", n, time.Since(start).Round(time.Millisecond), cl.Switched, sv.Switched, reasons)
 	if cl.Conns != n || sv.Accepted != n || cl.EMFILE != 0 || sv.EMFILE != 0 || sv.EpollErr != 0 || cl.Bad != 0 {
-		t.Fatalf("client: %d connections, %d EMFILE, %d bad echoes; server: %d accepted, %d EMFILE, %d epoll errors; want %d and no errors",
-			cl.Conns, cl.EMFILE, cl.Bad, sv.Accepted, sv.EMFILE, sv.EpollErr, n)
+		t.Fatalf("client: %d connections, %d EMFILE, %d bad echoes; server: %d accepted, %d EMFILE, %d epoll errors; want %d and no errors\nclient output (tail):\n%s",
+			cl.Conns, cl.EMFILE, cl.Bad, sv.Accepted, sv.EMFILE, sv.EpollErr, n, tailStr(out)+exndFailures(c))
 	}
 	if cl.Switched != sv.Switched {
 		t.Errorf("the client has %d connections switched, the server %d: mixed up", cl.Switched, sv.Switched)
 	}
 	c.waitReleased(t, fds0)
+}
+
+// exndFailures is what both exnds logged about failed switches, for a
+// failing test's message.
+func exndFailures(c *shimCluster) string {
+	var b strings.Builder
+	for i, n := range c.nodes {
+		for _, l := range strings.Split(n.Proc.Output(), "\n") {
+			if strings.Contains(l, "failed") || strings.Contains(l, "refus") {
+				fmt.Fprintf(&b, "\nexnd %d: %s", i+1, l)
+			}
+		}
+	}
+	return tailStr(b.String())
 }

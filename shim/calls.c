@@ -167,7 +167,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		dbg("connect fd %d: too many epoll registrations to switch, plain TCP", fd);
 		goto tcp;
 	}
-	switch (ctl_call(CTL_OP_CONNECT, switch_how(fd), fd, buf, sizeof buf, &resp, ufd)) {
+	switch (ctl_call(CTL_OP_CONNECT, switch_how(fd), fd, -1, buf, sizeof buf, &resp, ufd)) {
 	case CTL_NOCONN:
 		dbg("connect fd %d: no exnd, plain TCP", fd);
 		goto tcp;
@@ -237,7 +237,7 @@ EXPORT int listen(int fd, int backlog)
 	struct ctl_resp resp;
 	int ufd[CTL_MAXFD];
 	/* exnd takes the port from the socket itself and checks it listens. */
-	int c = ctl_call(CTL_OP_LISTEN, 0, fd, buf, sizeof buf, &resp, ufd);
+	int c = ctl_call(CTL_OP_LISTEN, 0, fd, -1, buf, sizeof buf, &resp, ufd);
 	close_fds(ufd);
 	if (c == CTL_OK) {
 		lock();
@@ -289,7 +289,7 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 		char buf[4096];
 		struct ctl_resp resp;
 		int ufd[CTL_MAXFD];
-		int c = ctl_call(CTL_OP_ACCEPT, switch_how(fd), fd, buf, sizeof buf, &resp, ufd);
+		int c = ctl_call(CTL_OP_ACCEPT, switch_how(fd), fd, -1, buf, sizeof buf, &resp, ufd);
 		if (c == CTL_NOCONN) {
 			dbg("accept fd %d: no exnd, plain TCP", fd);
 			errno = saved;
@@ -371,7 +371,7 @@ EXPORT int close(int fd)
 		char buf[4096];
 		struct ctl_resp resp;
 		int ufd[CTL_MAXFD];
-		ctl_call(CTL_OP_UNLISTEN, (unsigned)port, -1, buf, sizeof buf, &resp, ufd);
+		ctl_call(CTL_OP_UNLISTEN, (unsigned)port, -1, -1, buf, sizeof buf, &resp, ufd);
 		close_fds(ufd);
 		dbg("close fd %d: port %d unregistered", fd, port);
 		errno = saved;

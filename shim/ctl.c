@@ -46,24 +46,26 @@ static int ctl_open(void)
 	return s;
 }
 
-/* Send one request line with an optional fd. 0 or -1. */
-static int ctl_send(int s, const char *line, int fd)
+/* Send one request line with up to two descriptors (fd, then fd2; -1:
+ * none). 0 or -1. */
+static int ctl_send(int s, const char *line, int fd, int fd2)
 {
 	struct iovec iov = {(void *)line, strlen(line)};
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(2 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (fd >= 0) {
+	int fds[2] = {fd, fd2}, nfd = fd < 0 ? 0 : fd2 < 0 ? 1 : 2;
+	if (nfd > 0) {
 		memset(&u, 0, sizeof u);
 		mh.msg_control = u.buf;
-		mh.msg_controllen = sizeof u.buf;
+		mh.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
 		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+		c->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
 	}
 	while (iov.iov_len > 0) {
 		ssize_t n = real.sendmsg(s, &mh, MSG_NOSIGNAL);
@@ -174,7 +176,7 @@ fail:
  * or it does not speak the shim protocol) or CTL_BROKEN (the request may
  * have reached exnd but no answer, or no answer ctl_parse accepts, came).
  */
-int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size, struct ctl_resp *r, int *rfd)
+int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size, struct ctl_resp *r, int *rfd)
 {
 	char line[64];
 	size_t n;
@@ -193,7 +195,7 @@ int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size, struc
 	if (g_hello == 0) {
 		int hfd[CTL_MAXFD];
 		char hello[32];
-		if (ctl_req(hello, sizeof hello, CTL_OP_HELLO, 0) < 0 || ctl_send(s, hello, -1) < 0 ||
+		if (ctl_req(hello, sizeof hello, CTL_OP_HELLO, 0) < 0 || ctl_send(s, hello, -1, -1) < 0 ||
 		    ctl_recv(s, buf, size, &n, hfd) < 0) {
 			real.close(s);
 			return CTL_NOCONN;
@@ -208,7 +210,7 @@ int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size, struc
 		g_hello = 1;
 	}
 	int c = CTL_BROKEN;
-	if (ctl_send(s, line, fd) == 0 && ctl_recv(s, buf, size, &n, rfd) == 0 && ctl_parse(buf, n, r) == 0)
+	if (ctl_send(s, line, fd, fd2) == 0 && ctl_recv(s, buf, size, &n, rfd) == 0 && ctl_parse(buf, n, r) == 0)
 		c = r->ok ? CTL_OK : CTL_REFUSED;
 	int saved = errno;
 	real.close(s);

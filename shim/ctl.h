@@ -18,8 +18,8 @@
 /* Shim protocol version: 2 names no PID (exnd asks the kernel,
  * SO_PEERCRED), shim-listen carries the listening socket, and accepts
  * are claimed out of band before a client writes. */
-#define SHIM_VERSION "3" /* 3: the connection buffer's layout version 2 (docs/direct.md) */
-#define SHIM_VERSION_NUM 3
+#define SHIM_VERSION "4" /* 4: one bell per side, the buffer's layout version 3 (docs/direct.md) */
+#define SHIM_VERSION_NUM 4
 
 enum { CTL_MODE_NONE = 0, CTL_MODE_TCP = 1, CTL_MODE_EXTDS = 2, CTL_MODE_OTHER = 3, CTL_MODE_DIRECT = 4 };
 
@@ -54,7 +54,7 @@ int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg);
 
 /* ---- the client (ctl.c) ---- */
 
-#define CTL_MAXFD 8 /* control.MaxFDs; a direct answer has 6 (docs/direct.md) */
+#define CTL_MAXFD 8 /* control.MaxFDs; a direct answer has 3 (docs/direct.md) */
 
 enum { CTL_NOCONN = -2, CTL_BROKEN = -1, CTL_OK = 0, CTL_REFUSED = 1 };
 
@@ -62,13 +62,14 @@ enum { CTL_NOCONN = -2, CTL_BROKEN = -1, CTL_OK = 0, CTL_REFUSED = 1 };
 void close_fds(int *fds);
 
 /*
- * One request op (arg: as ctl_req's) with the optional descriptor fd, on
+ * One request op (arg: as ctl_req's) with the optional descriptors fd and
+ * fd2 (-1: none; shim-relay sends V and the bell), on
  * a fresh connection to exnd. Returns CTL_OK (ok:true, *r decoded, buf
  * holds the line, rfd the descriptors that came with it), CTL_REFUSED
  * (ok:false), CTL_NOCONN (nothing was sent) or CTL_BROKEN (no answer
  * ctl_parse accepts came). Details in ctl.c.
  */
-int ctl_call(enum ctl_op op, unsigned arg, int fd, char *buf, size_t size, struct ctl_resp *r, int *rfd);
+int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size, struct ctl_resp *r, int *rfd);
 
 #pragma GCC visibility pop
 

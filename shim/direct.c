@@ -8,12 +8,15 @@
  * sockcalls.c). The buffer itself is dring.c.
  *
  * State: g_dc, one record per direct connection mapped in this process
- * (the dring view, five hidden CLOEXEC descriptors placed high: V's dup,
- * my data and space bells, the peer's), shared by every descriptor of the dup family
- * (fdent.dc, counted in refs); the last descriptor's close unmaps it and
- * closes the hidden ones, so E hangs up exactly when the application's
- * last V closes. g_dep: epoll registrations of direct descriptors (each
- * with hidden dups of the two bells in that epoll set). Both are plain
+ * (the dring view and one hidden CLOEXEC descriptor placed high: the
+ * side's bell), shared by every descriptor of the dup family (fdent.dc,
+ * counted in refs). The dring's V is one of the application's own
+ * descriptors of the connection, moved to another when the application
+ * closes that one; the last close unmaps the buffer and closes the bell,
+ * so E hangs up exactly when the application's last V closes. g_dep:
+ * epoll registrations of direct descriptors (each with the bell in that
+ * epoll set; a dup only if the set holds two records of one
+ * connection). dparty.c: who parks on the bell. Both are plain
  * memory, inherited by fork like the descriptors; changed under the
  * table lock, never held across a blocking call. The data path takes no
  * lock of the shim: dring.c serialises producers and consumers itself.
@@ -60,6 +63,7 @@ void direct_init(void)
 		g_dep[i].fd = -1;
 	for (int i = 0; i < DSET_MAX; i++)
 		g_dset[i] = dset_empty(-1);
+	dparty_init();
 }
 
 struct depset *dset_of_locked(int epfd, int make)
@@ -100,23 +104,26 @@ void hot_unlink_locked(struct depset *s, int i)
 void dep_free_locked(int i)
 {
 	struct depreg *r = &g_dep[i];
-	for (int k = 0; k < 2; k++) {
-		real.epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell[k], NULL);
-		real.close(r->hbell[k]);
-	}
+	if (!r->bell_gone)
+		real.epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell, NULL);
+	if (r->hdup)
+		real.close(r->hbell);
 	struct dconn *c = &g_dc[r->dc];
 	/* Only the process that armed it: a forked child's copy of the
 	 * record was never counted in the shared ring. */
-	if (c->refs > 0 && r->owner == (int)getpid()) {
-		c->d.perm_in -= !!(r->armed & POLLIN);
-		c->d.perm_out -= !!(r->armed & POLLOUT);
-		dring_disarm(&c->d, r->armed); /* and the baton, if another waits */
+	if (c->refs > 0 && r->owner == dparty_pid()) {
+		dring_disarm(&c->d, r->armed);
+		party_leave_locked(c);
 	}
 	struct depset *s = dset_of_locked(r->epfd, 0);
 	if (s) {
 		hot_unlink_locked(s, i);
-		if (--s->n == 0)
+		if (--s->n == 0) {
+			int k = direct_ekick_locked();
+			if (k >= 0)
+				real.epoll_ctl(s->epfd, EPOLL_CTL_DEL, k, NULL);
 			s->epfd = -1;
+		}
 	}
 	r->fd = -1;
 	g_ndep--;
@@ -125,20 +132,30 @@ void dep_free_locked(int i)
 /* fd's entry is being cleared (close, reuse): drop its epoll records and its reference. */
 void direct_drop_locked(int fd, struct fdent *e)
 {
-	for (int i = 0; i < DEP_MAX && g_ndep > 0; i++)
+	for (int i = 0, seen = 0; i < DEP_MAX && seen < g_ndep; i++) {
+		if (g_dep[i].fd < 0)
+			continue;
+		seen++;
 		if (g_dep[i].fd == fd) {
-			real.epoll_ctl(g_dep[i].epfd, EPOLL_CTL_DEL, fd, NULL); /* the hidden V keeps the file open */
+			/* another descriptor of the file may keep it open */
+			real.epoll_ctl(g_dep[i].epfd, EPOLL_CTL_DEL, fd, NULL);
 			dep_free_locked(i);
+			seen--;
 		}
-	struct dconn *c = &g_dc[e->dc - 1];
-	if (--c->refs > 0)
+	}
+	int dc = e->dc;
+	struct dconn *c = &g_dc[dc - 1];
+	if (--c->refs > 0) {
+		if (c->d.v == fd) /* the dring's V: another of the application's descriptors */
+			for (int o = 0; o < g_ntab; o++)
+				if (o != fd && (g_tab[o].flags & F_DIRECT) && g_tab[o].dc == dc) {
+					c->d.v = o;
+					break;
+				}
 		return;
+	}
 	dring_detach(&c->d);
-	real.close(c->d.v);
-	real.close(c->d.dbell);
-	real.close(c->d.sbell);
-	real.close(c->d.peer_dbell);
-	real.close(c->d.peer_sbell);
+	real.close(c->d.bell);
 	memset(c, 0, sizeof *c);
 	g_ndc--;
 }
@@ -154,9 +171,8 @@ void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
 
 /*
  * Switch fd to exnd's answer r with descriptors ufd (docs/direct.md):
- * relay (one socketpair end) or direct (V, buffer, my data bell, my space
- * bell, peer data bell, peer space bell). Consumes ufd. 0, or -1 with
- * errno (fd untouched).
+ * relay (one socketpair end) or direct (V, buffer, the side's bell).
+ * Consumes ufd. 0, or -1 with errno (fd untouched).
  */
 int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock)
 {
@@ -166,8 +182,8 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 		close_fds(ufd);
 		return do_switch(fd, v, cloexec, nonblock, r->id);
 	}
-	int bad = r->side > 1 || r->ring > EXDD_RING_MAX || !ent(fd);
-	for (int i = 1; i < 6; i++)
+	int bad = r->side > 1 || r->ring > EXDD_RING_MAX || !ent(fd) || ufd[0] < 0 || ufd[3] >= 0;
+	for (int i = 1; i < 3; i++)
 		bad |= ufd[i] < 0;
 	if (bad) {
 		close_fds(ufd);
@@ -189,20 +205,13 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 		return -1;
 	}
 	struct dconn *c = &g_dc[slot];
-	/* Out of the program's descriptor space, in one window (fdroom.c). */
-	struct fdroom room;
-	fdroom_begin(&room);
-	int hv = fdroom_place(&room, ufd[0], 1), hb[4], e = hv < 0 ? EMFILE : 0;
-	for (int i = 0; i < 4; i++) {
-		hb[i] = fdroom_place(&room, ufd[2 + i], 0);
-		if (hb[i] < 0)
-			e = EMFILE;
-		else
-			ufd[2 + i] = -1;
-	}
-	fdroom_end(&room);
+	/* The bell out of the program's descriptor space (fdroom.c); exnd's
+	 * answer placed it there already unless there was no room. */
+	int hb = hide_fd(ufd[2], 0), e = hb < 0 ? EMFILE : 0;
+	if (hb >= 0)
+		ufd[2] = -1;
 	if (!e) {
-		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, hv);
+		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, fd, &g_dhooks);
 		e = a < 0 ? -a : 0;
 	} else {
 		real.close(ufd[1]);
@@ -230,11 +239,8 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 	}
 	if (e) {
 		close_fds(ufd);
-		if (hv >= 0)
-			real.close(hv);
-		for (int i = 0; i < 4; i++)
-			if (hb[i] >= 0)
-				real.close(hb[i]);
+		if (hb >= 0)
+			real.close(hb);
 		lock();
 		memset(c, 0, sizeof *c);
 		unlock();

@@ -19,18 +19,24 @@
 
 #pragma GCC visibility push(hidden)
 
-#define DC_MAX 1024
+/* Direct connections and epoll records per process: 16384 covers the
+ * 10,000 connections of issue #32 with room; the tables are zero pages
+ * until used (about 3 MiB of address space). */
+#define DC_MAX 16384
 #define DC_SLACK 16 /* slots left to concurrent switches (calls.c, switch_how) */
-#define DEP_MAX 1024
+#define DEP_MAX 16384
 #define DSET_MAX 256 /* epoll sets with direct records at once */
-/* epoll data of a bell registration: tag | DEP_SPACE for the space bell | record index */
+/* epoll data of a bell registration: tag | record index; of the
+ * process's kick eventfd: tag | DEP_KICK */
 #define DEP_TAG 0xe8dd5a5e00000000ull
-#define DEP_SPACE 0x80000000u
+#define DEP_KICK 0x7fffffffu
 
 struct dconn {
 	int refs; /* descriptors of this process that refer to it; 0: free */
 	uint64_t id;
 	int relay_asked;
+	int nparty;               /* this process's waiters and epoll records parked on the bell */
+	struct dwaiter *waiters;  /* this process's blocking waiters (their kicks), on their stacks */
 	struct dring d;
 };
 
@@ -42,17 +48,19 @@ struct dconn {
  * level-triggered report that may still hold).
  */
 struct depreg {
-	int epfd, fd, hbell[2]; /* fd < 0: free; dups of my data and space bell */
+	int epfd, fd;           /* fd < 0: free */
+	int hbell;              /* the bell as registered in epfd: the connection's, or a dup (hdup) */
+	int hdup;               /* hbell is a dup of the bell (epfd holds another record of the connection) */
+	int bell_gone;          /* the bell reached EOF: taken out of epfd */
 	int dc;                 /* index in g_dc */
 	unsigned armed;         /* POLLIN/POLLOUT counted in the ring (dring_arm) */
 	int owner;              /* the pid that armed it: a forked child's copy never disarms */
 	int hot, hot_next;      /* on its set's hot list; next index or -1 */
-	unsigned rang;          /* bells (1 data, 2 space) that fired and are not drained yet */
+	unsigned rang;          /* the bell fired and is not drained yet */
 	int rang_next;          /* next on its set's rang list, -1: none */
 	struct epoll_event ev;  /* the application's */
 	int disabled;           /* EPOLLONESHOT fired */
 	uint64_t last_in, last_out; /* EPOLLET: cursor state last reported */
-	uint64_t baton[2];          /* the cursor state of the last baton passed per bell */
 };
 
 /* An epoll set with direct records: how many, its hot list, and the
@@ -79,6 +87,8 @@ struct depset *dset_of_locked(int epfd, int make);
 /* With the lock held: take record i off its set's hot list, and off its
  * rang list. */
 void hot_unlink_locked(struct depset *s, int i);
+/* With the lock held: put record i on s's hot list (once). */
+void hot_push_locked(struct depset *s, int i);
 
 /* The live, not relayed connection of fd, or NULL. */
 static inline struct dconn *dcof(int fd)
@@ -93,8 +103,47 @@ static inline struct dconn *dcof(int fd)
 
 /* ---- direct.c ---- */
 
-/* shim_init's part: the free g_dep records. */
+/* shim_init's part: the free g_dep records, the kick key. */
 void direct_init(void);
+
+/* ---- dparty.c ---- */
+
+/* direct_init's part: the pid, the kick key. */
+void dparty_init(void);
+/* getpid(), cached (and renewed in a forked child). */
+int dparty_pid(void);
+
+/* pthread_atfork child: this thread's kick eventfd and the parties
+ * belong to the parent. */
+void direct_atfork_child(void);
+
+/* The hooks of every connection's dring: the parties, the per-thread
+ * kicks and the fan-out (docs/direct.md, "One bell per side"). */
+extern const struct dring_hooks g_dhooks;
+
+/* The fan-out self of the epoll path (dring_bell_drain under the table
+ * lock). */
+extern struct dwaiter g_dep_self;
+
+/* Without the lock: join c's parties, or, when another live process
+ * parks on that side, hand c to exnd's relay: 0 joined, 1 relayed (c is
+ * not direct any more). */
+int party_join_or_relay(struct dconn *c);
+
+/* With the lock held: this process joins c's parties (a waiter or an
+ * epoll record): 0, or -1 if another live process parks on that side
+ * (party[S]). party_leave_locked undoes it. */
+int party_join_locked(struct dconn *c);
+void party_leave_locked(struct dconn *c);
+
+/* Hand c to exnd's relay (shim-relay with V and the bell, as before
+ * exec): 0 once relay[S] is set, else -1. Without the lock. */
+int direct_relay(struct dconn *c);
+
+/* This process's kick eventfd for epoll sets (registered EPOLLET in
+ * each set with direct records, never drained): made on first use; -1
+ * if it cannot be. With the lock held. */
+int direct_ekick_locked(void);
 
 /* With the lock held: fd's entry is being cleared (close, reuse): drop
  * its epoll records and its reference. */

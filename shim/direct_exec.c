@@ -32,7 +32,7 @@ static void before_exec(void)
 		char buf[512];
 		struct ctl_resp resp;
 		int ufd[CTL_MAXFD];
-		int r = ctl_call(CTL_OP_RELAY, 0, fd, buf, sizeof buf, &resp, ufd);
+		int r = ctl_call(CTL_OP_RELAY, 0, fd, c->d.bell, buf, sizeof buf, &resp, ufd);
 		close_fds(ufd);
 		c->relay_asked = 1;
 		if (r == CTL_OK)

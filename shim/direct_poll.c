@@ -14,6 +14,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/select.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,6 +78,32 @@ static void d_poll_spin(struct pollfd *fds, nfds_t n, int nd, struct pollfd *k, 
 	}
 }
 
+/* A direct entry of one d_poll call: its connection (index in g_dc, -1:
+ * not direct), its waiter while the call parks (dparty.c), and whether
+ * this round gave the kernel its bell and V. */
+struct dpent {
+	struct dwaiter w;
+	int c, joined, inround;
+};
+
+/* Join the parties of the direct entries, once the spin is over (some
+ * may be relayed then: they are plain sockets from now on). */
+static void d_poll_join(struct pollfd *fds, nfds_t n, struct dpent *pe)
+{
+	for (nfds_t i = 0; i < n; i++) {
+		struct dconn *c = dcof(fds[i].fd);
+		pe[i].c = c ? (int)(c - g_dc) : -1;
+		pe[i].joined = c && g_dhooks.enter(&c->d, &pe[i].w) == 0;
+	}
+}
+
+static void d_poll_leave(nfds_t n, struct dpent *pe)
+{
+	for (nfds_t i = 0; i < n; i++)
+		if (pe[i].joined)
+			g_dhooks.leave(&g_dc[pe[i].c].d, &pe[i].w);
+}
+
 static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
 {
 	int nd = 0;
@@ -87,21 +114,31 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 	if (!nd)
 		return real.ppoll(fds, n, tmo, mask);
 	int saved = errno;
-	size_t kn = n + 2 * (size_t)nd;
+	/* the kernel's entries (each direct one as its bell, its V appended,
+	 * and the thread's kick), then a struct dpent per entry */
+	size_t kn = n + (size_t)nd + 1;
+	size_t need = kn * sizeof(struct pollfd) + n * sizeof(struct dpent);
 	struct pollfd stackbuf[POLL_STACK], *k = stackbuf;
-	if (kn > POLL_STACK) {
-		k = mmap(NULL, kn * sizeof *k, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (k == MAP_FAILED) {
+	struct dpent pstack[POLL_STACK / 2], *pe = pstack;
+	void *big = NULL;
+	if (kn > POLL_STACK || n > POLL_STACK / 2) {
+		big = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (big == MAP_FAILED) {
 			errno = ENOMEM;
 			return -1;
 		}
+		k = big;
+		pe = (struct dpent *)(void *)(k + kn);
 	}
+	memset(pe, 0, n * sizeof *pe);
 	struct timespec t0;
 	now_ts(&t0);
 	int block = !tmo || tmo->tv_sec || tmo->tv_nsec;
 	int ret;
-	if (block)
+	if (block) {
 		d_poll_spin(fds, n, nd, k, mask);
+		d_poll_join(fds, n, pe);
+	}
 	for (;;) {
 		/* 1. what is ready now, without blocking */
 		int armed = 0, ready = 0;
@@ -123,21 +160,26 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 		}
 		/* 2. the kernel: direct ones as their bells (or ignored when something is ready) */
 		size_t j = n;
+		int kick = -1;
 		for (nfds_t i = 0; i < n; i++) {
 			k[i] = fds[i];
 			k[i].revents = 0;
+			pe[i].inround = 0;
 			struct dconn *c = dcof(fds[i].fd);
 			if (!c)
 				continue;
-			int in = fds[i].events & (POLLIN | POLLRDNORM | POLLRDHUP), out = fds[i].events & (POLLOUT | POLLWRNORM);
-			k[i].fd = ready || !block ? -1 : in || !out ? c->d.dbell : c->d.sbell;
+			k[i].fd = ready || !block ? -1 : c->d.bell;
 			k[i].events = POLLIN;
 			if (!ready && block) {
-				if (in && out)
-					k[j++] = (struct pollfd){c->d.sbell, POLLIN, 0};
 				k[j++] = (struct pollfd){c->d.v, POLLIN, 0};
+				pe[i].inround = 1;
+				pe[i].c = (int)(c - g_dc);
+				if (pe[i].joined)
+					kick = pe[i].w.kick;
 			}
 		}
+		if (kick >= 0)
+			k[j++] = (struct pollfd){kick, POLLIN, 0};
 		struct timespec left, *lp = NULL;
 		if (ready || !block) {
 			left = (struct timespec){0, 0};
@@ -163,13 +205,22 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 			ret = -1;
 			break;
 		}
-		for (size_t i = n; i < j; i++)
-			if (k[i].revents & (POLLHUP | POLLERR))
-				for (nfds_t q = 0; q < n; q++) {
-					struct dconn *c = dcof(fds[q].fd);
-					if (c && c->d.v == k[i].fd)
-						dring_rst(&c->d);
-				}
+		/* the bells that fired, V's events, the kick */
+		if (r > 0) {
+			size_t q = n;
+			for (nfds_t i = 0; i < n; i++) {
+				if (!pe[i].inround)
+					continue;
+				struct dring *d = &g_dc[pe[i].c].d;
+				if (k[i].revents)
+					dring_bell_drain(d, pe[i].joined ? &pe[i].w : NULL);
+				if (k[q].revents)
+					dring_v_event(d, k[q].revents);
+				q++;
+			}
+			if (kick >= 0 && k[j - 1].revents)
+				dring_drain(kick);
+		}
 		/* 3. merge */
 		ret = 0;
 		for (nfds_t i = 0; i < n; i++) {
@@ -188,8 +239,9 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 		if (tmo && ms_since(&t0) >= tmo->tv_sec * 1000 + tmo->tv_nsec / 1000000)
 			break;
 	}
-	if (k != stackbuf)
-		munmap(k, kn * sizeof *k);
+	d_poll_leave(n, pe);
+	if (big)
+		munmap(big, need);
 	if (ret >= 0)
 		errno = saved;
 	return ret;
@@ -294,19 +346,22 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct times
 
 /*
  * A direct descriptor in an epoll set is two kernel registrations: V with
- * the application's data (it only ever shows the relay or exnd's death),
- * and hidden dups of the side's data and space bells tagged DEP_TAG |
- * record (| DEP_SPACE for the space bell). The record is armed for its
- * events (dring_arm: counted in cons_wait / prod_wait) from
- * EPOLL_CTL_ADD until EPOLL_CTL_DEL or the close, so the peer rings a bell
- * whenever data or space comes, and the kernel's epoll says which record.
- * A record is on its set's hot list while it may be ready: just added or
- * modified, its bell fired, or a level-triggered report that may still
- * hold. epoll_wait evaluates the hot list and the records the kernel
- * names, never the others: its cost follows the ready records, not the
- * registered ones (issue #32; before, it armed, checked and disarmed every
- * record of the set on every wait: 1,000 idle records made a busy one's
- * ping-pong 12x slower, docs/direct.md "Descriptors").
+ * the application's data (it only ever shows the relay, exnd's reset or
+ * its death), and the connection's bell tagged DEP_TAG | record (a
+ * hidden dup of it only when the set holds the bell already for another
+ * descriptor of the connection); each set with direct records also holds
+ * the process's epoll kick (dparty.c), EPOLLET, tagged DEP_TAG | DEP_KICK.
+ * The record is armed for its events (dring_arm: counted in cons_wait /
+ * prod_wait) from EPOLL_CTL_ADD until EPOLL_CTL_DEL or the close, so the
+ * peer rings the bell whenever data or space comes, and the kernel's
+ * epoll says which record. A record is on its set's hot list while it
+ * may be ready: just added or modified, its bell fired, another party of
+ * its process drained the bell (the fan-out), or a level-triggered
+ * report that may still hold. epoll_wait evaluates the hot list and the
+ * records the kernel names, never the others: its cost follows the ready
+ * records, not the registered ones (issue #32; before, it armed, checked
+ * and disarmed every record of the set on every wait: 1,000 idle records
+ * made a busy one's ping-pong 12x slower, docs/direct.md "Descriptors").
  *
  * The price: while a record is armed, each write of the peer into an
  * empty ring (each read that frees space, for EPOLLOUT) rings a bell, a
@@ -316,14 +371,42 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct times
  * All of it runs under the table lock; the kernel waits do not.
  */
 
-/* Put record i on s's hot list (once). */
-static void hot_push_locked(struct depset *s, int i)
+void hot_push_locked(struct depset *s, int i)
 {
 	if (g_dep[i].hot)
 		return;
 	g_dep[i].hot = 1;
 	g_dep[i].hot_next = s->hot;
 	s->hot = i;
+}
+
+/* With the lock held: register c's bell in s for record slot (a dup if
+ * the set holds the bell already, for another record of c), and the
+ * process's epoll kick once per set. 0 or -1 with errno. */
+static int dep_bell_add_locked(struct depset *s, struct dconn *c, int slot, uint32_t excl)
+{
+	struct depreg *r = &g_dep[slot];
+	struct epoll_event bev = {EPOLLIN | excl, {.u64 = DEP_TAG | (uint64_t)slot}};
+	r->hbell = c->d.bell;
+	r->hdup = 0;
+	if (real.epoll_ctl(s->epfd, EPOLL_CTL_ADD, r->hbell, &bev) < 0) {
+		if (errno != EEXIST || (r->hbell = hide_fd(c->d.bell, 1)) < 0)
+			return -1;
+		r->hdup = 1;
+		if (real.epoll_ctl(s->epfd, EPOLL_CTL_ADD, r->hbell, &bev) < 0) {
+			int e = errno;
+			real.close(r->hbell);
+			errno = e;
+			return -1;
+		}
+	}
+	if (s->n == 0) {
+		int k = direct_ekick_locked();
+		struct epoll_event kev = {EPOLLIN | EPOLLET, {.u64 = DEP_TAG | DEP_KICK}};
+		if (k >= 0 && real.epoll_ctl(s->epfd, EPOLL_CTL_ADD, k, &kev) < 0 && errno != EEXIST)
+			dbg("epoll %d: kick: %s", s->epfd, strerror(errno));
+	}
+	return 0;
 }
 
 /* epoll_ctl on a direct descriptor. 1 handled (ret in *ret), 0 not direct. */
@@ -337,6 +420,11 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		errno = EFAULT;
 		return 1;
 	}
+	/* A record parks on the bell for as long as it lives: this process
+	 * becomes a party of the side (dparty.c), or, if another one parks
+	 * there, the connection goes to the relay and fd is a plain socket. */
+	if (op == EPOLL_CTL_ADD && party_join_or_relay(c))
+		return 0;
 	const uint32_t pass = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE;
 	struct epoll_event vev = {0, {0}};
 	if (ev)
@@ -344,13 +432,18 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 	unsigned arm = ev ? ((ev->events & (EPOLLIN | EPOLLRDHUP) ? POLLIN : 0) | (ev->events & EPOLLOUT ? POLLOUT : 0)) : 0;
 	lock();
 	int slot = -1;
-	for (int i = 0; i < DEP_MAX; i++)
+	for (int i = 0, seen = 0; i < DEP_MAX && seen < g_ndep; i++) {
+		if (g_dep[i].fd < 0)
+			continue;
+		seen++;
 		if (g_dep[i].fd == fd && g_dep[i].epfd == epfd) {
 			slot = i;
 			break;
 		}
+	}
 	if (op == EPOLL_CTL_ADD) {
 		if (slot >= 0) {
+			party_leave_locked(c);
 			unlock();
 			errno = EEXIST;
 			return 1;
@@ -360,6 +453,7 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 				slot = i;
 		struct depset *s = slot >= 0 ? dset_of_locked(epfd, 1) : NULL;
 		if (!s) {
+			party_leave_locked(c);
 			unlock();
 			errno = ENOSPC;
 			return 1;
@@ -367,37 +461,25 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		if (real.epoll_ctl(epfd, op, fd, &vev) < 0) {
 			if (s->n == 0)
 				s->epfd = -1;
+			party_leave_locked(c);
 			unlock();
 			return 1;
 		}
-		int hb[2] = {hide_fd(c->d.dbell, 1), hide_fd(c->d.sbell, 1)}, k;
-		for (k = 0; k < 2; k++) {
-			struct epoll_event bev = {EPOLLIN | (ev->events & EPOLLEXCLUSIVE),
-						  {.u64 = DEP_TAG | (k ? DEP_SPACE : 0) | (uint64_t)slot}};
-			if (hb[k] < 0 || real.epoll_ctl(epfd, EPOLL_CTL_ADD, hb[k], &bev) < 0)
-				break;
-		}
-		if (k < 2) {
+		if (dep_bell_add_locked(s, c, slot, ev->events & EPOLLEXCLUSIVE) < 0) {
 			int e = errno;
-			for (int q = 0; q < 2; q++) {
-				if (q < k)
-					real.epoll_ctl(epfd, EPOLL_CTL_DEL, hb[q], NULL);
-				if (hb[q] >= 0)
-					real.close(hb[q]);
-			}
 			real.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
 			if (s->n == 0)
 				s->epfd = -1;
+			party_leave_locked(c);
 			unlock();
 			errno = e;
 			return 1;
 		}
-		g_dep[slot] = (struct depreg){.epfd = epfd, .fd = fd, .hbell = {hb[0], hb[1]}, .dc = (int)(c - g_dc),
-					      .armed = arm, .owner = (int)getpid(), .hot_next = -1, .rang_next = -1, .ev = *ev, .last_in = ~0ull, .last_out = ~0ull,
-					      .baton = {~0ull, ~0ull}};
+		int hb = g_dep[slot].hbell, hd = g_dep[slot].hdup;
+		g_dep[slot] = (struct depreg){.epfd = epfd, .fd = fd, .hbell = hb, .hdup = hd, .dc = (int)(c - g_dc),
+					      .armed = arm, .owner = dparty_pid(), .hot_next = -1, .rang_next = -1, .ev = *ev,
+					      .last_in = ~0ull, .last_out = ~0ull};
 		dring_arm(&c->d, arm);
-		c->d.perm_in += !!(arm & POLLIN);
-		c->d.perm_out += !!(arm & POLLOUT);
 		s->n++;
 		hot_push_locked(s, slot); /* it may be ready already */
 		g_ndep++;
@@ -409,10 +491,8 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 	} else if (op == EPOLL_CTL_MOD) {
 		struct depreg *r = &g_dep[slot];
 		if ((*ret = real.epoll_ctl(epfd, op, fd, &vev)) == 0) {
-			if (arm != r->armed && r->owner == (int)getpid()) {
+			if (arm != r->armed && r->owner == dparty_pid()) {
 				dring_arm(&c->d, arm);
-				c->d.perm_in += !!(arm & POLLIN) - !!(r->armed & POLLIN);
-				c->d.perm_out += !!(arm & POLLOUT) - !!(r->armed & POLLOUT);
 				dring_disarm(&c->d, r->armed);
 				r->armed = arm;
 			}
@@ -509,30 +589,34 @@ static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, 
 	int k = from;
 	for (int i = from; i < to; i++) {
 		uint64_t u = evs[i].data.u64;
-		uint32_t idx = (uint32_t)u & ~DEP_SPACE;
-		if ((u & ~0xffffffffull) != DEP_TAG || idx >= DEP_MAX) {
+		uint32_t idx = (uint32_t)u;
+		if ((u & ~0xffffffffull) != DEP_TAG || (idx >= DEP_MAX && idx != DEP_KICK)) {
 			evs[k++] = evs[i];
 			continue;
 		}
+		if (idx == DEP_KICK)
+			continue; /* a fan-out: what it made hot is on the hot list */
 		struct depreg *r = &g_dep[idx];
 		if (r->fd < 0 || r->epfd != s->epfd)
 			continue; /* a record gone since: its bell is deregistered */
-		unsigned bit = (u & DEP_SPACE) ? 2u : 1u;
 		if (!r->rang) {
 			r->rang_next = s->rang;
 			s->rang = (int)idx;
 		}
-		r->rang |= bit;
+		r->rang = 1;
 		hot_push_locked(s, (int)idx);
 	}
 	return k;
 }
 
-/* Before blocking: empty every bell on the rang list (clearing its rung
- * flag and passing the baton, dring_bell_drained) and make its record
- * hot, so the caller looks at the rings once more after the drain and
- * only then blocks: a peer that rings after the drain writes a byte the
- * kernel wait sees. With the lock held. */
+/* Before blocking: empty every bell on the rang list (clearing the rung
+ * flags, dring_bell_drain, which fans out to this process's other
+ * parties of the connection) and make its record hot, so the caller looks
+ * at the rings once more after the drain and only then blocks: a peer
+ * that rings after the drain writes a byte the kernel wait sees. A bell
+ * at EOF (the peer side is gone) leaves the set: it would be readable
+ * for ever. A forked child's copy of a record leaves the bell to the
+ * process that parks on it (party[S]). With the lock held. */
 static void dep_settle_locked(struct depset *s)
 {
 	while (s->rang >= 0) {
@@ -540,9 +624,11 @@ static void dep_settle_locked(struct depset *s)
 		struct depreg *r = &g_dep[i];
 		s->rang = r->rang_next;
 		struct dconn *c = &g_dc[r->dc];
-		for (int space = 0; space < 2; space++)
-			if ((r->rang & (1u << space)) && c->refs > 0)
-				dring_bell_drained(&c->d, space, &r->baton[space]);
+		if (c->refs > 0 && r->owner == dparty_pid() && !r->bell_gone &&
+		    (dring_bell_drain(&c->d, &g_dep_self) & DRING_BELL_EOF)) {
+			real.epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->hbell, NULL);
+			r->bell_gone = 1;
+		}
 		r->rang = 0;
 		r->rang_next = -1;
 		hot_push_locked(s, i);

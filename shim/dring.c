@@ -5,18 +5,22 @@
  *
  * Data path: a producer copies into its outbound ring, publishes tail
  * (seq_cst, after the data) and, only if consumers are parked
- * (cons_wait > 0, a count), writes one byte to the peer's data bell; a
- * consumer does the same with head, prod_wait and the peer's space bell.
- * A waiter spins for EXDD_SPIN_NS, then counts itself in (seq_cst add),
- * re-checks, and parks in poll({my data or space bell, V}): the Dekker
- * pair "add to the count, load the cursor" / "store the cursor, load the
- * count" guarantees that one of the two sees the other. V is in every
- * park so that exnd's death (V hangs up) and the relay after exec
- * (relay[S], V readable) end the wait. Two bells per side, so a reader
- * never drains a byte meant for a writer; the baton (a waiter that leaves
- * work behind while others of its kind are parked rings its own bell)
- * covers two waiters of one kind, since the first to drain empties the
- * FIFO before the other's poll looks.
+ * (cons_wait > 0, a count) and no ring is pending (data_rung), writes one
+ * byte to its bell B_S, which makes the peer's bell B_{1-S} readable; a
+ * consumer does the same with head, prod_wait and space_rung. A waiter
+ * spins for EXDD_SPIN_NS, then counts itself in (seq_cst add), re-checks,
+ * and parks in poll({B_S, V, its kick}): the Dekker pair "add to the
+ * count, load the cursor" / "store the cursor, load the count" guarantees
+ * that one of the two sees the other. V is in every park so that exnd's
+ * death (V hangs up), exnd's own reset (V readable with rst set) and the
+ * relay after exec (relay[S], V readable) end the wait.
+ *
+ * One bell per side (docs/direct.md, "One bell per side"): readers and
+ * writers of a side park on the same B_S, and whoever drains it clears
+ * both rung flags that target the side and, if it took bytes, asks the
+ * owner's fanout hook to make the other waiters of its process look
+ * again (their kick descriptors): a drain may take a byte another waiter
+ * needed, and one cannot ring one's own bell.
  *
  * Nothing in the mapping is trusted: every cursor load checks
  * tail - head <= R (unsigned), every index is reduced mod R, and a
@@ -61,45 +65,46 @@ _Static_assert(offsetof(struct dring_ctl, prod_wait) == 12 && offsetof(struct dr
 #define HDR_RING 8
 #define HDR_SIZE 16
 #define HDR_RELAY 64
+#define HDR_PARTY 72
 
 static void sys_close(int fd) { syscall(SYS_close, fd); }
 
-static void ring_fd(int fd)
+/* Ring the peer: one byte into my bell (EAGAIN: bytes are pending,
+ * enough; EPIPE: the peer's bell is gone, nobody to wake). */
+static void ring_peer(struct dring *d)
 {
 	char b = 1;
-	if (fd >= 0)
-		(void)syscall(SYS_write, fd, &b, 1); /* EAGAIN: a byte is pending, enough */
+	if (d->bell >= 0)
+		(void)syscall(SYS_sendto, d->bell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
 }
 
 /*
- * Ring the peer's data bell for what I produced (ring_data) or its space
- * bell for what I consumed (ring_space) if it waits, once per drain: the
- * direction's data_rung / space_rung says a ring is pending, and the
- * waiter that empties the bell clears it (drain_mine). A waiter that
- * stays armed (an epoll record) would otherwise cost a write per
- * message (docs/direct.md, "Wake-up protocol").
+ * Ring the peer for what I produced (ring_data) or consumed (ring_space)
+ * if it waits, once per drain: the direction's data_rung / space_rung
+ * says a ring is pending, and the side that empties its bell clears it
+ * (dring_bell_drain). A waiter that stays armed (an epoll record) would
+ * otherwise cost a write per message (docs/direct.md, "Wake-up
+ * protocol").
  */
 static void ring_data(struct dring *d)
 {
 	if (LD_SC(&d->out->cons_wait) && !LD_SC(&d->out->data_rung) &&
 	    !__atomic_exchange_n(&d->out->data_rung, 1, __ATOMIC_SEQ_CST))
-		ring_fd(d->peer_dbell);
+		ring_peer(d);
 }
 
 static void ring_space(struct dring *d)
 {
 	if (LD_SC(&d->in->prod_wait) && !LD_SC(&d->in->space_rung) &&
 	    !__atomic_exchange_n(&d->in->space_rung, 1, __ATOMIC_SEQ_CST))
-		ring_fd(d->peer_sbell);
+		ring_peer(d);
 }
 
-/* Empty my data bell (space 0) or space bell, then clear its rung flag:
- * a ring after the clear writes a byte again, and the caller re-checks
- * the ring after this. */
-static void drain_mine(struct dring *d, int space)
+/* The other waiters of this process look again (the owner's hook). */
+static void fanout(struct dring *d, struct dwaiter *self)
 {
-	dring_drain(space ? d->sbell : d->dbell);
-	__atomic_store_n(space ? &d->out->space_rung : &d->in->data_rung, 0, __ATOMIC_SEQ_CST);
+	if (d->hooks && d->hooks->fanout)
+		d->hooks->fanout(d, self);
 }
 
 static int64_t now_ns(void)
@@ -118,10 +123,10 @@ static inline void relax(void)
 #endif
 }
 
-int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int bells[4], int v)
+int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, int bell, int v, const struct dring_hooks *hooks)
 {
 	memset(d, 0, sizeof *d);
-	d->dbell = d->sbell = d->peer_dbell = d->peer_sbell = d->v = -1;
+	d->bell = d->v = -1;
 	struct stat st;
 	size_t len = EXDD_HDR + 2 * (size_t)ring;
 	if ((side != 0 && side != 1) || ring < EXDD_RING_MIN || ring > EXDD_RING_MAX || (ring & (ring - 1)) ||
@@ -148,16 +153,13 @@ int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int b
 	d->in = (struct dring_ctl *)(b + 1024 + 1024 * (1 - side));
 	d->outdata = b + EXDD_HDR + (size_t)side * ring;
 	d->indata = b + EXDD_HDR + (size_t)(1 - side) * ring;
-	d->dbell = bells[0];
-	d->sbell = bells[1];
-	d->peer_dbell = bells[2];
-	d->peer_sbell = bells[3];
-	for (int i = 0; i < 4; i++) {
-		long fl = bells[i] >= 0 ? syscall(SYS_fcntl, bells[i], F_GETFL) : -1;
-		if (fl >= 0 && !(fl & O_NONBLOCK))
-			syscall(SYS_fcntl, bells[i], F_SETFL, fl | O_NONBLOCK);
-	}
+	d->party = (uint32_t *)(b + HDR_PARTY + 4 * side);
+	d->bell = bell;
+	long fl = bell >= 0 ? syscall(SYS_fcntl, bell, F_GETFL) : -1;
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		syscall(SYS_fcntl, bell, F_SETFL, fl | O_NONBLOCK);
 	d->v = v;
+	d->hooks = hooks;
 	return 0;
 }
 
@@ -174,10 +176,8 @@ void dring_rst(struct dring *d)
 {
 	ST(&d->in->rst, 1);
 	ST(&d->out->rst, 1);
-	ring_fd(d->peer_dbell);
-	ring_fd(d->peer_sbell);
-	ring_fd(d->dbell); /* other waiters of this side (threads, forked children) */
-	ring_fd(d->sbell);
+	ring_peer(d);
+	fanout(d, NULL); /* other waiters of this side */
 }
 
 static int fail(struct dring *d)
@@ -200,9 +200,14 @@ void dring_fin(struct dring *d)
 {
 	ST(&d->out->fin, 1);
 	ring_data(d);
+	fanout(d, NULL); /* a writer of this process parked for space: EPIPE now */
 }
 
-void dring_shut_rd(struct dring *d) { d->rd_shut = 1; }
+void dring_shut_rd(struct dring *d)
+{
+	d->rd_shut = 1;
+	fanout(d, NULL); /* a parked reader of this process: 0 now */
+}
 
 void dring_rd_closed(struct dring *d)
 {
@@ -210,11 +215,15 @@ void dring_rd_closed(struct dring *d)
 	ring_space(d);
 }
 
-void dring_drain(int bell)
+int dring_drain(int fd)
 {
 	char b[64];
-	while (syscall(SYS_read, bell, b, sizeof b) > 0)
-		;
+	for (;;) {
+		long r = syscall(SYS_read, fd, b, sizeof b);
+		if (r > 0 || (r < 0 && errno == EINTR))
+			continue;
+		return r == 0;
+	}
 }
 
 /* Bytes in the inbound ring, or -1 (forged cursor: failed). */
@@ -285,20 +294,61 @@ unsigned dring_arm(struct dring *d, unsigned events)
 	return dring_ready(d);
 }
 
-static void baton(struct dring *d, int w);
-
 void dring_disarm(struct dring *d, unsigned events)
 {
-	if (events & EV_IN) {
+	if (events & EV_IN)
 		ADD(&d->in->cons_wait, -1u);
-		drain_mine(d, 0);
-		baton(d, 0);
-	}
-	if (events & EV_OUT) {
+	if (events & EV_OUT)
 		ADD(&d->out->prod_wait, -1u);
-		drain_mine(d, 1);
-		baton(d, 1);
+}
+
+int dring_bell_drain(struct dring *d, struct dwaiter *self)
+{
+	char b[64];
+	int n = 0, eof = 0;
+	for (;;) {
+		long r = syscall(SYS_read, d->bell, b, sizeof b);
+		if (r > 0) {
+			n += (int)r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		eof = r == 0;
+		break;
 	}
+	/* After the drain: a ring from now on writes again, and the caller
+	 * looks at the rings after this. */
+	ST(&d->in->data_rung, 0);
+	ST(&d->out->space_rung, 0);
+	if (eof && !is_reset(d) && !(LD(&d->in->fin) && (LD(&d->out->rd_closed) || LD(&d->out->fin)))) {
+		/* every copy of the peer's bell is closed, and it never said
+		 * it was done (fin, and rd_closed or the end of my own
+		 * stream): the peer side is gone */
+		ST(&d->in->rst, 1);
+		ST(&d->out->rst, 1);
+		n = n ? n : 1; /* everyone looks again */
+	}
+	if (n > 0)
+		fanout(d, self);
+	if (n > DRING_BELL_EOF - 1)
+		n = DRING_BELL_EOF - 1;
+	return n | (eof ? DRING_BELL_EOF : 0);
+}
+
+int dring_v_event(struct dring *d, short revents)
+{
+	if (revents & (POLLHUP | POLLERR | POLLNVAL)) {
+		dring_rst(d); /* exnd is gone */
+		return 1;
+	}
+	if (!(revents & POLLIN))
+		return 0;
+	/* exnd writes E only after storing relay[S], and shuts it only
+	 * after storing rst */
+	if (!dring_relayed(d) && !is_reset(d))
+		fail(d);
+	return 1;
 }
 
 /* ---- waiting ---- */
@@ -322,32 +372,6 @@ static int wait_over(struct dring *d, int w)
 	return out_space(d) != 0;
 }
 
-void dring_bell_drained(struct dring *d, int space, uint64_t *last)
-{
-	int w = space ? W_WRITE : W_READ;
-	drain_mine(d, space);
-	uint32_t waiting = LD_SC(space ? &d->out->prod_wait : &d->in->cons_wait);
-	if (waiting <= (space ? d->perm_out : d->perm_in) || !wait_over(d, w))
-		return;
-	uint64_t st = space ? LD(&d->out->head) ^ ((uint64_t)LD(&d->out->rd_closed) << 63)
-			    : LD(&d->in->tail) ^ ((uint64_t)LD(&d->in->fin) << 63);
-	st ^= (uint64_t)is_reset(d) << 62;
-	if (st == *last)
-		return;
-	*last = st;
-	ring_fd(space ? d->sbell : d->dbell);
-}
-
-/* The baton: after draining my bell of kind w, ring it again if another
- * waiter of that kind is parked and may go on (it may have lost the race
- * for the byte). The caller is not counted any more. */
-static void baton(struct dring *d, int w)
-{
-	if (w == W_READ ? LD_SC(&d->in->cons_wait) > d->perm_in && wait_over(d, W_READ)
-			: LD_SC(&d->out->prod_wait) > d->perm_out && wait_over(d, W_WRITE))
-		ring_fd(w == W_READ ? d->dbell : d->sbell);
-}
-
 struct waitst {
 	int64_t deadline; /* ns, CLOCK_MONOTONIC; 0: none yet */
 	int timeo_read;   /* SO_*TIMEO looked up */
@@ -356,9 +380,10 @@ struct waitst {
 /*
  * Wait until a waiter of kind w may go on: spin, then arm and park. 0
  * (look again), -EAGAIN (timeout), -EINTR, -ECONNRESET (V hung up: exnd
- * is gone), -EIO.
+ * is gone; or reset), -EIO, -DRING_RELAYED (the owner's enter hook handed
+ * the connection to exnd's relay).
  */
-static int park(struct dring *d, int w, struct waitst *ws);
+static int park(struct dring *d, int w, struct waitst *ws, struct dwaiter *me);
 
 static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 {
@@ -378,20 +403,23 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 		    (tv.tv_sec || tv.tv_usec))
 			ws->deadline = t0 + (int64_t)tv.tv_sec * 1000000000 + (int64_t)tv.tv_usec * 1000;
 	}
+	struct dwaiter me = {-1, NULL};
+	if (d->hooks && d->hooks->enter) {
+		int e = d->hooks->enter(d, &me);
+		if (e < 0)
+			return e;
+	}
 	uint32_t *nwait = w == W_READ ? &d->in->cons_wait : &d->out->prod_wait;
 	ADD(nwait, 1);
-	int r = park(d, w, ws);
+	int r = park(d, w, ws, &me);
 	ADD(nwait, -1u);
-	if (r == 1) {
-		drain_mine(d, w == W_WRITE);
-		baton(d, w);
-		r = 0;
-	}
+	if (d->hooks && d->hooks->leave)
+		d->hooks->leave(d, &me);
 	return r;
 }
 
-/* The park of wait_for: 1 (my bell rang), 0, or -errno. */
-static int park(struct dring *d, int w, struct waitst *ws)
+/* The park of wait_for, counted in: 0 (look again) or -errno. */
+static int park(struct dring *d, int w, struct waitst *ws, struct dwaiter *me)
 {
 	for (;;) {
 		if (wait_over(d, w))
@@ -405,27 +433,20 @@ static int park(struct dring *d, int w, struct waitst *ws)
 			ts.tv_nsec = left % 1000000000;
 			tp = &ts;
 		}
-		struct pollfd p[2] = {{w == W_READ ? d->dbell : d->sbell, POLLIN, 0}, {d->v, POLLIN, 0}};
-		long r = syscall(SYS_ppoll, p, d->v >= 0 ? 2 : 1, tp, NULL, (size_t)8);
+		struct pollfd p[3] = {{d->bell, POLLIN, 0}, {d->v, POLLIN, 0}, {me->kick, POLLIN, 0}};
+		long r = syscall(SYS_ppoll, p, 3, tp, NULL, (size_t)8);
 		if (r < 0) {
 			if (errno == EINTR)
 				return -EINTR;
 			return -errno;
 		}
-		if (p[1].revents & (POLLHUP | POLLERR | POLLNVAL)) {
-			dring_rst(d);
-			return -ECONNRESET;
-		}
-		if (p[1].revents & POLLIN) {
-			/* exnd writes E only after storing relay[S] */
-			if (!dring_relayed(d))
-				return fail(d);
-			return 0;
-		}
-		if (p[0].revents & POLLIN)
-			return 1;
-		if (r == 0)
-			continue; /* timeout: the loop head decides */
+		if (p[2].revents & POLLIN)
+			dring_drain(me->kick);
+		/* once relayed, the bell's bytes are exnd's relay's */
+		if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !dring_relayed(d))
+			dring_bell_drain(d, me);
+		if (p[1].revents && dring_v_event(d, p[1].revents) && !dring_relayed(d))
+			return d->failed ? -EIO : -ECONNRESET;
 	}
 }
 
@@ -579,7 +600,6 @@ ssize_t dring_writev(struct dring *d, const struct iovec *iov, int iovcnt, int f
 		k.done += n;
 	}
 	lk_release(&d->out->prod_lock);
-	baton(d, W_WRITE); /* space left for another parked writer */
 	if (k.done > 0) /* what is in the ring is delivered, also by a relay */
 		return (ssize_t)k.done;
 	return err;
@@ -620,8 +640,6 @@ ssize_t dring_readv(struct dring *d, const struct iovec *iov, int iovcnt, int fl
 			break;
 	}
 	lk_release(&d->in->cons_lock);
-	if (!(flags & DRING_PEEK))
-		baton(d, W_READ); /* bytes left for another parked reader */
 	if (k.done > 0)
 		return (ssize_t)k.done;
 	return err;

@@ -3,18 +3,21 @@
  * (docs/direct.md), as the shim (and shim/test/dring_test.c) use it.
  *
  * One struct dring describes one process's view of one connection: the
- * mapping, its side S, the three descriptors it parks on and rings (my
- * bell, peer bell, V) and process-local state (local EIO, SHUT_RD). The
- * caller owns the struct and its storage (the shim's table); dring.c has
- * no global state, allocates nothing, starts no thread, and makes its
- * system calls with syscall(2) so that an LD_PRELOAD shim that links it
- * never sees them (V is the application's descriptor number).
+ * mapping, its side S, the two descriptors it parks on and rings (its
+ * bell B_S, V) and process-local state (local EIO, SHUT_RD). The caller
+ * owns the struct and its storage (the shim's table); dring.c has no
+ * global state, allocates nothing, starts no thread, and makes its system
+ * calls with syscall(2) so that an LD_PRELOAD shim that links it never
+ * sees them (V is the application's descriptor number).
  *
- * Concurrency: any number of threads and forked processes of one side may
- * call every function at once on structs describing the same mapping;
- * writers of a direction serialise on its prod_lock, readers on its
- * cons_lock (process-shared futexes in the buffer), so each write is
- * contiguous in the stream.
+ * Concurrency: any number of threads of one process may call every
+ * function at once on one struct; writers of a direction serialise on its
+ * prod_lock, readers on its cons_lock (process-shared futexes in the
+ * buffer), so each write is contiguous in the stream. Waiters of one side
+ * share the bell: the caller's hooks (struct dring_hooks) make the other
+ * waiters of its process look again after a drain took bytes off the
+ * bell, and keep waiters of a second process off it (docs/direct.md,
+ * "One bell per side"). Without hooks, one waiter per side at a time.
  *
  * Errors are returned as negative errno values; nothing sets errno.
  */
@@ -29,7 +32,7 @@
 #define DRING_API __attribute__((visibility("hidden")))
 
 #define EXDD_MAGIC 0x44445845u /* "EXDD" */
-#define EXDD_VERSION 2u
+#define EXDD_VERSION 3u
 #define EXDD_HDR 4096u
 #define EXDD_RING_MIN 4096u
 #define EXDD_RING_MAX (64u << 20)
@@ -72,6 +75,30 @@ struct dring_ctl {
 	uint8_t pad1[1024 - 128 - 24];
 };
 
+/* A waiter of this process parked (or about to park) on a connection's
+ * bell; kick is its own eventfd (or -1), written to make it look again. */
+struct dwaiter {
+	int kick;
+	struct dwaiter *next;
+};
+
+struct dring;
+
+/* What the owner of a struct dring does around the waits (the shim:
+ * direct.c). Any hook may be NULL. */
+struct dring_hooks {
+	/* w is about to park on d's bell (w->kick to be filled in): 0, or a
+	 * negative errno, or -DRING_RELAYED (d's side is parked on by
+	 * another process: the connection went to exnd's relay). */
+	int (*enter)(struct dring *d, struct dwaiter *w);
+	/* w parks no more. */
+	void (*leave)(struct dring *d, struct dwaiter *w);
+	/* A drain took bytes off d's bell, or d's state changed for every
+	 * waiter (fin, SHUT_RD, rst): make this process's other waiters of
+	 * d (not self, which may be NULL) look again. */
+	void (*fanout)(struct dring *d, struct dwaiter *self);
+};
+
 struct dring {
 	uint8_t *base;            /* the mapping, 4096 + 2R bytes */
 	size_t len;
@@ -80,26 +107,23 @@ struct dring {
 	struct dring_ctl *out;    /* direction S: I produce */
 	struct dring_ctl *in;     /* direction 1-S: I consume */
 	uint8_t *outdata, *indata;
-	int dbell, sbell;         /* my data bell (readers park), my space bell (writers park) */
-	int peer_dbell, peer_sbell; /* the peer's: rung to wake its readers / writers */
-	int v;                    /* V */
+	uint32_t *party;          /* party[S] in the header (docs/direct.md) */
+	int bell;                 /* B_S: parked on, written to ring the peer */
+	int v;                    /* V: one of the application's descriptors of the connection */
 	int failed;               /* this process saw a forged cursor: EIO */
 	int rd_shut;              /* shutdown(SHUT_RD) in this process */
-	/* Waiters of this process that stay armed (epoll records,
-	 * direct_poll.c): counted in cons_wait / prod_wait, never parked on
-	 * the bell, so no baton is passed for them. */
-	unsigned perm_in, perm_out;
+	const struct dring_hooks *hooks;
 };
 
 /*
  * Validate the buffer file bufd (magic, version, ring == R, a power of two
  * in [EXDD_RING_MIN, EXDD_RING_MAX], the header's size and fstat's both
- * 4096 + 2R), map it shared and fill d. bufd is closed in every case; the
- * three other descriptors are recorded, not duplicated (the caller keeps
- * them open as long as d is used; the bells get O_NONBLOCK). 0 or
+ * 4096 + 2R), map it shared and fill d. bufd is closed in every case; bell
+ * and v are recorded, not duplicated (the caller keeps them open as long
+ * as d is used; the bell gets O_NONBLOCK). hooks may be NULL. 0 or
  * -EINVAL/-ENOMEM/...
  */
-DRING_API int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, const int bells[4], int v);
+DRING_API int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, int bell, int v, const struct dring_hooks *hooks);
 
 /* Unmap. The descriptors are the caller's to close. */
 DRING_API void dring_detach(struct dring *d);
@@ -151,30 +175,41 @@ DRING_API unsigned dring_ready(struct dring *d);
 
 /*
  * Arm the waits for events (POLLIN: cons_wait += 1, POLLOUT: prod_wait
- * += 1) so that the peer rings my data / space bell, and return the
- * readiness re-checked after arming: if it intersects events, do not
- * park. Every dring_arm is followed by one dring_disarm with the same
- * events, whether the caller parked or not.
+ * += 1) so that the peer rings my bell, and return the readiness
+ * re-checked after arming: if it intersects events, do not park. Every
+ * dring_arm is followed by one dring_disarm with the same events, whether
+ * the caller parked or not. The caller drains the bell (dring_bell_drain)
+ * when its wait saw it readable.
  */
 DRING_API unsigned dring_arm(struct dring *d, unsigned events);
 
-/* After a park armed with dring_arm: uncount, empty the bells of events,
- * and pass the baton (docs/direct.md) to another parked waiter. */
+/* Uncount what dring_arm counted. */
 DRING_API void dring_disarm(struct dring *d, unsigned events);
 
 /*
- * A waiter that stays armed (an epoll record, direct_poll.c; counted in
- * perm_in / perm_out) emptied my data bell (space 0) or space bell
- * (space 1): pass the baton to a parked waiter of that kind if more are
- * counted than this process's armed ones and it may go on, once per
- * change of the ring's state (*last: the state at the last baton), so
- * that two such waiters (in two processes) never ring each other without
- * end.
+ * Empty my bell (non-blocking reads until EAGAIN), then clear the rung
+ * flags that target this side, so that the caller looks at the rings
+ * again after it and a later ring writes a byte again. Returns the bytes
+ * taken (> 0: the caller fans out to its other waiters unless self is
+ * given to the hook here: then dring_bell_drain calls the fanout hook
+ * itself with self). At EOF (the peer side closed every copy of its
+ * bell) a connection that has not ended (fin both ways) is reset; the
+ * return value has DRING_BELL_EOF set.
  */
-DRING_API void dring_bell_drained(struct dring *d, int space, uint64_t *last);
+#define DRING_BELL_EOF 0x40000000
+DRING_API int dring_bell_drain(struct dring *d, struct dwaiter *self);
 
-/* Empty a bell (non-blocking reads until EAGAIN). */
-DRING_API void dring_drain(int bell);
+/*
+ * V was in a wait and reported revents: exnd's death (POLLHUP, POLLERR)
+ * resets the connection; V readable while relay[S] is 0 is exnd's reset
+ * (rst set) or a protocol violation (EIO). Returns 1 if d's state ended
+ * the wait (relayed, reset), else 0.
+ */
+DRING_API int dring_v_event(struct dring *d, short revents);
+
+/* Empty a descriptor (non-blocking reads until EAGAIN): 1 if it was at
+ * EOF, else 0. */
+DRING_API int dring_drain(int fd);
 
 /* Pending socket error for SO_ERROR: ECONNRESET, EIO, or 0. */
 DRING_API int dring_error(struct dring *d);

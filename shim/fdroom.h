@@ -23,16 +23,19 @@
  * the share bounds how much earlier. */
 #define FDROOM_SHARE_DIV 16
 
-/* What a direct connection keeps (the hidden V and four bells) and what
- * each of its epoll registrations adds (a dup of each bell of the
- * side), docs/direct.md. */
-#define FDROOM_CONN_KEEP 5
-#define FDROOM_EPOLL_KEEP 2
+/* What a direct connection keeps (its bell; V is the program's own
+ * socket) and what an epoll registration adds (nothing, unless one set
+ * holds two descriptors of one connection: then a dup of the bell; the
+ * per-thread and per-process kick eventfds are counted once, in
+ * FDROOM_SWITCH_NEED), docs/direct.md. */
+#define FDROOM_CONN_KEEP 1
+#define FDROOM_EPOLL_KEEP 0
 
-/* What one direct switch takes at once: exnd's control socket and the six
- * descriptors of the answer, then the kept ones and two epoll
- * registrations' dups. */
-#define FDROOM_SWITCH_NEED (7 + FDROOM_CONN_KEEP + 2 * FDROOM_EPOLL_KEEP)
+/* What one direct switch takes at once: exnd's control socket and the
+ * three descriptors of the answer, then the kept one, a dup of the bell
+ * for an epoll registration, and this thread's and this process's kick
+ * eventfds. */
+#define FDROOM_SWITCH_NEED (4 + FDROOM_CONN_KEEP + 1 + 2)
 
 /* A window in which the shim places its descriptors: fdroom_begin takes
  * g_rlim_mu and raises the soft limit to the hard one if there is room

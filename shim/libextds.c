@@ -60,6 +60,7 @@
  *   calls.c, sockcalls.c  the socket calls above
  *   hold.c       holds for short-lived connections
  *   direct.c, direct_poll.c, direct_exec.c  direct connections
+ *   dparty.c     who parks on a direct connection's bell: the fan-out
  *   dring.c      the shared connection buffer
  * shim/Makefile is the one build recipe (sources, flags, libextds.map).
  */
@@ -199,11 +200,17 @@ static void atfork_release(void)
 	if (g_ready)
 		unlock();
 }
+static void atfork_child(void)
+{
+	if (g_ready)
+		direct_atfork_child(); /* under the lock fork took */
+	atfork_release();
+}
 
 __attribute__((constructor)) static void ctor(void)
 {
 	shim_init();
-	pthread_atfork(atfork_prepare, atfork_release, atfork_release);
+	pthread_atfork(atfork_prepare, atfork_release, atfork_child);
 }
 
 /* ---- table helpers (call with the lock held) ---- */

@@ -1,6 +1,7 @@
 // Package dring owns the shared buffer of an EXT-DS direct connection
-// (docs/direct.md): its layout (version 2), making and opening its files
-// (the buffer and the two sides' bell FIFOs), mapping and checking it,
+// (docs/direct.md): its layout (version 3), making and opening its files
+// (the buffer, and the two sides' bells: the ends of one AF_UNIX stream
+// socket pair, one bell per side), mapping and checking it,
 // and a Go endpoint for one side that speaks the same protocol as the C
 // shim (shim/dring.c). exnd uses the endpoint to relay a side after exec
 // and to close a side whose last descriptor is gone; tests use it as the

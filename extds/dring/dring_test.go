@@ -16,7 +16,9 @@ import (
 )
 
 // pair makes a connection's files in a temporary directory and attaches
-// both sides, as the accepting and the connecting exnd do.
+// both sides, as the accepting and the connecting exnd do: the acceptor
+// creates (buffer and listener), the client opens (and connects its
+// bell), the acceptor accepts its bell and removes the names.
 func pair(tb testing.TB, ring int) (a, b *Endpoint) {
 	tb.Helper()
 	dir := tb.TempDir()
@@ -27,6 +29,11 @@ func pair(tb testing.TB, ring int) (a, b *Endpoint) {
 	}
 	fs0, err := Open(dir, name)
 	if err != nil {
+		fs1.Close()
+		tb.Fatal(err)
+	}
+	if err := fs1.Accept(); err != nil {
+		fs0.Close()
 		fs1.Close()
 		tb.Fatal(err)
 	}

@@ -5,9 +5,12 @@ package dring
 // Stages: Write copies into the outbound ring (direction side) under the
 // shared prod_lock and publishes tail; Read copies out of the inbound
 // ring (direction 1−side) under cons_lock and publishes head. Each rings
-// the peer's bell only when the peer has parked waiters (docs/direct.md,
-// "Wake-up protocol"), spins SpinBudget, then parks its goroutine in Go's
-// netpoller on its own bell.
+// the peer only when the peer has parked waiters (docs/direct.md,
+// "Ringing and parking with one bell"): one byte written into this
+// side's own bell makes the peer's end readable. A call that must wait
+// spins SpinBudget, then parks on the same bell (park.go): readers and
+// writers of this side share it, one goroutine waits on it and the
+// others on a condition it broadcasts.
 //
 // Publishing: every store another process waits on (tail, head, fin,
 // rd_closed, rst) is a Swap, not a Store, before the load of the other
@@ -18,13 +21,16 @@ package dring
 // that hung TestDringCrossLanguage under -race. A Swap is a locked
 // exchange in both builds.
 //
-// Locks: rdMu and wrMu serialise this process's readers and writers (so
-// at most one goroutine per role parks, and the shared futex locks are
-// taken by one goroutine of this process at a time); live is held for
-// reading by every call that touches the mapping or a descriptor, and
-// for writing by Close, which unmaps and closes: Close first sets a past
-// read deadline on the bells, which makes parked calls return
-// net.ErrClosed, then waits for them.
+// Locks (outer first): rdMu and wrMu serialise this process's readers
+// and writers (so at most one goroutine per role parks, and the shared
+// futex locks are taken by one goroutine of this process at a time);
+// live is held for reading by every call that touches the mapping or a
+// descriptor, and for writing by Close, which unmaps and closes: Close
+// first sets a past read deadline on the bell's netpoller file, which
+// makes a parked call return net.ErrClosed, wakes the others, then waits
+// for them. pmu guards the bell's files (fs.Bell[side], SetBell; the
+// netpoller dup, made on the first park); wmu guards the park state
+// (waiting, gen). Neither is held across a wait.
 
 import (
 	"errors"
@@ -36,8 +42,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/exn-project/exn/internal/sys"
 )
@@ -83,9 +87,10 @@ func ctlAt(mem []byte, d int) (c ctl, err error) {
 }
 
 // Endpoint is side 0 (connecting) or 1 (accepting) of a direct
-// connection. Read, Write, CloseWrite, CloseRead, Reset, SetRelay and
-// Counters are safe for concurrent use; Read calls are serialised among
-// themselves, and Write calls likewise.
+// connection. Read, Write, CloseWrite, CloseRead, Reset, SetRelay,
+// SetPollOnly, SetBell and Counters are safe for concurrent use (not
+// SetRinger); Read calls are serialised among themselves, and Write
+// calls likewise.
 type Endpoint struct {
 	side       int
 	ring       uint64
@@ -94,15 +99,29 @@ type Endpoint struct {
 	txData     []byte
 	rxData     []byte
 	relay      *atomic.Uint32
-	fs         *Files
-	peerData   int
-	peerSpace  int
-	myData     int
-	mySpace    int
+	fs         *Files       // Bell[side] once there is one (under pmu), the listener if any; Close closes them
+	bell       atomic.Int64 // fs.Bell[side]'s descriptor, -1 while there is none; used under live
+	ringer     func()       // rings the peer while there is no bell (SetRinger)
 	rdMu, wrMu sync.Mutex
-	pmu        sync.Mutex // guards the waiters' netpoller files (made on first park, closed by Close)
 	live       sync.RWMutex
 	closed     atomic.Bool
+	// woken: Reset or a corrupt buffer set a past deadline on bf to
+	// wake this process's bell waiter (the bell cannot ring its own
+	// side); it stays past (rst never clears).
+	woken    atomic.Bool
+	peerGone atomic.Bool // the bell read end of file: every holder of the peer's bell closed it
+	pollOnly atomic.Bool // SetPollOnly: park without the bell
+
+	pmu sync.Mutex      // guards fs.Bell[side], bf and brc
+	bf  *os.File        // a dup of the bell in the netpoller, made on the first park with a bell
+	brc syscall.RawConn // bf's
+
+	wmu     sync.Mutex
+	wcond   sync.Cond // on wmu: gen moved
+	waiting bool      // a goroutine waits on the bell (the bell waiter)
+	gen     uint64    // bumped after each drain of the bell and when the bell waiter stops
+	drain   [64]byte  // the bell waiter's (one at a time: waiting)
+
 	// The two waits, made once at Attach so that parking allocates
 	// nothing: what each waits for, and its netpoller callback.
 	rd, wr waiter
@@ -111,18 +130,19 @@ type Endpoint struct {
 // waiter is one role's park state (reader or writer); only the goroutine
 // holding that role's mutex uses it.
 type waiter struct {
-	count *atomic.Uint32
-	rung  *atomic.Uint32 // the bell's rung flag, cleared after each drain (docs/direct.md)
-	bell  int            // the bell to park on (my data or space bell)
-	f     *os.File       // a dup of bell in the netpoller, made on the first park (under pmu)
-	rc    syscall.RawConn
+	count *atomic.Uint32 // cons_wait or prod_wait of the direction it waits on
 	ready func() bool
 	cb    func(fd uintptr) bool
-	woke  bool
-	buf   [64]byte
 }
 
-// Attach maps fs (which it takes over, also on error) as side side.
+// Attach maps fs (which it takes over, also on error) as side side. It
+// closes fs.Buf once mapped (the mapping keeps the file) and fs.Bell of
+// the other side if set (the peer's: never this side's to use); it keeps
+// fs.Bell[side], the side's bell, which may be nil: then the Endpoint
+// stores and reads as usual but rings through SetRinger's function (or
+// not at all), and a call that must wait polls the ring until SetBell
+// gives it the bell (exnd's side of a connection across hosts, whose
+// bell the program holds).
 func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 	if side != 0 && side != 1 {
 		fs.Close()
@@ -133,6 +153,9 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 			fs.Close()
 		}
 	}()
+	if fs.Buf == nil {
+		return nil, errors.New("dring: no buffer")
+	}
 	size, err := sys.FileSize(fs.Buf)
 	if err != nil {
 		return nil, err
@@ -165,31 +188,80 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 	}
 	e.txData = mem[HeaderSize+side*ring : HeaderSize+(side+1)*ring]
 	e.rxData = mem[HeaderSize+(1-side)*ring : HeaderSize+(2-side)*ring]
-	for _, b := range []struct {
-		f  *os.File
-		fd *int
-	}{{fs.Data[side], &e.myData}, {fs.Space[side], &e.mySpace}, {fs.Data[1-side], &e.peerData}, {fs.Space[1-side], &e.peerSpace}} {
-		rc, err := b.f.SyscallConn()
+	e.bell.Store(-1)
+	if b := fs.Bell[side]; b != nil {
+		fd, err := fdOf(b)
 		if err != nil {
 			return fail(err)
 		}
-		if err := rc.Control(func(fd uintptr) { *b.fd = int(fd) }); err != nil {
-			return fail(err)
+		e.bell.Store(int64(fd))
+	}
+	var errs []error
+	for _, f := range []**os.File{&fs.Buf, &fs.Bell[1-side]} {
+		if *f != nil {
+			errs = append(errs, (*f).Close())
+			*f = nil
 		}
 	}
-	e.rd = waiter{count: e.rx.consWait, rung: e.rx.dataRung, bell: e.myData, ready: e.readable}
-	e.wr = waiter{count: e.tx.prodWait, rung: e.tx.spaceRung, bell: e.mySpace, ready: e.writable}
+	if err := errors.Join(errs...); err != nil {
+		return fail(err)
+	}
+	e.wcond.L = &e.wmu
+	e.rd = waiter{count: e.rx.consWait, ready: e.readable}
+	e.wr = waiter{count: e.tx.prodWait, ready: e.writable}
 	for _, w := range []*waiter{&e.rd, &e.wr} {
-		w.cb = func(fd uintptr) bool {
-			n, _ := sys.DrainBell(int(fd), w.buf[:])
-			w.rung.Store(0) // after the drain: a later ring writes again
-			if n > 0 || w.ready() {
-				w.woke = true
-			}
-			return w.woke
-		}
+		w.cb = func(fd uintptr) bool { return e.drained(fd, w) }
 	}
 	return e, nil
+}
+
+// fdOf is f's descriptor, without touching its mode (f.Fd() would make
+// a non-blocking descriptor blocking).
+func fdOf(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, fmt.Errorf("dring: %w", err)
+	}
+	fd := -1
+	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
+		return -1, fmt.Errorf("dring: %w", err)
+	}
+	return fd, nil
+}
+
+// SetRinger makes f the Endpoint's way to ring the peer while it has no
+// bell (Attach without one): across hosts exnd's Endpoint and the
+// engine that plays the peer live in one process, and f kicks the
+// engine. Call it before the Endpoint is shared.
+func (e *Endpoint) SetRinger(f func()) { e.ringer = f }
+
+// SetBell gives an Endpoint attached without its side's bell the bell f,
+// which it takes over (closed by Close): from now on it rings through f
+// and parks on it. An Endpoint that has its bell keeps it and closes f
+// (both are descriptors of one bell where exnd holds its own dup);
+// after Close it closes f and fails with net.ErrClosed.
+func (e *Endpoint) SetBell(f *os.File) error {
+	fd, err := fdOf(f)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	e.live.RLock()
+	defer e.live.RUnlock()
+	if e.closed.Load() {
+		f.Close()
+		return net.ErrClosed
+	}
+	e.pmu.Lock()
+	if e.fs.Bell[e.side] != nil {
+		e.pmu.Unlock()
+		return f.Close()
+	}
+	e.fs.Bell[e.side] = f
+	e.bell.Store(int64(fd))
+	e.pmu.Unlock()
+	e.bump() // a waiter polling without a bell moves onto it
+	return nil
 }
 
 func (e *Endpoint) readable() bool {
@@ -225,19 +297,28 @@ func (e *Endpoint) space() (tail, free uint64, err error) {
 	return tail, e.ring - (tail - head), nil
 }
 
-// fail marks a corrupt buffer: reset, so both sides stop.
+// fail marks a corrupt buffer: reset, so both sides stop; the peer is
+// rung and this process's waiters woken.
 func (e *Endpoint) fail() error {
 	e.tx.rst.Swap(1)
 	e.rx.rst.Swap(1)
 	e.ringPeer()
+	e.wakeLocal()
 	return fmt.Errorf("cursors out of range: %w", ErrCorrupt)
 }
 
 func (e *Endpoint) reset() bool { return e.tx.rst.Load() != 0 || e.rx.rst.Load() != 0 }
 
+// ringPeer writes one byte into this side's bell (the peer's end becomes
+// readable), or, without a bell, calls the ringer. A bell whose peer is
+// gone (sys.ErrBellGone) is ignored: nobody is left to wake. Called
+// under live (read), so the descriptor stays open.
 func (e *Endpoint) ringPeer() {
-	_ = sys.RingBell(e.peerData)
-	_ = sys.RingBell(e.peerSpace)
+	if fd := e.bell.Load(); fd >= 0 {
+		_ = sys.RingSocketBell(int(fd))
+	} else if e.ringer != nil {
+		e.ringer()
+	}
 }
 
 func opErr(op string, err error) error {
@@ -267,10 +348,7 @@ func (e *Endpoint) Read(p []byte) (int, error) {
 			k := copyOut(p, e.rxData, head, min(n, uint64(len(p))))
 			e.rx.head.Swap(head + uint64(k))
 			if e.rx.prodWait.Load() > 0 {
-				_ = sys.RingBell(e.peerSpace)
-			}
-			if uint64(k) < n && e.rx.consWait.Load() > 0 {
-				_ = sys.RingBell(e.myData) // baton: another reader of this side is parked
+				e.ringPeer() // space for the peer's writers
 			}
 			return k, nil
 		}
@@ -317,7 +395,7 @@ func (e *Endpoint) Write(p []byte) (int, error) {
 			e.tx.tail.Swap(tail + uint64(k))
 			done += k
 			if e.tx.consWait.Load() > 0 {
-				_ = sys.RingBell(e.peerData)
+				e.ringPeer() // data for the peer's readers
 			}
 			continue
 		}
@@ -326,55 +404,6 @@ func (e *Endpoint) Write(p []byte) (int, error) {
 		}
 	}
 	return done, nil
-}
-
-// park waits until w.ready() holds: spin SpinBudget, then announce the
-// waiter in w.count, re-check, and sleep in the netpoller on its bell.
-func (e *Endpoint) park(w *waiter) error {
-	for t0 := time.Now(); time.Since(t0) < SpinBudget; {
-		if w.ready() {
-			return nil
-		}
-		if e.closed.Load() {
-			return net.ErrClosed
-		}
-	}
-	if w.rc == nil {
-		if err := e.register(w); err != nil {
-			return err
-		}
-	}
-	w.count.Add(1)
-	defer w.count.Add(^uint32(0))
-	if w.ready() {
-		return nil
-	}
-	w.woke = false
-	err := w.rc.Read(w.cb)
-	if e.closed.Load() {
-		return net.ErrClosed
-	}
-	return err
-}
-
-// register puts a dup of w's bell into Go's netpoller (the first park of
-// that role): until then this process's poller never wakes for it.
-func (e *Endpoint) register(w *waiter) error {
-	e.pmu.Lock()
-	defer e.pmu.Unlock()
-	if e.closed.Load() {
-		return net.ErrClosed
-	}
-	fd, err := unix.FcntlInt(uintptr(w.bell), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("dring: dup bell: %w", err)
-	}
-	f, rc, err := sys.PollableFile(fd, "bell") // non-blocking: in the netpoller
-	if err != nil {
-		return fmt.Errorf("dring: %w", err)
-	}
-	w.f, w.rc = f, rc
-	return nil
 }
 
 // copyOut copies n bytes at stream offset off of ring r into p.
@@ -421,7 +450,7 @@ func (e *Endpoint) CloseWrite() {
 	e.whileOpen(func() {
 		e.tx.fin.Swap(1)
 		if e.tx.consWait.Load() > 0 {
-			_ = sys.RingBell(e.peerData)
+			e.ringPeer()
 		}
 	})
 }
@@ -431,26 +460,47 @@ func (e *Endpoint) CloseRead() {
 	e.whileOpen(func() {
 		e.rx.rdClosed.Swap(1)
 		if e.rx.prodWait.Load() > 0 {
-			_ = sys.RingBell(e.peerSpace)
+			e.ringPeer()
 		}
 	})
 }
 
-// Reset stores rst on both directions and wakes both sides.
+// Reset stores rst on both directions and wakes both sides: the peer
+// through the bell, this process's parked calls directly (wakeLocal).
+// Other processes of this side (exnd's program) are not woken here: the
+// bell cannot ring its own side (docs/direct.md, "exnd waking its own
+// program").
 func (e *Endpoint) Reset() {
 	e.whileOpen(func() {
 		e.tx.rst.Swap(1)
 		e.rx.rst.Swap(1)
 		e.ringPeer()
-		_ = sys.RingBell(e.myData)
-		_ = sys.RingBell(e.mySpace)
+		e.wakeLocal()
 	})
 }
 
 // SetRelay stores relay[side]: this side's processes use their socket as
-// a plain one from now on (exnd relays it).
+// a plain one from now on (exnd relays it), and the Endpoint is the
+// side's only waiter: it parks on the bell again (SetPollOnly off).
 func (e *Endpoint) SetRelay() {
-	e.whileOpen(func() { e.relay.Store(1) })
+	e.whileOpen(func() {
+		e.relay.Store(1)
+		e.pollOnly.Store(false)
+		e.bump() // a polling waiter moves onto the bell
+	})
+}
+
+// SetPollOnly makes the Endpoint's parked calls, while on, poll the
+// rings (a sleep that doubles up to a millisecond) instead of waiting
+// on the bell and draining it: for exnd's Endpoint while its program's
+// waiters park on the same bell. Waiters of one side in two processes
+// are not supported on the bell (docs/direct.md, "Ringing and parking
+// with one bell"): a drain by one may take the byte the other needs.
+// The Endpoint still rings the peer through the bell. SetRelay turns it
+// off.
+func (e *Endpoint) SetPollOnly(on bool) {
+	e.pollOnly.Store(on)
+	e.bump()
 }
 
 // enter is the lock prologue of Read and Write (op): this side's mu, the
@@ -503,24 +553,22 @@ func (e *Endpoint) Close() error {
 	if e.closed.Swap(true) {
 		return nil
 	}
-	// Wake this process's parked calls with a past deadline on the bells
-	// (not by closing them: a call may still ring a bell's descriptor
-	// until it returns, and a closed descriptor's number can be reused).
-	past := time.Unix(1, 0)
+	// Wake the bell waiter with a past deadline on its netpoller file
+	// (not by closing the bell: a call may still ring its descriptor
+	// until it returns, and a closed descriptor's number can be reused),
+	// and the other parked calls through gen.
 	e.pmu.Lock()
-	for _, w := range []*waiter{&e.rd, &e.wr} {
-		if w.f != nil {
-			_ = w.f.SetReadDeadline(past)
-		}
+	if e.bf != nil {
+		_ = e.bf.SetReadDeadline(time.Unix(1, 0))
 	}
 	e.pmu.Unlock()
+	e.bump()
 	e.live.Lock()
 	defer e.live.Unlock()
 	var errs []error
-	for _, w := range []*waiter{&e.rd, &e.wr} {
-		if w.f != nil {
-			errs = append(errs, w.f.Close())
-		}
+	if e.bf != nil {
+		errs = append(errs, e.bf.Close())
 	}
+	e.bell.Store(-1)
 	return errors.Join(append(errs, e.fs.Close(), sys.Unmap(e.mem))...)
 }

@@ -6,11 +6,12 @@ import (
 	"fmt"
 )
 
-// Layout version 2 (docs/direct.md, "The connection buffer"): version 1
-// and the rung flags.
+// Layout version 3 (docs/direct.md, "The connection buffer"): version 2
+// (version 1 and the rung flags) and the party words of the one-bell
+// protocol, which only the C shim writes.
 const (
 	Magic   = 0x44445845 // "EXDD" little-endian
-	Version = 2
+	Version = 3
 
 	// HeaderSize is the page before the two rings.
 	HeaderSize = 4096
@@ -28,6 +29,12 @@ const (
 	offRing    = 8
 	offSize    = 16
 	offRelay   = 64 // + 4·side
+	// offParty + 4·side: party[side], the pid of the process whose
+	// waiters of that side park on its bell now (0: none). Written and
+	// read by the shim (C) only, to hand a side waited on by two
+	// processes to exnd's relay; Go reserves the words and never
+	// touches them.
+	offParty = 72
 
 	ctlBase = 1024 // control block of direction d at ctlBase + ctlSize·d
 	ctlSize = 1024
@@ -37,12 +44,12 @@ const (
 	cProdWait  = 12
 	cProdLock  = 16
 	cRst       = 20
-	cDataRung  = 24 // the producer rang the consumer's data bell; cleared by the consumer after draining
+	cDataRung  = 24 // the producer rang the consumer's side for data; cleared by the consumer's side after draining its bell
 	cHead      = 128
 	cConsWait  = 136
 	cConsLock  = 140
 	cRdClosed  = 144
-	cSpaceRung = 148 // the consumer rang the producer's space bell; cleared by the producer after draining
+	cSpaceRung = 148 // the consumer rang the producer's side for space; cleared by the producer's side after draining its bell
 )
 
 // ErrCorrupt: a buffer's header or cursors break the layout's invariants

@@ -23,12 +23,13 @@ package rdirect
 // hot); the flight ring (fabrics without PutOrderer) is under txMu,
 // shared by the pump and rx. The atomics are what the other side reads.
 // gone (set by Close under rxMu, after the pump let go of the Conn) means
-// nobody touches the buffer or the bells any more.
+// nobody touches the buffer or the bell any more.
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -49,7 +50,7 @@ type Conn struct {
 	mem      []byte
 	region   fabric.Region
 	tx, rx   dring.Control // directions S and 1−S
-	bells    Bells
+	bell     int           // B_{1−S}: the engine parks on it and rings the program through it
 	slot     int
 
 	peer    fabric.Addr // fixed by Start (under rxMu, before started)
@@ -95,6 +96,7 @@ type Conn struct {
 	rdcSent     bool
 	blockedSent bool
 	detachDone  bool
+	bellGone    bool            // the bell read end of file: out of the epoll set
 	inlN        int             // bytes of inl the next CDC carries
 	inl         [inlineMax]byte // a small write's bytes, copied out of the ring
 
@@ -125,21 +127,32 @@ type early struct {
 }
 
 // Prepare makes a connection of the local buffer mem (a mapping of a
-// whole buffer of layout version 1, already initialised by its creator;
+// whole buffer of layout version 3, already initialised by its creator;
 // the caller owns the mapping and unmaps it only after Close), where the
-// program is side side and the engine plays 1−side, with the program's
-// bells. It registers mem with the fabric (no copy) and watches the
-// bells the program rings. Nothing is sent before Start.
-func (e *Engine) Prepare(mem []byte, side int, bells Bells) (*Conn, error) {
+// program is side side and the engine plays 1−side. bell is B_{1−side},
+// the end of the connection's bell pair that the program's bell B_side
+// is not (docs/direct.md, "One bell per side"): non-blocking, kept open
+// by the caller until Close has returned, best out of Go's netpoller
+// (dring.NewBells' are). It registers mem with the fabric (no copy) and
+// watches the bell, one epoll registration. Nothing is sent before
+// Start.
+func (e *Engine) Prepare(mem []byte, side int, bell *os.File) (*Conn, error) {
 	if side != 0 && side != 1 {
 		return nil, fmt.Errorf("rdirect: side %d", side)
+	}
+	if bell == nil {
+		return nil, errors.New("rdirect: no bell")
+	}
+	bfd, err := fdOf(bell)
+	if err != nil {
+		return nil, err
 	}
 	ring, err := dring.CheckMapped(mem)
 	if err != nil {
 		return nil, fmt.Errorf("rdirect: %w", err)
 	}
 	c := &Conn{
-		e: e, side: side, ring: uint64(ring), thresh: uint64(ring) / 10, mem: mem, bells: bells,
+		e: e, side: side, ring: uint64(ring), thresh: uint64(ring) / 10, mem: mem, bell: bfd,
 		putChunk: min(max(uint64(ring)/4, minPutChunk), fabric.MaxRMALen),
 		detached: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -174,21 +187,46 @@ func (e *Engine) Prepare(mem []byte, side int, bells Bells) (*Conn, error) {
 	e.conns[c.id] = c
 	e.regions[c.region.NLA.Region()] = c
 	e.mu.Unlock()
-	if err := e.poll.Add(bells.PeerData, slotData(c.slot, 0)); err != nil {
-		c.unlist()
-		return nil, fmt.Errorf("rdirect: %w", err)
-	}
-	if err := e.poll.Add(bells.PeerSpace, slotData(c.slot, 1)); err != nil {
-		_ = e.poll.Del(bells.PeerData)
+	if err := e.poll.Add(bfd, slotData(c.slot)); err != nil {
 		c.unlist()
 		return nil, fmt.Errorf("rdirect: %w", err)
 	}
 	return c, nil
 }
 
-// slotData is the epoll data of a connection's bell (kind 0: the data
-// bell, 1: the space bell); 0 is the pump's own bell.
-func slotData(slot, kind int) uint32 { return uint32(slot+1)<<1 | uint32(kind) }
+// slotData is the epoll data of a connection's bell; 0 is the pump's
+// own eventfd.
+func slotData(slot int) uint32 { return uint32(slot + 1) }
+
+// fdOf is f's descriptor, without touching its mode (f.Fd() would make
+// a non-blocking descriptor blocking).
+func fdOf(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, fmt.Errorf("rdirect: bell: %w", err)
+	}
+	fd := -1
+	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
+		return -1, fmt.Errorf("rdirect: bell: %w", err)
+	}
+	return fd, nil
+}
+
+// ringProgram writes one byte into B_{1−S}: the program's bell becomes
+// readable. A program whose bell is gone (sys.ErrBellGone) is ignored:
+// nobody is left to wake, and exnd ends the connection at the
+// program's last close (E).
+func (c *Conn) ringProgram() { _ = sys.RingSocketBell(c.bell) }
+
+// Kick makes the engine look at the local buffer now: for a store in it
+// that rang nothing (exnd's own fin, rd_closed or rst across hosts,
+// where exnd holds no bell of the program's side). Safe from any
+// goroutine; a no-op once the connection is closed.
+func (c *Conn) Kick() {
+	if !c.closing.Load() {
+		c.e.kick(c)
+	}
+}
 
 // unlist takes c out of the Engine's tables and deregisters its buffer.
 func (c *Conn) unlist() error {
@@ -274,7 +312,7 @@ func (c *Conn) Start(peer fabric.NodeID, peerID uint64, peerNLA fabric.NLA) erro
 }
 
 // Reset resets the connection: rst in the local buffer (both directions,
-// both of the program's bells rung) and to the peer.
+// the program rung) and to the peer.
 func (c *Conn) Reset() { c.reset(ReasonUser, true) }
 
 // reset is Reset for reason r; tell sends rst to the peer.
@@ -292,8 +330,7 @@ func (c *Conn) resetLocked(r Reason, tell bool) {
 	e.st.resets[r].Add(1)
 	c.tx.Rst.Swap(1)
 	c.rx.Rst.Swap(1)
-	_ = sys.RingBell(c.bells.Data)
-	_ = sys.RingBell(c.bells.Space)
+	c.ringProgram()
 	c.finish()
 	if r.violation() || r == ReasonLocal || r == ReasonFabric {
 		e.faults.Warn("extds direct across hosts: connection reset", "id", c.id, "peer", c.peer.Node, "reason", r.String())
@@ -445,17 +482,17 @@ func (c *Conn) applyLocked(d *cdc) {
 		c.rx.Fin.Swap(1)
 		rang = true
 	}
-	if rang && c.rx.ConsWait.Load() > 0 {
-		_ = sys.RingBell(c.bells.Data)
-	}
+	// One bell for the program's readers and writers: one ring for
+	// either.
+	ring := rang && c.rx.ConsWait.Load() > 0
 	space := store(&c.recvHead, &c.recvHeadA, c.tx.Head, d.cons)
 	if d.flags&flagRdClosed != 0 && !c.recvRdClosed {
 		c.recvRdClosed = true
 		c.tx.RdClosed.Swap(1)
 		space = true
 	}
-	if space && c.tx.ProdWait.Load() > 0 {
-		_ = sys.RingBell(c.bells.Space)
+	if ring || space && c.tx.ProdWait.Load() > 0 {
+		c.ringProgram()
 	}
 	blocked := d.flags&flagBlocked != 0
 	c.peerBlocked.Store(blocked)

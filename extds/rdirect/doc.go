@@ -1,8 +1,10 @@
 // Package rdirect carries EXT-DS direct connections across hosts
 // (issue #38; docs/direct.md, "Across hosts"). A program under the shim
 // keeps the ABI of a direct connection exactly as on one host: it maps a
-// connection buffer (extds/dring, layout version 1) and rings bells.
-// Each host has its own copy of the buffer, and on each host an Engine
+// connection buffer (extds/dring, layout version 3) and rings its bell
+// B_S, one end of a socket pair whose other end B_{1−S} the engine
+// holds (docs/direct.md, "One bell per side"). Each host has its own
+// copy of the buffer, and on each host an Engine
 // plays the peer side (1−S) in the local copy: it PUTs the bytes its
 // program writes straight from the local buffer (registered with the
 // fabric, fabric.BufferRegistrar) into the same offsets of the peer's
@@ -14,9 +16,10 @@
 // The Engine (engine.go: its endpoint on VPID, the connection table, the
 // goroutines), a connection's state across hosts (conn.go: start, reset,
 // close, the receive side's checks), the transmit pump and its park on
-// the bells (pump.go), the receive loop (rx.go) and the cursor message
-// (wire.go). It does not own the buffer's files or mapping (the caller,
-// exnd's shim server, makes, maps and unmaps them) nor the agreement that
+// the connections' bells (pump.go), the receive loop (rx.go) and the
+// cursor message (wire.go). It does not own the buffer's files, bells or
+// mapping (the caller, exnd's shim server, makes, maps, closes and unmaps
+// them) nor the agreement that
 // exchanges LocalID and LocalNLA (extds/internal/agree).
 //
 // # Imports

@@ -15,7 +15,8 @@ package rdirect
 // Goroutines, each started by New and stopped and waited for by Close:
 // rx (rx.go: Recv CDCs, PollNotifications, park in ep.Wait), pump
 // (pump.go: PUTs and CDCs, spin Config.Spin, then park on an epoll set of
-// the bells the programs ring, itself parked in Go's netpoller), and,
+// the connections' bells, B_{1−S} of each, which the programs ring
+// through theirs, itself parked in Go's netpoller), and,
 // with Config.Liveness, liveness (peer nodes going down).
 //
 // Locks (outer first): Conn.rxMu → Engine.mu → Engine.kmu; Conn.txMu is
@@ -29,12 +30,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/exn-project/exn/extds/dring"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/internal/ratelog"
 	"github.com/exn-project/exn/internal/sys"
@@ -99,43 +98,6 @@ type Config struct {
 	// LivenessPeriod is the poll period of a Liveness that is not a
 	// fabric.PeerWatcher; 0 is DefaultLivenessPeriod.
 	LivenessPeriod time.Duration
-}
-
-// Bells are the four bells of a connection as docs/direct.md names them
-// from the program's side S. The engine rings Data and Space (the
-// program's own, when its waiters parked) and waits on PeerData and
-// PeerSpace (the bells of side 1−S, which the program rings for its
-// peer). The caller owns the descriptors and keeps them open until the
-// Conn's Close has returned; they must be non-blocking FIFOs opened
-// read-write (dring.Files' are).
-type Bells struct {
-	Data, Space         int
-	PeerData, PeerSpace int
-}
-
-// BellsOf returns the descriptors of fs's bells for program side side
-// (fs keeps them).
-func BellsOf(fs *dring.Files, side int) (Bells, error) {
-	if side != 0 && side != 1 {
-		return Bells{}, fmt.Errorf("rdirect: side %d", side)
-	}
-	var b Bells
-	for _, x := range []struct {
-		f  *os.File
-		fd *int
-	}{{fs.Data[side], &b.Data}, {fs.Space[side], &b.Space}, {fs.Data[1-side], &b.PeerData}, {fs.Space[1-side], &b.PeerSpace}} {
-		if x.f == nil {
-			return Bells{}, errors.New("rdirect: missing bell")
-		}
-		rc, err := x.f.SyscallConn()
-		if err != nil {
-			return Bells{}, err
-		}
-		if err := rc.Control(func(fd uintptr) { *x.fd = int(fd) }); err != nil {
-			return Bells{}, err
-		}
-	}
-	return b, nil
 }
 
 // Reason says why a connection was reset.

@@ -119,18 +119,19 @@ type side struct {
 var pairSeq atomic.Uint64
 
 // newSide makes a buffer and the engine's Conn of it for program side s
-// (not started, no program attached: attach does that).
+// (not started): the program's Endpoint holds B_s, the engine B_{1−s},
+// as exnd across hosts hands them out.
 func newSide(t testing.TB, e *Engine, dir string, s, ring int) *side {
 	t.Helper()
 	name := fmt.Sprintf("c%d", pairSeq.Add(1))
-	pfs, err := dring.Create(dir, name, ring)
+	fs0, fs1, err := dring.CreatePair(dir, name, ring)
 	if err != nil {
 		t.Fatal(err)
 	}
-	efs, err := dring.Open(dir, name)
-	if err != nil {
-		pfs.Close()
-		t.Fatal(err)
+	dring.Remove(dir, name)
+	pfs, efs := fs0, fs1
+	if s == 1 {
+		pfs, efs = fs1, fs0
 	}
 	m, err := sys.MapShared(efs.Buf, dring.FileSize(ring))
 	if err != nil {
@@ -142,11 +143,7 @@ func newSide(t testing.TB, e *Engine, dir string, s, ring int) *side {
 			t.Fatal(err)
 		}
 	}
-	bells, err := BellsOf(efs, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sd.c, err = e.Prepare(m, s, bells); err != nil {
+	if sd.c, err = e.Prepare(m, s, efs.Bell[1-s]); err != nil {
 		t.Fatal(err)
 	}
 	if sd.prog, err = dring.Attach(pfs, s); err != nil {
@@ -157,7 +154,6 @@ func newSide(t testing.TB, e *Engine, dir string, s, ring int) *side {
 		sd.c.Close()
 		sys.Unmap(sd.mem)
 		sd.fs.Close()
-		dring.Remove(dir, name)
 	})
 	return sd
 }

@@ -2,7 +2,7 @@ package rdirect
 
 // The transmit pump: one goroutine per Engine.
 //
-//	kicks (Start, Reset, Close, rx: a window update due, a completion)
+//	kicks (Start, Reset, Close, Kick, rx: a window update due, a completion)
 //	bells (the program wrote, or consumed while the engine was armed)
 //	     └──► hot list: service each ──► PUTs (Post), CDCs (one Send)
 //	          work done: go on; none for Engine.spin: park
@@ -10,9 +10,19 @@ package rdirect
 //	      += 1 if the peer's writer is blocked), re-check them (Dekker:
 //	      the program stores its cursor, then loads the count; the pump
 //	      adds to the count, then loads the cursor), then wait on the
-//	      epoll set of the bells in Go's netpoller. A connection stays
-//	      armed, and out of the hot list, until its bell or a kick wakes
-//	      the pump: a wake-up costs O(ready), an idle connection nothing.
+//	      epoll set of the bells (one per connection, B_{1−S}) in Go's
+//	      netpoller. A connection stays armed, and out of the hot list,
+//	      until its bell or a kick wakes the pump: a wake-up costs
+//	      O(ready), an idle connection nothing.
+//
+// A bell that reads end of file (the program's bell B_S is closed
+// everywhere: the program is gone, or closed it behind the shim's back)
+// leaves the epoll set, which is level-triggered and would report it for
+// ever; the connection is looked at, not reset. exnd stores fin and
+// rd_closed at the program's last close, which it sees on E, and kicks
+// (Conn.Kick): the program's bell closes with its last descriptors,
+// often before exnd has stored them, so a reset here would turn a clean
+// close into a reset.
 //
 // The hot list holds the connections the pump polls while it spins;
 // disarmed, so that the program's writes ring nothing.
@@ -180,8 +190,9 @@ func (p *pump) detach(c *Conn) {
 	}
 	p.removeHot(c)
 	p.disarm(c)
-	_ = p.e.poll.Del(c.bells.PeerData)
-	_ = p.e.poll.Del(c.bells.PeerSpace)
+	if !c.bellGone {
+		_ = p.e.poll.Del(c.bell)
+	}
 	c.detachDone = true
 	close(c.detached)
 }
@@ -491,7 +502,7 @@ func (p *pump) park() {
 			_, _ = e.bell.Drain()
 			continue
 		}
-		slot := int(d>>1) - 1
+		slot := int(d) - 1
 		e.mu.RLock()
 		var c *Conn
 		if slot < len(e.slots) {
@@ -501,16 +512,18 @@ func (p *pump) park() {
 		if c == nil || c.detachDone {
 			continue
 		}
-		// Drain, then clear the bell's rung flag (the program rings once
-		// per drain, docs/direct.md "Wake-up protocol"): PeerData for
-		// what it produced (direction S), PeerSpace for what it
-		// consumed (direction 1−S).
-		fd, rung := c.bells.PeerData, c.tx.DataRung
-		if d&1 != 0 {
-			fd, rung = c.bells.PeerSpace, c.rx.SpaceRung
+		// Drain, then clear both rung flags that target side 1−S (the
+		// program rings once per drain, docs/direct.md "Ringing and
+		// parking with one bell"): direction S's data_rung (it wrote)
+		// and direction 1−S's space_rung (it consumed). Swaps: ordered
+		// before the service's loads of the cursors.
+		_, eof, err := sys.DrainSocketBell(c.bell, p.buf[:])
+		c.tx.DataRung.Swap(0)
+		c.rx.SpaceRung.Swap(0)
+		if (eof || err != nil) && !c.bellGone {
+			c.bellGone = true // see the file comment
+			_ = e.poll.Del(c.bell)
 		}
-		_, _ = sys.DrainBell(fd, p.buf[:])
-		rung.Store(0)
 		p.makeHot(c)
 	}
 }

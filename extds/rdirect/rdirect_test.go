@@ -535,7 +535,7 @@ func TestEngineClose(t *testing.T) {
 	}
 	expectReset(t, p.a.prog)
 	expectReset(t, p.b.prog)
-	if _, err := cl.eng[1].Prepare(p.a.mem, 0, Bells{}); !errors.Is(err, net.ErrClosed) {
+	if _, err := cl.eng[1].Prepare(p.a.mem, 0, p.a.fs.Bell[1]); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Prepare after Close: %v", err)
 	}
 	if err := p.a.c.Close(); err != nil {

@@ -2,20 +2,40 @@ package shimsrv
 
 // Direct connections (docs/direct.md): when both programs run under the
 // shim on one shm fabric, exnd hands each of them the connection's
-// shared buffer and bells and steps out of the data path.
+// shared buffer and its side's bell and steps out of the data path.
+//
+// What exnd keeps per connection: E, its end of the socketpair whose
+// other end V is the program's descriptor, and one bell: on one host its
+// own dup of the program's bell B_S (it rings the peer with it after its
+// terminal stores, and parks on it for the relay after exec); across
+// hosts the engine's B_{1−S} (remote.go), and no bell of the program's
+// side until shim-relay hands B_S over. The buffer's descriptor is closed
+// once mapped (dring.Attach). Until the relay the program's waiters park
+// on B_S, so exnd's endpoint never drains it (dring's SetPollOnly: a
+// write of bytes from E into a full ring polls the ring instead).
+//
+// The pair of bells on one host (docs/direct.md, "Who holds which
+// bell"): the accepting exnd's pooled buffer comes with a listener at
+// NAME.b (dpool.go); the connecting exnd's open connects to it
+// (directOpen, before its COMMIT); on COMMIT the accepting exnd accepts
+// (acceptBell or Files.Accept in switch.go) and removes both names.
 //
 // exnd's part after the hand-over, per connection (one goroutine, owned
-// by the Server, s.wg): watch reads E, exnd's end of the socketpair whose
-// other end V is the program's descriptor. The shim never writes V while
+// by the Server, s.wg): watch reads E. The shim never writes V while
 // the connection is direct, so watch normally sleeps in the netpoller
 // until the last copy of V closes (close, exit, SIGKILL: TCP's last
-// close), then stores fin and rd_closed for this side and ends the
-// connection. Bytes that do arrive on E (a program writing V behind the
-// shim's back, or one relayed after exec) go into the outbound ring, so
-// nothing is lost either way. After shim-relay (exec), a second
-// goroutine, relayOut, copies the inbound ring to E, and an EOF on E is
-// the program's real shutdown(SHUT_WR): watch stores fin only and ends
-// the connection when V hangs up (waitHangup).
+// close), then stores rd_closed and fin for this side, rings the peer,
+// and ends the connection. Bytes that do arrive on E (a program writing
+// V behind the shim's back, or one relayed after exec) go into the
+// outbound ring, so nothing is lost either way. After shim-relay (exec),
+// a second goroutine, relayOut, copies the inbound ring to E, and an EOF
+// on E is the program's real shutdown(SHUT_WR): watch stores fin only
+// and ends the connection when V hangs up (waitHangup).
+//
+// exnd cannot ring its own program (it holds the same end of the bell):
+// where it resets the connection for a reason of its own (the peer node
+// is down, exnd stops, a corrupt buffer), it also shuts E down for
+// writing (resetOwn), which makes V readable in the program's parks.
 //
 // Locks: s.mu guards s.dconns and s.dnext; a dconn's fields are fixed
 // once it is entered, except relaying (atomic). The Endpoint does its own
@@ -68,6 +88,7 @@ type dconn struct {
 	ep       *dring.Endpoint
 	uc       *net.UnixConn // E
 	vIno     uint64        // V's inode: shim-relay finds the connection by it
+	bellIno  uint64        // B_S's inode: shim-relay's bell must be it
 	local    string
 	remote   string
 	peer     string
@@ -89,7 +110,9 @@ type dconn struct {
 const directLivenessPeriod = time.Second
 
 // directOpen is the connecting side's open hook: the accepting exnd made
-// the files; open them and keep them for prepareDirect.
+// the buffer and its listener; open the buffer and connect side 0's bell
+// (no wait for the accept: docs/direct.md), before COMMIT, and keep them
+// for prepareDirect.
 func (s *Server) directOpen(out **dring.Files) func(*extds.DirectInfo) error {
 	return func(di *extds.DirectInfo) error {
 		fs, err := dring.Open(s.directCfg.Dir, dring.Name(s.directCfg.Fabric, di.Node, di.ID))
@@ -116,16 +139,18 @@ func (s *Server) directCreate(out **dring.Files, name *string) func() (extds.Dir
 
 // directPrep is a direct connection made ready for the program but not
 // yet entered: the accepting side prepares it while the client's COMMIT
-// is on its way (extds.Claim.AgreeDirect).
+// is on its way (extds.Claim.AgreeDirect), and on one host takes the
+// bell only on COMMIT (acceptBell).
 type directPrep struct {
 	dc  *dconn
-	out []*os.File // the program's descriptors
+	out []*os.File   // the program's descriptors: V, the buffer, B_S (acceptBell adds it)
+	lis *dring.Files // one host, accepting before COMMIT: the listener of B_1
 	si  int
 }
 
 // discard undoes prepareDirect: the program never gets the connection.
 // reset stores rst in the buffer first, for a client that may be using
-// it.
+// it (closing the listener ends a bell it connected).
 func (p *directPrep) discard(reset bool) {
 	if reset {
 		p.dc.ep.Reset()
@@ -133,9 +158,42 @@ func (p *directPrep) discard(reset bool) {
 	p.dc.rem.close()
 	p.dc.ep.Close()
 	p.dc.uc.Close()
+	if p.lis != nil {
+		p.lis.Close()
+	}
 	for _, f := range p.out {
 		f.Close()
 	}
+}
+
+// acceptBell takes B_1 from the listener once the client committed (one
+// host, where prepareDirect ran before COMMIT): the program's dup goes
+// into out, exnd's own to its endpoint. Without a listener it does
+// nothing. On error the caller discards p with a reset.
+func (p *directPrep) acceptBell() error {
+	if p.lis == nil {
+		return nil
+	}
+	if err := p.lis.Accept(); err != nil {
+		return err
+	}
+	b := p.lis.Bell[1]
+	p.lis.Bell[1] = nil
+	p.lis.Close()
+	p.lis = nil
+	d, err := dupFile(b)
+	if err != nil {
+		b.Close()
+		return err
+	}
+	p.out = append(p.out, d)
+	var st unix.Stat_t
+	if err := rawStat(d, &st); err != nil {
+		b.Close()
+		return err
+	}
+	p.dc.bellIno = st.Ino
+	return p.dc.ep.SetBell(b)
 }
 
 // resetFiles stores rst in a buffer exnd will not use (a peer may have
@@ -148,16 +206,19 @@ func resetFiles(fs *dring.Files, side int) {
 }
 
 // prepareDirect attaches fs (which it takes over) as this side and makes
-// the program's descriptors: V, the buffer, its data and space bells,
-// the peer's data and space bells (docs/direct.md); enterDirect hands
-// them over. When it fails after attaching, it resets
-// the buffer (the peer may be direct already).
-func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string) (*directPrep, error) {
+// the program's descriptors: V, the buffer and, if fs has it, the side's
+// bell B_S (docs/direct.md); enterDirect hands them over. exnd's
+// endpoint keeps its own dup of B_S on one host; across hosts (rem, the
+// engine's side, whose Kick the endpoint rings with) the program gets
+// B_S itself and exnd keeps none. A one-host acceptor's fs still has
+// the listener instead of B_1: the Prep keeps it for acceptBell. When it
+// fails after attaching, it resets the buffer (the peer may be direct
+// already); rem stays the caller's on error.
+func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string, rem *remoteSide) (*directPrep, error) {
 	si := 0
 	if side == sideAccept {
 		si = 1
 	}
-	// The program's copies first (dups: fs goes to exnd's endpoint).
 	var out []*os.File
 	fail := func(err error) (*directPrep, error) {
 		for _, f := range out {
@@ -171,18 +232,34 @@ func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *ne
 		return fail(err)
 	}
 	out = append(out, app)
-	for _, f := range []*os.File{fs.Buf, fs.Data[si], fs.Space[si], fs.Data[1-si], fs.Space[1-si]} {
-		d, err := dupFile(f)
-		if err != nil {
-			mine.Close()
-			return fail(err)
-		}
-		out = append(out, d)
-	}
 	var st unix.Stat_t
 	if err := rawStat(app, &st); err != nil {
 		mine.Close()
 		return fail(err)
+	}
+	vIno := st.Ino
+	buf, err := dupFile(fs.Buf)
+	if err != nil {
+		mine.Close()
+		return fail(err)
+	}
+	out = append(out, buf)
+	var bellIno uint64
+	if b := fs.Bell[si]; b != nil {
+		if rem == nil {
+			if b, err = dupFile(b); err != nil { // the program's; exnd keeps fs'
+				mine.Close()
+				return fail(err)
+			}
+		} else {
+			fs.Bell[si] = nil // the program's alone
+		}
+		out = append(out, b)
+		if err := rawStat(b, &st); err != nil {
+			mine.Close()
+			return fail(err)
+		}
+		bellIno = st.Ino
 	}
 	mc, err := net.FileConn(mine)
 	mine.Close()
@@ -194,23 +271,41 @@ func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *ne
 		mc.Close()
 		return fail(fmt.Errorf("socketpair end is a %T", mc))
 	}
-	ep, err := dring.Attach(fs, si)
+	// exnd's endpoint takes the buffer and its bell, if any; fs keeps
+	// the listener, if any.
+	epfs := &dring.Files{Buf: fs.Buf}
+	epfs.Bell[si] = fs.Bell[si]
+	fs.Buf, fs.Bell[si] = nil, nil
+	ep, err := dring.Attach(epfs, si)
 	if err != nil {
 		uc.Close()
+		fs.Close()
 		for _, f := range out {
 			f.Close()
 		}
 		return nil, err
 	}
+	if rem != nil {
+		ep.SetRinger(rem.rc.Kick) // no bell: the engine is the peer, in this process
+	}
+	// The program's waiters park on B_S: exnd must not drain it until it
+	// relays the side (SetRelay).
+	ep.SetPollOnly(true)
 	dc := &dconn{
-		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: st.Ino,
+		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: vIno, bellIno: bellIno,
 		local: shadow.LocalAddr().String(), remote: shadow.RemoteAddr().String(),
-		peer: fmt.Sprint(di.Node), node: di.Node, since: time.Now(),
+		peer: fmt.Sprint(di.Node), node: di.Node, since: time.Now(), rem: rem,
 	}
 	if la, ok := tcpAddrPort(shadow.LocalAddr()); ok {
 		dc.lport = la.Port()
 	}
-	return &directPrep{dc: dc, out: out, si: si}, nil
+	p := &directPrep{dc: dc, out: out, si: si}
+	if fs.Listening() {
+		p.lis = fs
+	} else {
+		fs.Close()
+	}
+	return p, nil
 }
 
 // enterDirect enters a prepared connection and starts watching it; the
@@ -281,8 +376,12 @@ func (s *Server) watch(dc *dconn) {
 	rerr, werr := pump(dc.ep, dc.uc)
 	switch {
 	case werr != nil:
-		// The peer is gone or reset: the program's socket must see it
-		// too.
+		// The peer is gone or reset, or the buffer is corrupt (the
+		// endpoint stored rst itself: exnd's own reset): the program's
+		// socket must see it too.
+		if errors.Is(werr, dring.ErrCorrupt) {
+			s.resetOwn(dc, false)
+		}
 		dc.uc.CloseRead()
 		s.resets.Add(1)
 	case errors.Is(rerr, io.EOF) && dc.relaying.Load():
@@ -295,10 +394,25 @@ func (s *Server) watch(dc *dconn) {
 		s.logConn(slog.LevelDebug, "extds shim: direct socket", "id", dc.id, "err", rerr)
 	}
 	// rd_closed before fin: a peer that has read the EOF then finds
-	// its writes refused, never accepted into a ring nobody reads.
+	// its writes refused, never accepted into a ring nobody reads. Each
+	// rings the peer if it waits (one host: through exnd's dup of B_S;
+	// across hosts the endpoint kicks the engine).
 	dc.ep.CloseRead()
 	dc.ep.CloseWrite()
 	s.endDirect(dc)
+}
+
+// resetOwn is exnd's own reset of dc (the peer node is down, exnd
+// stops, a corrupt buffer): rst in the buffer (the peer is rung; unless
+// stored already) and shutdown(E, SHUT_WR), which makes V readable (EOF)
+// in every park of the program's side, since exnd cannot ring its own
+// side's bell (docs/direct.md, "exnd waking its own program"). The
+// shim, finding V readable without relay[S], reads rst.
+func (s *Server) resetOwn(dc *dconn, store bool) {
+	if store {
+		dc.ep.Reset()
+	}
+	_ = dc.uc.CloseWrite()
 }
 
 // waitHangup returns when every descriptor of V is closed (E shows
@@ -368,21 +482,39 @@ func (s *Server) endDirect(dc *dconn) {
 }
 
 // relay is shim-relay: the program is about to exec with a direct
-// descriptor open; from now on exnd moves this side's bytes over V.
+// descriptor open; from now on exnd moves this side's bytes over V. The
+// request carries V and the side's bell B_S (docs/direct.md, "exec"):
+// exnd parks on that bell for the side from then on. Across hosts it is
+// the only B_S exnd gets (the endpoint takes it over; the control
+// server's file of it is in Go's netpoller, which only costs wake-ups
+// while the relay parks anyway); on one host exnd has its own dup
+// already and closes it. A request with V alone (an
+// older shim) is relayed too; across hosts the relay then polls its
+// ring (dring.Endpoint without a bell).
 func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File, error) {
 	const op = "shim-relay"
-	who, err := s.callerWithFile(ctx, op, "descriptor", r)
+	who, err := s.caller(ctx, op)
 	if err != nil {
 		return nil, nil, err
+	}
+	if len(r.Args) != 0 || len(r.Files) < 1 || len(r.Files) > 2 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no arguments and V and its bell, got %d and %d descriptors", op, len(r.Args), len(r.Files))
 	}
 	var st unix.Stat_t
 	if err := rawStat(r.Files[0], &st); err != nil {
 		return nil, nil, s.refuse(ReasonBadRequest, "%s: %v", op, err)
 	}
+	vIno, bellIno := st.Ino, uint64(0)
+	if len(r.Files) == 2 {
+		if err := rawStat(r.Files[1], &st); err != nil {
+			return nil, nil, s.refuse(ReasonBadRequest, "%s: %v", op, err)
+		}
+		bellIno = st.Ino
+	}
 	s.mu.Lock()
 	var dc *dconn
 	for _, c := range s.dconns {
-		if c.vIno == st.Ino {
+		if c.vIno == vIno {
 			dc = c
 			break
 		}
@@ -395,12 +527,23 @@ func (s *Server) relay(ctx context.Context, r *control.Request) (any, []*os.File
 		s.mu.Unlock()
 		return nil, nil, s.refuse(ReasonNotOwner, "%s: connection %d belongs to another user", op, dc.id)
 	}
+	if bellIno != 0 && bellIno != dc.bellIno {
+		s.mu.Unlock()
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: the second descriptor is not connection %d's bell", op, dc.id)
+	}
 	start := !dc.relaying.Swap(true)
 	if start {
 		s.wg.Add(1)
 	}
 	s.mu.Unlock()
 	if start {
+		if bellIno != 0 {
+			bell := r.Files[1]
+			r.Files[1] = nil // ours now (the control server closes the rest)
+			if err := dc.ep.SetBell(bell); err != nil {
+				s.logConn(slog.LevelDebug, "extds shim: relay's bell", "id", dc.id, "err", err)
+			}
+		}
 		dc.ep.SetRelay()
 		go s.relayOut(dc)
 		s.relays.Add(1)
@@ -463,7 +606,7 @@ func (s *Server) checkPeer(dc *dconn) {
 	if err := s.dev.PeerAlive(dc.node); err != nil {
 		s.logConn(slog.LevelInfo, "extds shim: direct connection's peer node is down, reset", "id", dc.id, "peer", dc.peer, "err", err)
 		s.resets.Add(1)
-		dc.ep.Reset()
+		s.resetOwn(dc, true)
 		dc.uc.Close() // watch ends the connection
 	}
 }
@@ -478,7 +621,7 @@ func (s *Server) closeDirect() {
 	}
 	s.mu.Unlock()
 	for _, dc := range dcs {
-		dc.ep.Reset()
+		s.resetOwn(dc, true)
 		dc.uc.Close() // watch ends, and with it the connection
 	}
 }

@@ -7,25 +7,63 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/exn-project/exn/extds/dring"
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/internal/sys"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
 // directApp is what a program under the shim holds for a direct
-// connection: V (its descriptor) and the attached buffer.
+// connection: V (its descriptor), the attached buffer with its bell, and
+// a dup of the bell (for shim-relay). A goroutine plays the shim's park
+// on V (watchV).
 type directApp struct {
-	v   *net.UnixConn
-	ep  *dring.Endpoint
-	res SwitchResult
+	v       *net.UnixConn
+	ep      *dring.Endpoint
+	bell    *os.File
+	res     SwitchResult
+	vw      *os.File // watchV's dup of V
+	relayed atomic.Bool
+	watched chan struct{}
 }
 
 func (d *directApp) Close() {
 	d.ep.Close()
 	d.v.Close()
+	d.vw.Close()
+	<-d.watched
+	d.bell.Close()
+}
+
+// watchV plays the shim's park on V (docs/direct.md, "exnd waking its
+// own program"): V readable with end of file, or hung up, while the side
+// is not relayed, is exnd's own reset (or its death), and the program's
+// calls fail with ECONNRESET. The Endpoint parks on its bell alone, so
+// the test's stand-in wakes it with Reset. It reads nothing (a peek),
+// and stops at the first byte (the side is relayed: V is a plain
+// socket).
+func (d *directApp) watchV() {
+	defer close(d.watched)
+	rc, err := d.vw.SyscallConn()
+	if err != nil {
+		return
+	}
+	var end bool
+	buf := make([]byte, 1)
+	if err := rc.Read(func(fd uintptr) bool {
+		n, err := sys.RecvPeek(int(fd), buf)
+		if sys.IsEAGAIN(err) {
+			return false
+		}
+		end = err != nil || n == 0
+		return true
+	}); err == nil && end && !d.relayed.Load() {
+		d.ep.Reset()
+	}
 }
 
 // newDirectNodes starts two nodes whose shim servers make direct
@@ -38,9 +76,10 @@ func newDirectNodes(t *testing.T) (a, b *node, dir string) {
 	return a, b, dir
 }
 
-// switchDirect hands tc over with "direct" and attaches what comes back
-// as the shim does (docs/direct.md, "What the program gets").
-func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp {
+// callDirect hands tc over with "direct" and returns the three
+// descriptors of the answer (docs/direct.md, "What the program gets"):
+// V, the buffer, the side's bell.
+func (n *node) callDirect(t *testing.T, op string, tc *net.TCPConn) (SwitchResult, []*os.File) {
 	t.Helper()
 	f, err := tc.File()
 	if err != nil {
@@ -52,28 +91,50 @@ func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp
 	if err != nil {
 		t.Fatalf("%s: %v", op, err)
 	}
-	if res.Mode != "direct" || res.Side == nil || len(out) != 6 || res.Ring != dring.MinRing*4 {
+	if res.Mode != "direct" || res.Side == nil || len(out) != 3 || res.Ring != dring.MinRing*4 {
 		for _, f := range out {
 			f.Close()
 		}
-		t.Fatalf("%s: answer %+v with %d descriptors, want direct and 6", op, res, len(out))
+		t.Fatalf("%s: answer %+v with %d descriptors, want direct and 3", op, res, len(out))
 	}
 	tc.Close() // the shim's dup3 of V over it
+	return res, out
+}
+
+// switchDirect hands tc over with "direct" and attaches what comes back
+// as the shim does.
+func (n *node) switchDirect(t *testing.T, op string, tc *net.TCPConn) *directApp {
+	t.Helper()
+	res, out := n.callDirect(t, op, tc)
 	si := *res.Side
+	bell, err := dupFile(out[2])
+	if err != nil {
+		t.Fatal(err)
+	}
 	fs := &dring.Files{Buf: out[1]}
-	fs.Data[si], fs.Space[si], fs.Data[1-si], fs.Space[1-si] = out[2], out[3], out[4], out[5]
+	fs.Bell[si] = out[2]
 	ep, err := dring.Attach(fs, si)
 	if err != nil {
 		out[0].Close()
+		bell.Close()
 		t.Fatal(err)
 	}
-	vc, err := net.FileConn(out[0])
+	vc, err := net.FileConn(out[0]) // makes V non-blocking: vw is pollable
+	if err == nil {
+		var vw *os.File
+		if vw, err = dupFile(out[0]); err == nil {
+			out[0].Close()
+			d := &directApp{v: vc.(*net.UnixConn), ep: ep, bell: bell, res: res, vw: vw, watched: make(chan struct{})}
+			go d.watchV()
+			return d
+		}
+		vc.Close()
+	}
 	out[0].Close()
-	if err != nil {
-		ep.Close()
-		t.Fatal(err)
-	}
-	return &directApp{v: vc.(*net.UnixConn), ep: ep, res: res}
+	ep.Close()
+	bell.Close()
+	t.Fatal(err)
+	return nil
 }
 
 func directPair(t *testing.T) (a, b *node, dir string, client, server *directApp) {
@@ -122,8 +183,9 @@ func TestDirectBothWays(t *testing.T) {
 		t.Fatalf("sides %d/%d, want 0/1", *client.res.Side, *server.res.Side)
 	}
 	// The connection's names are gone; what is left is the accepting
-	// side's pool of ready buffers (dpool.go), removed when it closes.
-	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) > 5*poolSize {
+	// side's pool of ready buffers (dpool.go: a buffer and its bell's
+	// listener each), removed when it closes.
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) > 2*poolSize {
 		t.Errorf("files left after the handshake: %v", left)
 	}
 	defer func() {
@@ -177,45 +239,67 @@ func TestDirectLastClose(t *testing.T) {
 	testenv.Eventually(t, "the connection to end in exnd", 5*time.Second, func() bool { return a.srv.Stats().DirectActive == 0 })
 }
 
-// relayV sends shim-relay with side's V on a's control socket, as the
-// shim does before exec.
-func relayV(t testing.TB, a *node, side *directApp) {
+// relayV sends shim-relay with side's V and bell on a's control socket,
+// as the shim does before exec (withBell false: V alone, as an older
+// shim did).
+func relayV(t testing.TB, a *node, side *directApp, withBell bool) {
 	t.Helper()
 	f, err := side.v.File()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := a.cl.CallFDs(t.Context(), nil, []*os.File{f}, "shim-relay"); err != nil {
+	fds := []*os.File{f}
+	if withBell {
+		fds = append(fds, side.bell)
+	}
+	side.relayed.Store(true)
+	if _, err := a.cl.CallFDs(t.Context(), nil, fds, "shim-relay"); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // shim-relay (before exec): the client side's V becomes a plain socket
-// that exnd relays; the server side stays direct.
+// that exnd relays; the server side stays direct. The shim sends V and
+// the side's bell; V alone (an older shim) is relayed too, and a second
+// descriptor that is not the connection's bell is refused.
 func TestDirectRelay(t *testing.T) {
-	testenv.VerifyNoLeaks(t)
-	a, _, _, client, server := directPair(t)
-	if err := a.cl.Call(t.Context(), nil, "shim-relay"); err == nil {
-		t.Fatal("shim-relay without a descriptor accepted")
-	}
-	relayV(t, a, client)
-	if _, err := client.v.Write([]byte("ping")); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(server.ep, buf); err != nil || string(buf) != "ping" {
-		t.Fatalf("server read %q, %v", buf, err)
-	}
-	if _, err := server.ep.Write([]byte("pong")); err != nil {
-		t.Fatal(err)
-	}
-	client.v.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(client.v, buf); err != nil || string(buf) != "pong" {
-		t.Fatalf("client read %q, %v", buf, err)
-	}
-	if st := a.srv.Stats(); st.DirectRelays != 1 {
-		t.Errorf("relays %d, want 1", st.DirectRelays)
+	for _, withBell := range []bool{true, false} {
+		t.Run(map[bool]string{true: "V and bell", false: "V alone"}[withBell], func(t *testing.T) {
+			testenv.VerifyNoLeaks(t)
+			a, _, _, client, server := directPair(t)
+			if err := a.cl.Call(t.Context(), nil, "shim-relay"); err == nil {
+				t.Fatal("shim-relay without a descriptor accepted")
+			}
+			vf, err := client.v.File()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.cl.CallFDs(t.Context(), nil, []*os.File{vf, server.bell}, "shim-relay"); err == nil {
+				t.Fatal("shim-relay with another connection side's bell accepted")
+			}
+			vf.Close()
+			relayV(t, a, client, withBell)
+			for range 3 {
+				if _, err := client.v.Write([]byte("ping")); err != nil {
+					t.Fatal(err)
+				}
+				buf := make([]byte, 4)
+				if _, err := io.ReadFull(server.ep, buf); err != nil || string(buf) != "ping" {
+					t.Fatalf("server read %q, %v", buf, err)
+				}
+				if _, err := server.ep.Write([]byte("pong")); err != nil {
+					t.Fatal(err)
+				}
+				client.v.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := io.ReadFull(client.v, buf); err != nil || string(buf) != "pong" {
+					t.Fatalf("client read %q, %v", buf, err)
+				}
+			}
+			if st := a.srv.Stats(); st.DirectRelays != 1 {
+				t.Errorf("relays %d, want 1", st.DirectRelays)
+			}
+		})
 	}
 }
 
@@ -299,7 +383,7 @@ func TestDirectPeerNodeDown(t *testing.T) {
 func TestDirectRelayHalfClose(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, _, _, client, server := directPair(t)
-	relayV(t, a, client)
+	relayV(t, a, client, true)
 	if _, err := client.v.Write([]byte("request")); err != nil {
 		t.Fatal(err)
 	}

@@ -4,17 +4,21 @@
 // a switched connection's bytes between an AF_UNIX socketpair end (which
 // the shim dup3's over the application's descriptor) and an extds.Conn.
 //
-// Protocol (version 2; control lines "OP ARGS\n", one JSON response line
-// {"ok":..,"data":..,"error":..}, descriptors as SCM_RIGHTS; no request
-// names a PID: the kernel says who calls, by SO_PEERCRED):
+// Protocol (version 4, Version; control lines "OP ARGS\n", one JSON
+// response line {"ok":..,"data":..,"error":..}, descriptors as
+// SCM_RIGHTS; no request names a PID: the kernel says who calls, by
+// SO_PEERCRED):
 //
-//	shim-hello 2              → {"version":2}
+//	shim-hello 4              → {"version":4}
 //	shim-listen   + socket    → {"port":P}  register the listening socket
 //	shim-unlisten PORT        → {}          drop the caller's gone sockets
 //	shim-connect  + fd        → {"mode":"extds","id":N} + socketpair end
+//	  [direct|fd_limit]       | {"mode":"direct","id":N,"side":S,"ring":R}
+//	                            + V, the buffer, the side's bell (direct.go)
 //	                          | {"mode":"tcp","reason":R}  (no fd; R short_lived
 //	                            also gives hold_ms, hold.go)
 //	shim-accept   + fd        → same as shim-connect (claimed out of band)
+//	shim-relay    + V, bell   → {}          relay a direct side (before exec)
 //
 // Any failure is {"ok":false,"error":"..."}; the shim then keeps plain
 // TCP. docs/extds.md ("Shim server") has the behaviour in detail.

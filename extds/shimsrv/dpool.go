@@ -1,12 +1,15 @@
 package shimsrv
 
 // A pool of ready-made connection buffers for the accepting side of
-// direct connections (issue #15). Making one (the buffer file and four
-// FIFOs in the fabric's directory, docs/direct.md) costs about 0.2 ms of
+// direct connections (issue #15). Making one (on one host the buffer
+// file and a listening AF_UNIX socket at NAME.b in the fabric's
+// directory, which the connecting exnd connects side 0's bell to;
+// across hosts the buffer alone, docs/direct.md) costs about 0.2 ms of
 // system calls, and it sits on the critical path of every connection
 // setup: between the client's CLAIM and the answer that names the
 // buffer. With the pool, the answer takes one that was made before, and
-// the filler makes its replacement off that path.
+// the filler makes its replacement off that path. A pooled buffer holds
+// two descriptors on one host (buffer and listener), one across hosts.
 //
 // Stages and locks: directCreate takes from ready (a buffered channel,
 // never blocking: an empty pool makes the buffer inline, as before) and
@@ -27,11 +30,12 @@ import (
 // filler makes one in about 0.2 ms, so 4 covers a burst of 4 accepts
 // faster than that (netperf TCP_CRR accepts one at a time); a longer
 // burst makes the rest inline. Their cost: 4 files of 4 KiB + 2 rings in
-// tmpfs, whose pages exist only once touched.
+// tmpfs, whose pages exist only once touched, and their listeners.
 const poolSize = 4
 
-// pooled is a buffer made ahead: its files (names still in the
-// directory) and the ID in its name.
+// pooled is a buffer made ahead: its files (one host: the buffer and
+// its bell's listener, names still in the directory) and the ID in its
+// name.
 type pooled struct {
 	fs   *dring.Files
 	name string
@@ -52,19 +56,25 @@ func (s *Server) makeBuf() (pooled, error) {
 	s.mu.Unlock()
 	id = id<<16 | uint64(time.Now().UnixNano()&0xFFFF) // unique across exnd restarts too
 	name := dring.Name(s.directCfg.Fabric, s.directCfg.Node, id)
-	fs, err := dring.Create(s.directCfg.Dir, name, s.directCfg.Ring)
-	if err != nil {
-		return pooled{}, err
-	}
 	if s.directCfg.Engine != nil {
-		// Across hosts nobody opens a buffer by its name (remote.go):
-		// the names go at once, so an exnd that dies leaves nothing in
-		// the directory (the kernel frees the files with their last
+		// Across hosts nobody opens a buffer by its name (remote.go),
+		// and the bells come from a socketpair: no listener, and the
+		// name goes at once, so an exnd that dies leaves nothing in
+		// the directory (the kernel frees the file with its last
 		// descriptor).
+		fs, err := dring.CreateBuffer(s.directCfg.Dir, name, s.directCfg.Ring)
+		if err != nil {
+			return pooled{}, err
+		}
 		if err := dring.Remove(s.directCfg.Dir, name); err != nil {
 			fs.Close()
 			return pooled{}, err
 		}
+		return pooled{fs: fs, name: name, id: id}, nil
+	}
+	fs, err := dring.Create(s.directCfg.Dir, name, s.directCfg.Ring)
+	if err != nil {
+		return pooled{}, err
 	}
 	return pooled{fs: fs, name: name, id: id}, nil
 }

@@ -3,7 +3,7 @@ package shimsrv
 // Direct connections across hosts (issue #38, docs/direct.md "Across
 // hosts"): on a fabric whose nodes cannot map each other's memory (net,
 // ofi), each side's exnd makes its own connection buffer, hands it to its
-// program exactly as on one host (the same six descriptors, the same
+// program exactly as on one host (the same three descriptors, the same
 // layout), and plays the peer side of it itself through the engine
 // (extds/rdirect), which joins the two copies by RMA PUT and cursor
 // messages. The program cannot tell the difference.
@@ -17,15 +17,22 @@ package shimsrv
 //	                  ←────────────────────────── COMMIT_R (its id and NLA)
 //	startRemote: Start(client)
 //	both: prepareDirect and enterDirect as on one host (dc.rc, dc.rmem)
-//	last close (watch): fin and rd_closed in the buffer; endRemote waits
-//	  for the engine to finish (or remoteLinger), then closes the Conn and
-//	  unmaps.
+//	last close (watch): fin and rd_closed in the buffer; endRemote kicks
+//	  the engine, waits for it to finish (or remoteLinger), then closes
+//	  the Conn and the engine's bell and unmaps.
 //
-// Ownership: a remoteSide owns its mapping (rmem) and the dups of the
-// four bells the engine uses (bells), from remoteCreate/remoteOpen until
-// close; dconn takes it over in enterDirect. The buffers have no names
-// (dpool.go's makeBuf removes them at once): nobody else opens them, and
-// an exnd that dies leaves nothing in the directory.
+// The bells: prepareRemote makes the pair with a socketpair; B_S goes to
+// the program (prepareDirect hands it over and keeps no dup) and the
+// engine keeps B_{1−S}, one epoll registration. exnd so holds E and
+// B_{1−S} per connection; its endpoint has no bell and kicks the engine
+// instead (dring.Endpoint.SetRinger, Conn.Kick), until shim-relay hands
+// it B_S for the relay after exec.
+//
+// Ownership: a remoteSide owns its mapping (rmem) and the engine's bell
+// (bell), from remoteCreate/remoteOpen until close; dconn takes it over
+// in prepareDirect. The buffers have no names (dpool.go's makeBuf
+// removes them at once): nobody else opens them, and an exnd that dies
+// leaves nothing in the directory.
 //
 // Locks: none of its own; a remoteSide is used by one goroutine at a time
 // (the switch, then watch).
@@ -33,6 +40,7 @@ package shimsrv
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/exn-project/exn/extds"
@@ -50,13 +58,13 @@ const remoteLinger = 60 * time.Second
 
 // remoteSide is this node's half of a cross-host direct connection.
 type remoteSide struct {
-	rc    *rdirect.Conn
-	rmem  []byte       // exnd's own mapping of the buffer
-	bells *dring.Files // dups of the four bells (Buf nil), the engine's
+	rc   *rdirect.Conn
+	rmem []byte   // exnd's own mapping of the buffer
+	bell *os.File // B_{1−S}, the engine's
 }
 
 // close resets what has not finished, then releases the engine's
-// connection, the mapping and the bells (in that order: the engine
+// connection, the mapping and the bell (in that order: the engine
 // touches neither once Close returned).
 func (r *remoteSide) close() {
 	if r == nil {
@@ -66,41 +74,44 @@ func (r *remoteSide) close() {
 		_ = r.rc.Close()
 	}
 	_ = sys.Unmap(r.rmem)
-	if r.bells != nil {
-		r.bells.Close()
+	if r.bell != nil {
+		r.bell.Close()
 	}
 }
 
-// prepareRemote maps fs's buffer for exnd's engine and makes its
-// connection, where the program is side si. fs stays the caller's.
+// prepareRemote maps fs's buffer for exnd's engine, makes the bells and
+// the engine's connection, where the program is side si: on success
+// fs.Bell[si] is the program's bell B_si (fs stays the caller's) and
+// the engine has B_{1−si}.
 func (s *Server) prepareRemote(fs *dring.Files, si int) (*remoteSide, error) {
 	st, err := fs.Buf.Stat()
 	if err != nil {
 		return nil, err
 	}
-	r := &remoteSide{bells: &dring.Files{}}
+	r := &remoteSide{}
+	var prog *os.File
 	fail := func(err error) (*remoteSide, error) {
 		r.close()
+		if prog != nil {
+			prog.Close()
+		}
 		return nil, fmt.Errorf("cross-host direct connection: %w", err)
 	}
-	for i := range 2 {
-		if r.bells.Data[i], err = dupFile(fs.Data[i]); err != nil {
-			return fail(err)
-		}
-		if r.bells.Space[i], err = dupFile(fs.Space[i]); err != nil {
-			return fail(err)
-		}
+	b0, b1, err := dring.NewBells()
+	if err != nil {
+		return fail(err)
+	}
+	prog, r.bell = b0, b1
+	if si == 1 {
+		prog, r.bell = b1, b0
 	}
 	if r.rmem, err = sys.MapShared(fs.Buf, int(st.Size())); err != nil {
 		return fail(err)
 	}
-	b, err := rdirect.BellsOf(r.bells, si)
-	if err != nil {
+	if r.rc, err = s.directCfg.Engine.Prepare(r.rmem, si, r.bell); err != nil {
 		return fail(err)
 	}
-	if r.rc, err = s.directCfg.Engine.Prepare(r.rmem, si, b); err != nil {
-		return fail(err)
-	}
+	fs.Bell[si] = prog
 	return r, nil
 }
 
@@ -163,6 +174,9 @@ func (s *Server) endRemote(r *remoteSide) {
 	if r == nil {
 		return
 	}
+	// exnd's stores (fin and rd_closed at the last close, or rst) rang
+	// no bell: the program's is not exnd's to ring.
+	r.rc.Kick()
 	t := time.NewTimer(remoteLinger)
 	defer t.Stop()
 	select {

@@ -51,20 +51,28 @@ func BenchmarkDirectSetup(b *testing.B) {
 			}
 		}
 	})
-	p, err := s.makeBuf()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		p.fs.Close()
-		_ = dring.Remove(dir, p.name)
-	}()
-	// open: the connecting side's step between CLAIM_DIRECT and COMMIT.
-	b.Run("open-buffer", func(b *testing.B) {
+	// open: the connecting side's step between CLAIM_DIRECT and COMMIT
+	// (the buffer and the connect of side 0's bell); accept: the
+	// accepting side's on COMMIT. A listener takes one connection: each
+	// iteration opens a fresh buffer, made with the timer stopped.
+	b.Run("open-and-accept", func(b *testing.B) {
 		b.ReportAllocs()
-		for b.Loop() {
+		for range b.N {
+			b.StopTimer()
+			p, err := s.makeBuf()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
 			fs := mustOpen(b, dir, p.name)
+			if err := p.fs.Accept(); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
 			fs.Close()
+			p.fs.Close()
+			_ = dring.Remove(dir, p.name)
+			b.StartTimer()
 		}
 	})
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -80,9 +88,17 @@ func BenchmarkDirectSetup(b *testing.B) {
 	// prepare: the program's descriptors and exnd's endpoint, each side.
 	b.Run("prepare-and-discard", func(b *testing.B) {
 		b.ReportAllocs()
-		for b.Loop() {
+		for range b.N {
+			b.StopTimer()
+			p, err := s.makeBuf()
+			if err != nil {
+				b.Fatal(err)
+			}
 			fs := mustOpen(b, dir, p.name)
-			dp, err := s.prepareDirect(fs, &extds.DirectInfo{Node: 2}, c.(*net.TCPConn), control.Peer{}, sideConnect)
+			_ = dring.Remove(dir, p.name)
+			p.fs.Close()
+			b.StartTimer()
+			dp, err := s.prepareDirect(fs, &extds.DirectInfo{Node: 2}, c.(*net.TCPConn), control.Peer{}, sideConnect, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -28,8 +28,11 @@ import (
 
 // Version is the shim protocol version this server speaks. 2: no
 // request names a PID (the kernel says who calls), shim-listen carries
-// the listening socket, and accepts are claimed out of band.
-const Version = 3
+// the listening socket, and accepts are claimed out of band. 3: the
+// direct buffer's layout version 2 (rung flags). 4: one bell per side
+// (layout version 3): a direct answer carries V, the buffer and the
+// side's bell, and shim-relay V and the bell (docs/direct.md).
+const Version = 4
 
 // Tunables, with why.
 const (

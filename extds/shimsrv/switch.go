@@ -80,7 +80,7 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
 	}
 	defer s.wg.Done()
-	if fdLimit {
+	if fdLimit || !s.exndRoom() {
 		return s.stayTCP(r.Files[0], side, ArgFDLimit)
 	}
 	res, out, err := s.switchSocket(ctx, r.Files[0], who, side, direct && s.directCfg != nil)
@@ -90,6 +90,30 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return res, out, nil
+}
+
+// exndFDReserve is the least descriptor room exnd keeps for everything
+// but switched connections (its fabric sessions, control connections,
+// scrapes), and exndFDReserveDiv the share of its limit it keeps when
+// that is more: a switch takes a few descriptors at once (the socket, a
+// socketpair, the buffer and the bell, the shadow connection) and keeps
+// two, switches run concurrently, and sys.FDRoom counts the holes closed
+// descriptors leave as room. Below it exnd answers as the shim does when
+// it has no room (fallback fd_limit), so that no connection is refused
+// for exnd's own limit (issue #32: "none is refused"). Measured:
+// TestShimBurst10k refused a few dozen of 10,000 connections with a
+// fixed 128 at exnd's limit of 20,000.
+const (
+	exndFDReserve    = 128
+	exndFDReserveDiv = 16
+)
+
+// exndRoom reports whether exnd has the descriptors for one more switch
+// (sys.FDRoom); an error of the probe counts as room (the switch then
+// fails as it would have).
+func (s *Server) exndRoom() bool {
+	room, limit, err := sys.FDRoom()
+	return err != nil || room >= max(exndFDReserve, limit/exndFDReserveDiv)
 }
 
 // ArgFDLimit is shim-connect's and shim-accept's argument, and the
@@ -221,16 +245,26 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			create = s.remoteCreate(&fs, &rem)
 		}
 		prepare := func(di extds.DirectInfo) {
-			prep, perr = s.prepareDirect(fs, &di, shadow, who, side)
+			prep, perr = s.prepareDirect(fs, &di, shadow, who, side, rem)
 			fs = nil // taken over
-			if prep != nil && rem != nil {
-				prep.dc.rem, rem = rem, nil
+			if prep != nil {
+				rem = nil // prep.dc's
 			}
 		}
 		c, di, err = s.accept(ctx, shadow, create, prepare)
 		if dname != "" {
-			// Made by us: the client has opened the files (it acked) or
-			// never will. Either way the names go now.
+			// Made by us (one host): the client has opened the buffer
+			// and connected its bell (it committed or acked) or never
+			// will. On its commit, take side 1's bell from the listener
+			// (nothing queued fails the connection, reset below). Either
+			// way the names go now.
+			if err == nil && di != nil {
+				if prep != nil {
+					err = prep.acceptBell()
+				} else if fs != nil {
+					err = fs.Accept()
+				}
+			}
 			if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
 				s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", rerr)
 			}
@@ -260,9 +294,9 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		fs.Close()
 	case err == nil && di != nil && prep == nil:
 		// Agreed in the shadow handshake, or on the connecting side.
-		prep, err = s.prepareDirect(fs, di, shadow, who, side)
-		if prep != nil && rem != nil {
-			prep.dc.rem, rem = rem, nil
+		prep, err = s.prepareDirect(fs, di, shadow, who, side, rem)
+		if prep != nil {
+			rem = nil // prep.dc's
 		}
 	}
 	rem.close() // made, and never entered: reset (the peer may have started)

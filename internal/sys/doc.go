@@ -7,7 +7,11 @@
 //
 // The socket helpers (sock_linux.go, sockdiag_linux.go) serve exnd's
 // EXT-DS side: a peeked hello, a connection's age, and the kernel's
-// sock_diag view of one TCP connection (accepted yet, last ACK).
+// sock_diag view of one TCP connection (accepted yet, last ACK); and
+// the socket bells of direct connections (sockbell_linux.go: one
+// AF_UNIX stream pair per connection, rung with send and drained to
+// EAGAIN, made by socketpair or by a 0600 listener in the buffers'
+// directory).
 //
 // # Ownership and imports
 //

@@ -107,6 +107,10 @@ func (p *Epoll) Wait() (int, error) {
 	return p.n, p.err
 }
 
+// FD is the set's descriptor (to inspect it, e.g. /proc/self/fdinfo in
+// tests); it stays the set's.
+func (p *Epoll) FD() int { return p.fd }
+
 // Data is the data of the i-th ready descriptor of the last Poll or Wait.
 func (p *Epoll) Data(i int) uint32 { return uint32(p.evs[i].Fd) }
 

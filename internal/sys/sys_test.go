@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func tempFile(t testing.TB, size int64) *os.File {
@@ -109,5 +111,31 @@ func TestMapSharedAndFutex(t *testing.T) {
 	}
 	if sz, err := FileSize(f); sz != 4096 || err != nil {
 		t.Fatalf("FileSize = %d, %v", sz, err)
+	}
+}
+
+// TestFDRoom: the room shrinks by what is opened and comes back when it
+// is closed.
+func TestFDRoom(t *testing.T) {
+	r0, lim, err := FDRoom()
+	if err != nil || r0 <= 10 || lim < r0 {
+		t.Fatalf("FDRoom: %d, %v", r0, err)
+	}
+	var fds []int
+	for range 10 {
+		fd, err := unix.Open("/", unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fds = append(fds, fd)
+	}
+	if r1, _, _ := FDRoom(); r1 > r0-10 {
+		t.Errorf("room %d after opening 10, was %d", r1, r0)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if r2, _, _ := FDRoom(); r2 != r0 {
+		t.Errorf("room %d after closing them, was %d", r2, r0)
 	}
 }

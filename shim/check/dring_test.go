@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/exn-project/exn/extds/dring"
 	"github.com/exn-project/exn/internal/testenv"
 )
@@ -28,14 +30,17 @@ import (
 // TestDringC builds shim/test/dring_test.c with shim/dring.c (with ASan
 // and UBSan where gcc has them) and runs it: the connection buffer of
 // docs/direct.md between forked processes, the test playing exnd (byte
-// streams both ways with wraparound, wake-ups on data, space, fin, rst,
-// poll and epoll readiness, forged cursors, a SIGKILLed peer, exnd's
-// death, the relay flag, two forked writers under prod_lock).
+// streams both ways with wraparound, a reader and a writer thread of one
+// process on the one bell, wake-ups on data, space, fin, rst, poll and
+// epoll readiness, forged cursors, a SIGKILLed peer, exnd's death and
+// its own reset, a peer whose bell is gone, the relay flag, two forked
+// writers under prod_lock, shutdown waking its own process's parked
+// threads through the fan-out).
 func TestDringC(t *testing.T) {
 	testenv.NeedGCC(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "dring_test")
-	if err := testenv.CCSanitized("-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", bin,
+	if err := testenv.CCSanitized("-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", bin,
 		testenv.ModulePath("shim", "test", "dring_test.c"), testenv.ModulePath("shim", "dring.c")); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +58,7 @@ func TestDringC(t *testing.T) {
 		t.Fatalf("dring_test: %v", err)
 	}
 	for _, name := range []string{"attach", "streams", "streams_big", "duplex", "semantics", "wake", "forged",
-		"kill_rst", "kill_close", "exnd_death", "relay", "lock"} {
+		"kill_rst", "kill_close", "exnd_death", "relay", "lock", "exnd_reset", "peer_gone", "selfwake"} {
 		if !strings.Contains(string(out), "ok "+name+"\n") {
 			t.Errorf("test %s did not pass", name)
 		}
@@ -84,7 +89,23 @@ type crossPair struct {
 	name     string
 	cside    int
 	vExnd    *os.File
+	exndFS   *dring.Files // the C side's exnd's copies of the buffer and the C side's bell
 	waitDone chan struct{}
+}
+
+// dupFile duplicates f's descriptor (close-on-exec) without touching its
+// mode (f.Fd() would make a non-blocking descriptor blocking).
+func dupFile(t *testing.T, f *os.File) *os.File {
+	t.Helper()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
+		t.Fatal(err, derr)
+	}
+	return os.NewFile(uintptr(nfd), f.Name())
 }
 
 func startCross(t *testing.T, gs, ring int, mode string, args ...string) *crossPair {
@@ -92,17 +113,21 @@ func startCross(t *testing.T, gs, ring int, mode string, args ...string) *crossP
 	bin := dringPeer(t)
 	dir := t.TempDir()
 	name := dring.Name("x", 1, rand.Uint64())
-	gfs, err := dring.Create(dir, name, ring)
+	fs0, fs1, err := dring.CreatePair(dir, name, ring)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dring.Remove(dir, name) })
-	cfs, err := dring.Open(dir, name)
-	if err != nil {
-		gfs.Close()
-		t.Fatal(err)
+	gfs, cfs := fs0, fs1
+	if gs == 1 {
+		gfs, cfs = fs1, fs0
 	}
 	defer cfs.Close() // the child has its copies
+	cs := 1 - gs
+	// What the C side's exnd keeps: its own copies of the buffer and of
+	// the C side's bell (docs/direct.md, "Close and death").
+	exndFS := &dring.Files{Buf: dupFile(t, cfs.Buf)}
+	exndFS.Bell[cs] = dupFile(t, cfs.Bell[cs])
 	ep, err := dring.Attach(gfs, gs)
 	if err != nil {
 		t.Fatal(err)
@@ -115,9 +140,8 @@ func startCross(t *testing.T, gs, ring int, mode string, args ...string) *crossP
 	v, vExnd := os.NewFile(uintptr(sp[0]), "V"), os.NewFile(uintptr(sp[1]), "E")
 	defer v.Close()
 	t.Cleanup(func() { vExnd.Close() })
-	cs := 1 - gs
 	cmd := exec.Command(bin, append([]string{strconv.Itoa(cs), strconv.Itoa(ring), mode}, args...)...)
-	cmd.ExtraFiles = []*os.File{cfs.Buf, cfs.Data[cs], cfs.Space[cs], cfs.Data[gs], cfs.Space[gs], v}
+	cmd.ExtraFiles = []*os.File{cfs.Buf, cfs.Bell[cs], v}
 	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -129,7 +153,8 @@ func startCross(t *testing.T, gs, ring int, mode string, args ...string) *crossP
 		<-done
 	})
 	go func() { cmd.Wait(); close(done) }()
-	p := &crossPair{ep: ep, cmd: cmd, out: out, dir: dir, name: name, cside: cs, vExnd: vExnd}
+	p := &crossPair{ep: ep, cmd: cmd, out: out, dir: dir, name: name, cside: cs, vExnd: vExnd, exndFS: exndFS}
+	t.Cleanup(func() { p.exndFS.Close() })
 	p.waitDone = done
 	return p
 }
@@ -247,11 +272,10 @@ func TestDringCrossLanguage(t *testing.T) {
 				p.cmd.Process.Kill()
 				p.wait(t)
 				// The C side's exnd sees V's last close: it stores
-				// rd_closed and fin for that side.
-				fs, err := dring.Open(p.dir, p.name)
-				if err != nil {
-					t.Fatal(err)
-				}
+				// rd_closed and fin for that side and rings the Go
+				// side with its copy of the C side's bell.
+				fs := p.exndFS
+				p.exndFS = &dring.Files{} // Attach takes it over
 				exnd, err := dring.Attach(fs, p.cside)
 				if err != nil {
 					t.Fatal(err)

@@ -1,9 +1,12 @@
 /*
  * dring_test: the connection buffer of docs/direct.md (shim/dring.c)
  * between forked processes. The main process plays exnd: it creates the
- * buffer file (unlinked), the four bell FIFOs (data and space bell per
- * side, opened blocking: dring_attach sets O_NONBLOCK) and the two V/E socketpairs
- * exactly as docs/direct.md says, keeps E0/E1, and forks the two sides.
+ * buffer file (unlinked), the bell pair (a socketpair: side s's bell is
+ * bell[s], left blocking: dring_attach sets O_NONBLOCK) and the two V/E
+ * socketpairs exactly as docs/direct.md says, keeps E0/E1 and both
+ * bells, and forks the two sides. Each side attaches with hooks that do
+ * what the shim's dparty.c does for the threads of one process: a kick
+ * eventfd per thread and the fan-out after a drain.
  * Run by shim/check (TestDringC). Prints "ok NAME" per test, exits 1 on
  * the first failure with the reason.
  *
@@ -20,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -62,7 +67,7 @@ static long ms_now(void)
 struct conn {
 	uint32_t ring;
 	int buf;       /* the buffer file, unlinked */
-	int fifo[2][2]; /* side s's data [0] and space [1] bell, O_RDWR */
+	int bell[2];   /* side s's bell: bell[0] and bell[1] are one socketpair */
 	int v[2], e[2]; /* V and E of each side */
 	uint8_t *map;  /* exnd's own mapping */
 };
@@ -86,14 +91,8 @@ static void conn_make(struct conn *c, uint32_t ring)
 	uint64_t sz = len;
 	memcpy(c->map, h32, sizeof h32);
 	memcpy(c->map + 16, &sz, 8);
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, c->bell) == 0);
 	for (int s = 0; s < 2; s++) {
-		for (int k = 0; k < 2; k++) {
-			snprintf(path, sizeof path, "%s/%c%d", g_dir, "ds"[k], s);
-			CHECK(mkfifo(path, 0600) == 0, "%s", strerror(errno));
-			c->fifo[s][k] = open(path, O_RDWR | O_CLOEXEC);
-			CHECK(c->fifo[s][k] >= 0);
-			unlink(path);
-		}
 		int sv[2];
 		CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 		c->v[s] = sv[0];
@@ -106,8 +105,8 @@ static void conn_free(struct conn *c)
 	munmap(c->map, EXDD_HDR + 2 * (size_t)c->ring);
 	close(c->buf);
 	for (int s = 0; s < 2; s++) {
-		close(c->fifo[s][0]);
-		close(c->fifo[s][1]);
+		if (c->bell[s] >= 0)
+			close(c->bell[s]);
 		if (c->v[s] >= 0)
 			close(c->v[s]);
 		if (c->e[s] >= 0)
@@ -117,13 +116,61 @@ static void conn_free(struct conn *c)
 
 static struct dring_ctl *ctl(struct conn *c, int dir) { return (struct dring_ctl *)(c->map + 1024 + 1024 * dir); }
 
-/* In a side's process: attach as side s. */
+/* ---- the hooks of one process (as shim/dparty.c, for one connection) ---- */
+
+static pthread_mutex_t g_hmu = PTHREAD_MUTEX_INITIALIZER;
+static struct dwaiter *g_hw;
+static __thread int t_kick = -1;
+static int g_fanouts; /* fan-outs that kicked someone */
+
+static int th_enter(struct dring *d, struct dwaiter *w)
+{
+	(void)d;
+	if (t_kick < 0)
+		t_kick = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	CHECK(t_kick >= 0);
+	w->kick = t_kick;
+	pthread_mutex_lock(&g_hmu);
+	w->next = g_hw;
+	g_hw = w;
+	pthread_mutex_unlock(&g_hmu);
+	return 0;
+}
+
+static void th_leave(struct dring *d, struct dwaiter *w)
+{
+	(void)d;
+	pthread_mutex_lock(&g_hmu);
+	for (struct dwaiter **p = &g_hw; *p; p = &(*p)->next)
+		if (*p == w) {
+			*p = w->next;
+			break;
+		}
+	pthread_mutex_unlock(&g_hmu);
+}
+
+static void th_fanout(struct dring *d, struct dwaiter *self)
+{
+	(void)d;
+	uint64_t one = 1;
+	pthread_mutex_lock(&g_hmu);
+	for (struct dwaiter *w = g_hw; w; w = w->next)
+		if (w != self) {
+			CHECK(write(w->kick, &one, sizeof one) == sizeof one);
+			__atomic_add_fetch(&g_fanouts, 1, __ATOMIC_RELAXED);
+		}
+	pthread_mutex_unlock(&g_hmu);
+}
+
+static const struct dring_hooks g_th = {th_enter, th_leave, th_fanout};
+
+/* In a side's process: attach as side s (its bell; the peer's is closed
+ * here, as it lives in the peer's process). */
 static void side_attach(struct conn *c, int s, struct dring *d)
 {
 	int b = dup(c->buf);
 	CHECK(b >= 0);
-	int bells[4] = {c->fifo[s][0], c->fifo[s][1], c->fifo[1 - s][0], c->fifo[1 - s][1]};
-	int r = dring_attach(d, b, s, c->ring, bells, c->v[s]);
+	int r = dring_attach(d, b, s, c->ring, c->bell[s], c->v[s], &g_th);
 	CHECK(r == 0, "attach: %s", strerror(-r));
 	CHECK(fcntl(b, F_GETFD) < 0 && errno == EBADF, "attach must close the buffer fd");
 }
@@ -135,6 +182,8 @@ static pid_t side_fork(struct conn *c, int s, void (*fn)(struct conn *, struct d
 	if (p == 0) {
 		close(c->v[1 - s]);
 		c->v[1 - s] = -1;
+		close(c->bell[1 - s]);
+		c->bell[1 - s] = -1;
 		close(c->e[0]);
 		close(c->e[1]);
 		c->e[0] = c->e[1] = -1;
@@ -257,18 +306,28 @@ static void streams_b(struct conn *c, struct dring *d, void *arg)
 	CHECK(dring_write(d, &b, 1, 0) == -EPIPE, "write after SHUT_WR");
 }
 
-/* Both directions at once: each side's child sends the pattern of seed
- * send while the side receives that of seed recv. */
+/* Both directions at once: each side's second thread sends the pattern
+ * of seed send while its first receives that of seed recv: a reader and
+ * a writer of one process park on the one bell at once. */
+struct sender {
+	struct dring *d;
+	unsigned seed;
+};
+
+static void *send_thread(void *arg)
+{
+	struct sender *s = arg;
+	send_all(s->d, s->seed);
+	return NULL;
+}
+
 static void duplex(struct dring *d, unsigned send, unsigned recv)
 {
-	pid_t p = fork();
-	CHECK(p >= 0);
-	if (p == 0) {
-		send_all(d, send);
-		exit(0);
-	}
+	pthread_t t;
+	struct sender s = {d, send};
+	CHECK(pthread_create(&t, NULL, send_thread, &s) == 0);
 	recv_all(d, recv);
-	reap(p, "sender child");
+	CHECK(pthread_join(t, NULL) == 0);
 }
 
 static void duplex_a(struct conn *c, struct dring *d, void *arg)
@@ -302,12 +361,14 @@ static void semantics_a(struct conn *c, struct dring *d, void *arg)
 	CHECK(dring_write(d, buf, 1, DRING_NONBLOCK) == -EAGAIN);
 	CHECK(!(dring_ready(d) & POLLOUT));
 	/* tell side 1 to drain; poll on my bell wakes when space appears */
-	struct pollfd p = {d->sbell, POLLIN, 0};
+	struct pollfd p = {d->bell, POLLIN, 0};
 	long t0 = ms_now();
 	for (;;) {
 		unsigned m = dring_arm(d, POLLOUT);
-		if (!(m & POLLOUT))
+		if (!(m & POLLOUT)) {
 			CHECK(poll(&p, 1, 5000) == 1, "no wake for space");
+			CHECK(dring_bell_drain(d, NULL) > 0);
+		}
 		dring_disarm(d, POLLOUT);
 		if (m & POLLOUT)
 			break;
@@ -316,12 +377,14 @@ static void semantics_a(struct conn *c, struct dring *d, void *arg)
 	/* epoll on the bell: wakes when data arrives */
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 42};
-	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, d->dbell, &ev) == 0);
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, d->bell, &ev) == 0);
 	for (;;) {
 		unsigned m = dring_arm(d, POLLIN);
 		struct epoll_event out;
-		if (!(m & POLLIN))
+		if (!(m & POLLIN)) {
 			CHECK(epoll_wait(ep, &out, 1, 5000) == 1 && out.data.u64 == 42, "no epoll wake for data");
+			dring_bell_drain(d, NULL);
+		}
 		dring_disarm(d, POLLIN);
 		if (m & POLLIN)
 			break;
@@ -426,7 +489,7 @@ static void forger(struct conn *c, struct dring *d, void *arg)
 	__atomic_store_n(&d->out->tail, d->out->head + d->ring + 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&d->out->cons_wait, __ATOMIC_SEQ_CST)) {
 		char b = 1;
-		CHECK(write(d->peer_dbell, &b, 1) == 1);
+		CHECK(write(d->bell, &b, 1) == 1);
 	}
 }
 
@@ -455,10 +518,9 @@ static void test_attach(void)
 	struct conn c;
 	conn_make(&c, 4096);
 	struct dring d;
-	const int nob[4] = {-1, -1, -1, -1};
 	int bad[][2] = {{0, 4096 + 1}, {2, 4096}, {0, 8192}, {0, 2048}};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-		CHECK(dring_attach(&d, dup(c.buf), bad[i][0], (uint32_t)bad[i][1], nob, -1) == -EINVAL, "case %zu", i);
+		CHECK(dring_attach(&d, dup(c.buf), bad[i][0], (uint32_t)bad[i][1], -1, -1, NULL) == -EINVAL, "case %zu", i);
 	/* header fields */
 	uint32_t keep;
 	for (int off = 0; off < 24; off += 4) {
@@ -467,18 +529,18 @@ static void test_attach(void)
 		memcpy(&keep, c.map + off, 4);
 		uint32_t x = keep ^ 0x100;
 		memcpy(c.map + off, &x, 4);
-		CHECK(dring_attach(&d, dup(c.buf), 0, 4096, nob, -1) == -EINVAL, "header word %d", off);
+		CHECK(dring_attach(&d, dup(c.buf), 0, 4096, -1, -1, NULL) == -EINVAL, "header word %d", off);
 		memcpy(c.map + off, &keep, 4);
 	}
 	/* a file of the wrong size */
 	CHECK(ftruncate(c.buf, 8192) == 0);
-	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, nob, -1) == -EINVAL);
+	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, -1, -1, NULL) == -EINVAL);
 	CHECK(ftruncate(c.buf, EXDD_HDR + 2 * 4096) == 0);
-	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, nob, -1) == 0);
+	CHECK(dring_attach(&d, dup(c.buf), 0, 4096, -1, -1, NULL) == 0);
 	dring_detach(&d);
 	int sv[2];
 	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-	CHECK(dring_attach(&d, sv[0], 0, 4096, nob, -1) == -EINVAL, "not a regular file");
+	CHECK(dring_attach(&d, sv[0], 0, 4096, -1, -1, NULL) == -EINVAL, "not a regular file");
 	CHECK(fcntl(sv[0], F_GETFD) < 0, "closed on failure too");
 	close(sv[1]);
 	conn_free(&c);
@@ -524,14 +586,14 @@ static void test_death(int how)
 	if (how) {
 		__atomic_store_n(&ctl(&c, 0)->rst, 1, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&ctl(&c, 1)->rst, 1, __ATOMIC_SEQ_CST);
-		char b = 1;
-		CHECK(write(c.fifo[0][0], &b, 1) == 1 && write(c.fifo[0][1], &b, 1) == 1);
+		char b = 1; /* exnd of side 1 rings side 0 with its copy of bell 1 */
+		CHECK(write(c.bell[1], &b, 1) == 1);
 	} else {
 		__atomic_store_n(&ctl(&c, 1)->fin, 1, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&ctl(&c, 0)->rd_closed, 1, __ATOMIC_SEQ_CST);
 		if (__atomic_load_n(&ctl(&c, 0)->prod_wait, __ATOMIC_SEQ_CST)) {
 			char b = 1;
-			CHECK(write(c.fifo[0][1], &b, 1) == 1);
+			CHECK(write(c.bell[1], &b, 1) == 1);
 		}
 	}
 	reap(pa, "writer");
@@ -567,6 +629,97 @@ static void exnd_dies(struct conn *c)
 }
 
 static void test_exnd_death(void) { parked_reader_ended(orphan_reader, exnd_dies); }
+
+/* exnd resets its own program's connection: it cannot ring its own
+ * side's bell, so it stores rst and shuts E for writing (V readable). */
+static void exnd_resets(struct conn *c)
+{
+	__atomic_store_n(&ctl(c, 0)->rst, 1, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&ctl(c, 1)->rst, 1, __ATOMIC_SEQ_CST);
+	CHECK(shutdown(c->e[0], SHUT_WR) == 0);
+}
+
+static void test_exnd_reset(void) { parked_reader_ended(orphan_reader, exnd_resets); }
+
+/* The peer side closes every copy of its bell without a fin: the parked
+ * reader's bell reads EOF, and the connection is reset. */
+static void quitter(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)d;
+	(void)arg;
+	usleep(50000);
+}
+
+static void test_peer_gone(void)
+{
+	struct conn c;
+	conn_make(&c, 4096);
+	pid_t pa = side_fork(&c, 0, orphan_reader, NULL), pb = side_fork(&c, 1, quitter, NULL);
+	close(c.bell[1]); /* exnd's copy of side 1's bell */
+	c.bell[1] = -1;
+	reap(pb, "quitter");
+	reap(pa, "reader");
+	conn_free(&c);
+}
+
+/* ---- one process, several threads on the one bell ---- */
+
+struct selfwake {
+	struct dring *d;
+	ssize_t got;
+	int write;
+};
+
+static void *blocked_call(void *arg)
+{
+	struct selfwake *w = arg;
+	static char big[1 << 14];
+	char b;
+	w->got = w->write ? dring_write(w->d, big, sizeof big, 0) : dring_read(w->d, &b, 1, 0);
+	if (w->write && w->got > 0) /* the first call filled the ring; this one parks */
+		w->got = dring_write(w->d, big, sizeof big, 0);
+	return NULL;
+}
+
+/* A writer parked on a full ring and a reader parked on an empty one, in
+ * two threads; a third thread's shutdown(SHUT_WR) must end the write
+ * (EPIPE) and its shutdown(SHUT_RD) the read (0) at once, though nobody
+ * can ring their own bell: the fan-out kicks them. */
+static void selfwake_a(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	struct selfwake w = {d, 1, 1}, r = {d, 1, 0};
+	pthread_t tw, tr;
+	CHECK(pthread_create(&tw, NULL, blocked_call, &w) == 0);
+	CHECK(pthread_create(&tr, NULL, blocked_call, &r) == 0);
+	usleep(100000);
+	int k0 = __atomic_load_n(&g_fanouts, __ATOMIC_RELAXED);
+	long t0 = ms_now();
+	dring_fin(d);
+	CHECK(pthread_join(tw, NULL) == 0);
+	CHECK(w.got == -EPIPE, "parked writer after SHUT_WR: %zd", w.got);
+	dring_shut_rd(d);
+	CHECK(pthread_join(tr, NULL) == 0);
+	CHECK(r.got == 0, "parked reader after SHUT_RD: %zd", r.got);
+	CHECK(ms_now() - t0 < 1000, "took %ld ms", ms_now() - t0);
+	CHECK(__atomic_load_n(&g_fanouts, __ATOMIC_RELAXED) > k0, "no fan-out kicked them");
+}
+
+static void selfwake_b(struct conn *c, struct dring *d, void *arg)
+{
+	(void)arg;
+	/* never reads until side 0's fin is there: its writer stays parked */
+	while (!__atomic_load_n(&d->in->fin, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	static char buf[1 << 14];
+	ssize_t n, total = 0;
+	while ((n = dring_read(d, buf, sizeof buf, 0)) > 0)
+		total += n;
+	CHECK(n == 0 && total == (ssize_t)c->ring, "read %zd then %zd", total, n);
+	dring_fin(d);
+}
 
 /* ---- relay after exec ---- */
 
@@ -647,6 +800,9 @@ static void t_kill_close(void) { test_death(0); }
 static void t_exnd_death(void) { test_exnd_death(); }
 static void t_relay(void) { test_relay(); }
 static void t_lock(void) { pair(4096, two_writers, record_reader, NULL); }
+static void t_exnd_reset(void) { test_exnd_reset(); }
+static void t_peer_gone(void) { test_peer_gone(); }
+static void t_selfwake(void) { pair(4096, selfwake_a, selfwake_b, NULL); }
 
 static const struct {
 	const char *name;
@@ -655,6 +811,7 @@ static const struct {
 	{"attach", t_attach},	      {"streams", t_streams},	 {"streams_big", t_streams_big}, {"duplex", t_duplex},
 	{"semantics", t_semantics},   {"wake", t_wake},		 {"forged", t_forged},		 {"kill_rst", t_kill_rst},
 	{"kill_close", t_kill_close}, {"exnd_death", t_exnd_death}, {"relay", t_relay},		 {"lock", t_lock},
+	{"exnd_reset", t_exnd_reset}, {"peer_gone", t_peer_gone},   {"selfwake", t_selfwake},
 };
 
 int main(int argc, char **argv)
