@@ -19,7 +19,7 @@ import (
 var directChecks = []string{
 	"nb-connect", "nb-connect-refused", "rcvtimeo", "sndtimeo", "msg-peek", "msg-waitall", "msg-dontwait",
 	"fionread", "half-close", "peer-close", "readv-writev", "msg-iov64", "sendfile", "splice", "full-ring-nb", "names", "dup",
-	"fork-child", "fork-both", "exec-server", "exec-client", "cloexec", "pollin-poll", "pollin-select",
+	"fork-child", "fork-both", "fork-rw", "exec-server", "exec-client", "cloexec", "pollin-poll", "pollin-select",
 	"pollout-poll", "pollout-select", "pollout-epoll", "epoll-lt", "epoll-et", "epoll-oneshot",
 }
 
@@ -30,7 +30,7 @@ var directLimits = map[string]bool{}
 
 // directRelays is how many connections checks hand to exnd's relay by
 // exec, per node: exec-client on node 1, exec-server on node 2; cloexec
-// must not add one.
+// must not add one, nor fork-rw (two processes parked on one side).
 func directRelays(checks []string) [2]float64 {
 	var r [2]float64
 	for _, c := range checks {

@@ -114,12 +114,13 @@ void dep_free_locked(int i)
 	if (c->refs > 0 && r->owner == dparty_pid()) {
 		dring_disarm(&c->d, r->armed);
 		party_leave_locked(c);
+		c->nrec--;
 	}
 	struct depset *s = dset_of_locked(r->epfd, 0);
 	if (s) {
 		hot_unlink_locked(s, i);
 		if (--s->n == 0) {
-			int k = direct_ekick_locked();
+			int k = direct_fkick();
 			if (k >= 0)
 				real.epoll_ctl(s->epfd, EPOLL_CTL_DEL, k, NULL);
 			s->epfd = -1;
@@ -205,6 +206,7 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 		return -1;
 	}
 	struct dconn *c = &g_dc[slot];
+	direct_fkick(); /* made before any fork that may share this connection */
 	/* The bell out of the program's descriptor space (fdroom.c); exnd's
 	 * answer placed it there already unless there was no room. */
 	int hb = hide_fd(ufd[2], 0), e = hb < 0 ? EMFILE : 0;

@@ -36,6 +36,7 @@ struct dconn {
 	uint64_t id;
 	int relay_asked;
 	int nparty;               /* this process's waiters and epoll records parked on the bell */
+	int nrec;                 /* this process's epoll records of it */
 	struct dwaiter *waiters;  /* this process's blocking waiters (their kicks), on their stacks */
 	struct dring d;
 };
@@ -103,47 +104,8 @@ static inline struct dconn *dcof(int fd)
 
 /* ---- direct.c ---- */
 
-/* shim_init's part: the free g_dep records, the kick key. */
+/* shim_init's part: the free g_dep records, then dparty_init. */
 void direct_init(void);
-
-/* ---- dparty.c ---- */
-
-/* direct_init's part: the pid, the kick key. */
-void dparty_init(void);
-/* getpid(), cached (and renewed in a forked child). */
-int dparty_pid(void);
-
-/* pthread_atfork child: this thread's kick eventfd and the parties
- * belong to the parent. */
-void direct_atfork_child(void);
-
-/* The hooks of every connection's dring: the parties, the per-thread
- * kicks and the fan-out (docs/direct.md, "One bell per side"). */
-extern const struct dring_hooks g_dhooks;
-
-/* The fan-out self of the epoll path (dring_bell_drain under the table
- * lock). */
-extern struct dwaiter g_dep_self;
-
-/* Without the lock: join c's parties, or, when another live process
- * parks on that side, hand c to exnd's relay: 0 joined, 1 relayed (c is
- * not direct any more). */
-int party_join_or_relay(struct dconn *c);
-
-/* With the lock held: this process joins c's parties (a waiter or an
- * epoll record): 0, or -1 if another live process parks on that side
- * (party[S]). party_leave_locked undoes it. */
-int party_join_locked(struct dconn *c);
-void party_leave_locked(struct dconn *c);
-
-/* Hand c to exnd's relay (shim-relay with V and the bell, as before
- * exec): 0 once relay[S] is set, else -1. Without the lock. */
-int direct_relay(struct dconn *c);
-
-/* This process's kick eventfd for epoll sets (registered EPOLLET in
- * each set with direct records, never drained): made on first use; -1
- * if it cannot be. With the lock held. */
-int direct_ekick_locked(void);
 
 /* With the lock held: fd's entry is being cleared (close, reuse): drop
  * its epoll records and its reference. */
@@ -158,8 +120,7 @@ void direct_ref_locked(struct fdent *e);
 /* O_NONBLOCK of a direct descriptor, cached for the data path. */
 void direct_setfl(int fd, long fl);
 
-
-/* With the lock held: free record i of g_dep (its hidden bells). */
+/* With the lock held: free record i of g_dep (its bell registration). */
 void dep_free_locked(int i);
 
 struct ctl_resp;
@@ -183,6 +144,39 @@ static inline ssize_t d_send(int fd, const struct iovec *iov, int cnt, int mflag
 
 /* epoll_ctl on a direct descriptor: 1 handled (ret in *ret), 0 not direct. */
 int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);
+
+/* ---- dparty.c ---- */
+
+/* direct_init's part: the pid, the kick key. */
+void dparty_init(void);
+/* getpid(), cached (and renewed in a forked child). */
+int dparty_pid(void);
+
+/* pthread_atfork child: this thread's kick descriptors and the parties
+ * belong to the parent. */
+void direct_atfork_child(void);
+
+/* The hooks of every connection's dring: the parties, the kicks and the
+ * fan-out (docs/direct.md, "One bell per side"). */
+extern const struct dring_hooks g_dhooks;
+
+/* The fan-out self of the epoll path (dring_bell_drain under the table
+ * lock). */
+extern struct dwaiter g_dep_self;
+
+/* With the lock held: this process's waiter or epoll record joins c's
+ * parties (nparty, and pwait[S] in the buffer); party_leave_locked
+ * undoes it. */
+void party_join_locked(struct dconn *c);
+void party_leave_locked(struct dconn *c);
+
+/* The family kick (made on first use, before any fork that shares a
+ * connection: switch_to asks for it): registered EPOLLET in epoll sets
+ * with direct records and in every parked thread's wait; -1 if it cannot
+ * be made. */
+int direct_fkick(void);
+/* Write the family kick: every parked party of the family looks again. */
+void direct_kick_family(void);
 
 #pragma GCC visibility pop
 

@@ -35,8 +35,12 @@ static void before_exec(void)
 		int r = ctl_call(CTL_OP_RELAY, 0, fd, c->d.bell, buf, sizeof buf, &resp, ufd);
 		close_fds(ufd);
 		c->relay_asked = 1;
-		if (r == CTL_OK)
+		if (r == CTL_OK) {
+			/* other processes of the family parked on the bell
+			 * look again: relay[S] sends them to V */
+			direct_kick_family();
 			dbg("exec: fd %d (id %llu) relayed by exnd from now on", fd, (unsigned long long)c->id);
+		}
 		else
 			dbg("exec: fd %d (id %llu): exnd did not take the relay (%s); the new program cannot use it", fd,
 			    (unsigned long long)c->id, r == CTL_NOCONN ? "no exnd" : buf);

@@ -401,7 +401,7 @@ static int dep_bell_add_locked(struct depset *s, struct dconn *c, int slot, uint
 		}
 	}
 	if (s->n == 0) {
-		int k = direct_ekick_locked();
+		int k = direct_fkick();
 		struct epoll_event kev = {EPOLLIN | EPOLLET, {.u64 = DEP_TAG | DEP_KICK}};
 		if (k >= 0 && real.epoll_ctl(s->epfd, EPOLL_CTL_ADD, k, &kev) < 0 && errno != EEXIST)
 			dbg("epoll %d: kick: %s", s->epfd, strerror(errno));
@@ -420,11 +420,6 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		errno = EFAULT;
 		return 1;
 	}
-	/* A record parks on the bell for as long as it lives: this process
-	 * becomes a party of the side (dparty.c), or, if another one parks
-	 * there, the connection goes to the relay and fd is a plain socket. */
-	if (op == EPOLL_CTL_ADD && party_join_or_relay(c))
-		return 0;
 	const uint32_t pass = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE;
 	struct epoll_event vev = {0, {0}};
 	if (ev)
@@ -443,7 +438,6 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 	}
 	if (op == EPOLL_CTL_ADD) {
 		if (slot >= 0) {
-			party_leave_locked(c);
 			unlock();
 			errno = EEXIST;
 			return 1;
@@ -453,7 +447,6 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 				slot = i;
 		struct depset *s = slot >= 0 ? dset_of_locked(epfd, 1) : NULL;
 		if (!s) {
-			party_leave_locked(c);
 			unlock();
 			errno = ENOSPC;
 			return 1;
@@ -461,7 +454,6 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		if (real.epoll_ctl(epfd, op, fd, &vev) < 0) {
 			if (s->n == 0)
 				s->epfd = -1;
-			party_leave_locked(c);
 			unlock();
 			return 1;
 		}
@@ -470,7 +462,6 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 			real.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
 			if (s->n == 0)
 				s->epfd = -1;
-			party_leave_locked(c);
 			unlock();
 			errno = e;
 			return 1;
@@ -479,6 +470,10 @@ int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		g_dep[slot] = (struct depreg){.epfd = epfd, .fd = fd, .hbell = hb, .hdup = hd, .dc = (int)(c - g_dc),
 					      .armed = arm, .owner = dparty_pid(), .hot_next = -1, .rang_next = -1, .ev = *ev,
 					      .last_in = ~0ull, .last_out = ~0ull};
+		/* A record parks on the bell for as long as it lives: a party
+		 * of the side (dparty.c). */
+		party_join_locked(c);
+		c->nrec++;
 		dring_arm(&c->d, arm);
 		s->n++;
 		hot_push_locked(s, slot); /* it may be ready already */
@@ -594,8 +589,17 @@ static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, 
 			evs[k++] = evs[i];
 			continue;
 		}
-		if (idx == DEP_KICK)
-			continue; /* a fan-out: what it made hot is on the hot list */
+		if (idx == DEP_KICK) {
+			/* a fan-out: this process's put its records on the
+			 * hot list; another process's cannot, so look at
+			 * every record of the set */
+			for (int q = 0, seen = 0; q < DEP_MAX && seen < s->n; q++)
+				if (g_dep[q].fd >= 0 && g_dep[q].epfd == s->epfd) {
+					seen++;
+					hot_push_locked(s, q);
+				}
+			continue;
+		}
 		struct depreg *r = &g_dep[idx];
 		if (r->fd < 0 || r->epfd != s->epfd)
 			continue; /* a record gone since: its bell is deregistered */
@@ -659,7 +663,12 @@ static int dep_poll_once(int epfd, struct depset *s, struct epoll_event *evs, in
 		return n;
 	lock();
 	int k = dep_take_locked(s, evs, n, n + r);
-	if (k == n) /* only bells: what they made hot */
+	/* Only bells: what they made hot, unless this batch has the hot
+	 * list's reports already (a level-triggered record stays hot, and
+	 * a second collect would report it twice: a blocking server read
+	 * the second time with nothing there and hung, TestShimManyConns).
+	 * What the bells made hot is reported by the next call. */
+	if (k == n && n == 0)
 		k += hot_collect_locked(s, evs + k, max - k);
 	unlock();
 	return k;

@@ -65,7 +65,7 @@ _Static_assert(offsetof(struct dring_ctl, prod_wait) == 12 && offsetof(struct dr
 #define HDR_RING 8
 #define HDR_SIZE 16
 #define HDR_RELAY 64
-#define HDR_PARTY 72
+#define HDR_PWAIT 72
 
 static void sys_close(int fd) { syscall(SYS_close, fd); }
 
@@ -153,7 +153,7 @@ int dring_attach(struct dring *d, int bufd, int side, uint32_t ring, int bell, i
 	d->in = (struct dring_ctl *)(b + 1024 + 1024 * (1 - side));
 	d->outdata = b + EXDD_HDR + (size_t)side * ring;
 	d->indata = b + EXDD_HDR + (size_t)(1 - side) * ring;
-	d->party = (uint32_t *)(b + HDR_PARTY + 4 * side);
+	d->pwait = (uint32_t *)(b + HDR_PWAIT + 4 * side);
 	d->bell = bell;
 	long fl = bell >= 0 ? syscall(SYS_fcntl, bell, F_GETFL) : -1;
 	if (fl >= 0 && !(fl & O_NONBLOCK))
@@ -403,7 +403,7 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 		    (tv.tv_sec || tv.tv_usec))
 			ws->deadline = t0 + (int64_t)tv.tv_sec * 1000000000 + (int64_t)tv.tv_usec * 1000;
 	}
-	struct dwaiter me = {-1, NULL};
+	struct dwaiter me = {-1, -1, NULL};
 	if (d->hooks && d->hooks->enter) {
 		int e = d->hooks->enter(d, &me);
 		if (e < 0)
@@ -433,15 +433,19 @@ static int park(struct dring *d, int w, struct waitst *ws, struct dwaiter *me)
 			ts.tv_nsec = left % 1000000000;
 			tp = &ts;
 		}
-		struct pollfd p[3] = {{d->bell, POLLIN, 0}, {d->v, POLLIN, 0}, {me->kick, POLLIN, 0}};
+		struct pollfd p[3] = {{d->bell, POLLIN, 0}, {d->v, POLLIN, 0}, {me->wait, POLLIN, 0}};
 		long r = syscall(SYS_ppoll, p, 3, tp, NULL, (size_t)8);
 		if (r < 0) {
 			if (errno == EINTR)
 				return -EINTR;
 			return -errno;
 		}
-		if (p[2].revents & POLLIN)
-			dring_drain(me->kick);
+		if (p[2].revents & POLLIN) {
+			if (d->hooks && d->hooks->kicked)
+				d->hooks->kicked(me);
+			else
+				dring_drain(me->wait);
+		}
 		/* once relayed, the bell's bytes are exnd's relay's */
 		if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !dring_relayed(d))
 			dring_bell_drain(d, me);

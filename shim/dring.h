@@ -76,27 +76,30 @@ struct dring_ctl {
 };
 
 /* A waiter of this process parked (or about to park) on a connection's
- * bell; kick is its own eventfd (or -1), written to make it look again. */
+ * bell: kick is written to make it look again, wait is what it polls
+ * beside the bell and V (-1: nothing). */
 struct dwaiter {
-	int kick;
+	int kick, wait;
 	struct dwaiter *next;
 };
 
 struct dring;
 
 /* What the owner of a struct dring does around the waits (the shim:
- * direct.c). Any hook may be NULL. */
+ * dparty.c). Any hook may be NULL. */
 struct dring_hooks {
-	/* w is about to park on d's bell (w->kick to be filled in): 0, or a
-	 * negative errno, or -DRING_RELAYED (d's side is parked on by
-	 * another process: the connection went to exnd's relay). */
+	/* w is about to park on d's bell: fill in w->kick and w->wait. 0, or
+	 * a negative errno. */
 	int (*enter)(struct dring *d, struct dwaiter *w);
 	/* w parks no more. */
 	void (*leave)(struct dring *d, struct dwaiter *w);
 	/* A drain took bytes off d's bell, or d's state changed for every
-	 * waiter (fin, SHUT_RD, rst): make this process's other waiters of
-	 * d (not self, which may be NULL) look again. */
+	 * waiter (fin, SHUT_RD, rst): make the other waiters of d (not self,
+	 * which may be NULL) look again. */
 	void (*fanout)(struct dring *d, struct dwaiter *self);
+	/* w->wait was readable: consume what made it so (NULL: read it
+	 * empty). */
+	void (*kicked)(struct dwaiter *w);
 };
 
 struct dring {
@@ -107,7 +110,7 @@ struct dring {
 	struct dring_ctl *out;    /* direction S: I produce */
 	struct dring_ctl *in;     /* direction 1-S: I consume */
 	uint8_t *outdata, *indata;
-	uint32_t *party;          /* party[S] in the header (docs/direct.md) */
+	uint32_t *pwait;          /* pwait[S] in the header: parked parties of side S, all processes */
 	int bell;                 /* B_S: parked on, written to ring the peer */
 	int v;                    /* V: one of the application's descriptors of the connection */
 	int failed;               /* this process saw a forged cursor: EIO */

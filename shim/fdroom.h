@@ -26,16 +26,16 @@
 /* What a direct connection keeps (its bell; V is the program's own
  * socket) and what an epoll registration adds (nothing, unless one set
  * holds two descriptors of one connection: then a dup of the bell; the
- * per-thread and per-process kick eventfds are counted once, in
- * FDROOM_SWITCH_NEED), docs/direct.md. */
+ * fan-out's kicks, two per thread and one per family, are counted once,
+ * in FDROOM_SWITCH_NEED), docs/direct.md. */
 #define FDROOM_CONN_KEEP 1
 #define FDROOM_EPOLL_KEEP 0
 
 /* What one direct switch takes at once: exnd's control socket and the
  * three descriptors of the answer, then the kept one, a dup of the bell
- * for an epoll registration, and this thread's and this process's kick
- * eventfds. */
-#define FDROOM_SWITCH_NEED (4 + FDROOM_CONN_KEEP + 1 + 2)
+ * for an epoll registration, and the fan-out's kicks (this thread's two,
+ * the family's). */
+#define FDROOM_SWITCH_NEED (4 + FDROOM_CONN_KEEP + 1 + 3)
 
 /* A window in which the shim places its descriptors: fdroom_begin takes
  * g_rlim_mu and raises the soft limit to the hard one if there is room

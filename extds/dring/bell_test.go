@@ -361,10 +361,10 @@ func TestWithoutBell(t *testing.T) {
 	}
 }
 
-// Go writes layout version 3 and never touches the party words (the
+// Go writes layout version 3 and never touches the pwait words (the
 // shim's): a buffer after a stream both ways and a reset still has them
 // zero.
-func TestPartyWordsUntouched(t *testing.T) {
+func TestPwaitWordsUntouched(t *testing.T) {
 	a, b := pair(t, MinRing)
 	for _, e := range []*Endpoint{a, b} {
 		if v := binary.LittleEndian.Uint32(e.mem[offVersion:]); v != 3 {
@@ -377,8 +377,8 @@ func TestPartyWordsUntouched(t *testing.T) {
 	}
 	<-done
 	b.Reset()
-	if p := a.mem[offParty : offParty+8]; !bytes.Equal(p, make([]byte, 8)) {
-		t.Fatalf("party words %x, want zero", p)
+	if p := a.mem[offPwait : offPwait+8]; !bytes.Equal(p, make([]byte, 8)) {
+		t.Fatalf("pwait words %x, want zero", p)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 )
 
 // Layout version 3 (docs/direct.md, "The connection buffer"): version 2
-// (version 1 and the rung flags) and the party words of the one-bell
+// (version 1 and the rung flags) and the pwait words of the one-bell
 // protocol, which only the C shim writes.
 const (
 	Magic   = 0x44445845 // "EXDD" little-endian
@@ -29,12 +29,12 @@ const (
 	offRing    = 8
 	offSize    = 16
 	offRelay   = 64 // + 4·side
-	// offParty + 4·side: party[side], the pid of the process whose
-	// waiters of that side park on its bell now (0: none). Written and
-	// read by the shim (C) only, to hand a side waited on by two
-	// processes to exnd's relay; Go reserves the words and never
+	// offPwait + 4·side: pwait[side], how many waiters and epoll
+	// records of that side's processes park on its bell now. Written
+	// and read by the shim (C) only, to know when a drain must kick
+	// another process (shim/dparty.c); Go reserves the words and never
 	// touches them.
-	offParty = 72
+	offPwait = 72
 
 	ctlBase = 1024 // control block of direction d at ctlBase + ctlSize·d
 	ctlSize = 1024

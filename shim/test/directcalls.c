@@ -583,6 +583,7 @@ static const struct check g_checks[] = {
 	{"dup", .f = c_dup},
 	{"fork-child", .f = c_fork_child},
 	{"fork-both", .on = c_fork_both, .dial = "sink"},
+	{"fork-rw", .f = c_fork_rw},
 	{"exec-server", .f = c_exec_server},
 	{"exec-client", .f = c_exec_client},
 	{"cloexec", .on = c_cloexec, .dial = "sink", .type = SOCK_CLOEXEC},

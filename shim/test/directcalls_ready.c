@@ -261,6 +261,40 @@ static int c_fork_both(int s, char *why)
 	return shut_sum(s, off, h, why);
 }
 
+/* A reader and a writer of one side, in two processes, parked at once on
+ * the one bell: the parent waits for the server's answer while a child
+ * writes into the full ring (the "fill" server reads nothing until
+ * SIGUSR1, which a second child sends 300 ms later). Whoever drains the
+ * bell kicks the other process through the family kick (docs/direct.md,
+ * "The fan-out"): every byte arrives, and nobody hangs. */
+static int c_fork_rw(char *why)
+{
+	enum { N = 3 << 20 };
+	pid_t srv = 0;
+	int s AUTOCLOSE = dial_fill(&srv, why);
+	if (s < 0)
+		return -1;
+	pid_t w = fork();
+	FAILIF(w < 0, "fork writer");
+	if (w == 0) {
+		alarm(30);
+		uint64_t off = 0, h = FNV0;
+		_exit(send_pat(s, &off, N, &h) < 0 || shutdown(s, SHUT_WR) < 0 ? 1 : 0);
+	}
+	pid_t k = fork();
+	FAILIF(k < 0, "fork signaller");
+	if (k == 0) {
+		usleep(300000);
+		_exit(kill(srv, SIGUSR1) < 0 ? 1 : 0);
+	}
+	static unsigned char b[N];
+	fill_pat(b, 0, N);
+	int r = expect_sum(s, N, fnv(FNV0, b, N), why);
+	if (wait_child(w, why, "writer") < 0 || wait_child(k, why, "signaller") < 0)
+		return -1;
+	return r;
+}
+
 /* The server execs /bin/sh -c 'exec cat' (no shim) on the connection: exnd relays its side. */
 static int c_exec_server(char *why)
 {

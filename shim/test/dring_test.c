@@ -129,7 +129,7 @@ static int th_enter(struct dring *d, struct dwaiter *w)
 	if (t_kick < 0)
 		t_kick = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	CHECK(t_kick >= 0);
-	w->kick = t_kick;
+	w->kick = w->wait = t_kick;
 	pthread_mutex_lock(&g_hmu);
 	w->next = g_hw;
 	g_hw = w;
@@ -162,7 +162,7 @@ static void th_fanout(struct dring *d, struct dwaiter *self)
 	pthread_mutex_unlock(&g_hmu);
 }
 
-static const struct dring_hooks g_th = {th_enter, th_leave, th_fanout};
+static const struct dring_hooks g_th = {th_enter, th_leave, th_fanout, NULL};
 
 /* In a side's process: attach as side s (its bell; the peer's is closed
  * here, as it lives in the peer's process). */
