@@ -374,17 +374,7 @@ func (s *Server) reply(uc *net.UnixConn, c net.Conn, resp Response, out []*os.Fi
 
 // rawFD is f's descriptor without changing its mode (valid while f is
 // open).
-func rawFD(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
-}
+func rawFD(f *os.File) (int, error) { return sys.FileFD(f) }
 
 func parseRights(oob []byte) ([]*os.File, error) {
 	msgs, err := syscall.ParseSocketControlMessage(oob)

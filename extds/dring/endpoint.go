@@ -215,15 +215,10 @@ func Attach(fs *Files, side int) (_ *Endpoint, err error) {
 	return e, nil
 }
 
-// fdOf is f's descriptor, without touching its mode (f.Fd() would make
-// a non-blocking descriptor blocking).
+// fdOf is f's descriptor, without touching its mode (sys.FileFD).
 func fdOf(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
+	fd, err := sys.FileFD(f)
 	if err != nil {
-		return -1, fmt.Errorf("dring: %w", err)
-	}
-	fd := -1
-	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
 		return -1, fmt.Errorf("dring: %w", err)
 	}
 	return fd, nil

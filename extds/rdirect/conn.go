@@ -198,15 +198,10 @@ func (e *Engine) Prepare(mem []byte, side int, bell *os.File) (*Conn, error) {
 // own eventfd.
 func slotData(slot int) uint32 { return uint32(slot + 1) }
 
-// fdOf is f's descriptor, without touching its mode (f.Fd() would make
-// a non-blocking descriptor blocking).
+// fdOf is f's descriptor, without touching its mode (sys.FileFD).
 func fdOf(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
+	fd, err := sys.FileFD(f)
 	if err != nil {
-		return -1, fmt.Errorf("rdirect: bell: %w", err)
-	}
-	fd := -1
-	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
 		return -1, fmt.Errorf("rdirect: bell: %w", err)
 	}
 	return fd, nil

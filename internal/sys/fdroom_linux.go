@@ -2,6 +2,7 @@ package sys
 
 import (
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,4 +40,18 @@ func FDRoom() (room, limit int, err error) {
 	}
 	unix.Close(fd)
 	return max(limit-fd, 0), limit, nil
+}
+
+// FileFD is f's descriptor, without touching its mode (f.Fd() would make
+// a non-blocking descriptor blocking); valid while f is open.
+func FileFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(d uintptr) { fd = int(d) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
