@@ -80,7 +80,7 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
 	}
 	defer s.wg.Done()
-	if fdLimit || !s.exndRoom() {
+	if fdLimit || !s.exndRoom(side) {
 		return s.stayTCP(r.Files[0], side, ArgFDLimit)
 	}
 	res, out, err := s.switchSocket(ctx, r.Files[0], who, side, direct && s.directCfg != nil)
@@ -103,17 +103,29 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 // for exnd's own limit (issue #32: "none is refused"). Measured:
 // TestShimBurst10k refused a few dozen of 10,000 connections with a
 // fixed 128 at exnd's limit of 20,000.
+//
+// The accepting side keeps twice the share of the connecting side, so
+// that of two exnds filling alike the acceptor gives up first: its
+// decline reaches the client's exnd with its CLAIM's answer at once,
+// while a client that stays TCP on its own sends no CLAIM, and the
+// acceptor then waits out the peek and claim timeouts (0.5 s) for every
+// such connection before it answers (BenchmarkShimScale at 10,000
+// connections: the server took minutes).
 const (
 	exndFDReserve    = 128
 	exndFDReserveDiv = 16
 )
 
 // exndRoom reports whether exnd has the descriptors for one more switch
-// (sys.FDRoom); an error of the probe counts as room (the switch then
-// fails as it would have).
-func (s *Server) exndRoom() bool {
+// of side (sys.FDRoom); an error of the probe counts as room (the switch
+// then fails as it would have).
+func (s *Server) exndRoom(side string) bool {
 	room, limit, err := sys.FDRoom()
-	return err != nil || room >= max(exndFDReserve, limit/exndFDReserveDiv)
+	div := exndFDReserveDiv
+	if side != sideAccept {
+		div *= 2
+	}
+	return err != nil || room >= max(exndFDReserve, limit/div)
 }
 
 // ArgFDLimit is shim-connect's and shim-accept's argument, and the
