@@ -27,7 +27,7 @@
 #define DEP_MAX 16384
 #define DSET_MAX 256 /* epoll sets with direct records at once */
 /* epoll data of a bell registration: tag | record index; of the
- * process's kick eventfd: tag | DEP_KICK */
+ * family kick (dparty.c): tag | DEP_KICK */
 #define DEP_TAG 0xe8dd5a5e00000000ull
 #define DEP_KICK 0x7fffffffu
 

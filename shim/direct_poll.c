@@ -620,7 +620,8 @@ static int dep_take_locked(struct depset *s, struct epoll_event *evs, int from, 
  * that rings after the drain writes a byte the kernel wait sees. A bell
  * at EOF (the peer side is gone) leaves the set: it would be readable
  * for ever. A forked child's copy of a record leaves the bell to the
- * process that parks on it (party[S]). With the lock held. */
+ * process that armed it (docs/direct.md, "Implementation notes"). With
+ * the lock held. */
 static void dep_settle_locked(struct depset *s)
 {
 	while (s->rang >= 0) {

@@ -65,13 +65,13 @@ struct dring_ctl {
 	uint32_t prod_wait;
 	uint32_t prod_lock;
 	uint32_t rst;
-	uint32_t data_rung; /* the producer rang the consumer's data bell; the consumer clears it after draining */
+	uint32_t data_rung; /* the producer rang the consumer's side for data; that side clears it after draining its bell */
 	uint8_t pad0[128 - 28];
 	uint64_t head;
 	uint32_t cons_wait;
 	uint32_t cons_lock;
 	uint32_t rd_closed;
-	uint32_t space_rung; /* the consumer rang the producer's space bell; the producer clears it after draining */
+	uint32_t space_rung; /* the consumer rang the producer's side for space; that side clears it after draining its bell */
 	uint8_t pad1[1024 - 128 - 24];
 };
 

@@ -1,0 +1,205 @@
+/*
+ * dring_test_ends.c: the dring_test cases about how waits end without
+ * data (#included by dring_test.c, one compilation unit: it uses that
+ * file's struct conn, side_fork, pair, reap and hooks): a SIGKILLed
+ * peer with exnd's fin or rst, exnd's death and its own reset, a peer
+ * whose bell is gone, shutdown waking its own process's parked threads
+ * through the fan-out, and the relay flag.
+ */
+
+/* ---- death ---- */
+
+/* Side 0 writes forever (blocks on the full ring); side 1 reads a little
+ * and is SIGKILLed. The main process, as exnd, sees E1 hang up and stores
+ * rst (arg 1) or fin + rd_closed (arg 0): the writer is not left hanging. */
+static void endless_writer(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	int how = *(int *)arg;
+	static char buf[1 << 16];
+	ssize_t r;
+	while ((r = dring_write(d, buf, sizeof buf, 0)) > 0)
+		;
+	CHECK(r == (how ? -ECONNRESET : -EPIPE), "writer got %zd", r);
+}
+
+static void killed_reader(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	char buf[1000];
+	for (int i = 0; i < 10; i++)
+		CHECK(dring_read(d, buf, sizeof buf, 0) > 0);
+	raise(SIGKILL);
+}
+
+static void test_death(int how)
+{
+	struct conn c;
+	conn_make(&c, 1 << 16);
+	pid_t pa = side_fork(&c, 0, endless_writer, &how), pb = side_fork(&c, 1, killed_reader, NULL);
+	close(c.v[1]); /* only side 1's process holds V1 now */
+	c.v[1] = -1;
+	int st;
+	CHECK(waitpid(pb, &st, 0) == pb && WIFSIGNALED(st));
+	struct pollfd p = {c.e[1], POLLIN, 0};
+	CHECK(poll(&p, 1, 5000) == 1 && (p.revents & POLLHUP), "E hangs up at the last close");
+	if (how) {
+		__atomic_store_n(&ctl(&c, 0)->rst, 1, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&ctl(&c, 1)->rst, 1, __ATOMIC_SEQ_CST);
+		char b = 1; /* exnd of side 1 rings side 0 with its copy of bell 1 */
+		CHECK(write(c.bell[1], &b, 1) == 1);
+	} else {
+		__atomic_store_n(&ctl(&c, 1)->fin, 1, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&ctl(&c, 0)->rd_closed, 1, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&ctl(&c, 0)->prod_wait, __ATOMIC_SEQ_CST)) {
+			char b = 1;
+			CHECK(write(c.bell[1], &b, 1) == 1);
+		}
+	}
+	reap(pa, "writer");
+	conn_free(&c);
+}
+
+/* exnd dies: V hangs up, a parked reader fails with ECONNRESET. */
+static void orphan_reader(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	char b;
+	CHECK(dring_read(d, &b, 1, 0) == -ECONNRESET, "V hung up");
+	CHECK(__atomic_load_n(&d->out->rst, __ATOMIC_ACQUIRE), "rst set for the peer");
+}
+
+/* A reader of side 0 parks on an empty ring; then end (exnd's part) ends its wait. */
+static void parked_reader_ended(void (*reader)(struct conn *, struct dring *, void *), void (*end)(struct conn *))
+{
+	struct conn c;
+	conn_make(&c, 4096);
+	pid_t pa = side_fork(&c, 0, reader, NULL);
+	usleep(50000);
+	end(&c);
+	reap(pa, "reader");
+	conn_free(&c);
+}
+
+static void exnd_dies(struct conn *c)
+{
+	close(c->e[0]);
+	c->e[0] = -1;
+}
+
+static void test_exnd_death(void) { parked_reader_ended(orphan_reader, exnd_dies); }
+
+/* exnd resets its own program's connection: it cannot ring its own
+ * side's bell, so it stores rst and shuts E for writing (V readable). */
+static void exnd_resets(struct conn *c)
+{
+	__atomic_store_n(&ctl(c, 0)->rst, 1, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&ctl(c, 1)->rst, 1, __ATOMIC_SEQ_CST);
+	CHECK(shutdown(c->e[0], SHUT_WR) == 0);
+}
+
+static void test_exnd_reset(void) { parked_reader_ended(orphan_reader, exnd_resets); }
+
+/* The peer side closes every copy of its bell without a fin: the parked
+ * reader's bell reads EOF, and the connection is reset. */
+static void quitter(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)d;
+	(void)arg;
+	usleep(50000);
+}
+
+static void test_peer_gone(void)
+{
+	struct conn c;
+	conn_make(&c, 4096);
+	pid_t pa = side_fork(&c, 0, orphan_reader, NULL), pb = side_fork(&c, 1, quitter, NULL);
+	close(c.bell[1]); /* exnd's copy of side 1's bell */
+	c.bell[1] = -1;
+	reap(pb, "quitter");
+	reap(pa, "reader");
+	conn_free(&c);
+}
+
+/* ---- one process, several threads on the one bell ---- */
+
+struct selfwake {
+	struct dring *d;
+	ssize_t got;
+	int write;
+};
+
+static void *blocked_call(void *arg)
+{
+	struct selfwake *w = arg;
+	static char big[1 << 14];
+	char b;
+	w->got = w->write ? dring_write(w->d, big, sizeof big, 0) : dring_read(w->d, &b, 1, 0);
+	if (w->write && w->got > 0) /* the first call filled the ring; this one parks */
+		w->got = dring_write(w->d, big, sizeof big, 0);
+	return NULL;
+}
+
+/* A writer parked on a full ring and a reader parked on an empty one, in
+ * two threads; a third thread's shutdown(SHUT_WR) must end the write
+ * (EPIPE) and its shutdown(SHUT_RD) the read (0) at once, though nobody
+ * can ring their own bell: the fan-out kicks them. */
+static void selfwake_a(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	struct selfwake w = {d, 1, 1}, r = {d, 1, 0};
+	pthread_t tw, tr;
+	CHECK(pthread_create(&tw, NULL, blocked_call, &w) == 0);
+	CHECK(pthread_create(&tr, NULL, blocked_call, &r) == 0);
+	usleep(100000);
+	int k0 = __atomic_load_n(&g_fanouts, __ATOMIC_RELAXED);
+	long t0 = ms_now();
+	dring_fin(d);
+	CHECK(pthread_join(tw, NULL) == 0);
+	CHECK(w.got == -EPIPE, "parked writer after SHUT_WR: %zd", w.got);
+	dring_shut_rd(d);
+	CHECK(pthread_join(tr, NULL) == 0);
+	CHECK(r.got == 0, "parked reader after SHUT_RD: %zd", r.got);
+	CHECK(ms_now() - t0 < 1000, "took %ld ms", ms_now() - t0);
+	CHECK(__atomic_load_n(&g_fanouts, __ATOMIC_RELAXED) > k0, "no fan-out kicked them");
+}
+
+static void selfwake_b(struct conn *c, struct dring *d, void *arg)
+{
+	(void)arg;
+	/* never reads until side 0's fin is there: its writer stays parked */
+	while (!__atomic_load_n(&d->in->fin, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	static char buf[1 << 14];
+	ssize_t n, total = 0;
+	while ((n = dring_read(d, buf, sizeof buf, 0)) > 0)
+		total += n;
+	CHECK(n == 0 && total == (ssize_t)c->ring, "read %zd then %zd", total, n);
+	dring_fin(d);
+}
+
+/* ---- relay after exec ---- */
+
+static void relayed_reader(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	char b;
+	CHECK(dring_read(d, &b, 1, 0) == -DRING_RELAYED, "relay[S] ends a parked read");
+	CHECK(dring_write(d, &b, 1, 0) == -DRING_RELAYED);
+	CHECK(read(d->v, &b, 1) == 1 && b == 'r', "V carries the stream now");
+}
+
+/* exnd sets relay[0] and sends the first relayed byte over V. */
+static void exnd_relays(struct conn *c)
+{
+	__atomic_store_n((uint32_t *)(c->map + 64), 1, __ATOMIC_SEQ_CST);
+	CHECK(write(c->e[0], "r", 1) == 1);
+}
+
+static void test_relay(void) { parked_reader_ended(relayed_reader, exnd_relays); }
+
