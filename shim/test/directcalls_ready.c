@@ -213,6 +213,15 @@ static int c_epoll_oneshot(int s, char *why)
 	return 0;
 }
 
+/* Write n pattern bytes from offset 0 into s, then shutdown(SHUT_WR);
+ * their hash in *h. 0 or -1 (errno set). */
+static int send_shut(int s, uint64_t n, uint64_t *h)
+{
+	uint64_t off = 0;
+	*h = FNV0;
+	return send_pat(s, &off, n, h) < 0 || shutdown(s, SHUT_WR) < 0 ? -1 : 0;
+}
+
 /* The child does all the I/O; the parent closes its copy at once. */
 static int c_fork_child(char *why)
 {
@@ -223,13 +232,13 @@ static int c_fork_child(char *why)
 	FAILIF(p < 0, "fork");
 	if (p == 0) {
 		alarm(30);
-		uint64_t off = 0, h = FNV0;
+		uint64_t h;
 		char w[WHYLEN] = "";
-		if (send_pat(s, &off, 500000, &h) < 0 || shutdown(s, SHUT_WR) < 0) {
+		if (send_shut(s, 500000, &h) < 0) {
 			printf("child: write: %s\n", strerror(errno));
 			_exit(1);
 		}
-		if (expect_sum(s, off, h, w) < 0) {
+		if (expect_sum(s, 500000, h, w) < 0) {
 			printf("child: %s\n", w);
 			_exit(1);
 		}
@@ -278,8 +287,8 @@ static int c_fork_rw(char *why)
 	FAILIF(w < 0, "fork writer");
 	if (w == 0) {
 		alarm(30);
-		uint64_t off = 0, h = FNV0;
-		_exit(send_pat(s, &off, N, &h) < 0 || shutdown(s, SHUT_WR) < 0 ? 1 : 0);
+		uint64_t h;
+		_exit(send_shut(s, N, &h) < 0 ? 1 : 0);
 	}
 	pid_t k = fork();
 	FAILIF(k < 0, "fork signaller");
