@@ -209,6 +209,47 @@ func (c *Claim) AgreeDirect(ctx context.Context, shadow net.Conn, create func() 
 	return nil, di, err
 }
 
+// AgreeUpgrade is AgreeDirect for a connection that stays the program's
+// while it is agreed (the shim's mid-stream upgrade, docs/shim.md
+// "Upgrade"): there is no shadow to fall back on, so the results are
+// (info, false, nil) when the client committed, (nil, true, nil) when it
+// aborted, (nil, false, nil) when create failed (the client was told to
+// go ahead the ordinary way and sends nothing: its upgrade asks for
+// direct only), or an error as AgreeDirect's.
+func (c *Claim) AgreeUpgrade(ctx context.Context, create func() (DirectInfo, error), prepare func(DirectInfo)) (*DirectInfo, bool, error) {
+	return c.c.AgreeDirect(ctx, create, prepare)
+}
+
+// OfferDirect asks for a direct connection for the established TCP
+// connection local→remote (the client's view) out of band, for a
+// connection that stays the program's while it is agreed (the shim's
+// mid-stream upgrade, docs/shim.md "Upgrade"): nothing is read from or
+// written into it, and no answer is cached for the server's address. It
+// returns the DirectInfo once open succeeded and the client committed,
+// or the fallback reason with nil; an error only when ctx ended, the
+// Device closed, or a COMMIT could not be sent (agree.ErrCommitUnsent).
+func (d *Device) OfferDirect(ctx context.Context, local, remote netip.AddrPort, open func(*DirectInfo) error) (*DirectInfo, FallbackReason, error) {
+	if d.cfg.resolver == nil {
+		return nil, FallbackNoRoute, nil
+	}
+	node, ok := d.cfg.resolver.Resolve(remote.Addr().Unmap())
+	if !ok {
+		return nil, FallbackNoRoute, nil
+	}
+	ans, di, err := d.agree.Offer(ctx, node, local, remote, open)
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case ans == agree.Direct:
+		return di, 0, nil
+	case ans == agree.Agreed:
+		// The acceptor claimed the connection without a direct buffer:
+		// it takes it as TCP too, and nothing is written.
+		return nil, FallbackDeclined, nil
+	}
+	return nil, offerFallback[ans], nil
+}
+
 // HoldPort puts the listener port on hold for dur (at most MaxHold; 0 or
 // less ends a hold): the short-lived connections' holds of
 // internal/agree/hold.go, which has the whole story. Safe for concurrent

@@ -21,6 +21,7 @@
 #include "direct.h"
 #include "hold.h"
 #include "shim.h"
+#include "upgrade.h"
 
 /* ---- intercepted calls ---- */
 
@@ -128,6 +129,18 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		if (is_loopback(addr))
 			dbg("connect fd %d: loopback, plain TCP", fd);
 		return real.connect(fd, addr, len);
+	}
+	if (g_upgrade && g_mode != MODE_FORCE) {
+		/* The program's own TCP connection; it may move later
+		 * (upgrade.c). A non-blocking connect in progress is marked
+		 * too: its first data call comes after it completed. */
+		int r = real.connect(fd, addr, len), e = errno;
+		if (r == 0 || e == EINPROGRESS)
+			upg_mark(fd, 0);
+		else
+			settle(fd);
+		errno = e;
+		return r;
 	}
 	if (g_mode != MODE_FORCE &&
 	    len >= (addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) &&
@@ -286,6 +299,11 @@ static int do_accept(int lfd, struct sockaddr *addr, socklen_t *alen, int flags)
 			errno = saved;
 			return fd;
 		}
+		if (g_upgrade) {
+			upg_mark(fd, 1); /* the program's own; it may move later (upgrade.c) */
+			errno = saved;
+			return fd;
+		}
 		char buf[4096];
 		struct ctl_resp resp;
 		int ufd[CTL_MAXFD];
@@ -395,6 +413,8 @@ static void dup_copy(int oldfd, int newfd)
 		n->flags &= ~F_EPOVF;
 		if (n->flags & F_DIRECT)
 			direct_ref_locked(n);
+		else if (n->flags & F_UPG)
+			upg_dup_locked(o, n);
 	}
 	unlock();
 }

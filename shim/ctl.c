@@ -168,21 +168,19 @@ fail:
  */
 
 /*
- * One request: a fresh connection (no descriptor of ours lives on in the
- * application's fd space, threads and forked children need no care),
- * the one-time hello, then the request op (arg: its port, for
- * shim-unlisten). Returns CTL_OK (ok:true, *r decoded, buf holds the
- * line), CTL_REFUSED (ok:false), CTL_NOCONN (nothing was sent: no exnd,
- * or it does not speak the shim protocol) or CTL_BROKEN (the request may
- * have reached exnd but no answer, or no answer ctl_parse accepts, came).
+ * The first half of a request: a fresh connection (no descriptor of ours
+ * lives on in the application's fd space, threads and forked children
+ * need no care), the one-time hello, then the request op (arg: its port,
+ * for shim-unlisten) with the descriptors fd and fd2. Returns the
+ * connection (the caller ends it with ctl_finish), or CTL_NOCONN (nothing
+ * was sent: no exnd, or it does not speak the shim protocol) or
+ * CTL_BROKEN (the request may have reached exnd). buf holds the hello's
+ * answer on a failed hello.
  */
-int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size, struct ctl_resp *r, int *rfd)
+int ctl_start(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size)
 {
 	char line[64];
 	size_t n;
-	for (int i = 0; i < CTL_MAXFD; i++)
-		rfd[i] = -1;
-	memset(r, 0, sizeof *r);
 	if (ctl_req(line, sizeof line, op, arg) < 0)
 		return CTL_NOCONN;
 	if (g_hello < 0)
@@ -195,13 +193,14 @@ int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t si
 	if (g_hello == 0) {
 		int hfd[CTL_MAXFD];
 		char hello[32];
+		struct ctl_resp r;
 		if (ctl_req(hello, sizeof hello, CTL_OP_HELLO, 0) < 0 || ctl_send(s, hello, -1, -1) < 0 ||
 		    ctl_recv(s, buf, size, &n, hfd) < 0) {
 			real.close(s);
 			return CTL_NOCONN;
 		}
 		close_fds(hfd);
-		if (ctl_parse(buf, n, r) < 0 || !r->ok || r->version != SHIM_VERSION_NUM) {
+		if (ctl_parse(buf, n, &r) < 0 || !r.ok || r.version != SHIM_VERSION_NUM) {
 			dbg("exnd does not speak shim v" SHIM_VERSION ": %s", buf);
 			g_hello = -1;
 			real.close(s);
@@ -209,8 +208,27 @@ int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t si
 		}
 		g_hello = 1;
 	}
+	if (ctl_send(s, line, fd, fd2) < 0) {
+		real.close(s);
+		return CTL_BROKEN;
+	}
+	return s;
+}
+
+/*
+ * The second half: read the answer on s (from ctl_start), decode it into
+ * *r (buf holds the line, rfd the descriptors that came with it) and
+ * close s. Returns CTL_OK (ok:true), CTL_REFUSED (ok:false) or
+ * CTL_BROKEN (no answer, or none ctl_parse accepts).
+ */
+int ctl_finish(int s, char *buf, size_t size, struct ctl_resp *r, int *rfd)
+{
+	size_t n;
 	int c = CTL_BROKEN;
-	if (ctl_send(s, line, fd, fd2) == 0 && ctl_recv(s, buf, size, &n, rfd) == 0 && ctl_parse(buf, n, r) == 0)
+	memset(r, 0, sizeof *r);
+	for (int i = 0; i < CTL_MAXFD; i++)
+		rfd[i] = -1;
+	if (ctl_recv(s, buf, size, &n, rfd) == 0 && ctl_parse(buf, n, r) == 0)
 		c = r->ok ? CTL_OK : CTL_REFUSED;
 	int saved = errno;
 	real.close(s);
@@ -218,4 +236,16 @@ int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t si
 	if (c != CTL_OK)
 		close_fds(rfd);
 	return c;
+}
+
+/* One request, start to finish (ctl_start, ctl_finish). */
+int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size, struct ctl_resp *r, int *rfd)
+{
+	for (int i = 0; i < CTL_MAXFD; i++)
+		rfd[i] = -1;
+	memset(r, 0, sizeof *r);
+	int s = ctl_start(op, arg, fd, fd2, buf, size);
+	if (s < 0)
+		return s;
+	return ctl_finish(s, buf, size, r, rfd);
 }

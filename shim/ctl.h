@@ -45,8 +45,9 @@ int ctl_parse(const char *s, size_t n, struct ctl_resp *r);
 
 /* shim-connect's and shim-accept's argument: relay, a direct connection
  * if exnd can make one, or "no room for the descriptors" (fdroom.c: exnd
- * counts fallback fd_limit and answers "tcp"). */
-enum { CTL_SW_RELAY = 0, CTL_SW_DIRECT = 1, CTL_SW_FDLIMIT = 2 };
+ * counts fallback fd_limit and answers "tcp"), or the mid-stream upgrade
+ * of an established connection (upgrade.c: answered "direct" or "tcp"). */
+enum { CTL_SW_RELAY = 0, CTL_SW_DIRECT = 1, CTL_SW_FDLIMIT = 2, CTL_SW_UPGRADE = 3 };
 
 /* Encode request op (arg: the port of shim-unlisten; for shim-connect and
  * shim-accept, a CTL_SW_*) into buf: its length, or -1. */
@@ -70,6 +71,13 @@ void close_fds(int *fds);
  * ctl_parse accepts came). Details in ctl.c.
  */
 int ctl_call(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size, struct ctl_resp *r, int *rfd);
+
+/* ctl_call in two halves, for a request whose answer is read later
+ * (upgrade.c): ctl_start sends it and returns the connection (>= 0, a
+ * CLOEXEC socket) or CTL_NOCONN / CTL_BROKEN; ctl_finish reads and
+ * decodes the answer and closes the connection. */
+int ctl_start(enum ctl_op op, unsigned arg, int fd, int fd2, char *buf, size_t size);
+int ctl_finish(int s, char *buf, size_t size, struct ctl_resp *r, int *rfd);
 
 #pragma GCC visibility pop
 

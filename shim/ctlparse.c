@@ -386,8 +386,9 @@ int ctl_req(char *buf, size_t size, enum ctl_op op, unsigned arg)
 		break;
 	case CTL_OP_CONNECT:
 	case CTL_OP_ACCEPT: {
-		static const char *const how[] = {[CTL_SW_RELAY] = "", [CTL_SW_DIRECT] = " direct", [CTL_SW_FDLIMIT] = " fd_limit"};
-		if (arg > CTL_SW_FDLIMIT)
+		static const char *const how[] = {[CTL_SW_RELAY] = "", [CTL_SW_DIRECT] = " direct", [CTL_SW_FDLIMIT] = " fd_limit",
+						   [CTL_SW_UPGRADE] = " upgrade"};
+		if (arg > CTL_SW_UPGRADE)
 			return -1;
 		n = snprintf(buf, size, "%s%s\n", op == CTL_OP_CONNECT ? "shim-connect" : "shim-accept", how[arg]);
 		break;

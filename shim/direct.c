@@ -42,6 +42,7 @@
 #include "ctl.h"
 #include "direct.h"
 #include "shim.h"
+#include "upgrade.h"
 
 struct dconn g_dc[DC_MAX];
 struct depreg g_dep[DEP_MAX];
@@ -157,6 +158,8 @@ void direct_drop_locked(int fd, struct fdent *e)
 	}
 	dring_detach(&c->d);
 	real.close(c->d.bell);
+	if (c->vhidden)
+		real.close(c->d.v); /* an upgraded connection's own V (upgrade.c) */
 	memset(c, 0, sizeof *c);
 	g_ndc--;
 }
@@ -181,9 +184,37 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 		int v = ufd[0];
 		ufd[0] = -1;
 		close_fds(ufd);
-		return do_switch(fd, v, cloexec, nonblock, r->id);
+		return do_switch(fd, v, cloexec, nonblock, r->id, -1);
 	}
-	int bad = r->side > 1 || r->ring > EXDD_RING_MAX || !ent(fd) || ufd[0] < 0 || ufd[3] >= 0;
+	if (!ent(fd)) {
+		close_fds(ufd);
+		errno = EPROTO;
+		return -1;
+	}
+	int slot = direct_attach(r, ufd, fd);
+	if (slot < 0)
+		return -1;
+	int v = ufd[0];
+	ufd[0] = -1;
+	if (direct_install(fd, slot, r->id, v, cloexec, nonblock) < 0) {
+		int e = errno;
+		direct_unattach(slot);
+		errno = e;
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Reserve a slot of g_dc and attach exnd's direct answer r to it: ufd
+ * holds V, the buffer and the side's bell; the buffer and the bell are
+ * consumed (the bell kept, hidden, in the slot), V stays in ufd[0] and
+ * the dring records v as its V. The slot (refs -1: reserved), or -1 with
+ * errno (every descriptor of ufd closed).
+ */
+int direct_attach(const struct ctl_resp *r, int *ufd, int v)
+{
+	int bad = r->side > 1 || r->ring > EXDD_RING_MAX || ufd[0] < 0 || ufd[3] >= 0;
 	for (int i = 1; i < 3; i++)
 		bad |= ufd[i] < 0;
 	if (bad) {
@@ -213,32 +244,12 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 	if (hb >= 0)
 		ufd[2] = -1;
 	if (!e) {
-		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, fd, &g_dhooks);
+		int a = dring_attach(&c->d, ufd[1], (int)r->side, (uint32_t)r->ring, hb, v, &g_dhooks);
 		e = a < 0 ? -a : 0;
 	} else {
 		real.close(ufd[1]);
 	}
 	ufd[1] = -1;
-	/* Registrations made on the TCP socket before the switch (a
-	 * non-blocking connect waited for EPOLLOUT): do_switch moves them to
-	 * V as they were; below they become direct registrations. */
-	struct epreg regs[16];
-	int nregs = 0;
-	lock();
-	struct fdent *pe = ent(fd);
-	if (pe && pe->nreg > 0)
-		for (int i = 0; i < EP_POOL && nregs < 16; i++)
-			if (g_ep[i].fd == fd)
-				regs[nregs++] = g_ep[i];
-	unlock();
-	if (!e) {
-		int v = ufd[0];
-		ufd[0] = -1;
-		if (do_switch(fd, v, cloexec, nonblock, r->id) < 0) {
-			e = errno;
-			dring_detach(&c->d);
-		}
-	}
 	if (e) {
 		close_fds(ufd);
 		if (hb >= 0)
@@ -249,14 +260,65 @@ int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonbl
 		errno = e;
 		return -1;
 	}
+	return slot;
+}
+
+/* Undo direct_attach of a slot that was never installed: unmap, close
+ * the bell, free the slot. */
+void direct_unattach(int slot)
+{
+	struct dconn *c = &g_dc[slot];
+	dring_detach(&c->d);
+	real.close(c->d.bell);
 	lock();
-	c->id = r->id;
-	c->refs = 1;
-	g_ndc++;
-	struct fdent *en = ent(fd);
-	en->flags |= F_DIRECT | (nonblock ? F_NB : 0);
-	en->dc = slot + 1;
+	memset(c, 0, sizeof *c);
 	unlock();
+}
+
+/*
+ * Make fd the direct descriptor of g_dc[slot] (attached, refs reserved
+ * or counted by the caller): V (consumed) replaces the TCP socket under
+ * fd's number (do_switch), and the epoll registrations made on the TCP
+ * socket (a non-blocking connect waited for EPOLLOUT; an upgraded
+ * connection's whole life so far) become direct registrations. A new
+ * connection (refs -1, reserved) is counted here. 0, or -1 with errno
+ * (fd untouched, V closed).
+ */
+int direct_install(int fd, int slot, uint64_t id, int v, int cloexec, int nonblock)
+{
+	struct dconn *c = &g_dc[slot];
+	struct epreg regs[16];
+	int nregs = 0;
+	if (nonblock < 0)
+		nonblock = (real.fcntl(fd, F_GETFL) & O_NONBLOCK) != 0;
+	lock();
+	struct fdent *pe = ent(fd);
+	if (pe && pe->nreg > 0)
+		for (int i = 0; i < EP_POOL && nregs < 16; i++)
+			if (g_ep[i].fd == fd)
+				regs[nregs++] = g_ep[i];
+	unlock();
+	lock();
+	c->id = id;
+	int fresh = c->refs < 0;
+	if (fresh) {
+		c->refs = 1;
+		g_ndc++;
+	}
+	if (!c->vhidden)
+		c->d.v = fd;
+	unlock();
+	if (do_switch(fd, v, cloexec, nonblock, id, slot) < 0) {
+		int e = errno;
+		lock();
+		if (fresh) {
+			c->refs = -1;
+			g_ndc--;
+		}
+		unlock();
+		errno = e;
+		return -1;
+	}
 	for (int i = 0; i < nregs; i++) {
 		int ret;
 		real.epoll_ctl(regs[i].epfd, EPOLL_CTL_DEL, fd, NULL);
@@ -288,7 +350,14 @@ ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 {
 	struct dconn *c = dcof(fd);
 	if (!c)
-		return NOT_DIRECT;
+		return (fdflags(fd) & F_UPG) ? upg_io(fd, iov, cnt, mflags, send) : NOT_DIRECT;
+	return d_ring_io(c, fd, iov, cnt, mflags, send);
+}
+
+/* d_io on connection c, mapped here (fd: the descriptor the call came
+ * on, for its cached O_NONBLOCK). */
+ssize_t d_ring_io(struct dconn *c, int fd, const struct iovec *iov, int cnt, int mflags, int send)
+{
 	if (mflags & MSG_OOB) {
 		errno = send ? EOPNOTSUPP : EINVAL; /* TCP without urgent data */
 		return -1;
@@ -414,7 +483,7 @@ static ssize_t d_sendfile(int out, int in, off_t *off, size_t n)
 EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 {
 	INIT();
-	if (!dcof(out))
+	if (!dcof(out) && !upg_moved(out))
 		return real.sendfile(out, in, off, n);
 	return d_sendfile(out, in, off, n);
 }
@@ -425,7 +494,7 @@ _Static_assert(sizeof(off64_t) == sizeof(off_t), "LP64: off64_t is off_t");
 EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 {
 	INIT();
-	if (!dcof(out))
+	if (!dcof(out) && !upg_moved(out))
 		return real.sendfile64(out, in, off, n);
 	return d_sendfile(out, in, (off_t *)off, n);
 }
@@ -443,8 +512,14 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 {
 	INIT();
 	struct dconn *ci = dcof(in), *co = dcof(out);
-	if (!ci && !co)
-		return real.splice(in, offin, out, offout, len, fl);
+	if (!co)
+		co = upg_moved(out); /* writes moved onto the buffer (upgrade.c) */
+	if (!ci && !co) {
+		ssize_t r = real.splice(in, offin, out, offout, len, fl);
+		if (r == 0 && len > 0 && (fdflags(in) & F_UPG) && upg_eof(in))
+			return splice(in, offin, out, offout, len, fl); /* the upgrade's boundary */
+		return r;
+	}
 	/* as the kernel (fs/splice.c): one side a pipe, else EINVAL; an
 	 * offset on the pipe ESPIPE, on the socket EINVAL */
 	struct stat st;
@@ -566,6 +641,9 @@ EXPORT int shutdown(int fd, int how)
 {
 	INIT();
 	struct dconn *c = dcof(fd);
+	int ret;
+	if (!c && upg_shutdown(fd, how, &ret))
+		return ret;
 	if (!c)
 		return real.shutdown(fd, how);
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {

@@ -35,6 +35,7 @@ struct dconn {
 	int refs; /* descriptors of this process that refer to it; 0: free */
 	uint64_t id;
 	int relay_asked;
+	int vhidden;              /* V is the shim's own hidden descriptor (an upgrade not yet installed, upgrade.c) */
 	int nparty;               /* this process's waiters and epoll records parked on the bell */
 	int nrec;                 /* this process's epoll records of it */
 	struct dwaiter *waiters;  /* this process's blocking waiters (their kicks), on their stacks */
@@ -129,12 +130,23 @@ struct ctl_resp;
  * Consumes ufd. 0, or -1 with errno (fd untouched). */
 int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock);
 
+/* switch_to's parts, shared with upgrade.c: attach exnd's direct answer
+ * to a reserved slot (V left in ufd[0]); undo that; install a slot's
+ * connection under fd (V consumed). See direct.c. */
+int direct_attach(const struct ctl_resp *r, int *ufd, int v);
+void direct_unattach(int slot);
+int direct_install(int fd, int slot, uint64_t id, int v, int cloexec, int nonblock);
+
 /* What d_io returns for a descriptor that is not (or no longer) direct. */
 #define NOT_DIRECT (-2)
 
 /* A send (send 1) or receive (send 0) on fd if it is direct: the count, -1
  * with errno, or NOT_DIRECT. A send takes only MSG_DONTWAIT of mflags. */
 ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int send);
+
+/* d_io on c, a connection mapped here; fd is the descriptor the call
+ * came on (its cached O_NONBLOCK). */
+ssize_t d_ring_io(struct dconn *c, int fd, const struct iovec *iov, int cnt, int mflags, int send);
 
 static inline ssize_t d_recv(int fd, const struct iovec *iov, int cnt, int mflags) { return d_io(fd, iov, cnt, mflags, 0); }
 

@@ -14,6 +14,7 @@
 #include "ctl.h"
 #include "direct.h"
 #include "shim.h"
+#include "upgrade.h"
 
 /* ---- exec: hand inherited direct descriptors to exnd (shim-relay) ---- */
 
@@ -22,6 +23,7 @@ static void before_exec(void)
 	if (!g_ndc || !g_tab)
 		return;
 	int saved = errno;
+	upg_exec();
 	for (int fd = 0; fd < g_ntab; fd++) {
 		struct dconn *c = dcof(fd);
 		if (!c || c->relay_asked)

@@ -170,6 +170,8 @@ void dring_detach(struct dring *d)
 	d->base = NULL;
 }
 
+uint32_t *dring_upg(struct dring *d) { return (uint32_t *)(d->base + EXDD_HDR_UPG); }
+
 int dring_relayed(const struct dring *d) { return LD((uint32_t *)(d->base + HDR_RELAY + 4 * d->side)) != 0; }
 
 void dring_rst(struct dring *d)

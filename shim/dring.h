@@ -167,6 +167,12 @@ DRING_API long dring_nread(struct dring *d);
 /* Free bytes in the outbound ring now, or a negative errno for a forged cursor. */
 DRING_API long dring_space(struct dring *d);
 
+/* The upgrade word at header +80 (docs/direct.md): state of a connection
+ * that moves onto this buffer in the middle of its stream (shim/upgrade.c
+ * owns its meaning; dring.c never reads it). */
+#define EXDD_HDR_UPG 80u
+DRING_API uint32_t *dring_upg(struct dring *d);
+
 /* Whether relay[S] is set (exnd relays V from now on). */
 DRING_API int dring_relayed(const struct dring *d);
 

@@ -81,6 +81,7 @@
 #include "direct.h"
 #include "real.h"
 #include "shim.h"
+#include "upgrade.h"
 
 /* ---- real functions ---- */
 
@@ -102,6 +103,7 @@ static void resolve(void)
 int g_mode = MODE_AUTO;
 int g_debug;
 int g_direct = 1;
+int g_upgrade;
 char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)] = "/run/exn/exnd.sock";
 volatile int g_ready;
 
@@ -155,6 +157,8 @@ void shim_init(void)
 		g_mode = MODE_FORCE;
 	const char *dr = getenv("EXTDS_DIRECT");
 	g_direct = !(dr && !strcmp(dr, "0"));
+	const char *su = getenv("EXTDS_SETUP");
+	g_upgrade = g_direct && su && !strcmp(su, "upgrade");
 	const char *d = getenv("EXTDS_DEBUG");
 	g_debug = d && *d && strcmp(d, "0");
 	const char *p = getenv("EXTDS_CONTROL");
@@ -251,6 +255,8 @@ void clear_locked(int fd)
 	ep_drop_fd_locked(fd);
 	if (e->flags & F_DIRECT)
 		direct_drop_locked(fd, e);
+	else if (e->flags & F_UPG)
+		upg_drop_locked(fd, e);
 	memset(e, 0, sizeof *e);
 }
 
@@ -317,9 +323,12 @@ int switched(int fd, struct fdent *out)
  * Replace fd by ufd (exnd's AF_UNIX end), keeping the number, FD_CLOEXEC
  * (cloexec < 0: as fd had it) and O_NONBLOCK (nonblock < 0: likewise),
  * the epoll registrations, and the TCP addresses for getsockname and
- * getpeername. Closes ufd. 0, or -1 with errno (fd untouched).
+ * getpeername. With dslot >= 0 the entry becomes the direct descriptor of
+ * g_dc[dslot] in the same step (direct.c, direct_install), so no call
+ * finds it between the two. Closes ufd. 0, or -1 with errno (fd
+ * untouched).
  */
-int do_switch(int fd, int ufd, int cloexec, int nonblock, uint64_t id)
+int do_switch(int fd, int ufd, int cloexec, int nonblock, uint64_t id, int dslot)
 {
 	union addr la, pa;
 	socklen_t ll = sizeof la, pl = sizeof pa;
@@ -368,20 +377,36 @@ int do_switch(int fd, int ufd, int cloexec, int nonblock, uint64_t id)
 	lock();
 	e = ent(fd);
 	if (e) {
-		int keep = e->flags & (F_NODELAY | F_CORK | F_KEEPALIVE);
-		int32_t maxseg = e->maxseg, tos = e->tos;
-		clear_locked(fd);
-		e->flags = F_TRACKED | F_SWITCHED | keep;
-		e->family = family;
-		e->ino = st.st_ino;
-		e->dev = st.st_dev;
-		e->id = id;
-		e->maxseg = maxseg;
-		e->tos = tos;
-		e->local = la;
-		e->llen = ll;
-		e->peer = pa;
-		e->plen = pl;
+		struct fdent n;
+		memset(&n, 0, sizeof n);
+		n.flags = F_TRACKED | F_SWITCHED | (e->flags & (F_NODELAY | F_CORK | F_KEEPALIVE));
+		n.family = family;
+		n.ino = st.st_ino;
+		n.dev = st.st_dev;
+		n.id = id;
+		n.maxseg = e->maxseg;
+		n.tos = e->tos;
+		n.local = la;
+		n.llen = ll;
+		n.peer = pa;
+		n.plen = pl;
+		if (dslot >= 0) {
+			/* The flags go from the old entry's to the direct one's in
+			 * one store: a call of another thread, which reads them
+			 * without the lock (fdflags), never finds neither. The old
+			 * entry (new, or an upgrade converting: upgrade.c) has
+			 * nothing to drop but its epoll records. */
+			n.flags |= F_DIRECT | (nonblock ? F_NB : 0);
+			n.dc = dslot + 1;
+			ep_drop_fd_locked(fd);
+			uint16_t f = n.flags;
+			n.flags = e->flags;
+			*e = n;
+			__atomic_store_n(&e->flags, f, __ATOMIC_RELEASE);
+		} else {
+			clear_locked(fd);
+			*e = n;
+		}
 	}
 	unlock();
 	return 0;

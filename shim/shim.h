@@ -33,6 +33,7 @@ enum { MODE_OFF, MODE_AUTO, MODE_FORCE };
 extern int g_mode;   /* EXTDS_MODE */
 extern int g_debug;  /* EXTDS_DEBUG */
 extern int g_direct; /* ask exnd for direct connections (EXTDS_DIRECT=0: relay) */
+extern int g_upgrade; /* EXTDS_SETUP=upgrade: connections start as TCP and move later (upgrade.c) */
 extern char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* EXTDS_CONTROL */
 extern volatile int g_ready; /* init done */
 
@@ -51,6 +52,7 @@ enum {
 	F_KEEPALIVE = 1 << 6,
 	F_DIRECT = 1 << 7,   /* direct connection (docs/direct.md): fdent.dc */
 	F_NB = 1 << 8,       /* F_DIRECT: O_NONBLOCK, cached for the data path */
+	F_UPG = 1 << 9,      /* a TCP connection that may still move onto a direct one (upgrade.c): fdent.ust */
 };
 
 union addr {
@@ -71,6 +73,16 @@ struct fdent {
 	int32_t dc;         /* F_DIRECT: index + 1 in direct.c's g_dc */
 	int32_t maxseg, tos;
 	uint64_t hold_until; /* F_LISTEN: accepts stay plain TCP until then (CLOCK_MONOTONIC ns; hold.c) */
+	uint64_t uat;        /* F_UPG, U_YOUNG: ask exnd at or after this CLOCK_MONOTONIC ns (upgrade.c) */
+	int32_t ucl;         /* F_UPG, U_ASKED: the control connection that will carry exnd's answer */
+	uint8_t ust;         /* F_UPG: the upgrade's state, U_* (upgrade.h) */
+	uint8_t uside;       /* F_UPG: 0 connected, 1 accepted */
+	uint8_t utries;      /* F_UPG: upgrades asked for */
+	uint8_t uwsh;        /* F_UPG: the program shut the TCP write side before attaching */
+	uint32_t utw;        /* F_UPG: this process's writes in flight on TCP (upgrade.c: the move waits for them) */
+	uint32_t uwait;      /* F_UPG: a move waits for utw to reach 0 */
+	uint32_t utr;        /* F_UPG: this process's reads in flight on TCP (the conversion waits for them) */
+	uint32_t urwait;     /* F_UPG: a conversion waits for utr to reach 0 */
 	union addr local, peer;
 	socklen_t llen, plen;
 };
@@ -157,8 +169,9 @@ int is_tcp(int fd, int *family);
 int switched(int fd, struct fdent *out);
 
 /* Replace fd by exnd's AF_UNIX end ufd, keeping what the application
- * sees (libextds.c). 0, or -1 with errno (fd untouched). */
-int do_switch(int fd, int ufd, int cloexec, int nonblock, uint64_t id);
+ * sees; dslot >= 0: as the direct descriptor of that slot of direct.c's
+ * g_dc (libextds.c). 0, or -1 with errno (fd untouched). */
+int do_switch(int fd, int ufd, int cloexec, int nonblock, uint64_t id, int dslot);
 
 /* Forget the epoll records of a connected socket that stays TCP. */
 void settle(int fd);

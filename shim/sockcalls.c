@@ -266,7 +266,7 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
  * or d_recv, and EMSGSIZE for more than IOV_MAX iovecs, as the kernel. */
 static ssize_t d_msg(int fd, const struct msghdr *msg, int flags, int send)
 {
-	if (!msg || !dcof(fd))
+	if (!msg || (!dcof(fd) && !(fdflags(fd) & F_UPG)))
 		return NOT_DIRECT;
 	if (msg->msg_iovlen > IOV_MAX) {
 		errno = EMSGSIZE;

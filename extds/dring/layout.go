@@ -35,6 +35,12 @@ const (
 	// another process (shim/dparty.c); Go reserves the words and never
 	// touches them.
 	offPwait = 72
+	// offUpgrade: the upgrade word of a connection that moves onto this
+	// buffer in the middle of its stream (shim/upgrade.h: which sides
+	// attached, moved, ended on TCP or left). Written and read by the
+	// shim (C) only; every buffer starts with it 0 (Create makes a new
+	// file for each connection).
+	offUpgrade = 80
 
 	ctlBase = 1024 // control block of direction d at ctlBase + ctlSize·d
 	ctlSize = 1024

@@ -95,6 +95,7 @@ type dconn struct {
 	node     fabric.NodeID // the peer's node
 	lport    uint16        // the local TCP port (accept: the listener's)
 	since    time.Time
+	upgraded bool // made by shim-connect/accept upgrade (upgrade.go): not timed for holds
 	relaying atomic.Bool
 	rem      *remoteSide // across hosts: this side's engine connection (remote.go)
 }
@@ -214,7 +215,7 @@ func resetFiles(fs *dring.Files, side int) {
 // the listener instead of B_1: the Prep keeps it for acceptBell. When it
 // fails after attaching, it resets the buffer (the peer may be direct
 // already); rem stays the caller's on error.
-func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *net.TCPConn, who control.Peer, side string, rem *remoteSide) (*directPrep, error) {
+func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, local, remote net.Addr, who control.Peer, side string, rem *remoteSide) (*directPrep, error) {
 	si := 0
 	if side == sideAccept {
 		si = 1
@@ -293,10 +294,10 @@ func (s *Server) prepareDirect(fs *dring.Files, di *extds.DirectInfo, shadow *ne
 	ep.SetPollOnly(true)
 	dc := &dconn{
 		pid: who.PID, uid: who.UID, side: side, ep: ep, uc: uc, vIno: vIno, bellIno: bellIno,
-		local: shadow.LocalAddr().String(), remote: shadow.RemoteAddr().String(),
+		local: local.String(), remote: remote.String(),
 		peer: fmt.Sprint(di.Node), node: di.Node, since: time.Now(), rem: rem,
 	}
-	if la, ok := tcpAddrPort(shadow.LocalAddr()); ok {
+	if la, ok := tcpAddrPort(local); ok {
 		dc.lport = la.Port()
 	}
 	p := &directPrep{dc: dc, out: out, si: si}
@@ -472,7 +473,9 @@ func (s *Server) endDirect(dc *dconn) {
 	if !ok {
 		return
 	}
-	s.connEnded(dc.side, dc.lport, dc.since)
+	if !dc.upgraded {
+		s.connEnded(dc.side, dc.lport, dc.since)
+	}
 	sent, recvd := dc.ep.Counters()
 	s.directOut.Add(sent)
 	s.directIn.Add(recvd)

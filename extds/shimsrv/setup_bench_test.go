@@ -98,7 +98,7 @@ func BenchmarkDirectSetup(b *testing.B) {
 			_ = dring.Remove(dir, p.name)
 			p.fs.Close()
 			b.StartTimer()
-			dp, err := s.prepareDirect(fs, &extds.DirectInfo{Node: 2}, c.(*net.TCPConn), control.Peer{}, sideConnect, nil)
+			dp, err := s.prepareDirect(fs, &extds.DirectInfo{Node: 2}, c.LocalAddr(), c.RemoteAddr(), control.Peer{}, sideConnect, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

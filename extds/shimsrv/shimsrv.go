@@ -167,6 +167,8 @@ type Server struct {
 	fallbacks              sync.Map // reason string → *atomic.Uint64
 	refused                sync.Map // reason string → *atomic.Uint64
 	logWin, logN           atomic.Int64
+	// upgrading: the 4-tuples with an upgrade being agreed (upgrade.go), under mu.
+	upgrading map[extds.TupleKey]struct{}
 }
 
 // New returns a server for dev. dialer upgrades shim-connect sockets (its

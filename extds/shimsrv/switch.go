@@ -70,16 +70,26 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 	// "fd_limit", the shim has no room for the descriptors a switch
 	// takes and keeps the socket as plain TCP (docs/direct.md,
 	// "Descriptors").
+	// Or "upgrade": an established connection that stays the
+	// program's while exnd agrees a direct one (upgrade.go).
 	direct := len(r.Args) == 1 && r.Args[0] == "direct"
 	fdLimit := len(r.Args) == 1 && r.Args[0] == ArgFDLimit
-	if (len(r.Args) != 0 && !direct && !fdLimit) || len(r.Files) != 1 {
-		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no argument or \"direct\" or %q and 1 socket descriptor, got %d and %d", op, ArgFDLimit, len(r.Args), len(r.Files))
+	upgrade := len(r.Args) == 1 && r.Args[0] == ArgUpgrade
+	if (len(r.Args) != 0 && !direct && !fdLimit && !upgrade) || len(r.Files) != 1 {
+		return nil, nil, s.refuse(ReasonBadRequest, "%s: want no argument or \"direct\", %q or %q and 1 socket descriptor, got %d and %d", op, ArgFDLimit, ArgUpgrade, len(r.Args), len(r.Files))
 	}
 	pid := who.PID
 	if !s.enter() {
 		return nil, nil, fmt.Errorf("%s: exnd is shutting down", op)
 	}
 	defer s.wg.Done()
+	if upgrade && !s.exndRoom(side) {
+		s.fallback(ArgFDLimit)
+		return SwitchResult{Mode: "tcp", Reason: ArgFDLimit}, nil, nil
+	}
+	if upgrade {
+		return s.upgradeFD(ctx, r.Files[0], who, side)
+	}
 	if fdLimit || !s.exndRoom(side) {
 		return s.stayTCP(r.Files[0], side, ArgFDLimit)
 	}
@@ -257,7 +267,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			create = s.remoteCreate(&fs, &rem)
 		}
 		prepare := func(di extds.DirectInfo) {
-			prep, perr = s.prepareDirect(fs, &di, shadow, who, side, rem)
+			prep, perr = s.prepareDirect(fs, &di, shadow.LocalAddr(), shadow.RemoteAddr(), who, side, rem)
 			fs = nil // taken over
 			if prep != nil {
 				rem = nil // prep.dc's
@@ -306,7 +316,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 		fs.Close()
 	case err == nil && di != nil && prep == nil:
 		// Agreed in the shadow handshake, or on the connecting side.
-		prep, err = s.prepareDirect(fs, di, shadow, who, side, rem)
+		prep, err = s.prepareDirect(fs, di, shadow.LocalAddr(), shadow.RemoteAddr(), who, side, rem)
 		if prep != nil {
 			rem = nil // prep.dc's
 		}

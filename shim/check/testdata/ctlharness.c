@@ -52,7 +52,7 @@ int main(int argc, char **argv)
 			unsigned arg;
 		} reqs[] = {{CTL_OP_HELLO, 0},	   {CTL_OP_LISTEN, 0},	      {CTL_OP_UNLISTEN, 1},    {CTL_OP_UNLISTEN, 8080},
 			    {CTL_OP_UNLISTEN, 65535}, {CTL_OP_UNLISTEN, 0},	      {CTL_OP_UNLISTEN, 65536}, {CTL_OP_CONNECT, 0},
-			    {CTL_OP_ACCEPT, 0},	   {CTL_OP_CONNECT, 1},	      {CTL_OP_ACCEPT, 1},	 {CTL_OP_CONNECT, 2}, {CTL_OP_ACCEPT, 2}, {CTL_OP_CONNECT, 3}, {CTL_OP_RELAY, 0},	      {(enum ctl_op)99, 0}};
+			    {CTL_OP_ACCEPT, 0},	   {CTL_OP_CONNECT, 1},	      {CTL_OP_ACCEPT, 1},	 {CTL_OP_CONNECT, 2}, {CTL_OP_ACCEPT, 2}, {CTL_OP_CONNECT, 3}, {CTL_OP_ACCEPT, 3}, {CTL_OP_CONNECT, 4}, {CTL_OP_RELAY, 0},	      {(enum ctl_op)99, 0}};
 		for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) {
 			char line[64];
 			int n = ctl_req(line, sizeof line, reqs[i].op, reqs[i].arg);

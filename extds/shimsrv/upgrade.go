@@ -1,0 +1,224 @@
+package shimsrv
+
+// shim-connect upgrade / shim-accept upgrade: the mid-stream upgrade of
+// docs/shim.md ("Upgrade", issue #33). The program's TCP connection is
+// established and in use, and stays the program's: exnd reads its
+// addresses and nothing else (no net.FileConn, which would flip
+// O_NONBLOCK on the open file the program shares; no peek, no hello),
+// agrees a direct connection with the peer's exnd out of band (the CLAIM
+// exchange of extds/internal/agree/claimdirect.go, keyed by the
+// 4-tuple), and answers as for "direct": V, the buffer and the side's
+// bell. The shim does not wait for the answer: it reads it at its next
+// call on the descriptor, and the two programs then move their streams
+// onto the buffer at a byte boundary of their own (shim/upgrade.c).
+// Whatever fails, the answer is "tcp" with a counted reason, and the
+// connection simply stays TCP: nothing was written into it.
+//
+// Locks: s.mu for the set of 4-tuples being upgraded (one request per
+// connection, whichever process of a forked family asks first); none
+// across the agreement.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/exn-project/exn/control"
+	"github.com/exn-project/exn/extds"
+	"github.com/exn-project/exn/extds/dring"
+)
+
+// ArgUpgrade is shim-connect's and shim-accept's argument for an
+// established connection to upgrade in the background.
+const ArgUpgrade = "upgrade"
+
+// Fallback reasons of an upgrade (Stats.Fallbacks) besides extds's.
+const (
+	// ReasonUpgradeBusy: another request for the same connection is
+	// being agreed (two processes of a forked family asked).
+	ReasonUpgradeBusy = "upgrade_busy"
+	// ReasonUpgradeRemote: the peer is on another host; the upgrade
+	// runs on one host (docs/shim.md, "Upgrade", limits).
+	ReasonUpgradeRemote = "upgrade_remote"
+	// ReasonNoDirect: this exnd makes no direct connections.
+	ReasonNoDirect = "no_direct"
+)
+
+// upgradeClaimWait bounds how long an acceptor's upgrade waits for the
+// client's CLAIM. The two programs ask independently, each at its first
+// call after the connection's age passed the shim's UPG_AGE_NS; a busy
+// connection asks on both sides within a round trip, an idle one when it
+// is next used (the shim retries a connection that was not agreed,
+// shim/upgrade.c). The client's own wait is the claim timeout (its CLAIM
+// is kept for twice that on this side).
+const upgradeClaimWait = time.Second
+
+// upgradeFD answers shim-connect upgrade / shim-accept upgrade for the
+// program's socket f (owned by the control server).
+func (s *Server) upgradeFD(ctx context.Context, f *os.File, who control.Peer, side string) (any, []*os.File, error) {
+	_, ts, err := readTCPSocket(f, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	// exnd's copy of the program's socket goes at once: the program's
+	// close must end the connection when it happens, not after the
+	// agreement (the control server's own Close then does nothing).
+	f.Close()
+	tcp := func(reason string) (any, []*os.File, error) {
+		s.fallback(reason)
+		return SwitchResult{Mode: "tcp", Reason: reason}, nil, nil
+	}
+	switch {
+	case s.directCfg == nil:
+		return tcp(ReasonNoDirect)
+	case s.directCfg.Engine != nil:
+		return tcp(ReasonUpgradeRemote)
+	case side == sideAccept && !s.mayAccept(who, ts.local):
+		_ = s.refuse(ReasonNotOwner, "shim-accept upgrade: port %d is registered by another user", ts.local.Port())
+		return tcp(ReasonNotOwner)
+	case !s.dev.OnFabric(ts.remote.Addr()):
+		return tcp(extds.FallbackNoRoute.String())
+	}
+	key := extds.TupleKey{Local: ts.local, Remote: ts.remote}
+	if !s.upgradeBegin(key) {
+		return tcp(ReasonUpgradeBusy)
+	}
+	defer s.upgradeEnd(key)
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	local, remote := net.TCPAddrFromAddrPort(ts.local), net.TCPAddrFromAddrPort(ts.remote)
+
+	var (
+		fs   *dring.Files
+		di   *extds.DirectInfo
+		prep *directPrep
+		why  extds.FallbackReason
+	)
+	if side == sideConnect {
+		di, why, err = s.dev.OfferDirect(ctx, ts.local, ts.remote, s.directOpen(&fs))
+		if err == nil && di != nil {
+			prep, err = s.prepareDirect(fs, di, local, remote, who, side, nil)
+			fs = nil
+		}
+	} else {
+		prep, why, err = s.upgradeAccept(ctx, key, local, remote, who)
+	}
+	if fs != nil {
+		fs.Close()
+	}
+	if err != nil {
+		s.errs.Add(1)
+		s.logConn(slog.LevelWarn, "extds shim: upgrade failed", "side", side, "pid", who.PID, "err", err)
+		return nil, nil, fmt.Errorf("shim-%s upgrade: %w", side, err)
+	}
+	if prep == nil {
+		return tcp(why.String())
+	}
+	prep.dc.upgraded = true
+	return s.enterDirect(prep)
+}
+
+// upgradeAccept is the acceptor's side: claim the connection key, wait
+// for the client's direct CLAIM (upgradeClaimWait), and make the buffer.
+// prep is nil with the fallback reason when no direct connection came
+// of it.
+func (s *Server) upgradeAccept(ctx context.Context, key extds.TupleKey, local, remote net.Addr, who control.Peer) (*directPrep, extds.FallbackReason, error) {
+	wake := make(chan struct{}, 1)
+	cl := s.dev.ClaimDirect(key, func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	defer cl.Close()
+	if cl.Held() {
+		return nil, extds.FallbackShortLived, nil
+	}
+	if !cl.DirectPending() {
+		t := time.NewTimer(upgradeClaimWait)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	if !cl.DirectPending() {
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		return nil, extds.FallbackNoClaim, nil
+	}
+	var (
+		fs    *dring.Files
+		dname string
+		prep  *directPrep
+		perr  error
+	)
+	prepare := func(di extds.DirectInfo) {
+		prep, perr = s.prepareDirect(fs, &di, local, remote, who, sideAccept, nil)
+		fs = nil // taken over
+	}
+	di, aborted, err := cl.AgreeUpgrade(ctx, s.directCreate(&fs, &dname), prepare)
+	if err == nil && di != nil && prep != nil {
+		// The client has opened the buffer and connected its bell.
+		err = prep.acceptBell()
+	}
+	if dname != "" {
+		if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
+			s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", rerr)
+		}
+	}
+	if err == nil && perr != nil {
+		err = perr // prepareDirect reset the buffer
+	}
+	if prep != nil && (err != nil || di == nil) {
+		prep.discard(err != nil) // the client may be direct: reset
+		prep = nil
+	}
+	if fs != nil {
+		if err != nil {
+			resetFiles(fs, 1)
+		} else {
+			fs.Close()
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case aborted:
+		return nil, extds.FallbackDirectAbort, nil
+	case di == nil:
+		return nil, extds.FallbackDeclined, nil
+	case prep == nil:
+		return nil, 0, errors.New("direct connection agreed but not prepared")
+	}
+	return prep, 0, nil
+}
+
+// upgradeBegin enters key in the set of connections being upgraded;
+// false if it is there already.
+func (s *Server) upgradeBegin(key extds.TupleKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.upgrading == nil {
+		s.upgrading = make(map[extds.TupleKey]struct{})
+	}
+	if _, busy := s.upgrading[key]; busy {
+		return false
+	}
+	s.upgrading[key] = struct{}{}
+	return true
+}
+
+func (s *Server) upgradeEnd(key extds.TupleKey) {
+	s.mu.Lock()
+	delete(s.upgrading, key)
+	s.mu.Unlock()
+}

@@ -1,0 +1,118 @@
+package perf
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exn-project/exn/integration/nstest"
+	"github.com/exn-project/exn/internal/testenv"
+)
+
+// BenchmarkShimUpgrade is issue #33's benchmark: connections that start
+// as the program's TCP connection and move onto a direct one in the
+// background (EXTDS_SETUP=upgrade, docs/shim.md "Upgrade"), against TCP
+// over exn0 between the same two namespaces (one exnd each on a shm
+// fabric, holds off: --extds-short-hold=0), in the same run:
+//
+//   - TCP_CRR: connections per second, and the round trip p50, which
+//     for TCP_CRR is connect, request and first response byte;
+//   - TCP_RR right after the TCP_CRR run, on the same netserver: the
+//     long connection's round trip p50 (it moves after UPG_AGE_NS);
+//   - a long TCP_RR started one second into a TCP_CRR burst to the same
+//     netserver, while the burst goes on.
+//
+// Each repetition (EXN_PERF_REPS, default 3) runs both ways, interleaved;
+// EXN_PERF_SECS sets netperf -l (default 4). perf/shim-upgrade.sh runs it.
+func BenchmarkShimUpgrade(b *testing.B) {
+	testenv.RequirePrivileged(b, "ip", "ss", "gcc")
+	netperf, netserver := nstest.Netperf(b)
+	d := secs()
+	reps := perfReps()
+	exnd := nstest.Build(b)
+	lib := nstest.BuildShimLib(b)
+	fab := nstest.ShmFabric(b)
+	n1 := nstest.StartNode(b, exnd, fab, 17, 1, "--extds-short-hold=0")
+	n2 := nstest.StartNode(b, exnd, fab, 17, 2, "--extds-short-hold=0")
+	if _, err := nstest.Ping(n1.NS, n2.IP.String(), 2, 56, ""); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := nstest.Ping(n2.NS, n1.IP.String(), 2, 56, ""); err != nil {
+		b.Fatal(err)
+	}
+	up := func(n *nstest.Node) []string {
+		return []string{"LD_PRELOAD=" + lib, "EXTDS_CONTROL=" + n.Control, "EXTDS_SETUP=upgrade"}
+	}
+	type way struct {
+		name           string
+		srvEnv, cliEnv []string
+		port           int
+	}
+	ways := []*way{{name: "TCP over exn0"}, {name: "shim, upgrade", srvEnv: up(n2), cliEnv: up(n1)}}
+	for _, w := range ways {
+		w.port = nstest.Port()
+		nstest.StartNetserver(b, n2.NS, netserver, w.srvEnv, w.port)
+	}
+	ip := n2.IP.String()
+	run := func(w *way, test string) nstest.NetperfResult {
+		r, err := nstest.RunNetperf(n1.NS, w.cliEnv, netperf, ip, w.port, d, test)
+		if err == nil {
+			err = r.Sane()
+		}
+		if err != nil {
+			b.Fatalf("%s %s: %v", w.name, test, err)
+		}
+		return r
+	}
+	// crr[way], rr[way], mixed[way]: one result per repetition.
+	var crr, rr, mixed [2][]nstest.NetperfResult
+	for rep := 0; rep < reps; rep++ {
+		for wi, w := range ways {
+			crr[wi] = append(crr[wi], run(w, "TCP_CRR"))
+			rr[wi] = append(rr[wi], run(w, "TCP_RR"))
+			// A long connection opened during a burst of short ones.
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := nstest.RunNetperf(n1.NS, w.cliEnv, netperf, ip, w.port, d+2, "TCP_CRR")
+				if err != nil {
+					b.Errorf("%s: burst: %v", w.name, err)
+				}
+				_ = r
+			}()
+			time.Sleep(time.Second)
+			mixed[wi] = append(mixed[wi], run(w, "TCP_RR"))
+			wg.Wait()
+		}
+		b.Logf("rep %d done, load %s", rep+1, loadAvg())
+	}
+	med := func(rs []nstest.NetperfResult, f func(nstest.NetperfResult) float64) (float64, string) {
+		var v []float64
+		for _, r := range rs {
+			v = append(v, f(r))
+		}
+		return testenv.Median(v), dsJoin(v)
+	}
+	thr := func(r nstest.NetperfResult) float64 { return r.Throughput }
+	p50 := func(r nstest.NetperfResult) float64 { return r.P50 }
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "netperf -l %d, medians of %d repetitions (the ways interleaved); load at the end %s; %d CPUs\n\n", d, reps, loadAvg(), numCPU())
+	fmt.Fprintf(&sb, "| measure | TCP over exn0 | shim, upgrade | shim / exn0 |\n|---|---|---|---|\n")
+	row := func(name string, rs [2][]nstest.NetperfResult, f func(nstest.NetperfResult) float64, unit, key string) {
+		a, ra := med(rs[0], f)
+		c, rc := med(rs[1], f)
+		b.ReportMetric(a, key+"-exn0")
+		b.ReportMetric(c, key+"-upgrade")
+		fmt.Fprintf(&sb, "| %s | %.0f %s (%s) | %.0f (%s) | %.2fx |\n", name, a, unit, ra, c, rc, c/a)
+	}
+	row("TCP_CRR, connections/s", crr, thr, "trans/s", "crr-trans-per-s")
+	row("TCP_CRR round trip p50 (connect to first response byte)", crr, p50, "us", "crr-p50-us")
+	row("TCP_RR right after TCP_CRR, p50", rr, p50, "us", "rr-p50-us")
+	row("TCP_RR right after TCP_CRR, transactions/s", rr, thr, "trans/s", "rr-trans-per-s")
+	row("TCP_RR opened 1 s into a TCP_CRR burst, p50", mixed, p50, "us", "mixed-p50-us")
+	b.ReportMetric(float64(reps), "reps")
+	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())
+}

@@ -1,0 +1,434 @@
+/*
+ * upgrade.c: the stress test of the mid-stream upgrade (issue #33;
+ * docs/shim.md, "Upgrade"), run under libextds.so with
+ * EXTDS_SETUP=upgrade by integration/upgrade_test.go.
+ *
+ *   upgrade server IP PORT            serve until a connection says "quit"
+ *   upgrade client IP PORT N CONC     N connections, CONC at a time
+ *
+ * Each connection starts with the client's 8-byte seed. From it both ends
+ * derive everything: how many bytes each direction carries, in which
+ * write sizes (1 B to 64 KiB) with which pauses (0 to 2 ms, so that the
+ * connection outlives the shim's UPG_AGE_NS and moves in the middle of
+ * its streams), when each side half-closes, and how it waits: two
+ * blocking threads, a poll loop or an epoll loop (non-blocking). Every
+ * byte is checked by content and position on both ends, and the end of
+ * each stream by its length. Each end prints "FAIL ..." per broken
+ * connection, and at the end "conns N direct D": D of N connections
+ * whose descriptor was the shim's direct one (AF_UNIX to the kernel)
+ * when they closed.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Byte i of the stream named by key. */
+static uint8_t sbyte(uint64_t key, uint64_t i) { return (uint8_t)(mix(key ^ (i >> 3) * 0x100000001b3ull) >> ((i & 7) * 8)); }
+
+struct plan {
+	uint64_t key[2];   /* stream keys: 0 client→server, 1 server→client */
+	uint64_t len[2];   /* bytes per direction */
+	uint64_t rng[2];   /* write size and pause generators, per writer */
+	int mode;          /* 0 threads, 1 poll, 2 epoll */
+};
+
+static void plan_of(uint64_t seed, struct plan *p)
+{
+	p->key[0] = mix(seed ^ 1);
+	p->key[1] = mix(seed ^ 2);
+	/* 0 .. 1 MiB, and a fifth of the directions short (< 4 KiB) */
+	for (int d = 0; d < 2; d++) {
+		uint64_t r = mix(seed ^ (3 + d));
+		p->len[d] = (r % 5 == 0) ? (r >> 8) % 4096 : (r >> 8) % (1u << 20);
+		p->rng[d] = mix(seed ^ (5 + d));
+	}
+	p->mode = (int)(mix(seed ^ 7) % 3);
+}
+
+static uint64_t next(uint64_t *s) { return *s = mix(*s); }
+
+/* The next write size (1 B .. 64 KiB, mostly small) and pause (µs). */
+static size_t wsize(uint64_t *s)
+{
+	uint64_t r = next(s);
+	return (r & 3) == 0 ? 1 + (r >> 8) % 65536 : 1 + (r >> 8) % 4096;
+}
+static unsigned wpause(uint64_t *s) { return (unsigned)(next(s) % 2000); }
+
+static void sleep_us(unsigned us)
+{
+	struct timespec t = {0, (long)us * 1000};
+	if (us)
+		nanosleep(&t, NULL);
+}
+
+/* One end of one connection: writes direction w, reads direction 1-w. */
+struct end {
+	int fd;
+	struct plan p;
+	int w;
+	uint64_t sent, got;
+	uint64_t wrng;
+	size_t chunk, coff; /* the current write: its size and what is done */
+	int wdone, rdone, bad;
+	char why[160];
+};
+
+static void failf(struct end *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void failf(struct end *e, const char *fmt, ...)
+{
+	if (e->bad++)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e->why, sizeof e->why, fmt, ap);
+	va_end(ap);
+}
+
+/* Check n received bytes at e->got. */
+static void check(struct end *e, const uint8_t *b, size_t n)
+{
+	uint64_t k = e->p.key[1 - e->w];
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != sbyte(k, e->got + i)) {
+			failf(e, "byte %llu of %llu: got %u want %u", (unsigned long long)(e->got + i),
+			      (unsigned long long)e->p.len[1 - e->w], b[i], sbyte(k, e->got + i));
+			break;
+		}
+	e->got += n;
+	if (e->got > e->p.len[1 - e->w])
+		failf(e, "%llu bytes, more than the %llu sent", (unsigned long long)e->got, (unsigned long long)e->p.len[1 - e->w]);
+}
+
+/* One step of writing: 1 progress, 0 would block, -1 error. Pauses
+ * between writes when blocking. */
+static int step_write(struct end *e, int block)
+{
+	static __thread uint8_t buf[65536];
+	if (e->wdone)
+		return 0;
+	if (e->sent >= e->p.len[e->w]) {
+		if (shutdown(e->fd, SHUT_WR) < 0)
+			failf(e, "shutdown: %s", strerror(errno));
+		e->wdone = 1;
+		return 1;
+	}
+	if (e->chunk == 0) {
+		e->chunk = wsize(&e->wrng);
+		if (e->chunk > e->p.len[e->w] - e->sent)
+			e->chunk = e->p.len[e->w] - e->sent;
+		e->coff = 0;
+		if (block)
+			sleep_us(wpause(&e->wrng));
+	}
+	size_t n = e->chunk - e->coff;
+	for (size_t i = 0; i < n; i++)
+		buf[i] = sbyte(e->p.key[e->w], e->sent + i);
+	ssize_t r = write(e->fd, buf, n);
+	if (r < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			return 0;
+		failf(e, "write at %llu (chunk %zu+%zu): %s", (unsigned long long)e->sent, e->chunk, e->coff, strerror(errno));
+		return -1;
+	}
+	e->sent += (uint64_t)r;
+	e->coff += (size_t)r;
+	if (e->coff == e->chunk)
+		e->chunk = 0;
+	return 1;
+}
+
+/* One step of reading: 1 progress (or EOF), 0 would block, -1 error. */
+static int step_read(struct end *e)
+{
+	uint8_t buf[65536];
+	if (e->rdone)
+		return 0;
+	ssize_t r = read(e->fd, buf, sizeof buf);
+	if (r < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			return 0;
+		failf(e, "read: %s", strerror(errno));
+		return -1;
+	}
+	if (r == 0) {
+		if (e->got != e->p.len[1 - e->w])
+			failf(e, "EOF after %llu of %llu bytes", (unsigned long long)e->got, (unsigned long long)e->p.len[1 - e->w]);
+		e->rdone = 1;
+		return 1;
+	}
+	check(e, buf, (size_t)r);
+	return 1;
+}
+
+static void *writer(void *a)
+{
+	struct end *e = a;
+	while (!e->wdone && step_write(e, 1) >= 0)
+		;
+	return NULL;
+}
+
+/* Run one connection's end to its finish in its plan's mode. */
+static void run_end(struct end *e)
+{
+	e->wrng = e->p.rng[e->w];
+	if (e->p.mode == 0) {
+		pthread_t t;
+		pthread_create(&t, NULL, writer, e);
+		while (!e->rdone && step_read(e) >= 0)
+			;
+		pthread_join(t, NULL);
+		return;
+	}
+	fcntl(e->fd, F_SETFL, fcntl(e->fd, F_GETFL) | O_NONBLOCK);
+	int ep = -1;
+	if (e->p.mode == 2) {
+		ep = epoll_create1(EPOLL_CLOEXEC);
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u64 = 7};
+		epoll_ctl(ep, EPOLL_CTL_ADD, e->fd, &ev);
+	}
+	uint64_t due = 0;
+	struct timespec t;
+	while ((!e->rdone || !e->wdone) && !e->bad) {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		uint64_t now = (uint64_t)t.tv_sec * 1000000 + (uint64_t)t.tv_nsec / 1000;
+		int prog = step_read(e);
+		if (!e->wdone && now >= due) {
+			int w = step_write(e, 0);
+			prog |= w;
+			if (w > 0 && e->chunk == 0)
+				due = now + wpause(&e->wrng);
+		}
+		if (prog < 0 || prog > 0)
+			continue;
+		int tmo = e->wdone || due <= now ? -1 : (int)((due - now) / 1000) + 1;
+		if (!e->wdone && due <= now)
+			tmo = -1;
+		if (ep >= 0) {
+			struct epoll_event ev = {.events = EPOLLIN | (e->wdone || due > now ? 0 : EPOLLOUT), .data.u64 = 7};
+			epoll_ctl(ep, EPOLL_CTL_MOD, e->fd, &ev);
+			struct epoll_event out[4];
+			epoll_wait(ep, out, 4, tmo);
+		} else {
+			struct pollfd p = {e->fd, (short)(POLLIN | (e->wdone || due > now ? 0 : POLLOUT)), 0};
+			poll(&p, 1, tmo);
+		}
+	}
+	if (ep >= 0)
+		close(ep);
+}
+
+/* Whether fd is the shim's direct descriptor: the kernel says AF_UNIX
+ * (the shim itself answers with the TCP addresses). */
+static int is_direct(int fd)
+{
+	struct sockaddr_storage a;
+	socklen_t l = sizeof a;
+	return syscall(SYS_getsockname, fd, &a, &l) == 0 && a.ss_family == AF_UNIX;
+}
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_conns, g_direct, g_fails;
+
+static void done(struct end *e, const char *who, uint64_t seed)
+{
+	int d = is_direct(e->fd);
+	pthread_mutex_lock(&g_mu);
+	g_conns++;
+	g_direct += d;
+	if (e->bad) {
+		g_fails++;
+		printf("FAIL %s seed %llx mode %d lens %llu/%llu direct %d: %s\n", who, (unsigned long long)seed, e->p.mode,
+		       (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1], d, e->why);
+		fflush(stdout);
+	}
+	pthread_mutex_unlock(&g_mu);
+}
+
+static int read_full(int fd, void *b, size_t n)
+{
+	size_t k = 0;
+	while (k < n) {
+		ssize_t r = read(fd, (char *)b + k, n - k);
+		if (r <= 0)
+			return -1;
+		k += (size_t)r;
+	}
+	return 0;
+}
+
+static int g_active; /* serving threads */
+
+struct job {
+	int fd;
+	uint64_t seed;
+};
+
+static void *serve(void *a)
+{
+	struct job *j = a;
+	struct end e = {.fd = j->fd, .w = 1};
+	plan_of(j->seed, &e.p);
+	run_end(&e);
+	done(&e, "server", j->seed);
+	close(j->fd);
+	pthread_mutex_lock(&g_mu);
+	g_active--;
+	pthread_mutex_unlock(&g_mu);
+	free(j);
+	return NULL;
+}
+
+static struct sockaddr_in g_addr;
+
+static int dial(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&g_addr, sizeof g_addr) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int g_n, g_next;
+
+static void *client(void *a)
+{
+	(void)a;
+	for (;;) {
+		pthread_mutex_lock(&g_mu);
+		int i = g_next < g_n ? g_next++ : -1;
+		pthread_mutex_unlock(&g_mu);
+		if (i < 0)
+			return NULL;
+		uint64_t seed = mix(0xc0ffee ^ (uint64_t)i) | 1;
+		int fd = dial();
+		if (fd < 0) {
+			pthread_mutex_lock(&g_mu);
+			g_fails++;
+			printf("FAIL client %d: connect: %s\n", i, strerror(errno));
+			pthread_mutex_unlock(&g_mu);
+			continue;
+		}
+		struct end e = {.fd = fd, .w = 0};
+		plan_of(seed, &e.p);
+		if (write(fd, &seed, sizeof seed) != sizeof seed)
+			failf(&e, "seed: %s", strerror(errno));
+		else
+			run_end(&e);
+		done(&e, "client", seed);
+		close(fd);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4) {
+		fprintf(stderr, "usage: upgrade server IP PORT | client IP PORT N CONC\n");
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (getenv("UPGRADE_NOSIGPIPE")) /* debugging: a write's EPIPE as a FAIL line */
+		signal(SIGPIPE, SIG_IGN);
+	g_addr.sin_family = AF_INET;
+	g_addr.sin_port = htons((uint16_t)atoi(argv[3]));
+	if (inet_pton(AF_INET, argv[2], &g_addr.sin_addr) != 1)
+		return 2;
+	if (!strcmp(argv[1], "server")) {
+		int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(l, (struct sockaddr *)&g_addr, sizeof g_addr) < 0 || listen(l, 1024) < 0) {
+			perror("listen");
+			return 1;
+		}
+		for (;;) {
+			int fd = accept(l, NULL, NULL);
+			if (fd < 0)
+				continue;
+			uint64_t seed;
+			if (read_full(fd, &seed, sizeof seed) < 0) {
+				close(fd);
+				continue;
+			}
+			if (seed == 0) { /* quit: after the client's last connection ended */
+				close(fd);
+				break;
+			}
+			struct job *j = malloc(sizeof *j);
+			j->fd = fd;
+			j->seed = seed;
+			pthread_t t;
+			pthread_attr_t at;
+			pthread_attr_init(&at);
+			pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+			pthread_mutex_lock(&g_mu);
+			g_active++;
+			pthread_mutex_unlock(&g_mu);
+			if (pthread_create(&t, &at, serve, j) != 0) {
+				printf("FAIL server: pthread_create\n");
+				g_fails++;
+				close(fd);
+				free(j);
+				g_active--;
+			}
+		}
+		for (int i = 0; i < 3000; i++) { /* 30 s */
+			pthread_mutex_lock(&g_mu);
+			int n = g_active;
+			pthread_mutex_unlock(&g_mu);
+			if (n == 0)
+				break;
+			usleep(10000);
+		}
+		if (g_active)
+			printf("FAIL server: %d connections did not end\n", g_active), g_fails++;
+		printf("conns %d direct %d fails %d\n", g_conns, g_direct, g_fails);
+		return g_fails ? 1 : 0;
+	}
+	g_n = atoi(argv[4]);
+	int conc = argc > 5 ? atoi(argv[5]) : 16;
+	pthread_t t[256];
+	if (conc > 256)
+		conc = 256;
+	for (int i = 0; i < conc; i++)
+		pthread_create(&t[i], NULL, client, NULL);
+	for (int i = 0; i < conc; i++)
+		pthread_join(t[i], NULL);
+	int q = dial();
+	uint64_t zero = 0;
+	if (q >= 0) {
+		ssize_t w = write(q, &zero, sizeof zero);
+		(void)w;
+		close(q);
+	}
+	printf("conns %d direct %d fails %d\n", g_conns, g_direct, g_fails);
+	return g_fails ? 1 : 0;
+}

@@ -1,0 +1,603 @@
+/*
+ * upgrade.c: the mid-stream upgrade (EXTDS_SETUP=upgrade; docs/shim.md,
+ * "Upgrade", issue #33). Owns fdent's upgrade fields (ust, uat, ucl,
+ * uside, utries, uwsh) and the meaning of the buffer's upgrade word
+ * (upgrade.h).
+ *
+ * A connection starts as the program's own TCP connection: connect and
+ * accept ask nobody. Its stages, each at a data call of the program on
+ * it (read, write and their family, through direct.c's d_io):
+ *
+ *   1. U_YOUNG → U_ASKED: the first call after UPG_AGE_NS sends
+ *      "shim-connect upgrade" / "shim-accept upgrade" with the socket and
+ *      does not wait: the control connection is kept, hidden, in ucl.
+ *      The two exnds agree a direct connection out of band
+ *      (extds/shimsrv/upgrade.go); nothing touches the stream.
+ *   2. U_ASKED → U_ATT: a later call finds the answer. "direct": the
+ *      buffer is attached (V and the bell hidden) and UPG_ATT(S) set.
+ *      "tcp": the connection stays TCP (no_claim: asked again later).
+ *   3. Moving a direction: a write of side S, once both sides attached,
+ *      sets UPG_MOV(S) and shuts the TCP write side: every byte it wrote
+ *      before precedes the FIN, every byte after goes into the buffer.
+ *   4. Conversion: a read of side S that finds TCP at EOF with
+ *      UPG_MOV(1-S) set moves S's own direction too (if it has not), and
+ *      installs V under the descriptor's number (direct.c,
+ *      direct_install): from then on it is a direct descriptor like any
+ *      other, and the read goes on in the buffer. A TCP EOF without the
+ *      peer's UPG_MOV is the peer's real end.
+ *
+ * The peer can move only after this side attached, and this side
+ * attaches only by its own call: so an EOF read while the answer is
+ * still with exnd is always a real one, and a side that never attaches
+ * (exec'd, closed, refused) keeps the connection TCP for both.
+ *
+ * Locks: the table lock for the entry's fields, never across a system
+ * call that blocks; U_BUSY marks a thread that changes the state outside
+ * it. The upgrade word changes by CAS only.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "direct.h"
+#include "shim.h"
+#include "upgrade.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+void upg_mark(int fd, int side)
+{
+	lock();
+	struct fdent *e = ent(fd);
+	if (e && (e->flags & F_TRACKED)) {
+		e->flags |= F_UPG;
+		e->ust = U_YOUNG;
+		e->uside = (uint8_t)side;
+		e->utries = 0;
+		e->uwsh = 0;
+		e->ucl = -1;
+		e->uat = now_ns() + UPG_AGE_NS;
+	}
+	unlock();
+}
+
+/* fd stays TCP for good: forget it (and its epoll records). */
+static void upg_final(int fd, const char *why)
+{
+	lock();
+	struct fdent *e = ent(fd);
+	if (e && (e->flags & F_UPG)) {
+		e->flags &= ~F_UPG;
+		e->ust = 0;
+	}
+	unlock();
+	settle(fd);
+	dbg("fd %d: stays TCP (%s)", fd, why);
+}
+
+/* Take the entry from state from to U_BUSY; 0 if it is not in it. */
+static int upg_take(int fd, int from)
+{
+	lock();
+	struct fdent *e = ent(fd);
+	int ok = e && (e->flags & F_UPG) && e->ust == from;
+	if (ok)
+		e->ust = U_BUSY;
+	unlock();
+	return ok;
+}
+
+/* Stage 1: ask exnd, without waiting for the answer. */
+static void upg_ask(int fd)
+{
+	if (!upg_take(fd, U_YOUNG))
+		return;
+	struct fdent *e = ent(fd);
+	int side = e->uside;
+	enum ctl_op op = side ? CTL_OP_ACCEPT : CTL_OP_CONNECT;
+	char buf[256];
+	if (e->flags & F_EPOVF) {
+		upg_final(fd, "too many epoll registrations");
+		return;
+	}
+	/* What an upgrade keeps: the control connection while asked, then V
+	 * and the bell until the conversion (FDROOM_SWITCH_NEED counts a
+	 * switch's peak). */
+	if (__atomic_load_n(&g_ndc, __ATOMIC_RELAXED) >= DC_MAX - DC_SLACK ||
+	    !fdroom_may_switch(fd, FDROOM_SWITCH_NEED + 1,
+			       FDROOM_CONN_KEEP * __atomic_load_n(&g_ndc, __ATOMIC_RELAXED) +
+				   FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED))) {
+		struct ctl_resp r;
+		int ufd[CTL_MAXFD];
+		ctl_call(op, CTL_SW_FDLIMIT, fd, -1, buf, sizeof buf, &r, ufd); /* counted by exnd */
+		close_fds(ufd);
+		upg_final(fd, "fd_limit");
+		return;
+	}
+	int s = ctl_start(op, CTL_SW_UPGRADE, fd, -1, buf, sizeof buf);
+	int h = s >= 0 ? hide_fd(s, 0) : -1;
+	if (h < 0) {
+		if (s >= 0)
+			real.close(s);
+		upg_final(fd, s == CTL_NOCONN ? "no exnd" : "control connection failed");
+		return;
+	}
+	lock();
+	if (e->flags & F_UPG) {
+		e->ucl = h;
+		e->utries++;
+		e->ust = U_ASKED;
+		h = -1;
+	}
+	unlock();
+	if (h >= 0)
+		real.close(h); /* dup'd meanwhile: stays TCP */
+	else
+		dbg("fd %d: upgrade asked", fd);
+}
+
+/* Stage 2: exnd's answer is there (or the connection broke): attach it. */
+static void upg_pickup(int fd)
+{
+	if (!upg_take(fd, U_ASKED))
+		return;
+	struct fdent *e = ent(fd);
+	int s = e->ucl;
+	e->ucl = -1;
+	char buf[4096];
+	struct ctl_resp r;
+	int ufd[CTL_MAXFD];
+	int c = ctl_finish(s, buf, sizeof buf, &r, ufd);
+	if (c != CTL_OK || r.mode != CTL_MODE_DIRECT || r.side != e->uside) {
+		close_fds(ufd);
+		if (c == CTL_OK && r.mode == CTL_MODE_TCP && !strcmp(r.reason, "no_claim") && e->utries < UPG_TRIES) {
+			/* The peer did not ask in time (it was idle): again later. */
+			lock();
+			if (e->flags & F_UPG) {
+				e->uat = now_ns() + (UPG_RETRY_NS << (e->utries - 1));
+				e->ust = U_YOUNG;
+			}
+			unlock();
+			dbg("fd %d: upgrade not agreed (%s), asking again later", fd, buf);
+			return;
+		}
+		upg_final(fd, c == CTL_OK ? buf : "control connection broke");
+		return;
+	}
+	int slot = direct_attach(&r, ufd, ufd[0]);
+	if (slot < 0) {
+		upg_final(fd, "cannot attach the buffer");
+		return;
+	}
+	struct dconn *dc = &g_dc[slot];
+	uint32_t *w = dring_upg(&dc->d);
+	int wsh;
+	lock();
+	int keep = (e->flags & F_UPG) != 0;
+	if (keep) {
+		dc->id = r.id;
+		dc->refs = 1;
+		dc->vhidden = 1;
+		g_ndc++;
+		e->dc = slot + 1;
+		e->ust = U_ATT;
+	}
+	wsh = e->uwsh;
+	unlock();
+	if (!keep) { /* dup'd meanwhile: stays TCP */
+		real.close(ufd[0]);
+		direct_unattach(slot);
+		return;
+	}
+	/* A program that shut its write side before: that direction ends
+	 * on TCP. Then this side attaches. */
+	if (wsh)
+		dring_fin(&dc->d); /* ended on TCP: in the buffer too (upg_shutdown) */
+	__atomic_fetch_or(w, (wsh ? UPG_WSH(e->uside) : 0) | UPG_ATT(e->uside), __ATOMIC_ACQ_REL);
+	dbg("fd %d: upgrade attached, id %llu", fd, (unsigned long long)r.id);
+}
+
+/* Stages 1 and 2, as far as they go now; the state after. */
+static int upg_tick(int fd)
+{
+	struct fdent *e = ent(fd);
+	int st = __atomic_load_n(&e->ust, __ATOMIC_RELAXED);
+	if (st == U_YOUNG && now_ns() >= e->uat) {
+		upg_ask(fd);
+	} else if (st == U_ASKED) {
+		struct pollfd p = {e->ucl, POLLIN, 0};
+		if (real.poll(&p, 1, 0) > 0)
+			upg_pickup(fd);
+	} else {
+		return st;
+	}
+	return __atomic_load_n(&e->ust, __ATOMIC_RELAXED);
+}
+
+/*
+ * Writes in flight on TCP: a move shuts TCP's write side only once every
+ * write this process started on it before the move has returned, so no
+ * write of the program meets the shutdown (EPIPE, SIGPIPE) and every byte
+ * it wrote to TCP precedes the FIN. utw counts them (per descriptor
+ * entry); a move sets uwait and waits on the futex utw until it is 0.
+ */
+static void cnt_enter(uint32_t *n) { __atomic_add_fetch(n, 1, __ATOMIC_SEQ_CST); }
+
+static void cnt_leave(uint32_t *n, uint32_t *waiting)
+{
+	if (__atomic_sub_fetch(n, 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(waiting, __ATOMIC_SEQ_CST))
+		syscall(SYS_futex, n, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void cnt_drain(uint32_t *n, uint32_t *waiting)
+{
+	__atomic_store_n(waiting, 1, __ATOMIC_SEQ_CST);
+	uint32_t v;
+	while ((v = __atomic_load_n(n, __ATOMIC_SEQ_CST)) != 0)
+		syscall(SYS_futex, n, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
+}
+
+static void tcpw_enter(struct fdent *e) { cnt_enter(&e->utw); }
+static void tcpw_leave(struct fdent *e) { cnt_leave(&e->utw, &e->uwait); }
+static void tcpw_drain(struct fdent *e) { cnt_drain(&e->utw, &e->uwait); }
+
+/* Reads in flight on TCP likewise: the conversion closes the TCP socket
+ * (dup3) only once none is between its look at the state and its
+ * recvmsg (at the boundary TCP is at EOF: a read there returns at once). */
+static void tcpr_enter(struct fdent *e) { cnt_enter(&e->utr); }
+static void tcpr_leave(struct fdent *e) { cnt_leave(&e->utr, &e->urwait); }
+static void tcpr_drain(struct fdent *e) { cnt_drain(&e->utr, &e->urwait); }
+
+/* Stage 3 for side S: move S's writes onto the buffer if both sides
+ * may. 1 if S writes into the buffer now, 0 if it stays on TCP. The
+ * caller has no write of its own in flight on TCP. */
+static int upg_move(int fd, struct dconn *c)
+{
+	int S = c->d.side;
+	uint32_t *w = dring_upg(&c->d);
+	uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+	for (;;) {
+		if (o & UPG_MOV(S))
+			return 1;
+		if ((o & (UPG_ATT(0) | UPG_ATT(1))) != (UPG_ATT(0) | UPG_ATT(1)) ||
+		    (o & (UPG_DET(0) | UPG_DET(1) | UPG_WSH(S))))
+			return 0;
+		if (__atomic_compare_exchange_n(w, &o, o | UPG_MOV(S), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			break;
+	}
+	/* The boundary: everything written to TCP before precedes the FIN. */
+	tcpw_drain(ent(fd));
+	real.shutdown(fd, SHUT_WR);
+	dbg("fd %d: writes moved to the buffer", fd);
+	return 1;
+}
+
+/* Stage 4: TCP is at EOF and the peer moved: S's own direction moves
+ * too, and a dup of V takes the descriptor's number (the connection
+ * keeps V itself, hidden, as the dring's V: a waiter parked on it never
+ * sees it change). While it runs the entry is U_BUSY with its slot, so
+ * the calls of other threads find the buffer (upg_conn); do_switch makes
+ * it direct in one step. 0, or -1 (errno; the entry stays U_ATT and its
+ * reads go on in the buffer through upg_io). */
+static int upg_convert(int fd)
+{
+	if (!upg_take(fd, U_ATT))
+		return (fdflags(fd) & F_DIRECT) ? 0 : -1; /* another thread is at it */
+	struct fdent *e = ent(fd);
+	tcpr_drain(e);
+	int slot = e->dc - 1;
+	struct dconn *c = &g_dc[slot];
+	int S = c->d.side;
+	uint32_t *w = dring_upg(&c->d);
+	if (!upg_move(fd, c) && (__atomic_load_n(w, __ATOMIC_ACQUIRE) & UPG_WSH(S)))
+		dring_fin(&c->d); /* the program ended this direction on TCP */
+	int v = real.fcntl(c->d.v, F_DUPFD_CLOEXEC, 0);
+	if (v < 0 || direct_install(fd, slot, c->id, v, -1, -1) < 0) {
+		int err = errno;
+		dbg("fd %d: conversion failed: %s", fd, strerror(err));
+		lock();
+		if ((e->flags & F_UPG) && e->ust == U_BUSY)
+			e->ust = U_ATT;
+		unlock();
+		errno = err;
+		return -1;
+	}
+	/* Other descriptors of the process on the same connection (dups). */
+	for (int o = 0; o < g_ntab; o++) {
+		if (o == fd || !(fdflags(o) & F_UPG))
+			continue;
+		lock();
+		int same = (g_tab[o].flags & F_UPG) && g_tab[o].dc == slot + 1;
+		if (same)
+			g_tab[o].ust = U_BUSY; /* upg_drop_locked leaves the reference */
+		unlock();
+		if (!same)
+			continue;
+		int ocl = real.fcntl(o, F_GETFD);
+		if (real.dup3(fd, o, (ocl >= 0 && (ocl & FD_CLOEXEC)) ? O_CLOEXEC : 0) < 0)
+			continue;
+		lock();
+		g_tab[o] = g_tab[fd];
+		g_tab[o].nreg = 0;
+		unlock();
+	}
+	dbg("fd %d: direct (upgraded)", fd);
+	return 0;
+}
+
+/* Whether a TCP EOF on c's side is where its inbound stream goes on in
+ * the buffer: the peer moved; or this side moved and the peer ended its
+ * direction on TCP (then the buffer holds fin, and converting gives the
+ * descriptor the buffer's readiness for the writes that moved). */
+static int upg_boundary(struct dconn *c)
+{
+	int S = c->d.side;
+	uint32_t w = __atomic_load_n(dring_upg(&c->d), __ATOMIC_ACQUIRE);
+	return (w & UPG_MOV(1 - S)) || ((w & UPG_MOV(S)) && (w & UPG_WSH(1 - S)));
+}
+
+/* Whether the TCP socket fd is at EOF now (a peek that does not wait). */
+static int tcp_at_eof(int fd)
+{
+	char b;
+	return real.recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+/* The attached connection of an F_UPG entry (U_ATT, or U_BUSY while it
+ * converts), or NULL. */
+static struct dconn *upg_conn(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (!e || !(fdflags(fd) & F_UPG))
+		return NULL;
+	int st = __atomic_load_n(&e->ust, __ATOMIC_ACQUIRE), dc = e->dc;
+	return (st == U_ATT || st == U_BUSY) && dc > 0 ? &g_dc[dc - 1] : NULL;
+}
+
+struct dconn *upg_moved(int fd)
+{
+	struct dconn *c = upg_conn(fd);
+	if (!c || !(__atomic_load_n(dring_upg(&c->d), __ATOMIC_ACQUIRE) & UPG_MOV(c->d.side)))
+		return NULL;
+	return c;
+}
+
+/* O_NONBLOCK of fd as MSG_DONTWAIT (an entry that is not direct caches nothing). */
+static int nb_flag(int fd)
+{
+	int fl = real.fcntl(fd, F_GETFL);
+	return fl >= 0 && (fl & O_NONBLOCK) ? MSG_DONTWAIT : 0;
+}
+
+/* fd's state under the lock: VIEW_DIRECT (converted), VIEW_RING with
+ * *c (attached, or converting: U_BUSY), VIEW_TCP (not attached). */
+enum { VIEW_TCP, VIEW_RING, VIEW_BUSY, VIEW_DIRECT };
+static int upg_view(int fd, struct dconn **c)
+{
+	int v = VIEW_TCP;
+	*c = NULL;
+	lock();
+	struct fdent *e = ent(fd);
+	if (e->flags & F_DIRECT) {
+		v = VIEW_DIRECT;
+	} else if ((e->flags & F_UPG) && e->dc > 0 && (e->ust == U_ATT || e->ust == U_BUSY)) {
+		*c = &g_dc[e->dc - 1];
+		v = e->ust == U_BUSY ? VIEW_BUSY : VIEW_RING;
+	}
+	unlock();
+	return v;
+}
+
+/* A send on F_UPG fd: on TCP only while UPG_MOV(S) is unset after this
+ * writer counted itself in (tcpw), else into the buffer. */
+static ssize_t upg_send(int fd, struct fdent *e, struct msghdr *mh, int mflags)
+{
+	const struct iovec *iov = mh->msg_iov;
+	int cnt = (int)mh->msg_iovlen;
+	for (int moved = 0;; moved = 1) {
+		struct dconn *c;
+		tcpw_enter(e);
+		int v = upg_view(fd, &c);
+		if (v == VIEW_DIRECT) {
+			tcpw_leave(e);
+			return d_io(fd, iov, cnt, mflags, 1);
+		}
+		if (c && (__atomic_load_n(dring_upg(&c->d), __ATOMIC_SEQ_CST) & UPG_MOV(c->d.side))) {
+			tcpw_leave(e);
+			return d_ring_io(c, fd, iov, cnt, mflags | nb_flag(fd), 1);
+		}
+		if (c && !moved) {
+			tcpw_leave(e);
+			upg_move(fd, c); /* then look again */
+			continue;
+		}
+		/* On TCP, as the program's write (SIGPIPE as write's). */
+		ssize_t r = real.sendmsg(fd, mh, mflags);
+		tcpw_leave(e);
+		return r;
+	}
+}
+
+ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
+{
+	int saved = errno;
+	struct fdent *e = ent(fd);
+	if (cnt < 0 || cnt > IOV_MAX) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)cnt};
+	upg_tick(fd);
+	if (send)
+		return upg_send(fd, e, &mh, mflags);
+	struct dconn *c;
+	tcpr_enter(e);
+	int v = upg_view(fd, &c);
+	if (v == VIEW_DIRECT) {
+		tcpr_leave(e);
+		errno = saved;
+		return d_io(fd, iov, cnt, mflags, 0);
+	}
+	if (v == VIEW_BUSY) {
+		/* Converting: TCP is at EOF, the stream goes on in the buffer. */
+		tcpr_leave(e);
+		errno = saved;
+		return d_ring_io(c, fd, iov, cnt, mflags | nb_flag(fd), 0);
+	}
+	ssize_t r = real.recvmsg(fd, &mh, mflags);
+	tcpr_leave(e);
+	if (r < 0)
+		return r;
+	size_t want = 0;
+	for (int i = 0; i < cnt; i++)
+		want += iov[i].iov_len;
+	if ((size_t)r >= want)
+		return r;
+	v = upg_view(fd, &c);
+	if (v == VIEW_DIRECT) {
+		/* Converted by another thread while this read was on TCP. */
+		if (r > 0)
+			return r;
+		errno = saved;
+		return d_io(fd, iov, cnt, mflags, 0);
+	}
+	if (!c || !upg_boundary(c))
+		return r; /* data, or the peer's real EOF */
+	if (r > 0 && (!(mflags & MSG_WAITALL) || !tcp_at_eof(fd)))
+		return r; /* a short read that is not at the boundary */
+	/* The boundary: the peer's TCP stream ended where its buffer stream
+	 * begins. The rest comes from the buffer, converted or not (another
+	 * thread may be converting). */
+	upg_convert(fd);
+	if (!(fdflags(fd) & F_DIRECT))
+		mflags |= nb_flag(fd);
+	errno = saved;
+	if (r == 0)
+		return d_ring_io(c, fd, iov, cnt, mflags, 0);
+	/* MSG_WAITALL across the boundary: the rest from the buffer. */
+	struct iovec rest[IOV_MAX];
+	int n = 0;
+	size_t skip = (size_t)r;
+	for (int i = 0; i < cnt; i++) {
+		if (skip >= iov[i].iov_len) {
+			skip -= iov[i].iov_len;
+			continue;
+		}
+		rest[n].iov_base = (char *)iov[i].iov_base + skip;
+		rest[n++].iov_len = iov[i].iov_len - skip;
+		skip = 0;
+	}
+	ssize_t r2 = d_ring_io(c, fd, rest, n, mflags, 0);
+	errno = saved;
+	return r2 > 0 ? r + r2 : r;
+}
+
+int upg_eof(int fd)
+{
+	struct dconn *c = upg_conn(fd);
+	if (!c || !upg_boundary(c) || !tcp_at_eof(fd))
+		return 0;
+	return upg_convert(fd) == 0;
+}
+
+int upg_shutdown(int fd, int how, int *ret)
+{
+	if (!(fdflags(fd) & F_UPG) || (how != SHUT_WR && how != SHUT_RDWR))
+		return 0;
+	/* Not attached (under the lock, against upg_pickup): the program's
+	 * direction ends on TCP, and so it stays once attached. */
+	lock();
+	struct fdent *e = ent(fd);
+	int att = (e->flags & F_UPG) && e->ust == U_ATT && e->dc > 0;
+	if ((e->flags & F_UPG) && !att)
+		e->uwsh = 1;
+	struct dconn *c = att ? &g_dc[e->dc - 1] : NULL;
+	unlock();
+	if (!c)
+		return 0;
+	int S = c->d.side;
+	uint32_t *w = dring_upg(&c->d);
+	uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+	while (!(o & UPG_MOV(S)) && !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		;
+	/* Either way the direction ends in the buffer too: a peer that
+	 * moved converts at this side's TCP EOF and reads fin there. */
+	dring_fin(&c->d);
+	if (!(o & UPG_MOV(S)))
+		return 0; /* the real shutdown ends the direction on TCP */
+	*ret = how == SHUT_RDWR ? real.shutdown(fd, SHUT_RD) : 0;
+	return 1;
+}
+
+void upg_drop_locked(int fd, struct fdent *e)
+{
+	(void)fd;
+	if (e->ust == U_BUSY && e->dc > 0)
+		return; /* converting (upg_convert): the reference goes to the direct entry */
+	if (e->ust == U_ASKED && e->ucl >= 0)
+		real.close(e->ucl);
+	if (e->ust == U_ATT && e->dc > 0) {
+		struct dconn *c = &g_dc[e->dc - 1];
+		if (--c->refs <= 0) {
+			dring_detach(&c->d);
+			real.close(c->d.bell);
+			if (c->vhidden)
+				real.close(c->d.v); /* E hangs up: exnd ends the buffer */
+			memset(c, 0, sizeof *c);
+			g_ndc--;
+		}
+	}
+	e->ust = 0;
+	e->ucl = -1;
+}
+
+void upg_dup_locked(struct fdent *o, struct fdent *n)
+{
+	if (o->ust == U_ATT && o->dc > 0) {
+		g_dc[o->dc - 1].refs++; /* converted together (upg_convert) */
+		return;
+	}
+	/* Not attached yet (or a thread is at it): a connection with two
+	 * descriptors stays TCP; a pending answer is dropped unread, so this
+	 * side never attaches and the peer never moves. */
+	if (o->ust == U_ASKED && o->ucl >= 0)
+		real.close(o->ucl);
+	o->flags &= ~F_UPG;
+	n->flags &= ~F_UPG;
+	o->ust = n->ust = 0;
+	o->ucl = n->ucl = -1;
+}
+
+void upg_exec(void)
+{
+	for (int fd = 0; fd < g_ntab; fd++) {
+		struct dconn *c = upg_conn(fd);
+		if (!c)
+			continue;
+		int cl = real.fcntl(fd, F_GETFD);
+		if (cl >= 0 && (cl & FD_CLOEXEC))
+			continue;
+		uint32_t *w = dring_upg(&c->d);
+		uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+		while (!(o & (UPG_MOV(0) | UPG_MOV(1))) &&
+		       !__atomic_compare_exchange_n(w, &o, o | UPG_DET(c->d.side), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			;
+		if (o & (UPG_MOV(0) | UPG_MOV(1)))
+			dbg("exec: fd %d is moving onto its buffer: the new program cannot follow it (docs/shim.md, \"Upgrade\")", fd);
+	}
+}

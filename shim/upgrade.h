@@ -1,0 +1,90 @@
+/*
+ * upgrade.h: the mid-stream upgrade of libextds.so (upgrade.c;
+ * docs/shim.md, "Upgrade"): a connection starts as the program's own TCP
+ * connection and moves onto a direct one once it has lived long enough,
+ * at a byte boundary each direction marks with its TCP FIN.
+ */
+#ifndef EXN_SHIM_UPGRADE_H
+#define EXN_SHIM_UPGRADE_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "shim.h"
+
+#pragma GCC visibility push(hidden)
+
+/*
+ * How old a connection is before the shim asks exnd to upgrade it: 2 ms.
+ * An upgrade costs both exnds about 1.4 ms of work (docs/shim.md, "Short
+ * connections"), and a TCP_CRR connection over exn0 lives 160-300 µs
+ * here from connect to close: ten times that and more is a connection
+ * whose next bytes are worth moving. A connection asks at its first data
+ * call after it (the shim has no timer).
+ */
+#define UPG_AGE_NS 2000000ull
+
+/* A connection whose peer did not ask in time (no_claim: idle on one
+ * side) asks again after UPG_RETRY_NS, doubling, UPG_TRIES times in all. */
+#define UPG_RETRY_NS 100000000ull
+#define UPG_TRIES 4
+
+/* fdent.ust */
+enum {
+	U_YOUNG = 1, /* not asked yet: at or after fdent.uat */
+	U_ASKED,     /* the request is with exnd; fdent.ucl will carry the answer */
+	U_ATT,       /* the answer is attached (fdent.dc, V and bell hidden); streams on TCP until they move */
+	U_BUSY,      /* a thread is changing the state */
+};
+
+/*
+ * The upgrade word (dring_upg, header +80; docs/direct.md), one CAS at a
+ * time, side s:
+ *   UPG_ATT(s)  s attached the buffer: it will read it after the TCP EOF
+ *               that follows the peer's UPG_MOV;
+ *   UPG_MOV(s)  s writes into the buffer from now on; its TCP write side
+ *               is shut right after (the FIN marks the boundary);
+ *   UPG_WSH(s)  s's program shut its TCP write side itself: s never moves
+ *               (on conversion its direction is fin in the buffer);
+ *   UPG_DET(s)  s left before anything moved (exec): no side moves.
+ * A side moves only when both attached and neither left.
+ */
+#define UPG_ATT(s) (1u << (s))
+#define UPG_MOV(s) (4u << (s))
+#define UPG_WSH(s) (16u << (s))
+#define UPG_DET(s) (64u << (s))
+
+/* connect (side 0) or accept (side 1) made fd, a TCP connection of the
+ * program: it may move later. */
+void upg_mark(int fd, int side);
+
+/* d_io for an F_UPG descriptor that is not direct (yet): the call on TCP
+ * or, once moved, on the buffer; NOT_DIRECT when the caller should make
+ * the real call itself. Converts fd to direct at the boundary. */
+ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send);
+
+/* A real call on the F_UPG descriptor fd (splice) found TCP at EOF:
+ * 1 if that was the boundary and fd is direct now (call again), else 0. */
+int upg_eof(int fd);
+
+/* shutdown on an F_UPG descriptor: 1 handled (*ret set), 0 not. */
+int upg_shutdown(int fd, int how, int *ret);
+
+/* The F_UPG descriptor fd whose writes have moved onto its buffer: that
+ * connection (sendfile and splice use the bounce path), else NULL. */
+struct dconn *upg_moved(int fd);
+
+/* With the lock held: fd's F_UPG entry is cleared (close, reuse). */
+void upg_drop_locked(int fd, struct fdent *e);
+
+/* With the lock held: newfd's entry n was copied from oldfd's o (dup). */
+void upg_dup_locked(struct fdent *o, struct fdent *n);
+
+/* Before exec: attached connections that nothing moved yet are left
+ * (UPG_DET), so the new program's TCP stays whole. */
+void upg_exec(void);
+
+#pragma GCC visibility pop
+
+#endif
