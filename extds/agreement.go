@@ -42,6 +42,9 @@ const (
 	// one-way trip (tens to hundreds of microseconds, docs/wakeup.md),
 	// and short against a hold, so little of it is lost.
 	HoldMargin = agree.HoldMargin
+	// UpgradeClaimTimeout bounds an upgrade's wait for the other side's
+	// agreement (OfferDirect, and the acceptor's wait in the shim server).
+	UpgradeClaimTimeout = agree.UpgradeClaimTimeout
 )
 
 // agreeHost is the Device as its Agent sees it (agree.Host).
@@ -236,7 +239,7 @@ func (d *Device) OfferDirect(ctx context.Context, local, remote netip.AddrPort, 
 	if !ok {
 		return nil, FallbackNoRoute, nil
 	}
-	ans, di, err := d.agree.Offer(ctx, node, local, remote, open)
+	ans, di, err := d.agree.OfferUpgrade(ctx, node, local, remote, open)
 	switch {
 	case err != nil:
 		return nil, 0, err

@@ -35,14 +35,7 @@ func acceptClaimDirect(t testing.TB, dev *Device, ln net.Listener, create func()
 		if r.tcp, r.err = ln.Accept(); r.err != nil {
 			return
 		}
-		key := tupleOf(r.tcp)
-		woke := make(chan struct{}, 1)
-		cl := dev.ClaimDirect(key, func() {
-			select {
-			case woke <- struct{}{}:
-			default:
-			}
-		})
+		cl, woke := claimWoke(dev, tupleOf(r.tcp))
 		defer cl.Close()
 		if !cl.DirectPending() {
 			select {
@@ -60,6 +53,18 @@ func acceptClaimDirect(t testing.TB, dev *Device, ln net.Listener, create func()
 		}
 	}()
 	return ch
+}
+
+// claimWoke is dev.ClaimDirect(key) with a wake that signals the
+// channel it returns.
+func claimWoke(dev *Device, key TupleKey) (*Claim, <-chan struct{}) {
+	woke := make(chan struct{}, 1)
+	return dev.ClaimDirect(key, func() {
+		select {
+		case woke <- struct{}{}:
+		default:
+		}
+	}), woke
 }
 
 // TestClaimDirect drives the direct agreement over the fabric

@@ -91,8 +91,8 @@ func TestShimUpgrade(t *testing.T) {
 	// it closed (a side whose peer ended on TCP before moving stays TCP).
 	after := [2]directCount{c.directCounts(t, 0), c.directCounts(t, 1)}
 	for i := range after {
+		t.Logf("node %d: %s", i+1, mustExnctl(t, c.exnctl, c.socks[i], "--json", "stats"))
 		if t.Failed() || os.Getenv("EXN_UPGRADE_DEBUG") == "1" {
-			t.Logf("node %d: %s", i+1, mustExnctl(t, c.exnctl, c.socks[i], "--json", "stats"))
 			t.Logf("node %d exnd:\n%s", i+1, tail(c.nodes[i].Proc.Output(), 60))
 		}
 		d := after[i].conns - before[i].conns

@@ -34,8 +34,13 @@
 //     direct connections across hosts on net and ofi:tcp against the
 //     underlay, exn0, the relay and fi_pingpong, and the exnds' idle CPU
 //     with 100 direct connections open (testdata/hold_conns.c; issue #38).
+//   - shim-upgrade.sh (BenchmarkShimUpgrade, upgrade_test.go): the
+//     shim's mid-stream upgrade (EXTDS_SETUP=upgrade) against TCP over
+//     exn0: TCP_CRR, TCP_RR after it, a long connection opened during a
+//     burst, and when a connection becomes direct (issue #33).
 //   - bench.sh: the shared runner of ext-eth.sh, extds.sh, netperf.sh,
-//     wakeup.sh, offload.sh, shim-direct.sh and shim-xhost.sh (build, run once, clean up namespaces and
+//     wakeup.sh, offload.sh, shim-direct.sh, shim-xhost.sh and
+//     shim-upgrade.sh (build, run once, clean up namespaces and
 //     shm files even when killed); lib.sh and twonodes.sh are sourced by
 //     the scripts that start test binaries or exnd nodes themselves, and
 //     procstat.sh by the ones that price a run in the whole machine's CPU.

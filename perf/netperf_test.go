@@ -19,6 +19,16 @@ type netperfWay struct {
 	only           string        // the one test of this way ("": every test)
 }
 
+// medNetperf is the median of f over the runs rs, and the runs' values
+// ("a / b / c") for the table.
+func medNetperf(rs []nstest.NetperfResult, f func(nstest.NetperfResult) float64) (float64, string) {
+	var v []float64
+	for _, r := range rs {
+		v = append(v, f(r))
+	}
+	return testenv.Median(v), dsJoin(v)
+}
+
 // BenchmarkNetperf is issue #15's benchmark: unmodified netperf
 // (TCP_RR, TCP_CRR, TCP_STREAM) between two namespaces that each run
 // exnd on one shm fabric, three ways in the same run: TCP over a veth
@@ -103,13 +113,7 @@ func BenchmarkNetperf(b *testing.B) {
 		}
 		b.Logf("rep %d done, load %s", rep+1, loadAvg())
 	}
-	med := func(rs []nstest.NetperfResult, f func(nstest.NetperfResult) float64) (float64, string) {
-		var v []float64
-		for _, r := range rs {
-			v = append(v, f(r))
-		}
-		return testenv.Median(v), dsJoin(v)
-	}
+	med := medNetperf
 	thr := func(r nstest.NetperfResult) float64 { return r.Throughput }
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "netperf -l %d, medians of %d repetitions (the ways interleaved); load at the end %s\n\n", d, reps, loadAvg())

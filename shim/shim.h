@@ -83,6 +83,8 @@ struct fdent {
 	uint32_t uwait;      /* F_UPG: a move waits for utw to reach 0 */
 	uint32_t utr;        /* F_UPG: this process's reads in flight on TCP (the conversion waits for them) */
 	uint32_t urwait;     /* F_UPG: a conversion waits for utr to reach 0 */
+	uint32_t umv;        /* F_UPG: moves of this process between their CAS and their TCP shutdown */
+	uint32_t umvwait;    /* F_UPG: a conversion waits for umv to reach 0 */
 	union addr local, peer;
 	socklen_t llen, plen;
 };

@@ -263,26 +263,42 @@ static void tcpr_enter(struct fdent *e) { cnt_enter(&e->utr); }
 static void tcpr_leave(struct fdent *e) { cnt_leave(&e->utr, &e->urwait); }
 static void tcpr_drain(struct fdent *e) { cnt_drain(&e->utr, &e->urwait); }
 
+/* Moves between their CAS and their shutdown of the TCP write side: the
+ * conversion replaces the TCP socket under the descriptor's number only
+ * after them, or a late shutdown would shut V instead (exnd then ends
+ * the side, and the connection resets: TestShimUpgrade, a writer
+ * thread's move and a reader thread's conversion at the same moment). */
+static void move_enter(struct fdent *e) { cnt_enter(&e->umv); }
+static void move_leave(struct fdent *e) { cnt_leave(&e->umv, &e->umvwait); }
+static void move_drain(struct fdent *e) { cnt_drain(&e->umv, &e->umvwait); }
+
 /* Stage 3 for side S: move S's writes onto the buffer if both sides
  * may. 1 if S writes into the buffer now, 0 if it stays on TCP. The
  * caller has no write of its own in flight on TCP. */
 static int upg_move(int fd, struct dconn *c)
 {
 	int S = c->d.side;
+	struct fdent *e = ent(fd);
 	uint32_t *w = dring_upg(&c->d);
-	uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+	move_enter(e);
+	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
 	for (;;) {
-		if (o & UPG_MOV(S))
+		if (o & UPG_MOV(S)) {
+			move_leave(e);
 			return 1;
+		}
 		if ((o & (UPG_ATT(0) | UPG_ATT(1))) != (UPG_ATT(0) | UPG_ATT(1)) ||
-		    (o & (UPG_DET(0) | UPG_DET(1) | UPG_WSH(S))))
+		    (o & (UPG_DET(0) | UPG_DET(1) | UPG_WSH(S)))) {
+			move_leave(e);
 			return 0;
-		if (__atomic_compare_exchange_n(w, &o, o | UPG_MOV(S), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		}
+		if (__atomic_compare_exchange_n(w, &o, o | UPG_MOV(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 			break;
 	}
 	/* The boundary: everything written to TCP before precedes the FIN. */
-	tcpw_drain(ent(fd));
+	tcpw_drain(e);
 	real.shutdown(fd, SHUT_WR);
+	move_leave(e);
 	dbg("fd %d: writes moved to the buffer", fd);
 	return 1;
 }
@@ -306,6 +322,7 @@ static int upg_convert(int fd)
 	uint32_t *w = dring_upg(&c->d);
 	if (!upg_move(fd, c) && (__atomic_load_n(w, __ATOMIC_ACQUIRE) & UPG_WSH(S)))
 		dring_fin(&c->d); /* the program ended this direction on TCP */
+	move_drain(e); /* another thread's move has shut the TCP socket, not V */
 	int v = real.fcntl(c->d.v, F_DUPFD_CLOEXEC, 0);
 	if (v < 0 || direct_install(fd, slot, c->id, v, -1, -1) < 0) {
 		int err = errno;
@@ -523,24 +540,32 @@ int upg_shutdown(int fd, int how, int *ret)
 	 * direction ends on TCP, and so it stays once attached. */
 	lock();
 	struct fdent *e = ent(fd);
-	int att = (e->flags & F_UPG) && e->ust == U_ATT && e->dc > 0;
+	int att = (e->flags & F_UPG) && e->dc > 0 && (e->ust == U_ATT || e->ust == U_BUSY);
 	if ((e->flags & F_UPG) && !att)
 		e->uwsh = 1;
 	struct dconn *c = att ? &g_dc[e->dc - 1] : NULL;
 	unlock();
 	if (!c)
 		return 0;
+	/* Attached: counted as a move, so that a conversion replaces the
+	 * TCP socket only after this shutdown reached it. */
 	int S = c->d.side;
 	uint32_t *w = dring_upg(&c->d);
-	uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-	while (!(o & UPG_MOV(S)) && !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	move_enter(e);
+	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+	while (!(o & UPG_MOV(S)) && !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
 	/* Either way the direction ends in the buffer too: a peer that
 	 * moved converts at this side's TCP EOF and reads fin there. */
-	dring_fin(&c->d);
+	*ret = 0;
 	if (!(o & UPG_MOV(S)))
-		return 0; /* the real shutdown ends the direction on TCP */
-	*ret = how == SHUT_RDWR ? real.shutdown(fd, SHUT_RD) : 0;
+		*ret = real.shutdown(fd, how); /* the direction ends on TCP */
+	else if (how == SHUT_RDWR)
+		dring_shut_rd(&c->d); /* TCP's write side is shut already */
+	int err = errno;
+	dring_fin(&c->d);
+	move_leave(e);
+	errno = err;
 	return 1;
 }
 

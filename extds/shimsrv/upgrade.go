@@ -53,9 +53,9 @@ const (
 // call after the connection's age passed the shim's UPG_AGE_NS; a busy
 // connection asks on both sides within a round trip, an idle one when it
 // is next used (the shim retries a connection that was not agreed,
-// shim/upgrade.c). The client's own wait is the claim timeout (its CLAIM
-// is kept for twice that on this side).
-const upgradeClaimWait = time.Second
+// shim/upgrade.c). The client waits as long (agree.UpgradeClaimTimeout),
+// and its CLAIM is kept twice that on this side.
+const upgradeClaimWait = extds.UpgradeClaimTimeout
 
 // upgradeFD answers shim-connect upgrade / shim-accept upgrade for the
 // program's socket f (owned by the control server).

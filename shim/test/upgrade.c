@@ -5,13 +5,17 @@
  *
  *   upgrade server IP PORT            serve until a connection says "quit"
  *   upgrade client IP PORT N CONC     N connections, CONC at a time
+ *   upgrade pingpong IP PORT MS       one connection, 1-byte ping-pong for
+ *                                     MS milliseconds: when it became direct
  *
  * Each connection starts with the client's 8-byte seed. From it both ends
  * derive everything: how many bytes each direction carries, in which
  * write sizes (1 B to 64 KiB) with which pauses (0 to 2 ms, so that the
  * connection outlives the shim's UPG_AGE_NS and moves in the middle of
  * its streams), when each side half-closes, and how it waits: two
- * blocking threads, a poll loop or an epoll loop (non-blocking). Every
+ * blocking threads, a poll loop or an epoll loop (non-blocking), and
+ * whether the server handles it in a forked child (fork and the upgrade's
+ * state inherited by the child, a quarter of them). Every
  * byte is checked by content and position on both ends, and the end of
  * each stream by its length. Each end prints "FAIL ..." per broken
  * connection, and at the end "conns N direct D": D of N connections
@@ -33,8 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -253,21 +259,41 @@ static int is_direct(int fd)
 }
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_conns, g_direct, g_fails;
+
+/* The tally, in a shared mapping: forked children count in it too. */
+struct tally {
+	int conns, direct, fails, active;
+};
+static struct tally *g_t;
+
+static void add(int *v, int n) { __atomic_add_fetch(v, n, __ATOMIC_SEQ_CST); }
+
+/* One line to stdout with write(2): a forked child of a threaded
+ * process must not take stdio's locks. */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	char b[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(b, sizeof b, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof b - 1)
+		n = (int)sizeof b - 1;
+	ssize_t w = write(1, b, (size_t)n);
+	(void)w;
+}
 
 static void done(struct end *e, const char *who, uint64_t seed)
 {
 	int d = is_direct(e->fd);
-	pthread_mutex_lock(&g_mu);
-	g_conns++;
-	g_direct += d;
+	add(&g_t->conns, 1);
+	add(&g_t->direct, d);
 	if (e->bad) {
-		g_fails++;
-		printf("FAIL %s seed %llx mode %d lens %llu/%llu direct %d: %s\n", who, (unsigned long long)seed, e->p.mode,
-		       (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1], d, e->why);
-		fflush(stdout);
+		add(&g_t->fails, 1);
+		say("FAIL %s seed %llx mode %d lens %llu/%llu direct %d: %s\n", who, (unsigned long long)seed, e->p.mode,
+		    (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1], d, e->why);
 	}
-	pthread_mutex_unlock(&g_mu);
 }
 
 static int read_full(int fd, void *b, size_t n)
@@ -282,8 +308,6 @@ static int read_full(int fd, void *b, size_t n)
 	return 0;
 }
 
-static int g_active; /* serving threads */
-
 struct job {
 	int fd;
 	uint64_t seed;
@@ -297,14 +321,85 @@ static void *serve(void *a)
 	run_end(&e);
 	done(&e, "server", j->seed);
 	close(j->fd);
-	pthread_mutex_lock(&g_mu);
-	g_active--;
-	pthread_mutex_unlock(&g_mu);
+	add(&g_t->active, -1);
+	free(j);
+	return NULL;
+}
+
+/* The pingpong server: echo every byte until EOF. */
+static void *echo(void *a)
+{
+	struct job *j = a;
+	char b[64];
+	ssize_t r;
+	while ((r = read(j->fd, b, sizeof b)) > 0)
+		if (write(j->fd, b, (size_t)r) != r)
+			break;
+	close(j->fd);
 	free(j);
 	return NULL;
 }
 
 static struct sockaddr_in g_addr;
+
+static uint64_t now_us(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000 + (uint64_t)t.tv_nsec / 1000;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* One connection, 1-byte ping-pong for ms milliseconds from connect:
+ * prints when its descriptor became direct (µs after connect, -1:
+ * never) and the round-trip p50 before and after that. */
+static int pingpong(int ms)
+{
+	static uint32_t rtt[1 << 22];
+	uint64_t t0 = now_us(), direct_at = 0;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&g_addr, sizeof g_addr) < 0) {
+		printf("FAIL pingpong: connect: %s\n", strerror(errno));
+		return 1;
+	}
+	uint64_t seed = 2;
+	if (write(fd, &seed, sizeof seed) != sizeof seed)
+		return 1;
+	size_t n = 0, nbefore = 0;
+	for (uint64_t t = now_us(); t - t0 < (uint64_t)ms * 1000 && n < sizeof rtt / sizeof rtt[0]; ) {
+		char c = 'x';
+		if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1) {
+			printf("FAIL pingpong: %s\n", strerror(errno));
+			return 1;
+		}
+		uint64_t u = now_us();
+		rtt[n++] = (uint32_t)(u - t);
+		t = u;
+		if (!direct_at && (n & 15) == 0 && is_direct(fd)) {
+			direct_at = u - t0;
+			nbefore = n;
+		}
+	}
+	close(fd);
+	uint32_t p50b = 0, p50a = 0;
+	size_t nb = direct_at ? nbefore : n;
+	if (nb) {
+		qsort(rtt, nb, sizeof rtt[0], cmp_u32);
+		p50b = rtt[nb / 2];
+	}
+	if (n > nb) {
+		qsort(rtt + nb, n - nb, sizeof rtt[0], cmp_u32);
+		p50a = rtt[nb + (n - nb) / 2];
+	}
+	printf("pingpong direct_after_us %lld before_p50_us %u after_p50_us %u round_trips %zu\n",
+	       direct_at ? (long long)direct_at : -1LL, p50b, p50a, n);
+	return 0;
+}
 
 static int dial(void)
 {
@@ -332,10 +427,8 @@ static void *client(void *a)
 		uint64_t seed = mix(0xc0ffee ^ (uint64_t)i) | 1;
 		int fd = dial();
 		if (fd < 0) {
-			pthread_mutex_lock(&g_mu);
-			g_fails++;
-			printf("FAIL client %d: connect: %s\n", i, strerror(errno));
-			pthread_mutex_unlock(&g_mu);
+			add(&g_t->fails, 1);
+			say("FAIL client %d: connect: %s\n", i, strerror(errno));
 			continue;
 		}
 		struct end e = {.fd = fd, .w = 0};
@@ -356,6 +449,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	g_t = mmap(NULL, sizeof *g_t, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (g_t == MAP_FAILED)
+		return 2;
 	if (getenv("UPGRADE_NOSIGPIPE")) /* debugging: a write's EPIPE as a FAIL line */
 		signal(SIGPIPE, SIG_IGN);
 	g_addr.sin_family = AF_INET;
@@ -378,6 +474,15 @@ int main(int argc, char **argv)
 				close(fd);
 				continue;
 			}
+			if (seed == 2) { /* pingpong: echo until EOF */
+				struct job *j = malloc(sizeof *j);
+				j->fd = fd;
+				j->seed = seed;
+				pthread_t t;
+				pthread_create(&t, NULL, echo, j);
+				pthread_detach(t);
+				continue;
+			}
 			if (seed == 0) { /* quit: after the client's last connection ended */
 				close(fd);
 				break;
@@ -385,34 +490,53 @@ int main(int argc, char **argv)
 			struct job *j = malloc(sizeof *j);
 			j->fd = fd;
 			j->seed = seed;
+			add(&g_t->active, 1);
+			if (mix(seed ^ 9) % 4 == 0) {
+				/* In a forked child, with the upgrade's state it inherits. */
+				pid_t pid = fork();
+				if (pid == 0) {
+					serve(j);
+					_exit(0);
+				}
+				if (pid < 0) {
+					say("FAIL server: fork: %s\n", strerror(errno));
+					add(&g_t->fails, 1);
+					add(&g_t->active, -1);
+				}
+				close(fd);
+				free(j);
+				while (waitpid(-1, NULL, WNOHANG) > 0)
+					;
+				continue;
+			}
 			pthread_t t;
 			pthread_attr_t at;
 			pthread_attr_init(&at);
 			pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-			pthread_mutex_lock(&g_mu);
-			g_active++;
-			pthread_mutex_unlock(&g_mu);
 			if (pthread_create(&t, &at, serve, j) != 0) {
-				printf("FAIL server: pthread_create\n");
-				g_fails++;
+				say("FAIL server: pthread_create\n");
+				add(&g_t->fails, 1);
+				add(&g_t->active, -1);
 				close(fd);
 				free(j);
-				g_active--;
 			}
 		}
 		for (int i = 0; i < 3000; i++) { /* 30 s */
-			pthread_mutex_lock(&g_mu);
-			int n = g_active;
-			pthread_mutex_unlock(&g_mu);
-			if (n == 0)
+			while (waitpid(-1, NULL, WNOHANG) > 0)
+				;
+			if (__atomic_load_n(&g_t->active, __ATOMIC_SEQ_CST) == 0)
 				break;
 			usleep(10000);
 		}
-		if (g_active)
-			printf("FAIL server: %d connections did not end\n", g_active), g_fails++;
-		printf("conns %d direct %d fails %d\n", g_conns, g_direct, g_fails);
-		return g_fails ? 1 : 0;
+		if (g_t->active) {
+			say("FAIL server: %d connections did not end\n", g_t->active);
+			add(&g_t->fails, 1);
+		}
+		say("conns %d direct %d fails %d\n", g_t->conns, g_t->direct, g_t->fails);
+		return g_t->fails ? 1 : 0;
 	}
+	if (!strcmp(argv[1], "pingpong"))
+		return pingpong(atoi(argv[4]));
 	g_n = atoi(argv[4]);
 	int conc = argc > 5 ? atoi(argv[5]) : 16;
 	pthread_t t[256];
@@ -429,6 +553,6 @@ int main(int argc, char **argv)
 		(void)w;
 		close(q);
 	}
-	printf("conns %d direct %d fails %d\n", g_conns, g_direct, g_fails);
-	return g_fails ? 1 : 0;
+	say("conns %d direct %d fails %d\n", g_t->conns, g_t->direct, g_t->fails);
+	return g_t->fails ? 1 : 0;
 }

@@ -236,6 +236,7 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 	}
 	a.ctr.probesServed.Add(1)
 	offerDirect := flags&wire.ClaimFlagDirect != 0
+	upgrade := flags&wire.ClaimFlagUpgrade != 0
 	reply := &claimEntry{token: m.Conn, from: from, vd: v, sport: sport, offerDirect: offerDirect}
 	if res := a.cfg.Resolver; res != nil {
 		if n, known := res.Resolve(cip); known && n != from.Node {
@@ -282,11 +283,22 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 			return
 		}
 	}
+	keep := 2 * DefaultClaimTimeout
+	if upgrade {
+		keep = 2 * UpgradeClaimTimeout
+		if e != nil && (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped) {
+			// The client asked again (its earlier CLAIM timed out
+			// unanswered, or an earlier attempt of either side
+			// ended): the new one replaces whatever is left.
+			delete(t.m, key)
+			e = nil
+		}
+	}
 	switch {
 	case e == nil && len(t.m) >= maxClaims:
 		a.claimReply(reply, sport, 0, wire.DeclineBusy)
 	case e == nil:
-		reply.st, reply.expires = stOffered, now.Add(2*DefaultClaimTimeout)
+		reply.st, reply.expires = stOffered, now.Add(keep)
 		t.m[key] = reply
 	case e.st == stAccepting && e.wake != nil && offerDirect:
 		e.st, e.token, e.from, e.vd, e.sport, e.offerDirect = stDirect, m.Conn, from, v, sport, true
@@ -393,6 +405,28 @@ const (
 // and, when it succeeds, the result is Direct and its DirectInfo
 // (claimdirect.go).
 func (a *Agent) Offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort, open func(*DirectInfo) error) (Answer, *DirectInfo, error) {
+	return a.offer(ctx, node, local, remote, open, 0, a.cfg.ClaimTimeout)
+}
+
+// UpgradeClaimTimeout is how long an upgrade's CLAIM waits for its
+// acceptor (OfferUpgrade), and the server keeps it twice that. Nobody is
+// held up by it (the connection is in use meanwhile), and the acceptor's
+// side asks only at its program's next call after the connection's age
+// passed the shim's UPG_AGE_NS, through an exnd that may be busy with
+// that very connection's TCP (TestShimUpgrade under load: with the
+// claim timeout's 300 ms, half the attempts timed out).
+const UpgradeClaimTimeout = time.Second
+
+// OfferUpgrade is Offer for an established connection that moves onto a
+// direct one in the background (the shim's upgrade): the CLAIM carries
+// ClaimFlagUpgrade, so the server keeps it for 2·UpgradeClaimTimeout and
+// a later CLAIM of the same connection replaces it; it waits up to
+// UpgradeClaimTimeout. open is required.
+func (a *Agent) OfferUpgrade(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort, open func(*DirectInfo) error) (Answer, *DirectInfo, error) {
+	return a.offer(ctx, node, local, remote, open, wire.ClaimFlagUpgrade, UpgradeClaimTimeout)
+}
+
+func (a *Agent) offer(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort, open func(*DirectInfo) error, xflags uint32, wait time.Duration) (Answer, *DirectInfo, error) {
 	local, remote = normAP(local), normAP(remote)
 	v, peer, err := a.askTarget(node, local.Port(), remote.Port())
 	if err != nil {
@@ -404,14 +438,14 @@ func (a *Agent) Offer(ctx context.Context, node fabric.NodeID, local, remote net
 	tok := FreeID(&t.nextTk, t.waits)
 	t.waits[tok] = w
 	t.mu.Unlock()
-	var flags uint32
+	flags := xflags
 	if w.direct {
-		flags = wire.ClaimFlagDirect
+		flags |= wire.ClaimFlagDirect
 	}
 	var fm [1]fabric.Message
 	wire.EncClaim(&fm[0], peer, tok, local, remote, flags)
 	sent := time.Now() // a hold in the answer counts from here (holdPeer)
-	ans, res, err := ask(ctx, a, v, a.cfg.ClaimTimeout, &fm, w.ch)
+	ans, res, err := ask(ctx, a, v, wait, &fm, w.ch)
 	dropWait(&t.mu, t.waits, tok)
 	if res != askAnswered || err != nil {
 		// A direct answer that came as we gave up is in w.ch (the rx

@@ -12,7 +12,8 @@ package wire
 // is on hold for q more HoldQuantum units (HoldReason).
 //
 // flags: bit 0 (ClaimFlagDirect), the client can take a direct
-// connection; other bits zero. IPs are 16-byte (IPv4 as IPv4-mapped).
+// connection; bit 1 (ClaimFlagUpgrade), an upgrade's claim; other bits
+// zero. IPs are 16-byte (IPv4 as IPv4-mapped).
 //
 // The direct agreement (tags 0x52 / 0x53; the header's conn field as
 // shown):
@@ -60,6 +61,13 @@ const (
 // connection.
 const ClaimFlagDirect uint32 = 1
 
+// ClaimFlagUpgrade marks the CLAIM of an established connection that
+// moves onto a direct one in the background (the shim's upgrade,
+// docs/shim.md "Upgrade"; with ClaimFlagDirect): the server keeps it
+// longer, and a later CLAIM for the same connection (the client asked
+// again) replaces an earlier one that nobody answered.
+const ClaimFlagUpgrade uint32 = 2
+
 // Decline reasons carried in CLAIM_REPLY.
 const (
 	DeclineNoListener uint8 = 1 // no listener registered for the port
@@ -98,7 +106,7 @@ func DecodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, flags uint
 	if len(p) != ClaimLen-HdrLen {
 		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
 	}
-	if flags = binary.LittleEndian.Uint32(p[4:]); flags&^ClaimFlagDirect != 0 {
+	if flags = binary.LittleEndian.Uint32(p[4:]); flags&^(ClaimFlagDirect|ClaimFlagUpgrade) != 0 {
 		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
 	}
 	sport, cport = binary.LittleEndian.Uint16(p), binary.LittleEndian.Uint16(p[2:])
