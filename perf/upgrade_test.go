@@ -144,7 +144,7 @@ func BenchmarkShimUpgrade(b *testing.B) {
 	pa, pas := testenv.Median(ppP50[0]), dsJoin(ppP50[0])
 	pb, pbs := testenv.Median(ppP50[1]), dsJoin(ppP50[1])
 	b.ReportMetric(at, "pingpong-direct-after-us")
-	fmt.Fprintf(&sb, "| one connection's ping-pong right after TCP_CRR: round trip p50 (after it became direct) | %.0f us (%s) | %.1f (%s) | %.3fx |\n", pa, pas, pb, pbs, pb/pa)
+	fmt.Fprintf(&sb, "| one connection's ping-pong right after TCP_CRR: round trip p50 (after it became direct) | %.1f us (%s) | %.2f (%s) | %.3fx |\n", pa, pas, pb, pbs, pb/pa)
 	fmt.Fprintf(&sb, "\nThat connection became direct %.0f us after its connect (%s; shim/upgrade.h UPG_AGE_NS is 2 ms).\n", at, ats)
 	b.ReportMetric(float64(reps), "reps")
 	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())

@@ -20,6 +20,7 @@
 
 #include "direct.h"
 #include "shim.h"
+#include "upgrade.h"
 
 /* ---- poll, select ---- */
 
@@ -111,8 +112,10 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 		for (nfds_t i = 0; i < n; i++)
 			if (dcof(fds[i].fd))
 				nd++;
-	if (!nd)
-		return real.ppoll(fds, n, tmo, mask);
+	if (!nd) {
+		int r = real.ppoll(fds, n, tmo, mask);
+		return r > 0 && g_upg_att ? upg_poll_filter(fds, n, r) : r;
+	}
 	int saved = errno;
 	/* the kernel's entries (each direct one as its bell, its V appended,
 	 * and the thread's kick), then a struct dpent per entry */
@@ -244,7 +247,7 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 		munmap(big, need);
 	if (ret >= 0)
 		errno = saved;
-	return ret;
+	return ret > 0 && g_upg_att ? upg_poll_filter(fds, n, ret) : ret;
 }
 
 EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
@@ -675,7 +678,18 @@ static int dep_poll_once(int epfd, struct depset *s, struct epoll_event *evs, in
 	return k;
 }
 
+static int d_epoll_wait0(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask);
+
+/* epoll_wait, and the upgrade's boundary taken off its result. */
 static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask)
+{
+	int n = d_epoll_wait0(epfd, evs, max, tmo, mask);
+	if (n > 0 && __atomic_load_n(&g_upg_att, __ATOMIC_RELAXED))
+		upg_epoll_filter(epfd, evs, n);
+	return n;
+}
+
+static int d_epoll_wait0(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask)
 {
 	struct depset *s = NULL;
 	if (__atomic_load_n(&g_ndep, __ATOMIC_RELAXED) > 0 && max > 0) {

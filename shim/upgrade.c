@@ -53,6 +53,8 @@
 #include "shim.h"
 #include "upgrade.h"
 
+int g_upg_att;
+
 static uint64_t now_ns(void)
 {
 	struct timespec t;
@@ -194,6 +196,7 @@ static void upg_pickup(int fd)
 		dc->refs = 1;
 		dc->vhidden = 1;
 		g_ndc++;
+		__atomic_add_fetch(&g_upg_att, 1, __ATOMIC_RELAXED);
 		e->dc = slot + 1;
 		e->ust = U_ATT;
 	}
@@ -334,6 +337,7 @@ static int upg_convert(int fd)
 		errno = err;
 		return -1;
 	}
+	__atomic_sub_fetch(&g_upg_att, 1, __ATOMIC_RELAXED);
 	/* Other descriptors of the process on the same connection (dups). */
 	for (int o = 0; o < g_ntab; o++) {
 		if (o == fd || !(fdflags(o) & F_UPG))
@@ -579,6 +583,7 @@ void upg_drop_locked(int fd, struct fdent *e)
 	if (e->ust == U_ATT && e->dc > 0) {
 		struct dconn *c = &g_dc[e->dc - 1];
 		if (--c->refs <= 0) {
+			__atomic_sub_fetch(&g_upg_att, 1, __ATOMIC_RELAXED);
 			dring_detach(&c->d);
 			real.close(c->d.bell);
 			if (c->vhidden)
@@ -624,5 +629,47 @@ void upg_exec(void)
 			;
 		if (o & (UPG_MOV(0) | UPG_MOV(1)))
 			dbg("exec: fd %d is moving onto its buffer: the new program cannot follow it (docs/shim.md, \"Upgrade\")", fd);
+	}
+}
+
+/* Whether fd is attached (not converted) and a FIN on it is the peer's
+ * move, not its end. */
+static int upg_fin_moved(int fd)
+{
+	struct dconn *c = upg_conn(fd);
+	if (!c)
+		return 0;
+	uint32_t w = __atomic_load_n(dring_upg(&c->d), __ATOMIC_ACQUIRE);
+	return (w & UPG_MOV(1 - c->d.side)) != 0;
+}
+
+int upg_poll_filter(struct pollfd *fds, nfds_t n, int ret)
+{
+	for (nfds_t i = 0; i < n && ret > 0; i++) {
+		short *r = &fds[i].revents;
+		if (!(*r & (POLLRDHUP | POLLHUP)) || !(fdflags(fds[i].fd) & F_UPG) || !upg_fin_moved(fds[i].fd))
+			continue;
+		short keep = *r & ~(POLLRDHUP | POLLHUP);
+		if (keep) /* POLLIN (or POLLOUT) stays: a lone POLLHUP is left as it is */
+			*r = keep;
+	}
+	return ret;
+}
+
+void upg_epoll_filter(int epfd, struct epoll_event *evs, int n)
+{
+	for (int i = 0; i < n; i++) {
+		uint32_t ev = evs[i].events;
+		if (!(ev & (EPOLLRDHUP | EPOLLHUP)) || !(ev & ~(EPOLLRDHUP | EPOLLHUP)))
+			continue;
+		int fd = -1;
+		lock();
+		for (int k = 0; k < EP_POOL && fd < 0; k++)
+			if (g_ep[k].fd >= 0 && g_ep[k].epfd == epfd && g_ep[k].ev.data.u64 == evs[i].data.u64 &&
+			    (g_tab[g_ep[k].fd].flags & F_UPG))
+				fd = g_ep[k].fd;
+		unlock();
+		if (fd >= 0 && upg_fin_moved(fd))
+			evs[i].events = ev & ~(EPOLLRDHUP | EPOLLHUP);
 	}
 }

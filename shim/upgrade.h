@@ -7,7 +7,9 @@
 #ifndef EXN_SHIM_UPGRADE_H
 #define EXN_SHIM_UPGRADE_H
 
+#include <poll.h>
 #include <stdint.h>
+#include <sys/epoll.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -74,6 +76,23 @@ int upg_shutdown(int fd, int how, int *ret);
 /* The F_UPG descriptor fd whose writes have moved onto its buffer: that
  * connection (sendfile and splice use the bounce path), else NULL. */
 struct dconn *upg_moved(int fd);
+
+/* Entries attached and not converted (U_ATT), in this process: when 0,
+ * the readiness calls skip upg_poll_filter and upg_epoll_filter. */
+extern int g_upg_att;
+
+/*
+ * Readiness at the boundary: the FIN that marks where the peer's stream
+ * went on in the buffer is not the peer's end, so the readiness calls
+ * take POLLRDHUP / EPOLLRDHUP and POLLHUP / EPOLLHUP off an attached
+ * descriptor whose peer moved (POLLIN stays: the read converts it).
+ * upg_poll_filter works on poll's result fds[0..n) with ret ready and
+ * returns the new count; upg_epoll_filter on epoll_wait's evs[0..n) of
+ * epfd (the events are found by their data among the set's recorded
+ * registrations).
+ */
+int upg_poll_filter(struct pollfd *fds, nfds_t n, int ret);
+void upg_epoll_filter(int epfd, struct epoll_event *evs, int n);
 
 /* With the lock held: fd's F_UPG entry is cleared (close, reuse). */
 void upg_drop_locked(int fd, struct fdent *e);

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -191,6 +192,20 @@ static int step_read(struct end *e)
 	return 1;
 }
 
+/* The peer's end was reported (POLLRDHUP, EPOLLRDHUP): everything it
+ * has not read yet must be readable now. A FIN that only marked where
+ * the peer's stream moved onto the buffer (the upgrade's boundary) must
+ * not show as the peer's end. */
+static void rdhup(struct end *e)
+{
+	int n = 0;
+	uint64_t left = e->p.len[1 - e->w] - e->got;
+	if (e->rdone || ioctl(e->fd, FIONREAD, &n) < 0)
+		return;
+	if ((uint64_t)n < left)
+		failf(e, "RDHUP with %llu bytes to come and %d readable", (unsigned long long)left, n);
+}
+
 static void *writer(void *a)
 {
 	struct end *e = a;
@@ -215,7 +230,7 @@ static void run_end(struct end *e)
 	int ep = -1;
 	if (e->p.mode == 2) {
 		ep = epoll_create1(EPOLL_CLOEXEC);
-		struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u64 = 7};
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLOUT, .data.u64 = 7};
 		epoll_ctl(ep, EPOLL_CTL_ADD, e->fd, &ev);
 	}
 	uint64_t due = 0;
@@ -236,13 +251,15 @@ static void run_end(struct end *e)
 		if (!e->wdone && due <= now)
 			tmo = -1;
 		if (ep >= 0) {
-			struct epoll_event ev = {.events = EPOLLIN | (e->wdone || due > now ? 0 : EPOLLOUT), .data.u64 = 7};
+			struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (e->wdone || due > now ? 0 : EPOLLOUT), .data.u64 = 7};
 			epoll_ctl(ep, EPOLL_CTL_MOD, e->fd, &ev);
 			struct epoll_event out[4];
-			epoll_wait(ep, out, 4, tmo);
+			if (epoll_wait(ep, out, 4, tmo) > 0 && (out[0].events & EPOLLRDHUP))
+				rdhup(e);
 		} else {
-			struct pollfd p = {e->fd, (short)(POLLIN | (e->wdone || due > now ? 0 : POLLOUT)), 0};
-			poll(&p, 1, tmo);
+			struct pollfd p = {e->fd, (short)(POLLIN | POLLRDHUP | (e->wdone || due > now ? 0 : POLLOUT)), 0};
+			if (poll(&p, 1, tmo) > 0 && (p.revents & POLLRDHUP))
+				rdhup(e);
 		}
 	}
 	if (ep >= 0)
@@ -342,11 +359,11 @@ static void *echo(void *a)
 
 static struct sockaddr_in g_addr;
 
-static uint64_t now_us(void)
+static uint64_t now_ns(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000 + (uint64_t)t.tv_nsec / 1000;
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -361,7 +378,7 @@ static int cmp_u32(const void *a, const void *b)
 static int pingpong(int ms)
 {
 	static uint32_t rtt[1 << 22];
-	uint64_t t0 = now_us(), direct_at = 0;
+	uint64_t t0 = now_ns(), direct_at = 0;
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&g_addr, sizeof g_addr) < 0) {
 		printf("FAIL pingpong: connect: %s\n", strerror(errno));
@@ -371,13 +388,13 @@ static int pingpong(int ms)
 	if (write(fd, &seed, sizeof seed) != sizeof seed)
 		return 1;
 	size_t n = 0, nbefore = 0;
-	for (uint64_t t = now_us(); t - t0 < (uint64_t)ms * 1000 && n < sizeof rtt / sizeof rtt[0]; ) {
+	for (uint64_t t = now_ns(); t - t0 < (uint64_t)ms * 1000000 && n < sizeof rtt / sizeof rtt[0]; ) {
 		char c = 'x';
 		if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1) {
 			printf("FAIL pingpong: %s\n", strerror(errno));
 			return 1;
 		}
-		uint64_t u = now_us();
+		uint64_t u = now_ns();
 		rtt[n++] = (uint32_t)(u - t);
 		t = u;
 		if (!direct_at && (n & 15) == 0 && is_direct(fd)) {
@@ -396,8 +413,8 @@ static int pingpong(int ms)
 		qsort(rtt + nb, n - nb, sizeof rtt[0], cmp_u32);
 		p50a = rtt[nb + (n - nb) / 2];
 	}
-	printf("pingpong direct_after_us %lld before_p50_us %u after_p50_us %u round_trips %zu\n",
-	       direct_at ? (long long)direct_at : -1LL, p50b, p50a, n);
+	printf("pingpong direct_after_us %lld before_p50_us %.2f after_p50_us %.2f round_trips %zu\n",
+	       direct_at ? (long long)(direct_at / 1000) : -1LL, p50b / 1000.0, p50a / 1000.0, n);
 	return 0;
 }
 
