@@ -202,6 +202,13 @@ static void rdhup(struct end *e)
 	uint64_t left = e->p.len[1 - e->w] - e->got;
 	if (e->rdone || ioctl(e->fd, FIONREAD, &n) < 0)
 		return;
+	int err = 0;
+	socklen_t l = sizeof err;
+	if ((uint64_t)n < left && getsockopt(e->fd, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err) {
+		/* a reset reports RDHUP too (and SO_ERROR takes the error) */
+		failf(e, "read: %s", strerror(err));
+		return;
+	}
 	if ((uint64_t)n < left)
 		failf(e, "RDHUP with %llu bytes to come and %d readable", (unsigned long long)left, n);
 }
