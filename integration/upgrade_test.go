@@ -132,6 +132,9 @@ func TestShimUpgradeExndRestart(t *testing.T) {
 	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "upgrade.c"))
 	ip := c.nodes[1].IP.String()
 	extra := []string{"EXTDS_SETUP=upgrade", "UPGRADE_NOSIGPIPE=1"}
+	if os.Getenv("EXN_UPGRADE_DEBUG") == "1" {
+		extra = append(extra, "EXTDS_DEBUG=1")
+	}
 	run := func(n int, during func()) (cli, srv string) {
 		port := nstest.PortArg()
 		s := c.nodes[1].NS.StartEnv(t, c.env(1, extra...), prog, "server", ip, port)

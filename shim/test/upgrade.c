@@ -315,8 +315,8 @@ static void done(struct end *e, const char *who, uint64_t seed)
 	add(&g_t->direct, d);
 	if (e->bad) {
 		add(&g_t->fails, 1);
-		say("FAIL %s seed %llx mode %d lens %llu/%llu direct %d: %s\n", who, (unsigned long long)seed, e->p.mode,
-		    (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1], d, e->why);
+		say("FAIL %s seed %llx mode %d lens %llu/%llu direct %d: %s (pid %d fd %d)\n", who, (unsigned long long)seed, e->p.mode,
+		    (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1], d, e->why, (int)getpid(), e->fd);
 	}
 }
 
