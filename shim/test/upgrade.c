@@ -192,6 +192,8 @@ static int step_read(struct end *e)
 	return 1;
 }
 
+static int is_direct(int fd);
+
 /* The peer's end was reported (POLLRDHUP, EPOLLRDHUP): everything it
  * has not read yet must be readable now. A FIN that only marked where
  * the peer's stream moved onto the buffer (the upgrade's boundary) must
@@ -210,7 +212,7 @@ static void rdhup(struct end *e)
 		return;
 	}
 	if ((uint64_t)n < left)
-		failf(e, "RDHUP with %llu bytes to come and %d readable", (unsigned long long)left, n);
+		failf(e, "RDHUP with %llu bytes to come and %d readable (descriptor direct then: %d)", (unsigned long long)left, n, is_direct(e->fd));
 }
 
 static void *writer(void *a)
