@@ -14,6 +14,25 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
+// buildUpgrade compiles shim/test/upgrade.c.
+func buildUpgrade(t *testing.T) string {
+	t.Helper()
+	prog := filepath.Join(t.TempDir(), "upgrade")
+	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "upgrade.c"))
+	return prog
+}
+
+// upgradeServer starts upgrade.c's server on c's second node, under the
+// shim with the environment extra, and waits until it listens on port.
+func upgradeServer(t *testing.T, c *shimCluster, prog, port string, extra []string) *nstest.Proc {
+	t.Helper()
+	srv := c.nodes[1].NS.StartEnv(t, c.env(1, extra...), prog, "server", c.nodes[1].IP.String(), port)
+	if err := c.nodes[1].NS.WaitListening(srv, port, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
 // upgradeTally is the last line of shim/test/upgrade.c.
 type upgradeTally struct{ conns, direct, fails int }
 
@@ -42,8 +61,7 @@ func parseUpgradeTally(out string) (upgradeTally, error) {
 func TestShimUpgrade(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
 	c := shmShimCluster(t, nstest.Build(t), 71, directArgs...)
-	prog := filepath.Join(t.TempDir(), "upgrade")
-	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "upgrade.c"))
+	prog := buildUpgrade(t)
 	ip := c.nodes[1].IP.String()
 	port := nstest.PortArg()
 	// EXN_UPGRADE_N sets the number of connections and
@@ -57,10 +75,7 @@ func TestShimUpgrade(t *testing.T) {
 		extra = append(extra, "EXTDS_DEBUG=1", "UPGRADE_NOSIGPIPE=1")
 	}
 	before := [2]directCount{c.directCounts(t, 0), c.directCounts(t, 1)}
-	srv := c.nodes[1].NS.StartEnv(t, c.env(1, extra...), prog, "server", ip, port)
-	if err := c.nodes[1].NS.WaitListening(srv, port, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	srv := upgradeServer(t, c, prog, port, extra)
 	out, cerr := c.nodes[0].NS.RunEnv(5*time.Minute, c.env(0, extra...), prog, "client", ip, port, fmt.Sprint(n), "32")
 	serr := srv.Wait(60 * time.Second)
 	lines := 40
@@ -128,8 +143,7 @@ func tail(s string, n int) string {
 func TestShimUpgradeExndRestart(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
 	c := shmShimCluster(t, nstest.Build(t), 72, directArgs...)
-	prog := filepath.Join(t.TempDir(), "upgrade")
-	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "upgrade.c"))
+	prog := buildUpgrade(t)
 	ip := c.nodes[1].IP.String()
 	extra := []string{"EXTDS_SETUP=upgrade", "UPGRADE_NOSIGPIPE=1"}
 	if os.Getenv("EXN_UPGRADE_DEBUG") == "1" {
@@ -137,10 +151,7 @@ func TestShimUpgradeExndRestart(t *testing.T) {
 	}
 	run := func(n int, during func()) (cli, srv string) {
 		port := nstest.PortArg()
-		s := c.nodes[1].NS.StartEnv(t, c.env(1, extra...), prog, "server", ip, port)
-		if err := c.nodes[1].NS.WaitListening(s, port, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		s := upgradeServer(t, c, prog, port, extra)
 		p := c.nodes[0].NS.StartEnv(t, c.env(0, extra...), prog, "client", ip, port, fmt.Sprint(n), "32")
 		if during != nil {
 			during()

@@ -98,13 +98,7 @@ static unsigned switch_how(int fd)
 {
 	if (!g_direct)
 		return CTL_SW_RELAY;
-	/* The direct table (direct.h) full, or nearly: a switch would find no
-	 * slot after exnd made the connection. DC_SLACK covers other threads
-	 * switching at the same moment. */
-	if (__atomic_load_n(&g_ndc, __ATOMIC_RELAXED) >= DC_MAX - DC_SLACK ||
-	    !fdroom_may_switch(fd, FDROOM_SWITCH_NEED,
-			       FDROOM_CONN_KEEP * __atomic_load_n(&g_ndc, __ATOMIC_RELAXED) +
-				   FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED))) {
+	if (!direct_room(fd, 0)) {
 		dbg("fd %d: no room for a direct connection's descriptors, plain TCP (fd_limit)", fd);
 		return CTL_SW_FDLIMIT;
 	}

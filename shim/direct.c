@@ -173,6 +173,17 @@ void direct_epfd_closed_locked(int epfd)
 
 void direct_ref_locked(struct fdent *e) { g_dc[e->dc - 1].refs++; }
 
+int direct_room(int fd, int extra)
+{
+	/* The direct table full, or nearly: a switch would find no slot
+	 * after exnd made the connection. DC_SLACK covers other threads
+	 * switching at the same moment. */
+	int ndc = __atomic_load_n(&g_ndc, __ATOMIC_RELAXED);
+	return ndc < DC_MAX - DC_SLACK &&
+	       fdroom_may_switch(fd, FDROOM_SWITCH_NEED + extra,
+				 FDROOM_CONN_KEEP * ndc + FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED));
+}
+
 /*
  * Switch fd to exnd's answer r with descriptors ufd (docs/direct.md):
  * relay (one socketpair end) or direct (V, buffer, the side's bell).

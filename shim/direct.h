@@ -23,7 +23,7 @@
  * 10,000 connections of issue #32 with room; the tables are zero pages
  * until used (about 3 MiB of address space). */
 #define DC_MAX 16384
-#define DC_SLACK 16 /* slots left to concurrent switches (calls.c, switch_how) */
+#define DC_SLACK 16 /* slots left to concurrent switches (direct_room) */
 #define DEP_MAX 16384
 #define DSET_MAX 256 /* epoll sets with direct records at once */
 /* epoll data of a bell registration: tag | record index; of the
@@ -129,6 +129,11 @@ struct ctl_resp;
 /* Switch fd to exnd's answer r with descriptors ufd: relay or direct.
  * Consumes ufd. 0, or -1 with errno (fd untouched). */
 int switch_to(int fd, const struct ctl_resp *r, int *ufd, int cloexec, int nonblock);
+
+/* Whether the process has room for one more direct connection: a slot
+ * of g_dc, and the descriptors a switch of fd takes (fdroom.c) plus extra
+ * more (an upgrade's control connection, kept while it waits). */
+int direct_room(int fd, int extra);
 
 /* switch_to's parts, shared with upgrade.c: attach exnd's direct answer
  * to a reserved slot (V left in ufd[0]); undo that; install a slot's

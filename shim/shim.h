@@ -61,6 +61,12 @@ union addr {
 	struct sockaddr_in6 in6;
 };
 
+/* Calls of this process in flight through one step of an upgrade, and
+ * whether a drain waits for them (upgrade.c). */
+struct ucount {
+	uint32_t n, waiting;
+};
+
 struct fdent {
 	uint16_t flags;
 	uint16_t family;
@@ -79,12 +85,7 @@ struct fdent {
 	uint8_t uside;       /* F_UPG: 0 connected, 1 accepted */
 	uint8_t utries;      /* F_UPG: upgrades asked for */
 	uint8_t uwsh;        /* F_UPG: the program shut the TCP write side before attaching */
-	uint32_t utw;        /* F_UPG: this process's writes in flight on TCP (upgrade.c: the move waits for them) */
-	uint32_t uwait;      /* F_UPG: a move waits for utw to reach 0 */
-	uint32_t utr;        /* F_UPG: this process's reads in flight on TCP (the conversion waits for them) */
-	uint32_t urwait;     /* F_UPG: a conversion waits for utr to reach 0 */
-	uint32_t umv;        /* F_UPG: moves of this process between their CAS and their TCP shutdown */
-	uint32_t umvwait;    /* F_UPG: a conversion waits for umv to reach 0 */
+	struct ucount utw, utr, umv; /* F_UPG: this process's TCP writes, TCP reads and moves in flight (upgrade.c) */
 	union addr local, peer;
 	socklen_t llen, plen;
 };

@@ -117,13 +117,8 @@ static void upg_ask(int fd)
 		upg_final(fd, "too many epoll registrations");
 		return;
 	}
-	/* What an upgrade keeps: the control connection while asked, then V
-	 * and the bell until the conversion (FDROOM_SWITCH_NEED counts a
-	 * switch's peak). */
-	if (__atomic_load_n(&g_ndc, __ATOMIC_RELAXED) >= DC_MAX - DC_SLACK ||
-	    !fdroom_may_switch(fd, FDROOM_SWITCH_NEED + 1,
-			       FDROOM_CONN_KEEP * __atomic_load_n(&g_ndc, __ATOMIC_RELAXED) +
-				   FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED))) {
+	/* A switch's peak, and the control connection kept while asked. */
+	if (!direct_room(fd, 1)) {
 		struct ctl_resp r;
 		int ufd[CTL_MAXFD];
 		ctl_call(op, CTL_SW_FDLIMIT, fd, -1, buf, sizeof buf, &r, ufd); /* counted by exnd */
@@ -215,8 +210,8 @@ static void upg_pickup(int fd)
 	dbg("fd %d: upgrade attached, id %llu", fd, (unsigned long long)r.id);
 }
 
-/* Stages 1 and 2, as far as they go now; the state after. */
-static int upg_tick(int fd)
+/* Stages 1 and 2, as far as they go now. */
+static void upg_tick(int fd)
 {
 	struct fdent *e = ent(fd);
 	int st = __atomic_load_n(&e->ust, __ATOMIC_RELAXED);
@@ -226,54 +221,41 @@ static int upg_tick(int fd)
 		struct pollfd p = {e->ucl, POLLIN, 0};
 		if (real.poll(&p, 1, 0) > 0)
 			upg_pickup(fd);
-	} else {
-		return st;
 	}
-	return __atomic_load_n(&e->ust, __ATOMIC_RELAXED);
 }
 
 /*
- * Writes in flight on TCP: a move shuts TCP's write side only once every
- * write this process started on it before the move has returned, so no
- * write of the program meets the shutdown (EPIPE, SIGPIPE) and every byte
- * it wrote to TCP precedes the FIN. utw counts them (per descriptor
- * entry); a move sets uwait and waits on the futex utw until it is 0.
+ * Three counts per descriptor entry (struct ucount in shim.h), each
+ * entered and left around a step and drained by the step that must not
+ * overlap it:
+ *   utw  writes on TCP: a move shuts TCP's write side only once every
+ *        write started before it returned (no write meets the shutdown:
+ *        EPIPE, SIGPIPE; every byte written to TCP precedes the FIN);
+ *   utr  reads on TCP: the conversion closes the TCP socket (dup3) only
+ *        once no read is between its look at the state and its recvmsg
+ *        (at the boundary TCP is at EOF: such a read returns at once);
+ *   umv  moves and program shutdowns between their CAS and their TCP
+ *        shutdown: the conversion replaces the TCP socket only after
+ *        them, or a late shutdown would shut V (exnd then ends the side
+ *        and the connection resets: TestShimUpgrade, a writer thread's
+ *        move and a reader thread's conversion at the same moment).
+ * A drain sets waiting and sleeps on the futex n until it is 0.
  */
-static void cnt_enter(uint32_t *n) { __atomic_add_fetch(n, 1, __ATOMIC_SEQ_CST); }
+static void cnt_enter(struct ucount *c) { __atomic_add_fetch(&c->n, 1, __ATOMIC_SEQ_CST); }
 
-static void cnt_leave(uint32_t *n, uint32_t *waiting)
+static void cnt_leave(struct ucount *c)
 {
-	if (__atomic_sub_fetch(n, 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(waiting, __ATOMIC_SEQ_CST))
-		syscall(SYS_futex, n, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+	if (__atomic_sub_fetch(&c->n, 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(&c->waiting, __ATOMIC_SEQ_CST))
+		syscall(SYS_futex, &c->n, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static void cnt_drain(uint32_t *n, uint32_t *waiting)
+static void cnt_drain(struct ucount *c)
 {
-	__atomic_store_n(waiting, 1, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&c->waiting, 1, __ATOMIC_SEQ_CST);
 	uint32_t v;
-	while ((v = __atomic_load_n(n, __ATOMIC_SEQ_CST)) != 0)
-		syscall(SYS_futex, n, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
+	while ((v = __atomic_load_n(&c->n, __ATOMIC_SEQ_CST)) != 0)
+		syscall(SYS_futex, &c->n, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
 }
-
-static void tcpw_enter(struct fdent *e) { cnt_enter(&e->utw); }
-static void tcpw_leave(struct fdent *e) { cnt_leave(&e->utw, &e->uwait); }
-static void tcpw_drain(struct fdent *e) { cnt_drain(&e->utw, &e->uwait); }
-
-/* Reads in flight on TCP likewise: the conversion closes the TCP socket
- * (dup3) only once none is between its look at the state and its
- * recvmsg (at the boundary TCP is at EOF: a read there returns at once). */
-static void tcpr_enter(struct fdent *e) { cnt_enter(&e->utr); }
-static void tcpr_leave(struct fdent *e) { cnt_leave(&e->utr, &e->urwait); }
-static void tcpr_drain(struct fdent *e) { cnt_drain(&e->utr, &e->urwait); }
-
-/* Moves between their CAS and their shutdown of the TCP write side: the
- * conversion replaces the TCP socket under the descriptor's number only
- * after them, or a late shutdown would shut V instead (exnd then ends
- * the side, and the connection resets: TestShimUpgrade, a writer
- * thread's move and a reader thread's conversion at the same moment). */
-static void move_enter(struct fdent *e) { cnt_enter(&e->umv); }
-static void move_leave(struct fdent *e) { cnt_leave(&e->umv, &e->umvwait); }
-static void move_drain(struct fdent *e) { cnt_drain(&e->umv, &e->umvwait); }
 
 /* Stage 3 for side S: move S's writes onto the buffer if both sides
  * may. 1 if S writes into the buffer now, 0 if it stays on TCP. The
@@ -283,25 +265,25 @@ static int upg_move(int fd, struct dconn *c)
 	int S = c->d.side;
 	struct fdent *e = ent(fd);
 	uint32_t *w = dring_upg(&c->d);
-	move_enter(e);
+	cnt_enter(&e->umv);
 	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
 	for (;;) {
 		if (o & UPG_MOV(S)) {
-			move_leave(e);
+			cnt_leave(&e->umv);
 			return 1;
 		}
 		if ((o & (UPG_ATT(0) | UPG_ATT(1))) != (UPG_ATT(0) | UPG_ATT(1)) ||
 		    (o & (UPG_DET(0) | UPG_DET(1) | UPG_WSH(S)))) {
-			move_leave(e);
+			cnt_leave(&e->umv);
 			return 0;
 		}
 		if (__atomic_compare_exchange_n(w, &o, o | UPG_MOV(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 			break;
 	}
 	/* The boundary: everything written to TCP before precedes the FIN. */
-	tcpw_drain(e);
+	cnt_drain(&e->utw);
 	real.shutdown(fd, SHUT_WR);
-	move_leave(e);
+	cnt_leave(&e->umv);
 	dbg("fd %d: writes moved to the buffer", fd);
 	return 1;
 }
@@ -318,14 +300,14 @@ static int upg_convert(int fd)
 	if (!upg_take(fd, U_ATT))
 		return (fdflags(fd) & F_DIRECT) ? 0 : -1; /* another thread is at it */
 	struct fdent *e = ent(fd);
-	tcpr_drain(e);
+	cnt_drain(&e->utr);
 	int slot = e->dc - 1;
 	struct dconn *c = &g_dc[slot];
 	int S = c->d.side;
 	uint32_t *w = dring_upg(&c->d);
 	if (!upg_move(fd, c) && (__atomic_load_n(w, __ATOMIC_ACQUIRE) & UPG_WSH(S)))
 		dring_fin(&c->d); /* the program ended this direction on TCP */
-	move_drain(e); /* another thread's move has shut the TCP socket, not V */
+	cnt_drain(&e->umv); /* another thread's move has shut the TCP socket, not V */
 	int v = real.fcntl(c->d.v, F_DUPFD_CLOEXEC, 0);
 	if (v < 0 || direct_install(fd, slot, c->id, v, -1, -1) < 0) {
 		int err = errno;
@@ -425,31 +407,31 @@ static int upg_view(int fd, struct dconn **c)
 }
 
 /* A send on F_UPG fd: on TCP only while UPG_MOV(S) is unset after this
- * writer counted itself in (tcpw), else into the buffer. */
+ * writer counted itself in (utw), else into the buffer. */
 static ssize_t upg_send(int fd, struct fdent *e, struct msghdr *mh, int mflags)
 {
 	const struct iovec *iov = mh->msg_iov;
 	int cnt = (int)mh->msg_iovlen;
 	for (int moved = 0;; moved = 1) {
 		struct dconn *c;
-		tcpw_enter(e);
+		cnt_enter(&e->utw);
 		int v = upg_view(fd, &c);
 		if (v == VIEW_DIRECT) {
-			tcpw_leave(e);
+			cnt_leave(&e->utw);
 			return d_io(fd, iov, cnt, mflags, 1);
 		}
 		if (c && (__atomic_load_n(dring_upg(&c->d), __ATOMIC_SEQ_CST) & UPG_MOV(c->d.side))) {
-			tcpw_leave(e);
+			cnt_leave(&e->utw);
 			return d_ring_io(c, fd, iov, cnt, mflags | nb_flag(fd), 1);
 		}
 		if (c && !moved) {
-			tcpw_leave(e);
+			cnt_leave(&e->utw);
 			upg_move(fd, c); /* then look again */
 			continue;
 		}
 		/* On TCP, as the program's write (SIGPIPE as write's). */
 		ssize_t r = real.sendmsg(fd, mh, mflags);
-		tcpw_leave(e);
+		cnt_leave(&e->utw);
 		return r;
 	}
 }
@@ -467,21 +449,21 @@ ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 	if (send)
 		return upg_send(fd, e, &mh, mflags);
 	struct dconn *c;
-	tcpr_enter(e);
+	cnt_enter(&e->utr);
 	int v = upg_view(fd, &c);
 	if (v == VIEW_DIRECT) {
-		tcpr_leave(e);
+		cnt_leave(&e->utr);
 		errno = saved;
 		return d_io(fd, iov, cnt, mflags, 0);
 	}
 	if (v == VIEW_BUSY) {
 		/* Converting: TCP is at EOF, the stream goes on in the buffer. */
-		tcpr_leave(e);
+		cnt_leave(&e->utr);
 		errno = saved;
 		return d_ring_io(c, fd, iov, cnt, mflags | nb_flag(fd), 0);
 	}
 	ssize_t r = real.recvmsg(fd, &mh, mflags);
-	tcpr_leave(e);
+	cnt_leave(&e->utr);
 	if (r < 0)
 		return r;
 	size_t want = 0;
@@ -555,7 +537,7 @@ int upg_shutdown(int fd, int how, int *ret)
 	 * TCP socket only after this shutdown reached it. */
 	int S = c->d.side;
 	uint32_t *w = dring_upg(&c->d);
-	move_enter(e);
+	cnt_enter(&e->umv);
 	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
 	while (!(o & UPG_MOV(S)) && !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
@@ -568,7 +550,7 @@ int upg_shutdown(int fd, int how, int *ret)
 		dring_shut_rd(&c->d); /* TCP's write side is shut already */
 	int err = errno;
 	dring_fin(&c->d);
-	move_leave(e);
+	cnt_leave(&e->umv);
 	errno = err;
 	return 1;
 }

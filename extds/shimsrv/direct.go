@@ -197,6 +197,31 @@ func (p *directPrep) acceptBell() error {
 	return p.dc.ep.SetBell(b)
 }
 
+// settleNamed ends the names of a buffer that the accepting side made
+// on one host (dname; "" for none: nothing to do), once the agreement
+// ended with err and di. The client has opened the buffer and connected
+// its bell (it committed) or never will: on its commit side 1's bell is
+// taken from the listener, prep's (or fs's when nothing was prepared);
+// nothing queued there is an error, which the caller answers with a
+// reset. Either way the names go now. It returns err, or the bell's
+// error.
+func (s *Server) settleNamed(dname string, err error, di *extds.DirectInfo, prep *directPrep, fs *dring.Files) error {
+	if dname == "" {
+		return err
+	}
+	if err == nil && di != nil {
+		if prep != nil {
+			err = prep.acceptBell()
+		} else if fs != nil {
+			err = fs.Accept()
+		}
+	}
+	if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
+		s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", rerr)
+	}
+	return err
+}
+
 // resetFiles stores rst in a buffer exnd will not use (a peer may have
 // it mapped) and closes fs, which it takes over.
 func resetFiles(fs *dring.Files, side int) {

@@ -274,23 +274,7 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 			}
 		}
 		c, di, err = s.accept(ctx, shadow, create, prepare)
-		if dname != "" {
-			// Made by us (one host): the client has opened the buffer
-			// and connected its bell (it committed or acked) or never
-			// will. On its commit, take side 1's bell from the listener
-			// (nothing queued fails the connection, reset below). Either
-			// way the names go now.
-			if err == nil && di != nil {
-				if prep != nil {
-					err = prep.acceptBell()
-				} else if fs != nil {
-					err = fs.Accept()
-				}
-			}
-			if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
-				s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", rerr)
-			}
-		}
+		err = s.settleNamed(dname, err, di, prep, fs) // a failed bell is reset below
 	default:
 		c, _, err = s.accept(ctx, shadow, nil, nil)
 	}

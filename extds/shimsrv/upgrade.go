@@ -166,15 +166,7 @@ func (s *Server) upgradeAccept(ctx context.Context, key extds.TupleKey, local, r
 		fs = nil // taken over
 	}
 	di, aborted, err := cl.AgreeUpgrade(ctx, s.directCreate(&fs, &dname), prepare)
-	if err == nil && di != nil && prep != nil {
-		// The client has opened the buffer and connected its bell.
-		err = prep.acceptBell()
-	}
-	if dname != "" {
-		if rerr := dring.Remove(s.directCfg.Dir, dname); rerr != nil {
-			s.logConn(slog.LevelWarn, "extds shim: remove direct files", "err", rerr)
-		}
-	}
+	err = s.settleNamed(dname, err, di, prep, fs)
 	if err == nil && perr != nil {
 		err = perr // prepareDirect reset the buffer
 	}
