@@ -172,6 +172,8 @@ void dring_detach(struct dring *d)
 
 uint32_t *dring_upg(struct dring *d) { return (uint32_t *)(d->base + EXDD_HDR_UPG); }
 
+void dring_kick(struct dring *d) { ring_peer(d); }
+
 int dring_relayed(const struct dring *d) { return LD((uint32_t *)(d->base + HDR_RELAY + 4 * d->side)) != 0; }
 
 void dring_rst(struct dring *d)
@@ -355,15 +357,21 @@ int dring_v_event(struct dring *d, short revents)
 
 /* ---- waiting ---- */
 
-enum { W_READ, W_WRITE };
+enum { W_READ, W_WRITE, W_UPG };
 
-static int wait_over(struct dring *d, int w);
+struct waitst {
+	int64_t deadline; /* ns, CLOCK_MONOTONIC; 0: none yet */
+	int timeo_read;   /* SO_*TIMEO looked up */
+	uint32_t upg;     /* W_UPG: the bits of the upgrade word waited for */
+};
 
 /* Whether a waiter of kind w can go on. */
-static int wait_over(struct dring *d, int w)
+static int wait_over(struct dring *d, int w, const struct waitst *ws)
 {
 	if (is_reset(d) || dring_relayed(d))
 		return 1;
+	if (w == W_UPG)
+		return (LD(dring_upg(d)) & ws->upg) != 0;
 	if (w == W_READ) {
 		if (LD(&d->in->fin))
 			return 1;
@@ -373,11 +381,6 @@ static int wait_over(struct dring *d, int w)
 		return 1;
 	return out_space(d) != 0;
 }
-
-struct waitst {
-	int64_t deadline; /* ns, CLOCK_MONOTONIC; 0: none yet */
-	int timeo_read;   /* SO_*TIMEO looked up */
-};
 
 /*
  * Wait until a waiter of kind w may go on: spin, then arm and park. 0
@@ -391,7 +394,7 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 {
 	int64_t t0 = now_ns();
 	for (unsigned i = 0;; i++) {
-		if (wait_over(d, w))
+		if (wait_over(d, w, ws))
 			return 0;
 		relax();
 		if ((i & 63) == 63 && now_ns() - t0 >= EXDD_SPIN_NS)
@@ -411,10 +414,14 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 		if (e < 0)
 			return e;
 	}
-	uint32_t *nwait = w == W_READ ? &d->in->cons_wait : &d->out->prod_wait;
-	ADD(nwait, 1);
+	/* W_UPG counts in nowhere: the engine rings at every change of the
+	 * word (extds/rdirect/conn.go) */
+	uint32_t *nwait = w == W_READ ? &d->in->cons_wait : w == W_WRITE ? &d->out->prod_wait : NULL;
+	if (nwait)
+		ADD(nwait, 1);
 	int r = park(d, w, ws, &me);
-	ADD(nwait, -1u);
+	if (nwait)
+		ADD(nwait, -1u);
 	if (d->hooks && d->hooks->leave)
 		d->hooks->leave(d, &me);
 	return r;
@@ -424,7 +431,7 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 static int park(struct dring *d, int w, struct waitst *ws, struct dwaiter *me)
 {
 	for (;;) {
-		if (wait_over(d, w))
+		if (wait_over(d, w, ws))
 			return 0;
 		struct timespec ts, *tp = NULL;
 		if (ws->deadline) {
@@ -546,7 +553,7 @@ struct dcall {
 static int data_begin(struct dring *d, const struct iovec *iov, int iovcnt, int flags, uint32_t *lock, struct dcall *k)
 {
 	int bad;
-	*k = (struct dcall){{iov, iovcnt, 0, 0}, {0, 0}, iov_total(iov, iovcnt, &bad), 0};
+	*k = (struct dcall){{iov, iovcnt, 0, 0}, {0, 0, 0}, iov_total(iov, iovcnt, &bad), 0};
 	if (bad)
 		return -EINVAL;
 	if (dring_relayed(d))
@@ -564,6 +571,21 @@ static ssize_t data_gone(struct dring *d)
 	if (is_reset(d))
 		return d->failed ? -EIO : -ECONNRESET;
 	return 0;
+}
+
+int dring_wait_upg(struct dring *d, uint32_t mask)
+{
+	struct waitst ws = {0, 1, mask};
+	for (;;) {
+		if (LD(dring_upg(d)) & mask)
+			return 0;
+		ssize_t gone = data_gone(d);
+		if (gone)
+			return gone == -DRING_RELAYED ? (int)gone : -ECONNRESET;
+		int r = wait_for(d, W_UPG, 0, &ws);
+		if (r < 0 && r != -EINTR && r != -EAGAIN)
+			return r == -DRING_RELAYED ? r : -ECONNRESET;
+	}
 }
 
 /* data_wait waits for ring space (w W_WRITE) or bytes (W_READ): 0 (look

@@ -169,9 +169,24 @@ DRING_API long dring_space(struct dring *d);
 
 /* The upgrade word at header +80 (docs/direct.md): state of a connection
  * that moves onto this buffer in the middle of its stream (shim/upgrade.c
- * owns its meaning; dring.c never reads it). */
+ * owns its meaning; dring.c only waits on it, dring_wait_upg). */
 #define EXDD_HDR_UPG 80u
 DRING_API uint32_t *dring_upg(struct dring *d);
+
+/* Ring the peer side (one byte on my bell) with nothing new in the rings:
+ * across hosts the peer side is exnd's engine, which then looks at the
+ * upgrade word (docs/direct.md, "The upgrade word across hosts"). */
+DRING_API void dring_kick(struct dring *d);
+
+/*
+ * Wait until the upgrade word has a bit of mask: spin, then park on the
+ * bell and V like a data wait (the engine rings the bell when it changes
+ * the word). 0 when it has; -ECONNRESET when the connection was reset or
+ * exnd is gone (V hung up); -DRING_RELAYED; never -EINTR (a signal's
+ * handler runs and the wait goes on: the caller is inside a data call
+ * that must not fail for the upgrade's sake).
+ */
+DRING_API int dring_wait_upg(struct dring *d, uint32_t mask);
 
 /* Whether relay[S] is set (exnd relays V from now on). */
 DRING_API int dring_relayed(const struct dring *d);

@@ -206,7 +206,9 @@ static void upg_pickup(int fd)
 	 * on TCP. Then this side attaches. */
 	if (wsh)
 		dring_fin(&dc->d); /* ended on TCP: in the buffer too (upg_shutdown) */
-	__atomic_fetch_or(w, (wsh ? UPG_WSH(e->uside) : 0) | UPG_ATT(e->uside), __ATOMIC_ACQ_REL);
+	uint32_t o = __atomic_fetch_or(w, (wsh ? UPG_WSH(e->uside) : 0) | UPG_ATT(e->uside), __ATOMIC_ACQ_REL);
+	if (o & UPG_XHOST)
+		dring_kick(&dc->d); /* the engine tells the peer's copy */
 	dbg("fd %d: upgrade attached, id %llu", fd, (unsigned long long)r.id);
 }
 
@@ -257,9 +259,23 @@ static void cnt_drain(struct ucount *c)
 		syscall(SYS_futex, &c->n, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
 }
 
+/* Across hosts, side S asked to move (UPG_REQ): wait until the peer's
+ * engine granted it (UPG_MOV(S) came back), refused it (the peer left:
+ * UPG_DET) or the connection is gone. At most one round trip of the
+ * fabric; the wait parks on the bell and V like a data wait. */
+static void upg_await_grant(struct dconn *c)
+{
+	int S = c->d.side;
+	(void)dring_wait_upg(&c->d, UPG_MOV(S) | UPG_DET(1 - S) | UPG_GONE);
+}
+
 /* Stage 3 for side S: move S's writes onto the buffer if both sides
  * may. 1 if S writes into the buffer now, 0 if it stays on TCP. The
- * caller has no write of its own in flight on TCP. */
+ * caller has no write of its own in flight on TCP. On one host the move
+ * is S's own CAS of UPG_MOV(S); across hosts S's CAS is UPG_REQ(S) and
+ * the grant is the peer engine's (upgrade.h): the thread that asked
+ * shuts TCP's write side once it came, and other threads that meet the
+ * request wait for it with it. */
 static int upg_move(int fd, struct dconn *c)
 {
 	int S = c->d.side;
@@ -267,18 +283,34 @@ static int upg_move(int fd, struct dconn *c)
 	uint32_t *w = dring_upg(&c->d);
 	cnt_enter(&e->umv);
 	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+	int xhost = (o & UPG_XHOST) != 0, asked = 0;
+	uint32_t mine = xhost ? UPG_REQ(S) : UPG_MOV(S);
 	for (;;) {
 		if (o & UPG_MOV(S)) {
 			cnt_leave(&e->umv);
 			return 1;
 		}
 		if ((o & (UPG_ATT(0) | UPG_ATT(1))) != (UPG_ATT(0) | UPG_ATT(1)) ||
-		    (o & (UPG_DET(0) | UPG_DET(1) | UPG_WSH(S)))) {
+		    (o & (UPG_DET(0) | UPG_DET(1) | UPG_WSH(S) | UPG_GONE))) {
 			cnt_leave(&e->umv);
 			return 0;
 		}
-		if (__atomic_compare_exchange_n(w, &o, o | UPG_MOV(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		if (o & mine)
+			break; /* across hosts: another thread asked */
+		if (__atomic_compare_exchange_n(w, &o, o | mine, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+			asked = 1;
 			break;
+		}
+	}
+	if (xhost) {
+		if (asked)
+			dring_kick(&c->d); /* the engine carries UPG_REQ(S) to the peer */
+		upg_await_grant(c);
+		int moved = (__atomic_load_n(w, __ATOMIC_SEQ_CST) & UPG_MOV(S)) != 0;
+		if (!moved || !asked) {
+			cnt_leave(&e->umv);
+			return moved;
+		}
 	}
 	/* The boundary: everything written to TCP before precedes the FIN. */
 	cnt_drain(&e->utw);
@@ -539,8 +571,15 @@ int upg_shutdown(int fd, int how, int *ret)
 	uint32_t *w = dring_upg(&c->d);
 	cnt_enter(&e->umv);
 	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+	if ((o & UPG_XHOST) && (o & UPG_REQ(S)) && !(o & UPG_MOV(S))) {
+		/* A thread of this side asked to move: its answer first. */
+		upg_await_grant(c);
+		o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+	}
 	while (!(o & UPG_MOV(S)) && !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
+	if ((o & UPG_XHOST) && !(o & UPG_MOV(S)))
+		dring_kick(&c->d); /* UPG_WSH(S) to the peer's copy */
 	/* Either way the direction ends in the buffer too: a peer that
 	 * moved converts at this side's TCP EOF and reads fin there. */
 	*ret = 0;
@@ -605,10 +644,18 @@ void upg_exec(void)
 		if (cl >= 0 && (cl & FD_CLOEXEC))
 			continue;
 		uint32_t *w = dring_upg(&c->d);
+		int S = c->d.side;
 		uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+		if ((o & UPG_XHOST) && (o & UPG_REQ(S)) && !(o & UPG_MOV(S))) {
+			/* A move was asked: the peer may have granted it. */
+			upg_await_grant(c);
+			o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+		}
 		while (!(o & (UPG_MOV(0) | UPG_MOV(1))) &&
-		       !__atomic_compare_exchange_n(w, &o, o | UPG_DET(c->d.side), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		       !__atomic_compare_exchange_n(w, &o, o | UPG_DET(S), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
+		if ((o & UPG_XHOST) && !(o & (UPG_MOV(0) | UPG_MOV(1))))
+			dring_kick(&c->d); /* UPG_DET(S) to the peer's copy */
 		if (o & (UPG_MOV(0) | UPG_MOV(1)))
 			dbg("exec: fd %d is moving onto its buffer: the new program cannot follow it (docs/shim.md, \"Upgrade\")", fd);
 	}

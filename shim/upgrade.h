@@ -51,11 +51,30 @@ enum {
  *               (on conversion its direction is fin in the buffer);
  *   UPG_DET(s)  s left before anything moved (exec): no side moves.
  * A side moves only when both attached and neither left.
+ *
+ * Across hosts each node has its own copy of the word, and exnd's engine
+ * carries each side's bits to the other's in its cursor messages
+ * (extds/rdirect/wire.go; docs/direct.md, "The upgrade word across
+ * hosts"). A side there never sets its UPG_MOV itself:
+ *   UPG_REQ(s)  s asks to move: the peer's engine grants it by setting
+ *               UPG_MOV(s) in the peer's copy (unless UPG_DET of the
+ *               peer's side is there: one CAS word decides, as on one
+ *               host), and s's engine sets UPG_MOV(s) in s's copy when
+ *               the grant comes back. So the peer's copy holds UPG_MOV(s)
+ *               before s shuts TCP's write side: the FIN never arrives
+ *               ahead of the move it marks.
+ *   UPG_XHOST   exnd set it before the program got the buffer: the
+ *               buffer is one node's copy (the engine is the peer side).
+ *   UPG_GONE    the engine reset the connection: a wait for a grant ends
+ *               (the connection stays TCP).
  */
 #define UPG_ATT(s) (1u << (s))
 #define UPG_MOV(s) (4u << (s))
 #define UPG_WSH(s) (16u << (s))
 #define UPG_DET(s) (64u << (s))
+#define UPG_REQ(s) (256u << (s))
+#define UPG_XHOST (1u << 10)
+#define UPG_GONE (1u << 11)
 
 /* connect (side 0) or accept (side 1) made fd, a TCP connection of the
  * program: it may move later. */

@@ -610,6 +610,7 @@ static void t_lock(void) { pair(4096, two_writers, record_reader, NULL); }
 static void t_exnd_reset(void) { test_exnd_reset(); }
 static void t_peer_gone(void) { test_peer_gone(); }
 static void t_selfwake(void) { pair(4096, selfwake_a, selfwake_b, NULL); }
+static void t_upg_wait(void) { test_upg_wait(); }
 
 static const struct {
 	const char *name;
@@ -618,7 +619,7 @@ static const struct {
 	{"attach", t_attach},	      {"streams", t_streams},	 {"streams_big", t_streams_big}, {"duplex", t_duplex},
 	{"semantics", t_semantics},   {"wake", t_wake},		 {"forged", t_forged},		 {"kill_rst", t_kill_rst},
 	{"kill_close", t_kill_close}, {"exnd_death", t_exnd_death}, {"relay", t_relay},		 {"lock", t_lock},
-	{"exnd_reset", t_exnd_reset}, {"peer_gone", t_peer_gone},   {"selfwake", t_selfwake},
+	{"exnd_reset", t_exnd_reset}, {"peer_gone", t_peer_gone},   {"selfwake", t_selfwake}, {"upg_wait", t_upg_wait},
 };
 
 int main(int argc, char **argv)

@@ -203,3 +203,45 @@ static void exnd_relays(struct conn *c)
 
 static void test_relay(void) { parked_reader_ended(relayed_reader, exnd_relays); }
 
+
+/* ---- waits on the upgrade word (dring_wait_upg) ---- */
+
+/* Side 0 waits for bit 4 of the upgrade word (a grant), and a second
+ * time for a bit that never comes: side 1 (the engine's part across
+ * hosts) sets the first and rings, then resets. */
+static void upg_waiter(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	long t0 = ms_now();
+	CHECK(dring_wait_upg(d, 4) == 0, "the grant ends the wait");
+	CHECK(ms_now() - t0 >= 50, "waited for it");
+	CHECK(__atomic_load_n(dring_upg(d), __ATOMIC_ACQUIRE) & 4);
+	CHECK(dring_wait_upg(d, 4) == 0, "a bit already set: at once");
+	CHECK(dring_wait_upg(d, 1u << 20) == -ECONNRESET, "a reset ends the wait");
+}
+
+static void upg_granter(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	usleep(100000);
+	__atomic_fetch_or(dring_upg(d), 4, __ATOMIC_SEQ_CST);
+	dring_kick(d);
+	usleep(100000);
+	dring_rst(d);
+}
+
+/* exnd dies while side 0 waits for a grant: V hangs up. */
+static void upg_orphan(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	CHECK(dring_wait_upg(d, 4) == -ECONNRESET, "V hung up");
+}
+
+static void test_upg_wait(void)
+{
+	pair(4096, upg_waiter, upg_granter, NULL);
+	parked_reader_ended(upg_orphan, exnd_dies);
+}
