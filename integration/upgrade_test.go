@@ -60,13 +60,28 @@ func parseUpgradeTally(out string) (upgradeTally, error) {
 // counted them.
 func TestShimUpgrade(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
-	c := shmShimCluster(t, nstest.Build(t), 71, directArgs...)
+	runShimUpgrade(t, shmShimCluster(t, nstest.Build(t), 71, directArgs...), 1000)
+}
+
+// TestShimUpgradeNet is TestShimUpgrade across hosts (docs/direct.md,
+// "The upgrade word across hosts"): two exnd nodes of a net fabric, each
+// with its own copy of a connection's buffer, whose engines carry the
+// upgrade word and grant the moves. 300 connections: every byte crosses
+// the bridge twice, once each way.
+func TestShimUpgradeNet(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip", "gcc")
+	runShimUpgrade(t, netShimCluster(t, nstest.Build(t), 73, directArgs...), 300)
+}
+
+// runShimUpgrade runs upgrade.c's stress test of n connections (32 at a
+// time) between c's two nodes and checks the tallies and counters.
+func runShimUpgrade(t *testing.T, c *shimCluster, n int) {
+	t.Helper()
 	prog := buildUpgrade(t)
 	ip := c.nodes[1].IP.String()
 	port := nstest.PortArg()
 	// EXN_UPGRADE_N sets the number of connections and
 	// EXN_UPGRADE_DEBUG=1 adds EXTDS_DEBUG=1 on both ends: for debugging.
-	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("EXN_UPGRADE_N")); err == nil && v > 0 {
 		n = v
 	}

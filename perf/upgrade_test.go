@@ -15,8 +15,11 @@ import (
 // BenchmarkShimUpgrade is issue #33's benchmark: connections that start
 // as the program's TCP connection and move onto a direct one in the
 // background (EXTDS_SETUP=upgrade, docs/shim.md "Upgrade"), against TCP
-// over exn0 between the same two namespaces (one exnd each on a shm
-// fabric, holds off: --extds-short-hold=0), in the same run:
+// over exn0 between the same two namespaces, in the same run, on one
+// host (sub-benchmark shm: one exnd each on a shm fabric) and across
+// hosts (net: two namespaces joined by an underlay bridge, the net
+// fabric; the upgrade word crosses by the engines, docs/direct.md "The
+// upgrade word across hosts"); holds off (--extds-short-hold=0):
 //
 //   - TCP_CRR: connections per second, and the round trip p50, which
 //     for TCP_CRR is connect, request and first response byte;
@@ -32,14 +35,39 @@ import (
 // EXN_PERF_SECS sets netperf -l (default 4). perf/shim-upgrade.sh runs it.
 func BenchmarkShimUpgrade(b *testing.B) {
 	testenv.RequirePrivileged(b, "ip", "ss", "gcc")
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d CPUs; load before %s\n", numCPU(), loadAvg())
+	for _, fab := range []string{"shm", "net"} {
+		b.Run(fab, func(b *testing.B) {
+			fmt.Fprintf(&sb, "\n### %s\n\n", map[string]string{"shm": "One host (shm)", "net": "Across hosts (net, two namespaces on an underlay bridge)"}[fab])
+			defer func() {
+				if b.Failed() {
+					fmt.Fprintf(&sb, "**%s failed** (the benchmark's log says why)\n", fab)
+				}
+			}()
+			upgradeFabric(b, &sb, fab)
+		})
+	}
+	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())
+}
+
+// upgradeFabric runs BenchmarkShimUpgrade on two nodes of fabric fab
+// ("shm" or "net") and writes its table into sb.
+func upgradeFabric(b *testing.B, sb *strings.Builder, fab string) {
 	netperf, netserver := nstest.Netperf(b)
 	d := secs()
 	reps := perfReps()
 	exnd := nstest.Build(b)
 	lib := nstest.BuildShimLib(b)
-	fab := nstest.ShmFabric(b)
-	n1 := nstest.StartNode(b, exnd, fab, 17, 1, "--extds-short-hold=0")
-	n2 := nstest.StartNode(b, exnd, fab, 17, 2, "--extds-short-hold=0")
+	var n1, n2 *nstest.Node
+	if fab == "shm" {
+		f := nstest.ShmFabric(b)
+		n1 = nstest.StartNode(b, exnd, f, 17, 1, "--extds-short-hold=0")
+		n2 = nstest.StartNode(b, exnd, f, 17, 2, "--extds-short-hold=0")
+	} else {
+		c := nstest.StartUnderlayCluster(b, exnd, "net", nstest.NetPort, 83, []int{1, 2}, "--extds-short-hold=0")
+		n1, n2 = c.Nodes[0], c.Nodes[1]
+	}
 	if _, err := nstest.Ping(n1.NS, n2.IP.String(), 2, 56, ""); err != nil {
 		b.Fatal(err)
 	}
@@ -125,15 +153,14 @@ func BenchmarkShimUpgrade(b *testing.B) {
 	med := medNetperf
 	thr := func(r nstest.NetperfResult) float64 { return r.Throughput }
 	p50 := func(r nstest.NetperfResult) float64 { return r.P50 }
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "netperf -l %d, medians of %d repetitions (the ways interleaved); load at the end %s; %d CPUs\n\n", d, reps, loadAvg(), numCPU())
-	fmt.Fprintf(&sb, "| measure | TCP over exn0 | shim, upgrade | shim / exn0 |\n|---|---|---|---|\n")
+	fmt.Fprintf(sb, "netperf -l %d, medians of %d repetitions (the ways interleaved); load at the end %s\n\n", d, reps, loadAvg())
+	fmt.Fprintf(sb, "| measure | TCP over exn0 | shim, upgrade | shim / exn0 |\n|---|---|---|---|\n")
 	row := func(name string, rs [2][]nstest.NetperfResult, f func(nstest.NetperfResult) float64, unit, key string) {
 		a, ra := med(rs[0], f)
 		c, rc := med(rs[1], f)
 		b.ReportMetric(a, key+"-exn0")
 		b.ReportMetric(c, key+"-upgrade")
-		fmt.Fprintf(&sb, "| %s | %.0f %s (%s) | %.0f (%s) | %.2fx |\n", name, a, unit, ra, c, rc, c/a)
+		fmt.Fprintf(sb, "| %s | %.0f %s (%s) | %.0f (%s) | %.2fx |\n", name, a, unit, ra, c, rc, c/a)
 	}
 	row("TCP_CRR, connections/s", crr, thr, "trans/s", "crr-trans-per-s")
 	row("TCP_CRR round trip p50 (connect to first response byte)", crr, p50, "us", "crr-p50-us")
@@ -144,8 +171,7 @@ func BenchmarkShimUpgrade(b *testing.B) {
 	pa, pas := testenv.Median(ppP50[0]), dsJoin(ppP50[0])
 	pb, pbs := testenv.Median(ppP50[1]), dsJoin(ppP50[1])
 	b.ReportMetric(at, "pingpong-direct-after-us")
-	fmt.Fprintf(&sb, "| one connection's ping-pong right after TCP_CRR: round trip p50 (after it became direct) | %.1f us (%s) | %.2f (%s) | %.3fx |\n", pa, pas, pb, pbs, pb/pa)
-	fmt.Fprintf(&sb, "\nThat connection became direct %.0f us after its connect (%s; shim/upgrade.h UPG_AGE_NS is 2 ms).\n", at, ats)
+	fmt.Fprintf(sb, "| one connection's ping-pong right after TCP_CRR: round trip p50 (after it became direct) | %.1f us (%s) | %.2f (%s) | %.3fx |\n", pa, pas, pb, pbs, pb/pa)
+	fmt.Fprintf(sb, "\nThat connection became direct %.0f us after its connect (%s; shim/upgrade.h UPG_AGE_NS is 2 ms).\n", at, ats)
 	b.ReportMetric(float64(reps), "reps")
-	report(b, fmt.Sprintf("%d CPUs", numCPU()), sb.String())
 }

@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -410,5 +412,64 @@ func TestPollOnly(t *testing.T) {
 		if !relay && (err != nil || n == 0) {
 			t.Fatalf("poll-only: bell peek %d, %v; want the ring left for the program", n, err)
 		}
+	}
+}
+
+// The upgrade word: UpgradeWord is header +80 of the mapping, 0 in a new
+// buffer, and Endpoint never touches it; the Upg constants are
+// shim/upgrade.h's UPG_* bits.
+func TestUpgradeWord(t *testing.T) {
+	a, b := pair(t, MinRing)
+	w, err := UpgradeWord(a.mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Load(); got != 0 {
+		t.Fatalf("new buffer's upgrade word %#x, want 0", got)
+	}
+	w.Store(UpgAtt | UpgReq<<1 | UpgXHost)
+	if v := binary.LittleEndian.Uint32(b.mem[offUpgrade:]); v != UpgAtt|UpgReq<<1|UpgXHost {
+		t.Fatalf("the peer's mapping reads %#x at +%d", v, offUpgrade)
+	}
+	done := testenv.Go(func() { a.Write([]byte("upg")); a.CloseWrite() })
+	if _, err := io.Copy(io.Discard, b); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	b.Reset()
+	if v := w.Load(); v != UpgAtt|UpgReq<<1|UpgXHost {
+		t.Fatalf("upgrade word %#x after a stream and a reset: Endpoint touched it", v)
+	}
+	if _, err := UpgradeWord(a.mem[:HeaderSize-1]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("UpgradeWord of a short mapping: %v", err)
+	}
+
+	src, err := os.ReadFile("../../shim/upgrade.h")
+	if err != nil {
+		t.Skipf("shim/upgrade.h: %v", err)
+	}
+	want := map[string]uint32{
+		"UPG_ATT(s)": UpgAtt, "UPG_MOV(s)": UpgMov, "UPG_WSH(s)": UpgWsh, "UPG_DET(s)": UpgDet,
+		"UPG_REQ(s)": UpgReq, "UPG_XHOST": UpgXHost, "UPG_GONE": UpgGone,
+	}
+	re := regexp.MustCompile(`(?m)^#define (UPG_[A-Z]+(?:\(s\))?) \((\d+)u << (\d+|\(s\))\)$`)
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		v, ok := want[m[1]]
+		if !ok {
+			t.Errorf("shim/upgrade.h defines %s, which Go does not name", m[1])
+			continue
+		}
+		delete(want, m[1])
+		n, _ := strconv.Atoi(m[2])
+		sh := 0
+		if m[3] != "(s)" {
+			sh, _ = strconv.Atoi(m[3])
+		}
+		if uint32(n)<<sh != v {
+			t.Errorf("%s is %#x in shim/upgrade.h, %#x in Go", m[1], uint32(n)<<sh, v)
+		}
+	}
+	for name := range want {
+		t.Errorf("%s: not in shim/upgrade.h", name)
 	}
 }

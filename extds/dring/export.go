@@ -2,10 +2,16 @@ package dring
 
 // Views of a mapped buffer for a speaker of the protocol other than
 // Endpoint: extds/rdirect's engine, which plays one side of a
-// connection across hosts (docs/direct.md, "Across hosts"). They only
-// name what layout.go defines; nothing here changes Endpoint.
+// connection across hosts (docs/direct.md, "Across hosts"), and for the
+// upgrade word also extds/shimsrv, which marks a cross-host copy. They
+// only name what layout.go defines; nothing here changes Endpoint.
 
-import "sync/atomic"
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/exn-project/exn/internal/sys"
+)
 
 // Control is an atomic view of one direction's control block (docs/direct.md,
 // "The connection buffer"). It is valid while the buffer stays mapped.
@@ -42,3 +48,37 @@ func CheckMapped(mem []byte) (int, error) { return checkHeader(mem, int64(len(me
 // hold ring bytes: byte i of the direction's stream is at
 // DataOffset(ring, d) + i mod ring.
 func DataOffset(ring, d int) int { return HeaderSize + d*ring }
+
+// The bits of the upgrade word (header +80; shim/upgrade.h, UPG_*): the
+// per-side ones are side 0's, and side s's is the constant << s (UpgAtt<<1
+// is UPG_ATT(1)). The shim changes the word by CAS only and never clears
+// a bit; across hosts exnd's engine joins the two copies
+// (extds/rdirect/upgrade.go).
+const (
+	UpgAtt uint32 = 1 << 0 // UPG_ATT(s): side s attached the buffer
+	UpgMov uint32 = 1 << 2 // UPG_MOV(s): side s writes into the buffer from now on
+	UpgWsh uint32 = 1 << 4 // UPG_WSH(s): side s's program shut its TCP write side itself
+	UpgDet uint32 = 1 << 6 // UPG_DET(s): side s left before anything moved (exec)
+	UpgReq uint32 = 1 << 8 // UPG_REQ(s): across hosts, side s asks to move (its peer's engine grants UpgMov)
+
+	// UpgXHost (UPG_XHOST): exnd set it before the program got the
+	// buffer: the buffer is one node's copy and the engine is the peer
+	// side, so the shim asks with UpgReq instead of setting UpgMov.
+	UpgXHost uint32 = 1 << 10
+	// UpgGone (UPG_GONE): the engine reset the connection; set before
+	// it rings the program.
+	UpgGone uint32 = 1 << 11
+)
+
+// UpgradeWord returns the upgrade word of mem, a mapping of a whole
+// buffer, as an atomic (valid while the buffer stays mapped).
+func UpgradeWord(mem []byte) (*atomic.Uint32, error) {
+	if len(mem) < HeaderSize {
+		return nil, fmt.Errorf("%d bytes: %w", len(mem), ErrCorrupt)
+	}
+	w, err := sys.Uint32At(mem, offUpgrade)
+	if err != nil {
+		return nil, fmt.Errorf("upgrade word: %w", err)
+	}
+	return w, nil
+}

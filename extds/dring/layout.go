@@ -37,9 +37,14 @@ const (
 	offPwait = 72
 	// offUpgrade: the upgrade word of a connection that moves onto this
 	// buffer in the middle of its stream (shim/upgrade.h: which sides
-	// attached, moved, ended on TCP or left). Written and read by the
-	// shim (C) only; every buffer starts with it 0 (Create makes a new
-	// file for each connection).
+	// attached, asked, moved, ended on TCP or left; its bits are the
+	// Upg constants, export.go). On one host both shims share it. Across
+	// hosts each node's copy has its own, and exnd writes it too: it
+	// sets UpgXHost before the program gets the buffer
+	// (extds/shimsrv/remote.go), and the engine carries each side's bits
+	// to the peer's copy, grants the moves and sets UpgGone when it
+	// resets (extds/rdirect/upgrade.go). Every buffer starts with it 0
+	// (Create makes a new file for each connection).
 	offUpgrade = 80
 
 	ctlBase = 1024 // control block of direction d at ctlBase + ctlSize·d

@@ -16,11 +16,12 @@ package rdirect
 // The engine keeps its own copies of what it stored and sent (recvTail,
 // recvHead, sentTail, sentHead) and checks the buffer's values and the
 // peer's against them: neither the program nor the peer is trusted.
+// The header's upgrade word (upgW) both write, by CAS (upgrade.go).
 //
 // State and locks: rxMu guards the receive side (recvSeq, recvTail,
 // recvHead, fins, early, gone) and the peer's address, fixed by Start;
-// the pump owns the transmit side (putTail, annTail, sendSeq, arming,
-// hot); the flight ring (fabrics without PutOrderer) is under txMu,
+// the pump owns the transmit side (putTail, annTail, sendSeq, upgSent,
+// arming, hot); the flight ring (fabrics without PutOrderer) is under txMu,
 // shared by the pump and rx. The atomics are what the other side reads.
 // gone (set by Close under rxMu, after the pump let go of the Conn) means
 // nobody touches the buffer or the bell any more.
@@ -49,8 +50,9 @@ type Conn struct {
 	putChunk uint64
 	mem      []byte
 	region   fabric.Region
-	tx, rx   dring.Control // directions S and 1−S
-	bell     int           // B_{1−S}: the engine parks on it and rings the program through it
+	tx, rx   dring.Control  // directions S and 1−S
+	upgW     *atomic.Uint32 // the upgrade word (upgrade.go)
+	bell     int            // B_{1−S}: the engine parks on it and rings the program through it
 	slot     int
 
 	peer    fabric.Addr // fixed by Start (under rxMu, before started)
@@ -90,9 +92,10 @@ type Conn struct {
 	putTail     uint64 // bytes PUT (posted)
 	annTail     uint64 // bytes announced in a CDC
 	sendSeq     uint32
-	hot         bool // in the pump's active list (disarmed)
-	armedData   bool // cons_wait[S] += 1 is ours
-	armedSpace  bool // prod_wait[1−S] += 1 is ours
+	upgSent     uint16 // upg and echo of the last CDC (upgNow)
+	hot         bool   // in the pump's active list (disarmed)
+	armedData   bool   // cons_wait[S] += 1 is ours
+	armedSpace  bool   // prod_wait[1−S] += 1 is ours
 	rdcSent     bool
 	blockedSent bool
 	detachDone  bool
@@ -158,6 +161,9 @@ func (e *Engine) Prepare(mem []byte, side int, bell *os.File) (*Conn, error) {
 	}
 	if c.tx, err = dring.ControlOf(mem, side); err == nil {
 		c.rx, err = dring.ControlOf(mem, 1-side)
+	}
+	if err == nil {
+		c.upgW, err = dring.UpgradeWord(mem)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("rdirect: %w", err)
@@ -325,6 +331,7 @@ func (c *Conn) resetLocked(r Reason, tell bool) {
 	e.st.resets[r].Add(1)
 	c.tx.Rst.Swap(1)
 	c.rx.Rst.Swap(1)
+	c.upgW.Or(dring.UpgGone) // a shim waiting for a grant stops (upgrade.go)
 	c.ringProgram()
 	c.finish()
 	if r.violation() || r == ReasonLocal || r == ReasonFabric {
@@ -429,6 +436,8 @@ func (c *Conn) mergeEarly(a fabric.Addr, d *cdc) {
 		}
 		ea.c.seq, ea.c.prod, ea.c.cons = d.seq, d.prod, d.cons
 		ea.c.flags = ea.c.flags&(flagFin|flagRdClosed|flagRst) | d.flags
+		ea.c.upg |= d.upg // the word's bits only accrue
+		ea.c.echo |= d.echo
 		return
 	}
 	ea.bad, ea.isBad = bad, true
@@ -436,7 +445,8 @@ func (c *Conn) mergeEarly(a fabric.Addr, d *cdc) {
 
 // applyLocked checks the cursors of d, the next CDC of c's peer, and
 // stores them in the local buffer as the peer side would, ringing the
-// program where it parked. Any violation resets c.
+// program where it parked; so for the upgrade word's bits
+// (upgrade.go). Any violation resets c.
 func (c *Conn) applyLocked(d *cdc) {
 	e := c.e
 	if d.flags&flagRst != 0 {
@@ -459,6 +469,8 @@ func (c *Conn) applyLocked(d *cdc) {
 		bad = ReasonHeadAhead
 	case len(d.data) > 0 && d.prod-uint64(len(d.data)) != c.recvTail:
 		bad = ReasonData
+	case c.forgedGrant(d.echo):
+		bad = ReasonUpgrade
 	default:
 		bad = NumReasons
 	}
@@ -486,7 +498,8 @@ func (c *Conn) applyLocked(d *cdc) {
 		c.tx.RdClosed.Swap(1)
 		space = true
 	}
-	if ring || space && c.tx.ProdWait.Load() > 0 {
+	upg := c.upgradeLocked(d.upg, d.echo)
+	if ring || space && c.tx.ProdWait.Load() > 0 || upg {
 		c.ringProgram()
 	}
 	blocked := d.flags&flagBlocked != 0
@@ -503,8 +516,11 @@ func (c *Conn) applyLocked(d *cdc) {
 	// The pump acts on a window update due now, or arms prod_wait[1−S]
 	// so that the program's next read rings it.
 	// A read side the program closed is told the peer now that it sends
-	// (TCP answers data after the reader's close with a reset).
-	if head, sh := c.rx.Head.Load(), c.sentHead.Load(); head != sh && (head-sh >= c.thresh || blocked) ||
+	// (TCP answers data after the reader's close with a reset). A
+	// changed upgrade word goes back to the peer.
+	if upg {
+		e.kick(c)
+	} else if head, sh := c.rx.Head.Load(), c.sentHead.Load(); head != sh && (head-sh >= c.thresh || blocked) ||
 		blocked && !c.spaceArmed.Load() || c.rx.RdClosed.Load() != 0 && !c.rdcSentA.Load() {
 		e.kick(c)
 	}

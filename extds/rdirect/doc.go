@@ -16,8 +16,9 @@
 // The Engine (engine.go: its endpoint on VPID, the connection table, the
 // goroutines), a connection's state across hosts (conn.go: start, reset,
 // close, the receive side's checks), the transmit pump and its park on
-// the connections' bells (pump.go), the receive loop (rx.go) and the
-// cursor message (wire.go). It does not own the buffer's files, bells or
+// the connections' bells (pump.go), the receive loop (rx.go), the
+// cursor message (wire.go) and the upgrade word's bits, which it carries
+// between the copies and grants (upgrade.go; docs/shim.md, "Upgrade"). It does not own the buffer's files, bells or
 // mapping (the caller, exnd's shim server, makes, maps, closes and unmaps
 // them) nor the agreement that
 // exchanges LocalID and LocalNLA (extds/internal/agree).

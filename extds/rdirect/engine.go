@@ -112,6 +112,7 @@ const (
 	ReasonHeadBack                // the peer's consumer cursor went backwards
 	ReasonHeadAhead               // the peer's consumer cursor passed what was sent
 	ReasonData                    // a CDC's own bytes do not start where the stream is
+	ReasonUpgrade                 // a CDC granted the program a move it never asked for (upgrade.go)
 	ReasonLocal                   // the local buffer's cursors broke the invariants
 	ReasonFabric                  // a PUT's error notification, or a failed Post or Send
 	ReasonPeerDown                // the peer node is down
@@ -124,7 +125,7 @@ const (
 
 var reasonNames = [NumReasons]string{
 	"malformed", "seq", "tail-back", "window", "after-fin", "head-back", "head-ahead",
-	"data", "local", "fabric", "peer-down", "peer-reset", "program", "user", "close",
+	"data", "upgrade", "local", "fabric", "peer-down", "peer-reset", "program", "user", "close",
 }
 
 func (r Reason) String() string {
@@ -135,7 +136,7 @@ func (r Reason) String() string {
 }
 
 // violation reports whether r is a check of a peer's CDC that failed.
-func (r Reason) violation() bool { return r <= ReasonData }
+func (r Reason) violation() bool { return r <= ReasonUpgrade }
 
 // Stats are an Engine's counters since New.
 type Stats struct {

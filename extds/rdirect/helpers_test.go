@@ -109,11 +109,13 @@ func (cl *cluster) newEngine(t testing.TB, n int, cfg Config) *Engine {
 // side is one node's half of a connection: the engine's Conn, its
 // buffer mapping and files, and the program's Endpoint.
 type side struct {
-	c    *Conn
-	prog *dring.Endpoint
-	mem  []byte
-	fs   *dring.Files // the engine's descriptors
-	ctl  [2]dring.Control
+	c     *Conn
+	prog  *dring.Endpoint
+	mem   []byte
+	fs    *dring.Files // the engine's descriptors
+	ctl   [2]dring.Control
+	upg   *atomic.Uint32 // the copy's upgrade word
+	pbell int            // the program's bell B_s (prog's descriptor: ring it as the shim does)
 }
 
 var pairSeq atomic.Uint64
@@ -142,6 +144,12 @@ func newSide(t testing.TB, e *Engine, dir string, s, ring int) *side {
 		if sd.ctl[d], err = dring.ControlOf(m, d); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if sd.upg, err = dring.UpgradeWord(m); err != nil {
+		t.Fatal(err)
+	}
+	if sd.pbell, err = sys.FileFD(pfs.Bell[s]); err != nil {
+		t.Fatal(err)
 	}
 	if sd.c, err = e.Prepare(m, s, efs.Bell[1-s]); err != nil {
 		t.Fatal(err)

@@ -2,8 +2,10 @@ package rdirect
 
 // The transmit pump: one goroutine per Engine.
 //
-//	kicks (Start, Reset, Close, Kick, rx: a window update due, a completion)
-//	bells (the program wrote, or consumed while the engine was armed)
+//	kicks (Start, Reset, Close, Kick, rx: a window update due, a completion,
+//	       an upgrade word the peer changed)
+//	bells (the program wrote, or consumed while the engine was armed, or
+//	       changed the upgrade word: upgrade.go)
 //	     └──► hot list: service each ──► PUTs (Post), CDCs (one Send)
 //	          work done: go on; none for Engine.spin: park
 //	park: arm every hot connection (cons_wait[S] += 1; prod_wait[1−S]
@@ -268,7 +270,8 @@ func (p *pump) service(c *Conn) bool {
 	blocked := c.tx.ProdWait.Load() > 0 || tail-rh == c.ring
 	finNow := fin && ann == tail && !c.finSent.Load()
 	upd := head != sh && (head-sh >= c.thresh || c.peerBlocked.Load())
-	if ann == c.annTail && !finNow && (!rdc || c.rdcSent) && !upd && (!blocked || c.blockedSent) {
+	upg := c.upgNow() // the upgrade word's bits (upgrade.go)
+	if ann == c.annTail && !finNow && (!rdc || c.rdcSent) && !upd && (!blocked || c.blockedSent) && upg == c.upgSent {
 		return did
 	}
 	var flags uint8
@@ -288,7 +291,7 @@ func (p *pump) service(c *Conn) bool {
 	// them (apply).
 	c.sentTail.Store(ann)
 	c.sentHead.Store(head)
-	c.annTail, c.rdcSent, c.blockedSent = ann, rdc, blocked
+	c.annTail, c.rdcSent, c.blockedSent, c.upgSent = ann, rdc, blocked, upg
 	if rdc {
 		c.rdcSentA.Store(true)
 	}
@@ -388,7 +391,10 @@ func (p *pump) queue(c *Conn, flags uint8) {
 		p.flush(p.e.ctx)
 	}
 	c.sendSeq++
-	d := cdc{flags: flags, seq: c.sendSeq, dst: c.peerID, src: c.id, prod: c.annTail, cons: c.sentHead.Load()}
+	d := cdc{
+		flags: flags, upg: uint8(c.upgSent), echo: uint8(c.upgSent >> 8),
+		seq: c.sendSeq, dst: c.peerID, src: c.id, prod: c.annTail, cons: c.sentHead.Load(),
+	}
 	if c.inlN > 0 && flags&flagRst == 0 {
 		d.data = c.inl[:c.inlN]
 		p.e.st.inline.Add(1)
@@ -443,7 +449,7 @@ func (p *pump) hasWork(c *Conn) bool {
 	if c.tx.Fin.Load() != 0 && !c.finSent.Load() && c.putTail == c.annTail {
 		return true
 	}
-	if c.rx.RdClosed.Load() != 0 && !c.rdcSent {
+	if c.rx.RdClosed.Load() != 0 && !c.rdcSent || c.upgNow() != c.upgSent {
 		return true
 	}
 	head, sh := c.rx.Head.Load(), c.sentHead.Load()

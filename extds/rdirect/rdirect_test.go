@@ -345,6 +345,14 @@ func TestForged(t *testing.T) {
 			m.Data[1] |= 0x40
 			return m
 		}},
+		{name: "bad-nibble", reason: ReasonMalformed, msg: func(c *Conn, s snap) fabric.Message {
+			m := forged(c, cdc{seq: s.seq + 1, prod: s.recvTail, cons: s.recvHead, upg: nibAtt})
+			m.Data[2] |= 0x20
+			return m
+		}},
+		{name: "forged-grant", reason: ReasonUpgrade, msg: func(c *Conn, s snap) fabric.Message {
+			return forged(c, cdc{seq: s.seq + 1, prod: s.recvTail, cons: s.recvHead, upg: nibAtt, echo: nibAtt | nibMov})
+		}},
 		{name: "short", reason: ReasonMalformed, msg: func(c *Conn, s snap) fabric.Message {
 			m := forged(c, cdc{seq: s.seq + 1, prod: s.recvTail, cons: s.recvHead})
 			m.Len = 24
@@ -401,11 +409,19 @@ func TestForged(t *testing.T) {
 				if got := after.Resets[tc.reason] - before.Resets[tc.reason]; got != 1 {
 					t.Fatalf("resets %v: %d (stats %+v)", tc.reason, got, after)
 				}
+				// Gone in the upgrade word, before the program was rung;
+				// the forged CDC changed nothing else in it.
+				if w := victim.a.upg.Load(); w != dring.UpgGone {
+					t.Fatalf("upgrade word %#x, want gone alone", w)
+				}
 				expectReset(t, victim.a.prog)
 				expectReset(t, victim.b.prog)
 				if r := cl.eng[2].Stats().Resets[ReasonPeerReset]; r != 1 {
 					t.Fatalf("peer's engine got %d rsts", r)
 				}
+				testenv.Eventually(t, "gone in the peer's copy", 5*time.Second, func() bool {
+					return victim.b.upg.Load() == dring.UpgGone
+				})
 			}
 			exchange(t, other, 5000)
 			if other.a.c.dead.Load() || other.b.c.dead.Load() {

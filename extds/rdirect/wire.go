@@ -7,7 +7,11 @@ package rdirect
 //	  0    1 magic and version: cdcMagic (0xC1, "CDC version 1")
 //	  1    1 flags: fin 0x01, rd_closed 0x02, rst 0x04, writer_blocked 0x08;
 //	         the other bits are zero
-//	  2    2 zero
+//	  2    1 upg: the sender's program's side's bits of the upgrade word
+//	         as the sender's copy holds them (0 for a connection that
+//	         never upgrades)
+//	  3    1 echo: the receiver's program's side's bits of the upgrade
+//	         word as the sender's copy holds them
 //	  4    4 seq: 1, 2, 3 … per direction of the connection pair
 //	  8    8 dst: the receiver's connection id (its LocalID, never 0)
 //	 16    8 src: the sender's connection id (never 0)
@@ -20,6 +24,16 @@ package rdirect
 //	         PUT (small writes: one fabric message, no RMA completion to
 //	         wait for on a fabric that does not order a PUT before a
 //	         later send)
+//
+// upg and echo are 5-bit nibbles of the upgrade word (extds/dring's Upg
+// constants, shim/upgrade.h) in an encoding of their own, the same for
+// either side: att 0x01, mov 0x02, wsh 0x04, det 0x08, req 0x10; the
+// other bits are zero. What the receiver makes of them is upgrade.go's.
+// They were zero in version 1 before the upgrade crossed hosts, and
+// the magic stayed: only a connection that upgrades sends them non-zero,
+// and an older exnd, whose engine rejects them, refused every
+// cross-host upgrade ("tcp") before agreeing anything, so no upgraded
+// connection joins it to a newer one.
 //
 // decode checks every field it can alone; apply (conn.go) checks the
 // cursors against the connection's state.
@@ -45,6 +59,13 @@ const (
 	flagData     = 0x10
 	flagMask     = flagFin | flagRdClosed | flagRst | flagBlocked | flagData
 
+	nibAtt  = 0x01
+	nibMov  = 0x02
+	nibWsh  = 0x04
+	nibDet  = 0x08
+	nibReq  = 0x10
+	nibMask = nibAtt | nibMov | nibWsh | nibDet | nibReq
+
 	// inlineMax is the most stream bytes a CDC carries itself: what one
 	// VELO message holds beside the cursors. Writes up to it cost one
 	// message; on net (no PutOrderer) a PUT costs its acknowledgement's
@@ -56,6 +77,8 @@ const (
 // cdc is one decoded cursor message.
 type cdc struct {
 	flags uint8
+	upg   uint8 // the sender's side's nibble
+	echo  uint8 // the receiver's side's nibble, as the sender sees it
 	seq   uint32
 	dst   uint64
 	src   uint64
@@ -74,7 +97,7 @@ func (c *cdc) encode(m *fabric.Message, peer fabric.Addr) {
 	}
 	m.Peer, m.MC, m.Tag, m.Len = peer, false, TagCDC, uint8(cdcLen+copy(m.Data[cdcLen:], c.data))
 	b := m.Data[:cdcLen]
-	b[0], b[1], b[2], b[3] = cdcMagic, flags, 0, 0
+	b[0], b[1], b[2], b[3] = cdcMagic, flags, c.upg, c.echo
 	binary.LittleEndian.PutUint32(b[4:], c.seq)
 	binary.LittleEndian.PutUint64(b[8:], c.dst)
 	binary.LittleEndian.PutUint64(b[16:], c.src)
@@ -83,9 +106,9 @@ func (c *cdc) encode(m *fabric.Message, peer fabric.Addr) {
 }
 
 // decode parses a payload. It fails with errMalformed on a wrong
-// length, magic, unknown flag or reserved bits, or a zero id.
+// length, magic, unknown flag or nibble bits, or a zero id.
 func decode(b []byte, c *cdc) error {
-	if len(b) < cdcLen || b[0] != cdcMagic || b[1]&^flagMask != 0 || b[2] != 0 || b[3] != 0 {
+	if len(b) < cdcLen || b[0] != cdcMagic || b[1]&^flagMask != 0 || b[2]&^nibMask != 0 || b[3]&^nibMask != 0 {
 		return errMalformed
 	}
 	data := b[cdcLen:]
@@ -94,6 +117,8 @@ func decode(b []byte, c *cdc) error {
 	}
 	*c = cdc{
 		flags: b[1],
+		upg:   b[2],
+		echo:  b[3],
 		seq:   binary.LittleEndian.Uint32(b[4:]),
 		dst:   binary.LittleEndian.Uint64(b[8:]),
 		src:   binary.LittleEndian.Uint64(b[16:]),

@@ -17,6 +17,8 @@ package shimsrv
 //	                  ←────────────────────────── COMMIT_R (its id and NLA)
 //	startRemote: Start(client)
 //	both: prepareDirect and enterDirect as on one host (dc.rc, dc.rmem)
+//	  (the mid-stream upgrade, upgrade.go, goes through the same hooks,
+//	  agreed by OfferDirect and AgreeUpgrade instead)
 //	last close (watch): fin and rd_closed in the buffer; endRemote kicks
 //	  the engine, waits for it to finish (or remoteLinger), then closes
 //	  the Conn and the engine's bell and unmaps.
@@ -79,8 +81,9 @@ func (r *remoteSide) close() {
 	}
 }
 
-// prepareRemote maps fs's buffer for exnd's engine, makes the bells and
-// the engine's connection, where the program is side si: on success
+// prepareRemote maps fs's buffer for exnd's engine, marks it a
+// cross-host copy in its upgrade word (dring.UpgXHost), makes the bells
+// and the engine's connection, where the program is side si: on success
 // fs.Bell[si] is the program's bell B_si (fs stays the caller's) and
 // the engine has B_{1−si}.
 func (s *Server) prepareRemote(fs *dring.Files, si int) (*remoteSide, error) {
@@ -108,6 +111,13 @@ func (s *Server) prepareRemote(fs *dring.Files, si int) (*remoteSide, error) {
 	if r.rmem, err = sys.MapShared(fs.Buf, int(st.Size())); err != nil {
 		return fail(err)
 	}
+	// Before the program can see the buffer: its shim asks to move
+	// instead of moving on an upgrade (extds/dring's UpgXHost).
+	w, err := dring.UpgradeWord(r.rmem)
+	if err != nil {
+		return fail(err)
+	}
+	w.Or(dring.UpgXHost)
 	if r.rc, err = s.directCfg.Engine.Prepare(r.rmem, si, r.bell); err != nil {
 		return fail(err)
 	}
@@ -164,6 +174,19 @@ func (s *Server) remoteOpen(out **dring.Files, rem **remoteSide) func(*extds.Dir
 		*out, *rem = b.fs, r
 		return nil
 	}
+}
+
+// startRemote starts the accepting side's engine connection across
+// hosts (p.dc.rem) towards the client's, which came with its COMMIT_R
+// (di), from the node the fabric names. Without a remote side or an
+// agreed cross-host connection (p or di nil) it does nothing. On error
+// the caller discards p with a reset (switch.go, upgrade.go).
+func (p *directPrep) startRemote(di *extds.DirectInfo) error {
+	if p == nil || di == nil || !di.Remote || p.dc.rem == nil {
+		return nil
+	}
+	p.dc.node, p.dc.peer = di.ClientNode, fmt.Sprint(di.ClientNode)
+	return p.dc.rem.rc.Start(di.ClientNode, di.ClientID, di.ClientNLA)
 }
 
 // endRemote ends this side's engine connection once the program has let

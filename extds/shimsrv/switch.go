@@ -278,11 +278,8 @@ func (s *Server) switchSocket(ctx context.Context, f *os.File, who control.Peer,
 	default:
 		c, _, err = s.accept(ctx, shadow, nil, nil)
 	}
-	if err == nil && di != nil && di.Remote && prep != nil && prep.dc.rem != nil {
-		// Across hosts, the acceptor: the client's side came with its
-		// COMMIT_R, from the node the fabric names.
-		prep.dc.node, prep.dc.peer = di.ClientNode, fmt.Sprint(di.ClientNode)
-		err = prep.dc.rem.rc.Start(di.ClientNode, di.ClientID, di.ClientNLA)
+	if err == nil {
+		err = prep.startRemote(di) // across hosts, the acceptor
 	}
 	if prep != nil && (err != nil || di == nil) {
 		prep.discard(err != nil) // the client may be direct: reset

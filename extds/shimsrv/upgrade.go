@@ -14,6 +14,14 @@ package shimsrv
 // Whatever fails, the answer is "tcp" with a counted reason, and the
 // connection simply stays TCP: nothing was written into it.
 //
+// Across hosts (DirectConfig.Engine) each exnd makes its own copy of the
+// buffer as for a connect-time direct connection (remote.go, the same
+// hooks as switch.go's): the client's is started in its open hook, the
+// acceptor's on the client's COMMIT_R. The copy comes marked UpgXHost
+// (prepareRemote): the shim then asks to move (UpgReq) instead of moving,
+// and the engines carry the upgrade word between the copies and grant
+// the moves (extds/rdirect/upgrade.go).
+//
 // Locks: s.mu for the set of 4-tuples being upgraded (one request per
 // connection, whichever process of a forked family asks first); none
 // across the agreement.
@@ -41,9 +49,6 @@ const (
 	// ReasonUpgradeBusy: another request for the same connection is
 	// being agreed (two processes of a forked family asked).
 	ReasonUpgradeBusy = "upgrade_busy"
-	// ReasonUpgradeRemote: the peer is on another host; the upgrade
-	// runs on one host (docs/shim.md, "Upgrade", limits).
-	ReasonUpgradeRemote = "upgrade_remote"
 	// ReasonNoDirect: this exnd makes no direct connections.
 	ReasonNoDirect = "no_direct"
 )
@@ -75,8 +80,6 @@ func (s *Server) upgradeFD(ctx context.Context, f *os.File, who control.Peer, si
 	switch {
 	case s.directCfg == nil:
 		return tcp(ReasonNoDirect)
-	case s.directCfg.Engine != nil:
-		return tcp(ReasonUpgradeRemote)
 	case side == sideAccept && !s.mayAccept(who, ts.local):
 		_ = s.refuse(ReasonNotOwner, "shim-accept upgrade: port %d is registered by another user", ts.local.Port())
 		return tcp(ReasonNotOwner)
@@ -96,15 +99,23 @@ func (s *Server) upgradeFD(ctx context.Context, f *os.File, who control.Peer, si
 
 	var (
 		fs   *dring.Files
+		rem  *remoteSide // across hosts (remote.go): until a dconn takes it over
 		di   *extds.DirectInfo
 		prep *directPrep
 		why  extds.FallbackReason
 	)
 	if side == sideConnect {
-		di, why, err = s.dev.OfferDirect(ctx, ts.local, ts.remote, s.directOpen(&fs))
+		open := s.directOpen(&fs)
+		if s.directCfg.Engine != nil {
+			open = s.remoteOpen(&fs, &rem)
+		}
+		di, why, err = s.dev.OfferDirect(ctx, ts.local, ts.remote, open)
 		if err == nil && di != nil {
-			prep, err = s.prepareDirect(fs, di, local, remote, who, side, nil)
+			prep, err = s.prepareDirect(fs, di, local, remote, who, side, rem)
 			fs = nil
+			if prep != nil {
+				rem = nil // prep.dc's
+			}
 		}
 	} else {
 		prep, why, err = s.upgradeAccept(ctx, key, local, remote, who)
@@ -112,6 +123,7 @@ func (s *Server) upgradeFD(ctx context.Context, f *os.File, who control.Peer, si
 	if fs != nil {
 		fs.Close()
 	}
+	rem.close() // made, and never entered: reset (the peer may have started)
 	if err != nil {
 		s.errs.Add(1)
 		s.logConn(slog.LevelWarn, "extds shim: upgrade failed", "side", side, "pid", who.PID, "err", err)
@@ -125,7 +137,8 @@ func (s *Server) upgradeFD(ctx context.Context, f *os.File, who control.Peer, si
 }
 
 // upgradeAccept is the acceptor's side: claim the connection key, wait
-// for the client's direct CLAIM (upgradeClaimWait), and make the buffer.
+// for the client's direct CLAIM (upgradeClaimWait), and make the buffer
+// (across hosts this node's copy, started on the client's COMMIT_R).
 // prep is nil with the fallback reason when no direct connection came
 // of it.
 func (s *Server) upgradeAccept(ctx context.Context, key extds.TupleKey, local, remote net.Addr, who control.Peer) (*directPrep, extds.FallbackReason, error) {
@@ -158,17 +171,28 @@ func (s *Server) upgradeAccept(ctx context.Context, key extds.TupleKey, local, r
 	var (
 		fs    *dring.Files
 		dname string
+		rem   *remoteSide // across hosts: until a dconn takes it over
 		prep  *directPrep
 		perr  error
 	)
-	prepare := func(di extds.DirectInfo) {
-		prep, perr = s.prepareDirect(fs, &di, local, remote, who, sideAccept, nil)
-		fs = nil // taken over
+	create := s.directCreate(&fs, &dname)
+	if s.directCfg.Engine != nil {
+		create = s.remoteCreate(&fs, &rem)
 	}
-	di, aborted, err := cl.AgreeUpgrade(ctx, s.directCreate(&fs, &dname), prepare)
+	prepare := func(di extds.DirectInfo) {
+		prep, perr = s.prepareDirect(fs, &di, local, remote, who, sideAccept, rem)
+		fs = nil // taken over
+		if prep != nil {
+			rem = nil // prep.dc's
+		}
+	}
+	di, aborted, err := cl.AgreeUpgrade(ctx, create, prepare)
 	err = s.settleNamed(dname, err, di, prep, fs)
 	if err == nil && perr != nil {
 		err = perr // prepareDirect reset the buffer
+	}
+	if err == nil {
+		err = prep.startRemote(di)
 	}
 	if prep != nil && (err != nil || di == nil) {
 		prep.discard(err != nil) // the client may be direct: reset
@@ -181,6 +205,7 @@ func (s *Server) upgradeAccept(ctx context.Context, key extds.TupleKey, local, r
 			fs.Close()
 		}
 	}
+	rem.close() // made, and never entered: reset (the client may have started)
 	switch {
 	case err != nil:
 		return nil, 0, err
