@@ -91,6 +91,24 @@ func runShimUpgrade(t *testing.T, c *shimCluster, n int) {
 	}
 	before := [2]directCount{c.directCounts(t, 0), c.directCounts(t, 1)}
 	srv := upgradeServer(t, c, prog, port, extra)
+	// Descriptors: 20 connections in ping-pong until each is direct;
+	// each after the first costs the client what a direct connection
+	// from its connect costs (docs/direct.md, "Descriptors").
+	const fdConns = 20
+	fout, err := c.nodes[0].NS.RunEnv(time.Minute, c.env(0, extra...), prog, "fds", ip, port, fmt.Sprint(fdConns))
+	var first, all int
+	var per float64
+	if err == nil {
+		_, err = fmt.Sscanf(strings.TrimSpace(fout), "fds conns %d first %d all %d per_conn %g", new(int), &first, &all, &per)
+	}
+	switch {
+	case err != nil:
+		t.Errorf("fds: %v: %s", err, fout)
+	case per > 2:
+		t.Errorf("an upgraded connection costs the client %.2f descriptors once direct, want at most 2: %s", per, fout)
+	default:
+		t.Logf("fds: %s", strings.TrimSpace(fout))
+	}
 	out, cerr := c.nodes[0].NS.RunEnv(5*time.Minute, c.env(0, extra...), prog, "client", ip, port, fmt.Sprint(n), "32")
 	serr := srv.Wait(60 * time.Second)
 	lines := 40

@@ -160,6 +160,8 @@ void direct_drop_locked(int fd, struct fdent *e)
 	real.close(c->d.bell);
 	if (c->vhidden)
 		real.close(c->d.v); /* an upgraded connection's own V (upgrade.c) */
+	if (c->vclose)
+		real.close(c->vclose - 1);
 	memset(c, 0, sizeof *c);
 	g_ndc--;
 }

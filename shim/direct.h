@@ -36,6 +36,7 @@ struct dconn {
 	uint64_t id;
 	int relay_asked;
 	int vhidden;              /* V is the shim's own hidden descriptor (an upgrade not yet installed, upgrade.c) */
+	int vclose;               /* 1 + a hidden V that upgrade.c's conversion replaced while waiters parked on it: closed by the last one's leave (dparty.c); 0: none */
 	int nparty;               /* this process's waiters and epoll records parked on the bell */
 	int nrec;                 /* this process's epoll records of it */
 	struct dwaiter *waiters;  /* this process's blocking waiters (their kicks), on their stacks */

@@ -191,6 +191,11 @@ static void h_leave(struct dring *d, struct dwaiter *w)
 			break;
 		}
 	party_leave_locked(c);
+	if (c->vclose && !c->waiters) {
+		/* the last waiter that may have loaded the replaced V left */
+		real.close(c->vclose - 1);
+		c->vclose = 0;
+	}
 	unlock();
 }
 

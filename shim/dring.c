@@ -400,6 +400,14 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 		if ((i & 63) == 63 && now_ns() - t0 >= EXDD_SPIN_NS)
 			break;
 	}
+	/* d->v is loaded only after enter: the owner may replace V while no
+	 * waiter is in (shim/upgrade.c, upg_convert) */
+	struct dwaiter me = {-1, -1, NULL};
+	if (d->hooks && d->hooks->enter) {
+		int e = d->hooks->enter(d, &me);
+		if (e < 0)
+			return e;
+	}
 	if ((flags & DRING_TIMEO) && !ws->timeo_read) {
 		struct timeval tv = {0, 0};
 		socklen_t l = sizeof tv;
@@ -407,12 +415,6 @@ static int wait_for(struct dring *d, int w, int flags, struct waitst *ws)
 		if (syscall(SYS_getsockopt, d->v, SOL_SOCKET, w == W_READ ? SO_RCVTIMEO : SO_SNDTIMEO, &tv, &l) == 0 &&
 		    (tv.tv_sec || tv.tv_usec))
 			ws->deadline = t0 + (int64_t)tv.tv_sec * 1000000000 + (int64_t)tv.tv_usec * 1000;
-	}
-	struct dwaiter me = {-1, -1, NULL};
-	if (d->hooks && d->hooks->enter) {
-		int e = d->hooks->enter(d, &me);
-		if (e < 0)
-			return e;
 	}
 	/* W_UPG counts in nowhere: the engine rings at every change of the
 	 * word (extds/rdirect/conn.go) */

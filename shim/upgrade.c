@@ -351,6 +351,21 @@ static int upg_convert(int fd)
 		errno = err;
 		return -1;
 	}
+	/* The descriptor's number is a V of its own now: the hidden one goes
+	 * (2 descriptors, as a connection direct from its connect). A waiter
+	 * of this process loads the dring's V only between its enter and
+	 * leave (dparty.c, under the lock): with none in, the hidden V closes
+	 * now; else the last one's leave closes it, so that no wait ever
+	 * polls a number that was closed and given to another file. */
+	lock();
+	int hv = c->d.v;
+	c->d.v = fd;
+	c->vhidden = 0;
+	if (c->waiters)
+		c->vclose = hv + 1;
+	else
+		real.close(hv);
+	unlock();
 	__atomic_sub_fetch(&g_upg_att, 1, __ATOMIC_RELAXED);
 	/* Other descriptors of the process on the same connection (dups). */
 	for (int o = 0; o < g_ntab; o++) {

@@ -7,6 +7,9 @@
  *   upgrade client IP PORT N CONC     N connections, CONC at a time
  *   upgrade pingpong IP PORT MS       one connection, 1-byte ping-pong for
  *                                     MS milliseconds: when it became direct
+ *   upgrade fds IP PORT N             N connections in ping-pong until each
+ *                                     is direct: the descriptors that each
+ *                                     connection after the first costs
  *
  * Each connection starts with the client's 8-byte seed. From it both ends
  * derive everything: how many bytes each direction carries, in which
@@ -24,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -427,6 +431,87 @@ static int pingpong(int ms)
 	return 0;
 }
 
+/* Open descriptors of this process now. */
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+	if (!d)
+		return -1;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n - 3; /* ".", ".." and the directory's own */
+}
+
+/* One ping-pong on fd, then whether it is direct. */
+static int ping_direct(int fd)
+{
+	char c = 'x';
+	if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1)
+		return -1;
+	return is_direct(fd);
+}
+
+/* Ping-pong on fds[0..n) until each is direct, for at most 10 s. 0, or
+ * -1 with a FAIL line. */
+static int until_direct(int *fds, int n)
+{
+	uint64_t t0 = now_ns();
+	for (int left = n; left > 0;) {
+		left = 0;
+		for (int i = 0; i < n; i++) {
+			int r = ping_direct(fds[i]);
+			if (r < 0) {
+				printf("FAIL fds: connection %d: %s\n", i, strerror(errno));
+				return -1;
+			}
+			left += !r;
+		}
+		if (now_ns() - t0 > 10000000000ull) {
+			printf("FAIL fds: %d of %d connections still TCP after 10 s\n", left, n);
+			return -1;
+		}
+		usleep(1000);
+	}
+	return 0;
+}
+
+/* The descriptors an upgraded connection costs once direct: n
+ * connections in ping-pong until each is direct, then what closing all
+ * but the first gives back, per connection. */
+static int fds_per_conn(int n)
+{
+	static int fds[1024];
+	if (n < 2 || n > 1024)
+		return 2;
+	uint64_t seed = 2;
+	for (int i = 0; i < n; i++) {
+		fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&g_addr, sizeof g_addr) < 0 ||
+		    write(fds[i], &seed, sizeof seed) != sizeof seed) {
+			printf("FAIL fds: connect: %s\n", strerror(errno));
+			return 1;
+		}
+		if (i > 0)
+			continue;
+		if (until_direct(fds, 1) < 0)
+			return 1;
+	}
+	if (until_direct(fds, n) < 0)
+		return 1;
+	/* What closing the other n-1 gives back is what they cost: the
+	 * process's own objects (the family kick, each thread's kick, made
+	 * at a first park) stay with the first. */
+	int all = count_fds();
+	for (int i = 1; i < n; i++)
+		close(fds[i]);
+	int one = count_fds();
+	close(fds[0]);
+	printf("fds conns %d first %d all %d per_conn %.2f\n", n, one, all, (double)(all - one) / (n - 1));
+	return 0;
+}
+
 static int dial(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -563,6 +648,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "pingpong"))
 		return pingpong(atoi(argv[4]));
+	if (!strcmp(argv[1], "fds"))
+		return fds_per_conn(atoi(argv[4]));
 	g_n = atoi(argv[4]);
 	int conc = argc > 5 ? atoi(argv[5]) : 16;
 	pthread_t t[256];
