@@ -111,7 +111,14 @@ func shimHello(sock string) error {
 
 // env is the environment of a program shimmed on node i.
 func (c *shimCluster) env(i int, extra ...string) []string {
-	return append([]string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.socks[i]}, extra...)
+	e := []string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.socks[i]}
+	if v := os.Getenv("EXN_TEST_SETUP"); v != "" {
+		e = append(e, "EXTDS_SETUP="+v)
+	}
+	if os.Getenv("EXN_TEST_SHIMDEBUG") == "1" {
+		e = append(e, "EXTDS_DEBUG=1")
+	}
+	return append(e, extra...)
 }
 
 // counters are the numbers a test reads from `exnctl stats --json`.

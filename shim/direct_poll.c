@@ -105,7 +105,7 @@ static void d_poll_leave(nfds_t n, struct dpent *pe)
 			g_dhooks.leave(&g_dc[pe[i].c].d, &pe[i].w);
 }
 
-static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
+static int d_poll0(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
 {
 	int nd = 0;
 	if (g_ndc > 0)
@@ -113,8 +113,7 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 			if (dcof(fds[i].fd))
 				nd++;
 	if (!nd) {
-		int r = real.ppoll(fds, n, tmo, mask);
-		return r > 0 && g_upg_att ? upg_poll_filter(fds, n, r) : r;
+		return real.ppoll(fds, n, tmo, mask);
 	}
 	int saved = errno;
 	/* the kernel's entries (each direct one as its bell, its V appended,
@@ -247,7 +246,40 @@ static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, cons
 		munmap(big, need);
 	if (ret >= 0)
 		errno = saved;
-	return ret > 0 && g_upg_att ? upg_poll_filter(fds, n, ret) : ret;
+	return ret;
+}
+
+/* What is left of timeout tmo (NULL: none) started at t0; 0 once it ran
+ * out. */
+static int time_left(const struct timespec *tmo, const struct timespec *t0, struct timespec *left)
+{
+	if (!tmo)
+		return 1;
+	long long ns = (long long)tmo->tv_sec * 1000000000 + tmo->tv_nsec - (long long)ms_since(t0) * 1000000;
+	if (ns <= 0)
+		return 0;
+	*left = (struct timespec){ns / 1000000000, ns % 1000000000};
+	return 1;
+}
+
+/* poll, and the upgrade's boundary (upgrade.h): a descriptor that
+ * converted in the filter and is not ready leaves the result; when none
+ * is left, the wait goes on for what remains of the timeout. */
+static int d_poll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
+{
+	struct timespec t0, left;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	const struct timespec *t = tmo;
+	for (;;) {
+		int r = d_poll0(fds, n, t, mask);
+		if (r <= 0 || !__atomic_load_n(&g_upg_att, __ATOMIC_RELAXED))
+			return r;
+		if ((r = upg_poll_filter(fds, n, r)) > 0)
+			return r;
+		if (!time_left(tmo, &t0, &left))
+			return 0;
+		t = tmo ? &left : NULL;
+	}
 }
 
 EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
@@ -284,7 +316,8 @@ static int d_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct time
 		nfds = FD_SETSIZE;
 	int any = 0;
 	for (int fd = 0; fd < nfds && !any; fd++)
-		if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) && dcof(fd))
+		if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) &&
+		    (dcof(fd) || (g_upg_att && upg_attached(fd))))
 			any = 1;
 	if (!any)
 		return 0;
@@ -680,13 +713,24 @@ static int dep_poll_once(int epfd, struct depset *s, struct epoll_event *evs, in
 
 static int d_epoll_wait0(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask);
 
-/* epoll_wait, and the upgrade's boundary taken off its result. */
+/* epoll_wait, and the upgrade's boundary (upgrade.h): an event of a
+ * descriptor that converted in the filter and is not ready is dropped;
+ * when none is left, the wait goes on for what remains of the timeout. */
 static int d_epoll_wait(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask)
 {
-	int n = d_epoll_wait0(epfd, evs, max, tmo, mask);
-	if (n > 0 && __atomic_load_n(&g_upg_att, __ATOMIC_RELAXED))
-		upg_epoll_filter(epfd, evs, n);
-	return n;
+	struct timespec t0, left;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	const struct timespec *t = tmo;
+	for (;;) {
+		int n = d_epoll_wait0(epfd, evs, max, t, mask);
+		if (n <= 0 || !__atomic_load_n(&g_upg_att, __ATOMIC_RELAXED))
+			return n;
+		if ((n = upg_epoll_filter(epfd, evs, n)) > 0)
+			return n;
+		if (!time_left(tmo, &t0, &left))
+			return 0;
+		t = tmo ? &left : NULL;
+	}
 }
 
 static int d_epoll_wait0(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo, const sigset_t *mask)

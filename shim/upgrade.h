@@ -102,16 +102,24 @@ extern int g_upg_att;
 
 /*
  * Readiness at the boundary: the FIN that marks where the peer's stream
- * went on in the buffer is not the peer's end, so the readiness calls
- * take POLLRDHUP / EPOLLRDHUP and POLLHUP / EPOLLHUP off an attached
- * descriptor whose peer moved (POLLIN stays: the read converts it).
+ * went on in the buffer is neither data nor the peer's end. On an
+ * attached descriptor whose peer moved, a readiness call that finds it
+ * with TCP holding nothing but that FIN converts it there and reports
+ * the buffer's readiness (possibly none: the entry or event is dropped);
+ * with bytes still before the FIN it takes POLLRDHUP / EPOLLRDHUP and
+ * POLLHUP / EPOLLHUP off (POLLIN stays: the read converts it).
  * upg_poll_filter works on poll's result fds[0..n) with ret ready and
  * returns the new count; upg_epoll_filter on epoll_wait's evs[0..n) of
  * epfd (the events are found by their data among the set's recorded
- * registrations).
+ * registrations), compacts them and returns their new count. A caller
+ * whose count fell to 0 waits again (direct_poll.c).
  */
 int upg_poll_filter(struct pollfd *fds, nfds_t n, int ret);
-void upg_epoll_filter(int epfd, struct epoll_event *evs, int n);
+int upg_epoll_filter(int epfd, struct epoll_event *evs, int n);
+
+/* Whether fd is attached and not converted yet (select takes such a set
+ * through poll, for the boundary above). */
+int upg_attached(int fd);
 
 /* With the lock held: fd's F_UPG entry is cleared (close, reuse). */
 void upg_drop_locked(int fd, struct fdent *e);
