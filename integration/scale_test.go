@@ -149,64 +149,88 @@ func TestShimManyConns(t *testing.T) {
 		t.Fatalf("the hard descriptor limit is %d: too low for this test", rl.Max)
 	}
 	ip := c.nodes[1].IP.String()
-	for _, tc := range []struct {
-		name        string
-		nofile      string // prlimit's --nofile=SOFT:HARD
-		minSwitched int
-		fdLimit     bool // fallbacks fd_limit expected
-	}{
-		{"room above the soft limit", fmt.Sprintf("%d:%d", soft, rl.Max), n * 8 / 9, false},
-		{"soft = hard", fmt.Sprintf("%d:%d", soft, soft), 1, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			port := nstest.PortArg()
-			before := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
-			fds0 := [2]int{c.exndFDs(t, 0), c.exndFDs(t, 1)}
-			lim := []string{"prlimit", "--nofile=" + tc.nofile}
-			srv := c.nodes[1].NS.StartEnv(t, c.env(1), append(lim, prog, "server", ip, port, fmt.Sprint(n))...)
-			if err := c.nodes[1].NS.WaitListening(srv, port, 10*time.Second); err != nil {
-				t.Fatal(err)
-			}
-			out, cerr := c.nodes[0].NS.RunEnv(3*time.Minute, c.env(0), append(lim, prog, "client", ip, port, fmt.Sprint(n), "3")...)
-			serr := srv.Wait(time.Minute)
-			if cerr != nil || serr != nil {
-				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, out, serr, srv.Output())
-			}
-			cl, sv := parseManyConns(t, "client", out), parseManyConns(t, "server", srv.Output())
-			after := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
-			fdLimit := after[0].Fallbacks["shim:fd_limit"] - before[0].Fallbacks["shim:fd_limit"] +
-				after[1].Fallbacks["shim:fd_limit"] - before[1].Fallbacks["shim:fd_limit"]
-			perConn := float64(cl.FDsOpen-cl.FDsBase) / float64(max(cl.Conns, 1))
-			t.Logf("client: %d connections, %d switched, %d EMFILE, %d bad echoes, %.2f descriptors per connection (hidden ones included); "+
-				"server: %d accepted, %d switched, %d EMFILE; fd_limit fallbacks %.0f",
-				cl.Conns, cl.Switched, cl.EMFILE, cl.Bad, perConn, sv.Accepted, sv.Switched, sv.EMFILE, fdLimit)
-			if cl.Conns != n || sv.Accepted != n {
-				t.Errorf("client made %d connections, server accepted %d, want %d each", cl.Conns, sv.Accepted, n)
-			}
-			if cl.EMFILE != 0 || sv.EMFILE != 0 {
-				t.Errorf("EMFILE: client %d, server %d; plain TCP would give none", cl.EMFILE, sv.EMFILE)
-			}
-			if sv.EpollErr != 0 {
-				t.Errorf("server: %d epoll_ctl errors", sv.EpollErr)
-			}
-			if cl.Bad != 0 {
-				t.Errorf("%d echoes wrong", cl.Bad)
-			}
-			if cl.Switched < tc.minSwitched || sv.Switched < tc.minSwitched {
-				t.Errorf("switched: client %d, server %d, want at least %d", cl.Switched, sv.Switched, tc.minSwitched)
-			}
-			if tc.fdLimit != (fdLimit > 0) {
-				t.Errorf("fd_limit fallbacks %.0f, want them: %v", fdLimit, tc.fdLimit)
-			}
-			// Issue #32: a direct connection costs the program at most 2
-			// descriptors (its socket and the bell), plus the fan-out's
-			// kicks, two per thread that parked and one per family.
-			if max := 2 + 3/float64(n); !tc.fdLimit && perConn > max {
-				t.Errorf("the client holds %.3f descriptors per connection, want at most %.3f", perConn, max)
-			}
-			c.waitReleased(t, fds0)
-		})
+	for _, setup := range []string{"connect", "upgrade"} {
+		// connect: switched at connect and accept; upgrade (the default,
+		// docs/shim.md "Upgrade"): every connection starts as TCP and
+		// moves during its 30 rounds, counted at their end.
+		rounds, env := "3", []string{"EXTDS_SETUP=" + setup}
+		if setup == "upgrade" {
+			rounds = "30"
+		}
+		for _, tc := range []limCase{
+			{"room above the soft limit", fmt.Sprintf("%d:%d", soft, rl.Max), n * 8 / 9, false},
+			{"soft = hard", fmt.Sprintf("%d:%d", soft, soft), 1, true},
+		} {
+			t.Run(setup+"/"+tc.name, func(t *testing.T) {
+				manyConns(t, c, prog, ip, n, tc, setup == "upgrade", rounds, env)
+			})
+		}
 	}
+}
+
+// limCase is one descriptor limit of TestShimManyConns.
+type limCase struct {
+	name        string
+	nofile      string // prlimit's --nofile=SOFT:HARD
+	minSwitched int
+	fdLimit     bool // fallbacks fd_limit expected
+}
+
+// manyConns is one TestShimManyConns case: n connections between
+// manyconns programs under prlimit --nofile=nofile, both ends under the
+// shim with env; moved: the connections are counted direct at their end
+// (the upgrade) instead of at connect and accept.
+func manyConns(t *testing.T, c *shimCluster, prog, ip string, n int, tc limCase, moved bool, rounds string, env []string) {
+	port := nstest.PortArg()
+	before := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
+	fds0 := [2]int{c.exndFDs(t, 0), c.exndFDs(t, 1)}
+	lim := []string{"prlimit", "--nofile=" + tc.nofile}
+	srv := c.nodes[1].NS.StartEnv(t, c.env(1, env...), append(lim, prog, "server", ip, port, fmt.Sprint(n))...)
+	if err := c.nodes[1].NS.WaitListening(srv, port, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out, cerr := c.nodes[0].NS.RunEnv(3*time.Minute, c.env(0, env...), append(lim, prog, "client", ip, port, fmt.Sprint(n), rounds)...)
+	serr := srv.Wait(time.Minute)
+	if cerr != nil || serr != nil {
+		t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, out, serr, srv.Output())
+	}
+	cl, sv := parseManyConns(t, "client", out), parseManyConns(t, "server", srv.Output())
+	after := [2]shimCounters{c.stats(t, 0), c.stats(t, 1)}
+	fdLimit := after[0].Fallbacks["shim:fd_limit"] - before[0].Fallbacks["shim:fd_limit"] +
+		after[1].Fallbacks["shim:fd_limit"] - before[1].Fallbacks["shim:fd_limit"]
+	perConn := float64(cl.FDsOpen-cl.FDsBase) / float64(max(cl.Conns, 1))
+	if moved {
+		cl.Switched, sv.Switched = cl.DirectEnd, sv.DirectEnd
+		perConn = float64(cl.FDsEnd-cl.FDsBase) / float64(max(cl.Conns, 1))
+	}
+	t.Logf("client: %d connections, %d switched, %d EMFILE, %d bad echoes, %.2f descriptors per connection (hidden ones included); "+
+		"server: %d accepted, %d switched, %d EMFILE; fd_limit fallbacks %.0f",
+		cl.Conns, cl.Switched, cl.EMFILE, cl.Bad, perConn, sv.Accepted, sv.Switched, sv.EMFILE, fdLimit)
+	if cl.Conns != n || sv.Accepted != n {
+		t.Errorf("client made %d connections, server accepted %d, want %d each", cl.Conns, sv.Accepted, n)
+	}
+	if cl.EMFILE != 0 || sv.EMFILE != 0 {
+		t.Errorf("EMFILE: client %d, server %d; plain TCP would give none", cl.EMFILE, sv.EMFILE)
+	}
+	if sv.EpollErr != 0 {
+		t.Errorf("server: %d epoll_ctl errors", sv.EpollErr)
+	}
+	if cl.Bad != 0 {
+		t.Errorf("%d echoes wrong", cl.Bad)
+	}
+	if cl.Switched < tc.minSwitched || sv.Switched < tc.minSwitched {
+		t.Errorf("switched: client %d, server %d, want at least %d", cl.Switched, sv.Switched, tc.minSwitched)
+	}
+	if tc.fdLimit != (fdLimit > 0) {
+		t.Errorf("fd_limit fallbacks %.0f, want them: %v", fdLimit, tc.fdLimit)
+	}
+	// Issue #32: a direct connection costs the program at most 2
+	// descriptors (its socket and the bell), plus the fan-out's
+	// kicks, two per thread that parked and one per family.
+	if max := 2 + 3/float64(n); !tc.fdLimit && perConn > max {
+		t.Errorf("the client holds %.3f descriptors per connection, want at most %.3f", perConn, max)
+	}
+	c.waitReleased(t, fds0)
 }
 
 // TestShimBurst10k: issue #32's "setup at rate": a client opens 10,000

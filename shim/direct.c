@@ -183,7 +183,8 @@ int direct_room(int fd, int extra)
 	int ndc = __atomic_load_n(&g_ndc, __ATOMIC_RELAXED);
 	return ndc < DC_MAX - DC_SLACK &&
 	       fdroom_may_switch(fd, FDROOM_SWITCH_NEED + extra,
-				 FDROOM_CONN_KEEP * ndc + FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED));
+				 FDROOM_CONN_KEEP * ndc + FDROOM_EPOLL_KEEP * __atomic_load_n(&g_ndep, __ATOMIC_RELAXED) +
+				     __atomic_load_n(&g_upg_asked, __ATOMIC_RELAXED));
 }
 
 /*

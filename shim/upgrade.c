@@ -54,6 +54,7 @@
 #include "upgrade.h"
 
 int g_upg_att;
+int g_upg_asked;
 
 static uint64_t now_ns(void)
 {
@@ -139,6 +140,7 @@ static void upg_ask(int fd)
 		e->ucl = h;
 		e->utries++;
 		e->ust = U_ASKED;
+		__atomic_add_fetch(&g_upg_asked, 1, __ATOMIC_RELAXED);
 		h = -1;
 	}
 	unlock();
@@ -156,6 +158,7 @@ static void upg_pickup(int fd)
 	struct fdent *e = ent(fd);
 	int s = e->ucl;
 	e->ucl = -1;
+	__atomic_sub_fetch(&g_upg_asked, 1, __ATOMIC_RELAXED);
 	char buf[4096];
 	struct ctl_resp r;
 	int ufd[CTL_MAXFD];
@@ -614,8 +617,10 @@ void upg_drop_locked(int fd, struct fdent *e)
 	(void)fd;
 	if (e->ust == U_BUSY && e->dc > 0)
 		return; /* converting (upg_convert): the reference goes to the direct entry */
-	if (e->ust == U_ASKED && e->ucl >= 0)
+	if (e->ust == U_ASKED && e->ucl >= 0) {
 		real.close(e->ucl);
+		__atomic_sub_fetch(&g_upg_asked, 1, __ATOMIC_RELAXED);
+	}
 	if (e->ust == U_ATT && e->dc > 0) {
 		struct dconn *c = &g_dc[e->dc - 1];
 		if (--c->refs <= 0) {
@@ -641,8 +646,10 @@ void upg_dup_locked(struct fdent *o, struct fdent *n)
 	/* Not attached yet (or a thread is at it): a connection with two
 	 * descriptors stays TCP; a pending answer is dropped unread, so this
 	 * side never attaches and the peer never moves. */
-	if (o->ust == U_ASKED && o->ucl >= 0)
+	if (o->ust == U_ASKED && o->ucl >= 0) {
 		real.close(o->ucl);
+		__atomic_sub_fetch(&g_upg_asked, 1, __ATOMIC_RELAXED);
+	}
 	o->flags &= ~F_UPG;
 	n->flags &= ~F_UPG;
 	o->ust = n->ust = 0;

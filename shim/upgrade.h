@@ -100,6 +100,10 @@ struct dconn *upg_moved(int fd);
  * the readiness calls skip upg_poll_filter and upg_epoll_filter. */
 extern int g_upg_att;
 
+/* Entries asked and not answered yet (U_ASKED), in this process: each
+ * holds its hidden control connection, which direct_room counts. */
+extern int g_upg_asked;
+
 /*
  * Readiness at the boundary: the FIN that marks where the peer's stream
  * went on in the buffer is neither data nor the peer's end. On an

@@ -25,6 +25,10 @@ type ManyConns struct {
 	// The counts line: a server's or a client's.
 	Conns, Accepted, EMFILE, Switched, Bad, EpollErr int
 	FDsBase, FDsOpen                                 int // the client's /proc/self/fd before and with all open
+	// At the end: connections direct then (the client's after its
+	// rounds, the server's at their close), and the client's
+	// /proc/self/fd then.
+	DirectEnd, FDsEnd int
 	// A client's timed ping-pong (P > 0), ns.
 	P50, P99 float64
 	// A client's watched processes and /dev/shm ($MANYCONNS_WATCH):
@@ -54,6 +58,10 @@ func ParseManyConns(out string) (ManyConns, error) {
 			_, err = fmt.Sscanf(l, "client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d",
 				&m.Conns, &m.EMFILE, &m.Switched, &m.Bad, &m.FDsBase, &m.FDsOpen)
 			counts = true
+		case len(f) > 0 && f[0] == "client_end":
+			_, err = fmt.Sscanf(l, "client_end direct %d fds %d", &m.DirectEnd, &m.FDsEnd)
+		case len(f) > 0 && f[0] == "server_end":
+			_, err = fmt.Sscanf(l, "server_end direct %d", &m.DirectEnd)
 		case len(f) > 0 && f[0] == "pingpong":
 			var n int
 			_, err = fmt.Sscanf(l, "pingpong n %d p50_ns %g p99_ns %g", &n, &m.P50, &m.P99)

@@ -19,7 +19,14 @@
  * raw getsockopt the shim does not see): EXT-DS, direct or relayed.
  * emfile counts EMFILE and ENFILE from socket, connect and accept. fds_*
  * are the entries of /proc/self/fd before the first connection and with
- * all C open: what the program's descriptors cost. With P > 0 also
+ * all C open: what the program's descriptors cost. Then
+ *
+ *   client_end direct D fds F   server_end direct D
+ *
+ * D: connections whose descriptor was AF_UNIX at the end (the client's
+ * after its rounds, the server's at its close: those the shim's upgrade
+ * moved after they started as TCP count here, not in "switched"), F the
+ * client's /proc/self/fd then. With P > 0 also
  *
  *   pingpong n P p50_ns X p99_ns Y
  *
@@ -149,7 +156,7 @@ static int server(struct sockaddr_in *a, int n)
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
 	epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
-	int accepted = 0, emfile = 0, switched = 0, open = 0, epoll_err = 0;
+	int accepted = 0, emfile = 0, switched = 0, open = 0, epoll_err = 0, direct_end = 0;
 	char buf[4096];
 	struct epoll_event evs[256];
 	while (accepted < n || open > 0) {
@@ -187,12 +194,15 @@ static int server(struct sockaddr_in *a, int n)
 				continue;
 			if (r <= 0 || io_all(fd, buf, (size_t)r, 1) < 0) {
 				epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+				if (kernel_domain(fd) == AF_UNIX)
+					direct_end++;
 				close(fd);
 				open--;
 			}
 		}
 	}
 	printf("server accepted %d emfile %d switched %d epoll_err %d\n", accepted, emfile, switched, epoll_err);
+	printf("server_end direct %d\n", direct_end);
 	return 0;
 }
 
@@ -259,11 +269,19 @@ static int client(struct sockaddr_in *a, int n, int rounds, int pings)
 		printf("watch %d fds %d %d rss_kib %ld %ld\n", w.pid[i], w.fds[i][0], w.fds[i][1], w.rss[i][0], w.rss[i][1]);
 	if (w.n > 0)
 		printf("shm used_kib %ld %ld\n", w.shm[0], w.shm[1]);
+	/* At the end: how many are direct now (moved onto a direct
+	 * connection after they started as TCP: the shim's upgrade) and what
+	 * the descriptors cost then. */
+	int direct_end = 0, fds_end = count_fds();
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0 && kernel_domain(fds[i]) == AF_UNIX)
+			direct_end++;
 	for (int i = 0; i < n; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
 	printf("client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d\n", conns, emfile, switched, bad,
 	       base, open_fds);
+	printf("client_end direct %d fds %d\n", direct_end, fds_end);
 	free(fds);
 	return 0;
 }
