@@ -176,7 +176,8 @@ func (c *safetyCluster) server(t *testing.T, mode string, workers int, env []str
 }
 
 func (c *safetyCluster) shim(i int, extra ...string) []string {
-	return append([]string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.nodes[i].Control, "EXTDS_DEBUG=1"}, extra...)
+	// Connect-time switching, as shimCluster.env says why.
+	return append([]string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.nodes[i].Control, "EXTDS_DEBUG=1", "EXTDS_SETUP=" + testSetup()}, extra...)
 }
 
 // longClient starts forksrv's client on node 1 (root, shimmed) for one

@@ -110,11 +110,23 @@ func shimHello(sock string) error {
 }
 
 // env is the environment of a program shimmed on node i.
-func (c *shimCluster) env(i int, extra ...string) []string {
-	e := []string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.socks[i]}
+// testSetup is the EXTDS_SETUP of the tests that check connect-time
+// switching: connect, or $EXN_TEST_SETUP.
+func testSetup() string {
 	if v := os.Getenv("EXN_TEST_SETUP"); v != "" {
-		e = append(e, "EXTDS_SETUP="+v)
+		return v
 	}
+	return "connect"
+}
+
+func (c *shimCluster) env(i int, extra ...string) []string {
+	// The shim's default setup is the upgrade (docs/shim.md "Upgrade"),
+	// which TestShimUpgrade*, TestShimManyConns/upgrade and their
+	// neighbours ask for by name; the other tests check what a
+	// connection switched at connect and accept does, and ask for that
+	// (EXN_TEST_SETUP=upgrade runs them on the default instead, for
+	// debugging).
+	e := []string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.socks[i], "EXTDS_SETUP=" + testSetup()}
 	if os.Getenv("EXN_TEST_SHIMDEBUG") == "1" {
 		e = append(e, "EXTDS_DEBUG=1")
 	}

@@ -258,3 +258,67 @@ func TestShimUpgradeExndRestart(t *testing.T) {
 		t.Errorf("after the restart: client %+v (%v), server %+v (%v); want 100 whole connections each", cu, cerr, su, serr)
 	}
 }
+
+// TestShimUpgradePeerKilled: one program is SIGKILLed while 300 of
+// shim/test/upgrade.c's connections ask, attach and move (docs/shim.md,
+// "Upgrade"), on one host and across hosts, the client or the server.
+// The survivor must finish every connection (none hangs: the server
+// reports any that did not end within 30 s of the quit, the client
+// returns), no byte it read may be wrong, and its failures are the
+// peer's end as TCP would show it (a reset, a broken pipe, or a stream
+// that ends short).
+func TestShimUpgradePeerKilled(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip", "gcc")
+	exnd := nstest.Build(t)
+	prog := buildUpgrade(t)
+	for _, fab := range []string{"shm", "net"} {
+		t.Run(fab, func(t *testing.T) {
+			var c *shimCluster
+			if fab == "shm" {
+				c = shmShimCluster(t, exnd, 74, directArgs...)
+			} else {
+				c = netShimCluster(t, exnd, 75, directArgs...)
+			}
+			ip := c.nodes[1].IP.String()
+			extra := []string{"EXTDS_SETUP=upgrade", "UPGRADE_NOSIGPIPE=1"}
+			for _, victim := range []string{"client", "server"} {
+				t.Run(victim, func(t *testing.T) {
+					port := nstest.PortArg()
+					srv := upgradeServer(t, c, prog, port, extra)
+					cli := c.nodes[0].NS.StartEnv(t, c.env(0, extra...), prog, "client", ip, port, "300", "32")
+					time.Sleep(1500 * time.Millisecond)
+					dead, live := cli, srv
+					if victim == "server" {
+						dead, live = srv, cli
+					}
+					if err := dead.Signal(syscall.SIGKILL); err != nil {
+						t.Fatal(err)
+					}
+					_ = dead.Wait(10 * time.Second)
+					if victim == "client" {
+						// The server serves until a connection says quit.
+						if out, err := c.nodes[0].NS.RunEnv(30*time.Second, c.env(0, extra...), prog, "client", ip, port, "0", "1"); err != nil {
+							t.Errorf("quit: %v: %s", err, out)
+						}
+					}
+					err := live.Wait(2 * time.Minute)
+					out := live.Output()
+					t.Logf("%s after the %s's death (%v):\n%s", map[string]string{"client": "server", "server": "client"}[victim], victim, err, tail(out, 30))
+					if err != nil && (strings.Contains(err.Error(), "still running") || strings.Contains(err.Error(), "timed out")) {
+						t.Fatalf("the survivor did not finish: %v", err)
+					}
+					if _, perr := parseUpgradeTally(out); perr != nil {
+						t.Errorf("no tally: %v", perr)
+					}
+					for _, l := range strings.Split(out, "\n") {
+						switch {
+						case !strings.HasPrefix(l, "FAIL"):
+						case strings.Contains(l, ": byte "), strings.Contains(l, "more than the"), strings.Contains(l, "did not end"):
+							t.Errorf("%s", l)
+						}
+					}
+				})
+			}
+		})
+	}
+}
