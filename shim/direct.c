@@ -3,7 +3,7 @@
  * owns their state, the switch to direct (switch_to), the data calls
  * (read, write, readv, writev, recv, send, their _chk forms, sendfile,
  * sendfile64, splice), ioctl and shutdown. Shares via direct.h the
- * state and d_io with direct_poll.c (poll, select, epoll),
+ * state and d_io with direct_poll.c (poll, select), direct_epoll.c (epoll),
  * direct_exec.c (the exec family) and the socket calls (calls.c,
  * sockcalls.c). The buffer itself is dring.c.
  *
@@ -497,8 +497,16 @@ static ssize_t d_sendfile(int out, int in, off_t *off, size_t n)
 EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 {
 	INIT();
-	if (!dcof(out) && !upg_moved(out))
+	if (!dcof(out) && (fdflags(out) & F_UPG)) {
+		if (!upg_wbegin(out)) {
+			ssize_t r = real.sendfile(out, in, off, n); /* counted: no move meets it */
+			upg_wend(out);
+			return r;
+		}
+		upg_wend(out); /* moved: into the buffer */
+	} else if (!dcof(out)) {
 		return real.sendfile(out, in, off, n);
+	}
 	return d_sendfile(out, in, off, n);
 }
 
@@ -508,8 +516,16 @@ _Static_assert(sizeof(off64_t) == sizeof(off_t), "LP64: off64_t is off_t");
 EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 {
 	INIT();
-	if (!dcof(out) && !upg_moved(out))
+	if (!dcof(out) && (fdflags(out) & F_UPG)) {
+		if (!upg_wbegin(out)) {
+			ssize_t r = real.sendfile64(out, in, off, n);
+			upg_wend(out);
+			return r;
+		}
+		upg_wend(out);
+	} else if (!dcof(out)) {
 		return real.sendfile64(out, in, off, n);
+	}
 	return d_sendfile(out, in, (off_t *)off, n);
 }
 
@@ -526,10 +542,17 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 {
 	INIT();
 	struct dconn *ci = dcof(in), *co = dcof(out);
-	if (!co)
+	int counted = !ci && !co && (fdflags(out) & F_UPG);
+	if (counted && upg_wbegin(out)) {
+		upg_wend(out);
+		counted = 0;
 		co = upg_moved(out); /* writes moved onto the buffer (upgrade.c) */
+	}
 	if (!ci && !co) {
+		/* an upgrading out is counted: no move meets the call */
 		ssize_t r = real.splice(in, offin, out, offout, len, fl);
+		if (counted)
+			upg_wend(out);
 		if (r == 0 && len > 0 && (fdflags(in) & F_UPG) && upg_eof(in))
 			return splice(in, offin, out, offout, len, fl); /* the upgrade's boundary */
 		return r;

@@ -1,7 +1,8 @@
 /*
  * direct.h: direct EXT-DS connections in libextds.so (docs/direct.md),
  * shared by direct.c (the state, the switch to direct, the data calls),
- * direct_poll.c (readiness: poll, select, epoll), direct_exec.c (the exec
+ * direct_poll.c and direct_epoll.c (readiness: poll and select; epoll),
+ * direct_exec.c (the exec
  * family) and the socket calls (calls.c, sockcalls.c). The buffer
  * itself is dring.c (dring.h).
  */
@@ -44,7 +45,7 @@ struct dconn {
 };
 
 /*
- * An epoll registration of a direct descriptor (direct_poll.c, "epoll in
+ * An epoll registration of a direct descriptor (direct_epoll.c, "epoll in
  * O(ready)"): armed for its events from EPOLL_CTL_ADD to its end, so the
  * peer rings its bells whenever something comes; on its set's hot list
  * while it may be ready (a bell fired, just added or modified, or a
@@ -68,7 +69,7 @@ struct depreg {
 
 /* An epoll set with direct records: how many, its hot list, and the
  * records it reported last, which epoll_wait's spin watches on the rings
- * themselves (direct_poll.c). */
+ * themselves (direct_epoll.c). */
 #define DSET_RECENT 4
 struct depset {
 	int epfd; /* -1: free */
@@ -158,7 +159,14 @@ static inline ssize_t d_recv(int fd, const struct iovec *iov, int cnt, int mflag
 
 static inline ssize_t d_send(int fd, const struct iovec *iov, int cnt, int mflags) { return d_io(fd, iov, cnt, mflags, 1); }
 
-/* ---- direct_poll.c ---- */
+/* How often a readiness spin (direct_poll.c, direct_epoll.c) also asks
+ * the kernel about the other descriptors (a zero-timeout poll or
+ * epoll_wait, about 0.5 µs): every 16 checks of the rings keeps a plain
+ * socket's event within a fraction of the budget while the rings are
+ * checked without system calls. */
+#define SPIN_KERNEL_EVERY 16
+
+/* ---- direct_epoll.c ---- */
 
 /* epoll_ctl on a direct descriptor: 1 handled (ret in *ret), 0 not direct. */
 int d_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);

@@ -3,7 +3,7 @@
  * "One bell per side"): owns the hooks every connection's dring calls
  * around its waits (g_dhooks), the per-thread kicks, the family kick,
  * and the pwait[S] count in the buffer. Shared via direct.h with
- * direct.c, direct_poll.c and direct_exec.c.
+ * direct.c, direct_poll.c, direct_epoll.c and direct_exec.c.
  *
  * Why: readers, writers, pollers and epoll records of a side all park on
  * the side's one bell B_S, and whoever drains it may take the byte

@@ -42,13 +42,6 @@ struct held {
 
 static struct held g_held[HELD_MAX];
 
-static uint64_t mono_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* The key of an AF_INET/AF_INET6 address: 0, or -1 for another family. */
 static int held_key(const struct sockaddr *sa, uint16_t *family, uint16_t *port, uint8_t addr[16])
 {
@@ -87,7 +80,7 @@ int held_peer(const struct sockaddr *sa)
 	uint8_t addr[16];
 	if (held_key(sa, &family, &port, addr) < 0)
 		return 0;
-	uint64_t now = mono_ns();
+	uint64_t now = (uint64_t)mono_ns();
 	int r = 0;
 	lock();
 	struct held *h = held_find_locked(family, port, addr);
@@ -106,7 +99,7 @@ static uint64_t hold_until(uint64_t ms, uint64_t end)
 {
 	if (ms > 60000)
 		ms = 60000; /* exnd says at most 2 s (extds.MaxHold); a bound for a forged answer */
-	uint64_t now = mono_ns(), until = now + ms * 1000000ull;
+	uint64_t now = (uint64_t)mono_ns(), until = now + ms * 1000000ull;
 	if (end && end < until)
 		until = end;
 	return until > now ? until : 0;
@@ -145,7 +138,7 @@ int held_listener(int lfd)
 	lock();
 	struct fdent *e = ent(lfd);
 	if (e && (e->flags & F_LISTEN) && e->hold_until) {
-		if (mono_ns() < e->hold_until)
+		if ((uint64_t)mono_ns() < e->hold_until)
 			r = 1;
 		else
 			e->hold_until = 0;

@@ -29,8 +29,8 @@
  *                recvmsg                                   (sockcalls.c)
  *   data         read __read_chk write readv writev recv __recv_chk send
  *                sendfile sendfile64 splice ioctl shutdown   (direct.c)
- *   readiness    poll __poll_chk ppoll select pselect epoll_wait
- *                epoll_pwait epoll_pwait2                (direct_poll.c)
+ *   readiness    poll __poll_chk ppoll select pselect   (direct_poll.c)
+ *                epoll_wait epoll_pwait epoll_pwait2    (direct_epoll.c)
  *   exec         execve execv execvp execvpe fexecve execl execlp execle
  *                                                        (direct_exec.c)
  * The descriptor calls track TCP sockets in the table, register
@@ -61,7 +61,7 @@
  *   ctl.c        the control client (ctl_call); ctlparse.c its encoding
  *   calls.c, sockcalls.c  the socket calls above
  *   hold.c       holds for short-lived connections
- *   direct.c, direct_poll.c, direct_exec.c  direct connections
+ *   direct.c, direct_poll.c, direct_epoll.c, direct_exec.c  direct connections
  *   dparty.c     who parks on a direct connection's bell: the fan-out
  *   dring.c      the shared connection buffer
  * shim/Makefile is the one build recipe (sources, flags, libextds.map).

@@ -62,7 +62,7 @@
 	X(ssize_t, splice, (int, loff_t *, int, loff_t *, size_t, unsigned int))                              \
 	X(int, ioctl, (int, unsigned long, ...))                                                              \
 	X(int, shutdown, (int, int))                                                                          \
-	/* readiness (direct_poll.c) */                                                                       \
+	/* readiness (direct_poll.c, direct_epoll.c) */                                                                       \
 	X(int, poll, (struct pollfd *, nfds_t, int))                                                          \
 	X(int, ppoll, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))                   \
 	X(int, select, (int, fd_set *, fd_set *, fd_set *, struct timeval *))                                 \

@@ -154,6 +154,27 @@ static inline long ms_since(const struct timespec *t0)
 	return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
 }
 
+/* CLOCK_MONOTONIC in ns. */
+static inline int64_t mono_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* What is left of timeout tmo (NULL: none) started at t0; 0 once it ran
+ * out. */
+static inline int time_left(const struct timespec *tmo, const struct timespec *t0, struct timespec *left)
+{
+	if (!tmo)
+		return 1;
+	long long ns = (long long)tmo->tv_sec * 1000000000 + tmo->tv_nsec - (long long)ms_since(t0) * 1000000;
+	if (ns <= 0)
+		return 0;
+	*left = (struct timespec){ns / 1000000000, ns % 1000000000};
+	return 1;
+}
+
 /* ---- table helpers (libextds.c) ---- */
 
 /* With the lock held: forget the epoll records made on epfd (it closes). */

@@ -42,6 +42,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -262,6 +263,34 @@ static void cnt_drain(struct ucount *c)
 		syscall(SYS_futex, &c->n, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
 }
 
+/* Drain count k (utw, utr or umv) of fd's entry and of every other
+ * entry of this process on the same connection (its dups, which count
+ * their calls in their own entries: a write in flight on a dup must not
+ * meet the move's shutdown either). */
+static void cnt_drain_conn(int fd, size_t k)
+{
+	struct fdent *e = ent(fd);
+	int dc = e->dc;
+	cnt_drain((struct ucount *)(void *)((char *)e + k));
+	for (int o = 0; o < g_ntab && dc > 0; o++)
+		if (o != fd && (g_tab[o].flags & F_UPG) && g_tab[o].dc == dc)
+			cnt_drain((struct ucount *)(void *)((char *)&g_tab[o] + k));
+}
+
+int upg_wbegin(int fd)
+{
+	struct fdent *e = ent(fd);
+	cnt_enter(&e->utw);
+	return upg_moved(fd) != NULL;
+}
+
+void upg_wend(int fd)
+{
+	int saved = errno;
+	cnt_leave(&ent(fd)->utw);
+	errno = saved;
+}
+
 /* Across hosts, side S asked to move (UPG_REQ): wait until the peer's
  * engine granted it (UPG_MOV(S) came back), refused it (the peer left:
  * UPG_DET) or the connection is gone. At most one round trip of the
@@ -316,7 +345,7 @@ static int upg_move(int fd, struct dconn *c)
 		}
 	}
 	/* The boundary: everything written to TCP before precedes the FIN. */
-	cnt_drain(&e->utw);
+	cnt_drain_conn(fd, offsetof(struct fdent, utw));
 	real.shutdown(fd, SHUT_WR);
 	cnt_leave(&e->umv);
 	dbg("fd %d: writes moved to the buffer", fd);
@@ -335,14 +364,14 @@ static int upg_convert(int fd)
 	if (!upg_take(fd, U_ATT))
 		return (fdflags(fd) & F_DIRECT) ? 0 : -1; /* another thread is at it */
 	struct fdent *e = ent(fd);
-	cnt_drain(&e->utr);
+	cnt_drain_conn(fd, offsetof(struct fdent, utr));
 	int slot = e->dc - 1;
 	struct dconn *c = &g_dc[slot];
 	int S = c->d.side;
 	uint32_t *w = dring_upg(&c->d);
 	if (!upg_move(fd, c) && (__atomic_load_n(w, __ATOMIC_ACQUIRE) & UPG_WSH(S)))
 		dring_fin(&c->d); /* the program ended this direction on TCP */
-	cnt_drain(&e->umv); /* another thread's move has shut the TCP socket, not V */
+	cnt_drain_conn(fd, offsetof(struct fdent, umv)); /* another thread's move has shut the TCP socket, not V */
 	int v = real.fcntl(c->d.v, F_DUPFD_CLOEXEC, 0);
 	if (v < 0 || direct_install(fd, slot, c->id, v, -1, -1) < 0) {
 		int err = errno;

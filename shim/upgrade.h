@@ -96,6 +96,14 @@ int upg_shutdown(int fd, int how, int *ret);
  * connection (sendfile and splice use the bounce path), else NULL. */
 struct dconn *upg_moved(int fd);
 
+/* Around a write-like call the shim makes on an F_UPG descriptor's TCP
+ * socket itself (sendfile, splice): upg_wbegin counts it in, as
+ * upg_io's writes are (a move then waits for it before it shuts TCP's
+ * write side), and says whether the side has moved already (then the
+ * caller uses the buffer); upg_wend counts it out (errno kept). */
+int upg_wbegin(int fd);
+void upg_wend(int fd);
+
 /* Entries attached and not converted (U_ATT), in this process: when 0,
  * the readiness calls skip upg_poll_filter and upg_epoll_filter. */
 extern int g_upg_att;
@@ -116,7 +124,7 @@ extern int g_upg_asked;
  * returns the new count; upg_epoll_filter on epoll_wait's evs[0..n) of
  * epfd (the events are found by their data among the set's recorded
  * registrations), compacts them and returns their new count. A caller
- * whose count fell to 0 waits again (direct_poll.c).
+ * whose count fell to 0 waits again (direct_poll.c, direct_epoll.c).
  */
 int upg_poll_filter(struct pollfd *fds, nfds_t n, int ret);
 int upg_epoll_filter(int epfd, struct epoll_event *evs, int n);
