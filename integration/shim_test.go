@@ -120,12 +120,12 @@ func testSetup() string {
 }
 
 func (c *shimCluster) env(i int, extra ...string) []string {
-	// The shim's default setup is the upgrade (docs/shim.md "Upgrade"),
-	// which TestShimUpgrade*, TestShimManyConns/upgrade and their
-	// neighbours ask for by name; the other tests check what a
-	// connection switched at connect and accept does, and ask for that
-	// (EXN_TEST_SETUP=upgrade runs them on the default instead, for
-	// debugging).
+	// The upgrade (docs/shim.md "Upgrade") is asked for by name by
+	// TestShimUpgrade*, TestShimManyConns/upgrade and their neighbours;
+	// the other tests check what a connection switched at connect and
+	// accept does, and ask for that by name too, so that they keep
+	// checking it whichever the shim's default is (EXN_TEST_SETUP=upgrade
+	// runs them under the upgrade instead, for debugging).
 	e := []string{"LD_PRELOAD=" + c.lib, "EXTDS_CONTROL=" + c.socks[i], "EXTDS_SETUP=" + testSetup()}
 	if os.Getenv("EXN_TEST_SHIMDEBUG") == "1" {
 		e = append(e, "EXTDS_DEBUG=1")

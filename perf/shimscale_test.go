@@ -50,9 +50,9 @@ func BenchmarkShimScale(b *testing.B) {
 	}
 	ways := []way{
 		{"TCP over veth", p.va, p.vb, p.vethB, []string{watch}, nil},
-		// Switched at connect: the figures count the descriptors of
-		// connections direct from their connect (one round of echoes
-		// would not move them under the default upgrade).
+		// Switched at connect, whichever the shim's default: the figures
+		// count the descriptors of connections direct from their connect
+		// (one round of echoes would not move them under the upgrade).
 		{"shim, direct", p.n1.NS, p.n2.NS, p.n2.IP.String(), shimEnv(lib, p.n1, watch, "EXTDS_SETUP=connect"), shimEnv(lib, p.n2, "EXTDS_SETUP=connect")},
 	}
 	// Both programs at a soft limit below the machine's hard one, as on

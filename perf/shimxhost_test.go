@@ -195,8 +195,9 @@ type idlePhase struct {
 // programs are killed at the end.
 func (x xhostTools) idle(b *testing.B, n1, n2 *nstest.Node) []idlePhase {
 	ip, port, count := n2.IP.String(), nstest.PortArg(), fmt.Sprint(idleConns)
-	// Switched at connect: under the default upgrade a connection that
-	// never carries a byte never moves (docs/shim.md, "Upgrade").
+	// Switched at connect, whichever the shim's default: under the
+	// upgrade a connection that never carries a byte never moves
+	// (docs/shim.md, "Upgrade").
 	srv := n2.NS.StartEnv(b, shimEnv(x.lib, n2, "EXTDS_SETUP=connect"), x.hold, "server", ip, port, count)
 	defer func() { _ = srv.Kill() }()
 	if err := n2.NS.WaitListening(srv, port, 10*time.Second); err != nil {

@@ -228,9 +228,9 @@ func counting(w io.Writer, n *atomic.Int64) io.Writer {
 
 // env returns the environment of a shimmed program. These tests check
 // the switch at connect and accept against a scripted exnd, so they ask
-// for it (EXTDS_SETUP=connect); the default, the upgrade, is tested
-// against real exnds (integration/upgrade_test.go) and its requests in
-// TestCtlRequests.
+// for it (EXTDS_SETUP=connect) whichever the shim's default is; the
+// upgrade is tested against real exnds (integration/upgrade_test.go)
+// and its requests in TestCtlRequests.
 func env(lib, ctl string, extra ...string) []string {
 	return append(append(os.Environ(), "LD_PRELOAD="+lib, "EXTDS_CONTROL="+ctl, "EXTDS_SETUP=connect"), extra...)
 }
