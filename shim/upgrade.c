@@ -416,6 +416,7 @@ static int upg_convert(int fd)
 		lock();
 		g_tab[o] = g_tab[fd];
 		g_tab[o].nreg = 0;
+		g_tab[o].utw = g_tab[o].utr = g_tab[o].umv = (struct ucount){0, 0}; /* fd's calls */
 		unlock();
 	}
 	dbg("fd %d: direct (upgraded)", fd);
@@ -668,6 +669,11 @@ void upg_drop_locked(int fd, struct fdent *e)
 
 void upg_dup_locked(struct fdent *o, struct fdent *n)
 {
+	/* The copy's in-flight counts are o's calls, not n's: a dup made
+	 * while a thread read or wrote o would keep them for ever, and the
+	 * conversion, which drains the dups' counts too, would wait on
+	 * them for ever (a dup made halfway hung every stress run). */
+	n->utw = n->utr = n->umv = (struct ucount){0, 0};
 	if (o->ust == U_ATT && o->dc > 0) {
 		g_dc[o->dc - 1].refs++; /* converted together (upg_convert) */
 		return;
