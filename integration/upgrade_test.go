@@ -99,7 +99,12 @@ func runShimUpgrade(t *testing.T, c *shimCluster, n int) {
 	var first, all int
 	var per float64
 	if err == nil {
-		_, err = fmt.Sscanf(strings.TrimSpace(fout), "fds conns %d first %d all %d per_conn %g", new(int), &first, &all, &per)
+		err = fmt.Errorf("no fds line")
+		for _, l := range strings.Split(fout, "\n") { // EXN_UPGRADE_DEBUG adds the shim's lines
+			if strings.HasPrefix(l, "fds conns ") {
+				_, err = fmt.Sscanf(l, "fds conns %d first %d all %d per_conn %g", new(int), &first, &all, &per)
+			}
+		}
 	}
 	switch {
 	case err != nil:

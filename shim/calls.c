@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -410,7 +411,17 @@ static void dup_copy(int oldfd, int newfd)
 		else if (n->flags & F_UPG)
 			upg_dup_locked(o, n);
 	}
+	int direct = n->flags & F_DIRECT;
+	uint64_t ino = n->ino;
 	unlock();
+	/* A dup that raced an upgrade's conversion (upgrade.c): the kernel
+	 * copied the TCP socket, and the entry it copied says direct by now
+	 * (oldfd is V): newfd must be V too. */
+	struct stat st;
+	if (direct && fstat(newfd, &st) == 0 && st.st_ino != ino) {
+		int cl = real.fcntl(newfd, F_GETFD);
+		real.dup3(oldfd, newfd, (cl >= 0 && (cl & FD_CLOEXEC)) ? O_CLOEXEC : 0);
+	}
 }
 
 /* dup_result ends a dup, dup2 or dup3 of fd that returned r: on success

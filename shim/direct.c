@@ -362,9 +362,15 @@ static int dflags(int fd, int mflags)
  * with errno, or NOT_DIRECT. A send takes only MSG_DONTWAIT of mflags. */
 ssize_t d_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 {
-	struct dconn *c = dcof(fd);
+	/* The flags loaded once: a conversion (upgrade.c) turns F_UPG into
+	 * F_DIRECT in one store, and a second look could find neither and
+	 * send the call to the real socket, which is V by then. */
+	int f = fdflags(fd);
+	if (f & F_UPG)
+		return upg_io(fd, iov, cnt, mflags, send);
+	struct dconn *c = (f & F_DIRECT) ? dcof(fd) : NULL;
 	if (!c)
-		return (fdflags(fd) & F_UPG) ? upg_io(fd, iov, cnt, mflags, send) : NOT_DIRECT;
+		return NOT_DIRECT;
 	return d_ring_io(c, fd, iov, cnt, mflags, send);
 }
 
@@ -494,18 +500,32 @@ static ssize_t d_sendfile(int out, int in, off_t *off, size_t n)
 	return (ssize_t)done;
 }
 
+/* sendfile on out: 1 and *r set if the shim made the call (upgrading,
+ * on TCP: counted, so no move or conversion meets it), 0 if out takes
+ * the bounce path (d_sendfile: direct, or moved onto its buffer), -1 if
+ * out is a plain socket or relayed (the real call). The flags are
+ * loaded once (upgrade.h, upg_wbegin). */
+static int sendfile_route(int out)
+{
+	int f = fdflags(out);
+	if (f & F_UPG) {
+		struct dconn *c;
+		if (upg_wbegin(out, &c) == UPG_W_TCP)
+			return 1;
+		return 0;
+	}
+	return (f & F_DIRECT) && dcof(out) ? 0 : -1;
+}
+
 EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 {
 	INIT();
-	if (!dcof(out) && (fdflags(out) & F_UPG)) {
-		if (!upg_wbegin(out)) {
-			ssize_t r = real.sendfile(out, in, off, n); /* counted: no move meets it */
+	int how = sendfile_route(out);
+	if (how != 0) {
+		ssize_t r = real.sendfile(out, in, off, n);
+		if (how > 0)
 			upg_wend(out);
-			return r;
-		}
-		upg_wend(out); /* moved: into the buffer */
-	} else if (!dcof(out)) {
-		return real.sendfile(out, in, off, n);
+		return r;
 	}
 	return d_sendfile(out, in, off, n);
 }
@@ -516,15 +536,12 @@ _Static_assert(sizeof(off64_t) == sizeof(off_t), "LP64: off64_t is off_t");
 EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 {
 	INIT();
-	if (!dcof(out) && (fdflags(out) & F_UPG)) {
-		if (!upg_wbegin(out)) {
-			ssize_t r = real.sendfile64(out, in, off, n);
+	int how = sendfile_route(out);
+	if (how != 0) {
+		ssize_t r = real.sendfile64(out, in, off, n);
+		if (how > 0)
 			upg_wend(out);
-			return r;
-		}
-		upg_wend(out);
-	} else if (!dcof(out)) {
-		return real.sendfile64(out, in, off, n);
+		return r;
 	}
 	return d_sendfile(out, in, (off_t *)off, n);
 }
@@ -541,22 +558,41 @@ EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len, unsigned int fl)
 {
 	INIT();
-	struct dconn *ci = dcof(in), *co = dcof(out);
-	int counted = !ci && !co && (fdflags(out) & F_UPG);
-	if (counted && upg_wbegin(out)) {
-		upg_wend(out);
-		counted = 0;
-		co = upg_moved(out); /* writes moved onto the buffer (upgrade.c) */
+	/* Each side's flags loaded once; an upgrading side counted in on
+	 * TCP, so that no move or conversion meets the call (upgrade.h,
+	 * upg_wbegin), or its buffer if it moved (or converts). */
+	int fi = fdflags(in), fo = fdflags(out), ti = 0, to = 0;
+	struct dconn *ci = NULL, *co = NULL;
+	if (fo & F_UPG) {
+		int k = upg_wbegin(out, &co);
+		to = k == UPG_W_TCP;
+		fo = k == UPG_W_DIRECT ? F_DIRECT : fo;
+		co = k == UPG_W_RING ? co : NULL;
 	}
+	if (fo & F_DIRECT)
+		co = dcof(out);
+	if (fi & F_UPG) {
+		int k = upg_rbegin(in, &ci);
+		ti = k == UPG_W_TCP;
+		fi = k == UPG_W_DIRECT ? F_DIRECT : fi;
+		ci = k == UPG_W_RING ? ci : NULL;
+	}
+	if (fi & F_DIRECT)
+		ci = dcof(in);
 	if (!ci && !co) {
-		/* an upgrading out is counted: no move meets the call */
 		ssize_t r = real.splice(in, offin, out, offout, len, fl);
-		if (counted)
+		if (to)
 			upg_wend(out);
-		if (r == 0 && len > 0 && (fdflags(in) & F_UPG) && upg_eof(in))
+		if (ti)
+			upg_rend(in);
+		if (r == 0 && len > 0 && ti && upg_eof(in))
 			return splice(in, offin, out, offout, len, fl); /* the upgrade's boundary */
 		return r;
 	}
+	if (to)
+		upg_wend(out); /* a socket on both sides: EINVAL below */
+	if (ti)
+		upg_rend(in);
 	/* as the kernel (fs/splice.c): one side a pipe, else EINVAL; an
 	 * offset on the pipe ESPIPE, on the socket EINVAL */
 	struct stat st;
@@ -681,6 +717,8 @@ EXPORT int shutdown(int fd, int how)
 	int ret;
 	if (!c && upg_shutdown(fd, how, &ret))
 		return ret;
+	if (!c)
+		c = dcof(fd); /* converted since the first look (upg_shutdown) */
 	if (!c)
 		return real.shutdown(fd, how);
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {

@@ -277,20 +277,6 @@ static void cnt_drain_conn(int fd, size_t k)
 			cnt_drain((struct ucount *)(void *)((char *)&g_tab[o] + k));
 }
 
-int upg_wbegin(int fd)
-{
-	struct fdent *e = ent(fd);
-	cnt_enter(&e->utw);
-	return upg_moved(fd) != NULL;
-}
-
-void upg_wend(int fd)
-{
-	int saved = errno;
-	cnt_leave(&ent(fd)->utw);
-	errno = saved;
-}
-
 /* Across hosts, side S asked to move (UPG_REQ): wait until the peer's
  * engine granted it (UPG_MOV(S) came back), refused it (the peer left:
  * UPG_DET) or the connection is gone. At most one round trip of the
@@ -359,7 +345,7 @@ static int upg_move(int fd, struct dconn *c)
  * the calls of other threads find the buffer (upg_conn); do_switch makes
  * it direct in one step. 0, or -1 (errno; the entry stays U_ATT and its
  * reads go on in the buffer through upg_io). */
-static int upg_convert(int fd)
+int upg_convert(int fd)
 {
 	if (!upg_take(fd, U_ATT))
 		return (fdflags(fd) & F_DIRECT) ? 0 : -1; /* another thread is at it */
@@ -371,7 +357,13 @@ static int upg_convert(int fd)
 	uint32_t *w = dring_upg(&c->d);
 	if (!upg_move(fd, c) && (__atomic_load_n(w, __ATOMIC_ACQUIRE) & UPG_WSH(S)))
 		dring_fin(&c->d); /* the program ended this direction on TCP */
-	cnt_drain_conn(fd, offsetof(struct fdent, umv)); /* another thread's move has shut the TCP socket, not V */
+	/* Before the dup3, no call may be left on the TCP socket: writes
+	 * (the move drained them if it shut TCP's write side; not if it
+	 * did not move), and another thread's move or shutdown, which
+	 * must shut the TCP socket, not V. Calls counted in later find
+	 * U_BUSY and go to the buffer (upg_wbegin, upg_shutdown). */
+	cnt_drain_conn(fd, offsetof(struct fdent, utw));
+	cnt_drain_conn(fd, offsetof(struct fdent, umv));
 	int v = real.fcntl(c->d.v, F_DUPFD_CLOEXEC, 0);
 	if (v < 0 || direct_install(fd, slot, c->id, v, -1, -1) < 0) {
 		int err = errno;
@@ -435,7 +427,7 @@ static int upg_boundary(struct dconn *c)
 }
 
 /* Whether the TCP socket fd is at EOF now (a peek that does not wait). */
-static int tcp_at_eof(int fd)
+int tcp_at_eof(int fd)
 {
 	char b;
 	return real.recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
@@ -443,21 +435,13 @@ static int tcp_at_eof(int fd)
 
 /* The attached connection of an F_UPG entry (U_ATT, or U_BUSY while it
  * converts), or NULL. */
-static struct dconn *upg_conn(int fd)
+struct dconn *upg_conn(int fd)
 {
 	struct fdent *e = ent(fd);
 	if (!e || !(fdflags(fd) & F_UPG))
 		return NULL;
 	int st = __atomic_load_n(&e->ust, __ATOMIC_ACQUIRE), dc = e->dc;
 	return (st == U_ATT || st == U_BUSY) && dc > 0 ? &g_dc[dc - 1] : NULL;
-}
-
-struct dconn *upg_moved(int fd)
-{
-	struct dconn *c = upg_conn(fd);
-	if (!c || !(__atomic_load_n(dring_upg(&c->d), __ATOMIC_ACQUIRE) & UPG_MOV(c->d.side)))
-		return NULL;
-	return c;
 }
 
 /* O_NONBLOCK of fd as MSG_DONTWAIT (an entry that is not direct caches nothing). */
@@ -486,40 +470,81 @@ static int upg_view(int fd, struct dconn **c)
 	return v;
 }
 
-/* A send on F_UPG fd: on TCP only while UPG_MOV(S) is unset after this
- * writer counted itself in (utw), else into the buffer. */
-static ssize_t upg_send(int fd, struct fdent *e, struct msghdr *mh, int mflags)
+int upg_wbegin(int fd, struct dconn **c)
 {
-	const struct iovec *iov = mh->msg_iov;
-	int cnt = (int)mh->msg_iovlen;
-	for (int moved = 0;; moved = 1) {
-		struct dconn *c;
+	struct fdent *e = ent(fd);
+	for (int asked = 0;; asked = 1) {
 		cnt_enter(&e->utw);
-		int v = upg_view(fd, &c);
+		int v = upg_view(fd, c);
 		if (v == VIEW_DIRECT) {
 			cnt_leave(&e->utw);
-			return d_io(fd, iov, cnt, mflags, 1);
+			return UPG_W_DIRECT;
 		}
-		if (c && (__atomic_load_n(dring_upg(&c->d), __ATOMIC_SEQ_CST) & UPG_MOV(c->d.side))) {
+		if (v == VIEW_TCP)
+			return UPG_W_TCP; /* not attached: a conversion drains this count */
+		int moved = (__atomic_load_n(dring_upg(&(*c)->d), __ATOMIC_SEQ_CST) & UPG_MOV((*c)->d.side)) != 0;
+		/* Converting (U_BUSY), the TCP socket may be V already: the
+		 * buffer, moved (the usual case: the peer moved) or not (this
+		 * side shut its writes, or a reset: the buffer says which). */
+		if (moved || (v == VIEW_BUSY && asked)) {
 			cnt_leave(&e->utw);
-			return d_ring_io(c, fd, iov, cnt, mflags | nb_flag(fd), 1);
+			return UPG_W_RING;
 		}
-		if (c && !moved) {
-			cnt_leave(&e->utw);
-			upg_move(fd, c); /* then look again */
-			continue;
-		}
-		/* On TCP, as the program's write (SIGPIPE as write's). */
-		ssize_t r = real.sendmsg(fd, mh, mflags);
+		if (asked)
+			return UPG_W_TCP; /* attached, and the move was refused: TCP, counted */
 		cnt_leave(&e->utw);
-		return r;
+		upg_move(fd, *c); /* then look again */
 	}
+}
+
+void upg_wend(int fd)
+{
+	int saved = errno;
+	cnt_leave(&ent(fd)->utw);
+	errno = saved;
+}
+
+int upg_rbegin(int fd, struct dconn **c)
+{
+	struct fdent *e = ent(fd);
+	cnt_enter(&e->utr);
+	int v = upg_view(fd, c);
+	if (v == VIEW_DIRECT || v == VIEW_BUSY) {
+		/* converted; or converting: TCP is at EOF, the stream goes on
+		 * in the buffer */
+		cnt_leave(&e->utr);
+		return v == VIEW_DIRECT ? UPG_W_DIRECT : UPG_W_RING;
+	}
+	return UPG_W_TCP;
+}
+
+void upg_rend(int fd)
+{
+	int saved = errno;
+	cnt_leave(&ent(fd)->utr);
+	errno = saved;
+}
+
+/* A send on F_UPG fd: on TCP only while UPG_MOV(S) is unset after this
+ * writer counted itself in (utw), else into the buffer. */
+static ssize_t upg_send(int fd, struct msghdr *mh, int mflags)
+{
+	struct dconn *c;
+	switch (upg_wbegin(fd, &c)) {
+	case UPG_W_DIRECT:
+		return d_io(fd, mh->msg_iov, (int)mh->msg_iovlen, mflags, 1);
+	case UPG_W_RING:
+		return d_ring_io(c, fd, mh->msg_iov, (int)mh->msg_iovlen, mflags | nb_flag(fd), 1);
+	}
+	/* On TCP, as the program's write (SIGPIPE as write's). */
+	ssize_t r = real.sendmsg(fd, mh, mflags);
+	upg_wend(fd);
+	return r;
 }
 
 ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 {
 	int saved = errno;
-	struct fdent *e = ent(fd);
 	if (cnt < 0 || cnt > IOV_MAX) {
 		errno = EINVAL;
 		return -1;
@@ -527,23 +552,18 @@ ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 	struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)cnt};
 	upg_tick(fd);
 	if (send)
-		return upg_send(fd, e, &mh, mflags);
+		return upg_send(fd, &mh, mflags);
 	struct dconn *c;
-	cnt_enter(&e->utr);
-	int v = upg_view(fd, &c);
-	if (v == VIEW_DIRECT) {
-		cnt_leave(&e->utr);
+	switch (upg_rbegin(fd, &c)) {
+	case UPG_W_DIRECT:
 		errno = saved;
 		return d_io(fd, iov, cnt, mflags, 0);
-	}
-	if (v == VIEW_BUSY) {
-		/* Converting: TCP is at EOF, the stream goes on in the buffer. */
-		cnt_leave(&e->utr);
+	case UPG_W_RING:
 		errno = saved;
 		return d_ring_io(c, fd, iov, cnt, mflags | nb_flag(fd), 0);
 	}
 	ssize_t r = real.recvmsg(fd, &mh, mflags);
-	cnt_leave(&e->utr);
+	upg_rend(fd);
 	if (r < 0)
 		return r;
 	size_t want = 0;
@@ -551,7 +571,7 @@ ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 		want += iov[i].iov_len;
 	if ((size_t)r >= want)
 		return r;
-	v = upg_view(fd, &c);
+	int v = upg_view(fd, &c);
 	if (v == VIEW_DIRECT) {
 		/* Converted by another thread while this read was on TCP. */
 		if (r > 0)
@@ -592,6 +612,8 @@ ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 
 int upg_eof(int fd)
 {
+	if (fdflags(fd) & F_DIRECT)
+		return 1; /* another thread converted it since the call */
 	struct dconn *c = upg_conn(fd);
 	if (!c || !upg_boundary(c) || !tcp_at_eof(fd))
 		return 0;
@@ -600,43 +622,71 @@ int upg_eof(int fd)
 
 int upg_shutdown(int fd, int how, int *ret)
 {
-	if (!(fdflags(fd) & F_UPG) || (how != SHUT_WR && how != SHUT_RDWR))
-		return 0;
-	/* Not attached (under the lock, against upg_pickup): the program's
-	 * direction ends on TCP, and so it stays once attached. */
-	lock();
 	struct fdent *e = ent(fd);
-	int att = (e->flags & F_UPG) && e->dc > 0 && (e->ust == U_ATT || e->ust == U_BUSY);
-	if ((e->flags & F_UPG) && !att)
-		e->uwsh = 1;
+	if (!(fdflags(fd) & F_UPG) || (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR))
+		return 0;
+	/* Counted in before the look (umv), so that the look holds for the
+	 * whole call: a conversion that starts later waits for this one
+	 * before its dup3; one that started already is U_BUSY here. */
+	cnt_enter(&e->umv);
+	lock();
+	int f = e->flags, st = e->ust;
+	int att = (f & F_UPG) && e->dc > 0 && (st == U_ATT || st == U_BUSY);
+	if ((f & F_UPG) && !att && how != SHUT_RD)
+		e->uwsh = 1; /* the direction ends on TCP, and so it stays once attached */
 	struct dconn *c = att ? &g_dc[e->dc - 1] : NULL;
 	unlock();
-	if (!c)
-		return 0;
-	/* Attached: counted as a move, so that a conversion replaces the
-	 * TCP socket only after this shutdown reached it. */
+	if (f & F_DIRECT) {
+		cnt_leave(&e->umv);
+		return 0; /* converted meanwhile: the direct shutdown */
+	}
+	if (!c) {
+		*ret = real.shutdown(fd, how); /* TCP, and it stays TCP */
+		int err = errno;
+		cnt_leave(&e->umv);
+		errno = err;
+		return 1;
+	}
 	int S = c->d.side;
 	uint32_t *w = dring_upg(&c->d);
-	cnt_enter(&e->umv);
-	uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
-	if ((o & UPG_XHOST) && (o & UPG_REQ(S)) && !(o & UPG_MOV(S))) {
-		/* A thread of this side asked to move: its answer first. */
-		upg_await_grant(c);
-		o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
-	}
-	while (!(o & UPG_MOV(S)) && !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-		;
-	if ((o & UPG_XHOST) && !(o & UPG_MOV(S)))
-		dring_kick(&c->d); /* UPG_WSH(S) to the peer's copy */
-	/* Either way the direction ends in the buffer too: a peer that
-	 * moved converts at this side's TCP EOF and reads fin there. */
 	*ret = 0;
-	if (!(o & UPG_MOV(S)))
-		*ret = real.shutdown(fd, how); /* the direction ends on TCP */
-	else if (how == SHUT_RDWR)
-		dring_shut_rd(&c->d); /* TCP's write side is shut already */
 	int err = errno;
-	dring_fin(&c->d);
+	if (st == U_BUSY) {
+		/* Converting: the TCP socket may be V already, so no real call.
+		 * The peer moved (that is why this side converts): this side
+		 * moves too (the move shuts TCP's write side), and the
+		 * shutdown is the buffer's. */
+		if (how != SHUT_RD)
+			upg_move(fd, c);
+	} else {
+		uint32_t o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+		if (how != SHUT_RD) {
+			if ((o & UPG_XHOST) && (o & UPG_REQ(S)) && !(o & UPG_MOV(S))) {
+				/* A thread of this side asked to move: its answer first. */
+				upg_await_grant(c);
+				o = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+			}
+			while (!(o & UPG_MOV(S)) &&
+			       !__atomic_compare_exchange_n(w, &o, o | UPG_WSH(S), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+				;
+			if ((o & UPG_XHOST) && !(o & UPG_MOV(S)))
+				dring_kick(&c->d); /* UPG_WSH(S) to the peer's copy */
+		}
+		/* Attached and not converting: the descriptor is the TCP
+		 * socket for this whole call (counted). Either way the
+		 * direction ends in the buffer too: a peer that moved converts
+		 * at this side's TCP EOF and reads fin there. */
+		if (how == SHUT_RD || !(o & UPG_MOV(S))) {
+			*ret = real.shutdown(fd, how); /* ends on TCP */
+			err = errno;
+		} else if (how == SHUT_RDWR) {
+			real.shutdown(fd, SHUT_RD);
+		}
+	}
+	if (how != SHUT_WR)
+		dring_shut_rd(&c->d);
+	if (how != SHUT_RD)
+		dring_fin(&c->d);
 	cnt_leave(&e->umv);
 	errno = err;
 	return 1;
@@ -674,11 +724,15 @@ void upg_dup_locked(struct fdent *o, struct fdent *n)
 	 * conversion, which drains the dups' counts too, would wait on
 	 * them for ever (a dup made halfway hung every stress run). */
 	n->utw = n->utr = n->umv = (struct ucount){0, 0};
-	if (o->ust == U_ATT && o->dc > 0) {
-		g_dc[o->dc - 1].refs++; /* converted together (upg_convert) */
+	if ((o->ust == U_ATT || o->ust == U_BUSY) && o->dc > 0) {
+		/* Attached, or converting (U_BUSY with its slot: upg_convert's
+		 * loop over the dups runs after this, under the lock, and
+		 * installs V under n too): converted together. */
+		g_dc[o->dc - 1].refs++;
 		return;
 	}
-	/* Not attached yet (or a thread is at it): a connection with two
+	/* Not attached yet (or a thread is attaching it: U_BUSY without a
+	 * slot, upg_pickup): a connection with two
 	 * descriptors stays TCP; a pending answer is dropped unread, so this
 	 * side never attaches and the peer never moves. */
 	if (o->ust == U_ASKED && o->ucl >= 0) {
@@ -716,83 +770,4 @@ void upg_exec(void)
 		if (o & (UPG_MOV(0) | UPG_MOV(1)))
 			dbg("exec: fd %d is moving onto its buffer: the new program cannot follow it (docs/shim.md, \"Upgrade\")", fd);
 	}
-}
-
-/* Whether fd is attached (not converted) and a FIN on it is the peer's
- * move, not its end. */
-static int upg_fin_moved(int fd)
-{
-	struct dconn *c = upg_conn(fd);
-	if (!c)
-		return 0;
-	uint32_t w = __atomic_load_n(dring_upg(&c->d), __ATOMIC_ACQUIRE);
-	return (w & UPG_MOV(1 - c->d.side)) != 0;
-}
-
-int upg_attached(int fd) { return (fdflags(fd) & F_UPG) && upg_conn(fd) != NULL; }
-
-/*
- * The readiness of an attached descriptor that a readiness call found
- * readable, hung up or at RDHUP: r, or what it is at the boundary. When
- * the peer moved and TCP holds nothing but the FIN that marks it, the
- * FIN is no data and no end: fd converts now (the read would have done
- * it, and a blocking read after a readiness call must not wait for
- * bytes the readiness promised; TestShimManyConns under the upgrade: a
- * blocking epoll server hung in such a read), and its readiness is its
- * buffer's, within want (the events asked, poll(2) bits, which epoll's
- * share). When it does not convert (TCP still has bytes before the FIN,
- * or the conversion failed), the FIN's RDHUP and HUP are taken off
- * (POLLIN stays: the read converts it).
- */
-static unsigned upg_ready(int fd, unsigned r, unsigned want)
-{
-	if (!(r & (POLLIN | POLLRDHUP | POLLHUP)) || !(fdflags(fd) & F_UPG) || !upg_fin_moved(fd))
-		return r;
-	if (tcp_at_eof(fd) && upg_convert(fd) == 0 && (fdflags(fd) & F_DIRECT)) {
-		struct dconn *c = dcof(fd);
-		if (c)
-			return dring_ready(&c->d) & (want | POLLERR | POLLHUP);
-	}
-	unsigned keep = r & ~(unsigned)(POLLRDHUP | POLLHUP);
-	return keep ? keep : r; /* a lone POLLHUP is left as it is */
-}
-
-int upg_poll_filter(struct pollfd *fds, nfds_t n, int ret)
-{
-	for (nfds_t i = 0; i < n; i++) {
-		if (!fds[i].revents)
-			continue;
-		short r = (short)upg_ready(fds[i].fd, (unsigned short)fds[i].revents, (unsigned short)fds[i].events);
-		if (!r)
-			ret--;
-		fds[i].revents = r;
-	}
-	return ret;
-}
-
-int upg_epoll_filter(int epfd, struct epoll_event *evs, int n)
-{
-	int k = 0;
-	for (int i = 0; i < n; i++) {
-		uint32_t ev = evs[i].events, want = 0;
-		int fd = -1;
-		if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) {
-			lock();
-			for (int j = 0; j < EP_POOL && fd < 0; j++)
-				if (g_ep[j].fd >= 0 && g_ep[j].epfd == epfd && g_ep[j].ev.data.u64 == evs[i].data.u64 &&
-				    (g_tab[g_ep[j].fd].flags & F_UPG)) {
-					fd = g_ep[j].fd;
-					want = g_ep[j].ev.events;
-				}
-			unlock();
-		}
-		if (fd >= 0)
-			ev = (ev & ~(uint32_t)(EPOLLIN | EPOLLRDNORM | EPOLLOUT | EPOLLWRNORM | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) |
-			     upg_ready(fd, ev & 0xffff, want & 0xffff);
-		if (!(ev & 0xffff))
-			continue; /* converted, and its buffer is not ready: no event */
-		evs[k] = evs[i];
-		evs[k++].events = ev;
-	}
-	return k;
 }

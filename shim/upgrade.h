@@ -86,23 +86,42 @@ void upg_mark(int fd, int side);
 ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send);
 
 /* A real call on the F_UPG descriptor fd (splice) found TCP at EOF:
- * 1 if that was the boundary and fd is direct now (call again), else 0. */
+ * 1 if that was the boundary and fd is direct now, or another thread
+ * converted it meanwhile (call again), else 0 (the peer's real end). */
 int upg_eof(int fd);
 
-/* shutdown on an F_UPG descriptor: 1 handled (*ret set), 0 not. */
+/* shutdown on an F_UPG descriptor: 1 handled (*ret set), 0 not: fd is
+ * not upgrading, or it is direct now (the caller looks at dcof again:
+ * a conversion may have ended between its look and this call's). */
 int upg_shutdown(int fd, int how, int *ret);
 
-/* The F_UPG descriptor fd whose writes have moved onto its buffer: that
- * connection (sendfile and splice use the bounce path), else NULL. */
-struct dconn *upg_moved(int fd);
-
-/* Around a write-like call the shim makes on an F_UPG descriptor's TCP
- * socket itself (sendfile, splice): upg_wbegin counts it in, as
- * upg_io's writes are (a move then waits for it before it shuts TCP's
- * write side), and says whether the side has moved already (then the
- * caller uses the buffer); upg_wend counts it out (errno kept). */
-int upg_wbegin(int fd);
+/*
+ * Around a call the shim makes on an upgrading descriptor's TCP socket
+ * itself (sendfile, splice; upg_io's own reads and writes use them
+ * too). A conversion replaces the TCP socket under the descriptor's
+ * number with V (dup3), so a real call must never look at the state
+ * and then call on the number unless it is counted in between: the
+ * conversion drains the counts before its dup3, and a call that counted
+ * itself in finds the state as it will be for the whole call. fdflags
+ * changes F_UPG to F_DIRECT in one store, so a caller that loaded the
+ * flags once and found neither needs neither.
+ *
+ * upg_wbegin (a write on fd) returns:
+ *   UPG_W_TCP     counted in: make the real call, then upg_wend(fd);
+ *   UPG_W_RING    fd's writes moved onto its buffer, *c (not counted);
+ *                 the call goes through the buffer (d_io on fd, or *c);
+ *   UPG_W_DIRECT  fd is direct now (not counted): the direct path.
+ * A write of an attached side that has not moved asks for the move
+ * first, as a write(2) does. upg_rbegin (a read on fd) returns the same:
+ * UPG_W_TCP counted in (until the conversion, reads are on TCP; then
+ * upg_rend), UPG_W_RING while another thread converts fd, UPG_W_DIRECT.
+ * upg_wend and upg_rend keep errno.
+ */
+enum { UPG_W_TCP, UPG_W_RING, UPG_W_DIRECT };
+int upg_wbegin(int fd, struct dconn **c);
 void upg_wend(int fd);
+int upg_rbegin(int fd, struct dconn **c);
+void upg_rend(int fd);
 
 /* Entries attached and not converted (U_ATT), in this process: when 0,
  * the readiness calls skip upg_poll_filter and upg_epoll_filter. */
@@ -132,6 +151,14 @@ int upg_epoll_filter(int epfd, struct epoll_event *evs, int n);
 /* Whether fd is attached and not converted yet (select takes such a set
  * through poll, for the boundary above). */
 int upg_attached(int fd);
+
+/* Between upgrade.c and upgrade_ready.c. upg_conn: the attached
+ * connection of an F_UPG entry (U_ATT, or U_BUSY while it converts), or
+ * NULL. tcp_at_eof: whether fd's TCP socket is at EOF now (a peek that
+ * does not wait). upg_convert: stage 4 (upgrade.c): 0, or -1 with errno. */
+struct dconn *upg_conn(int fd);
+int tcp_at_eof(int fd);
+int upg_convert(int fd);
 
 /* With the lock held: fd's F_UPG entry is cleared (close, reuse). */
 void upg_drop_locked(int fd, struct fdent *e);

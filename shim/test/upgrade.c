@@ -13,7 +13,9 @@
  *
  * Each connection starts with the client's 8-byte seed. From it both ends
  * derive everything: how many bytes each direction carries, in which
- * write sizes (1 B to 64 KiB) with which pauses (0 to 2 ms, so that the
+ * write sizes (1 B to 64 KiB), by which call (write, sendfile, splice, or
+ * write on a dup made halfway), whether its reader stops for 300 ms once,
+ * with which pauses (0 to 2 ms, so that the
  * connection outlives the shim's UPG_AGE_NS and moves in the middle of
  * its streams), when each side half-closes, and how it waits: two
  * blocking threads, a poll loop or an epoll loop (non-blocking), and
@@ -43,6 +45,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -65,7 +68,19 @@ struct plan {
 	uint64_t len[2];   /* bytes per direction */
 	uint64_t rng[2];   /* write size and pause generators, per writer */
 	int mode;          /* 0 threads, 1 poll, 2 epoll */
+	int how[2];        /* per writer: HOW_WRITE, HOW_SENDFILE, HOW_SPLICE, HOW_DUP */
+	uint64_t stall[2]; /* per reader: stall STALL_US once at this byte (0: never) */
 };
+
+/* How a writer writes (a tenth each but write): write(2); sendfile(2)
+ * from a memfd; splice(2) from a pipe; write(2) on a dup of the socket
+ * made halfway (after its attach, often: the dups convert together). */
+enum { HOW_WRITE, HOW_SENDFILE, HOW_SPLICE, HOW_DUP };
+
+/* A reader that stops reading for a while (an eighth of them, once):
+ * longer than an upgrade's agreement, so its peer's move and its own
+ * ask meet a side that does not call. */
+#define STALL_US 300000
 
 static void plan_of(uint64_t seed, struct plan *p)
 {
@@ -78,6 +93,12 @@ static void plan_of(uint64_t seed, struct plan *p)
 		p->rng[d] = mix(seed ^ (5 + d));
 	}
 	p->mode = (int)(mix(seed ^ 7) % 3);
+	for (int d = 0; d < 2; d++) {
+		uint64_t r = mix(seed ^ (11 + d));
+		p->how[d] = r % 10 < 7 ? HOW_WRITE : (int)(r % 10) - 6;
+		uint64_t q = mix(seed ^ (13 + d));
+		p->stall[d] = q % 8 == 0 && p->len[d] > 1 ? 1 + (q >> 8) % p->len[d] : 0;
+	}
 }
 
 static uint64_t next(uint64_t *s) { return *s = mix(*s); }
@@ -100,6 +121,10 @@ static void sleep_us(unsigned us)
 /* One end of one connection: writes direction w, reads direction 1-w. */
 struct end {
 	int fd;
+	int wfd;   /* where writes go: fd, or its dup (HOW_DUP) */
+	int mfd;   /* HOW_SENDFILE: the memfd the bytes go out of */
+	int pp[2]; /* HOW_SPLICE: the pipe they go through */
+	int stalled;
 	struct plan p;
 	int w;
 	uint64_t sent, got;
@@ -159,7 +184,49 @@ static int step_write(struct end *e, int block)
 	size_t n = e->chunk - e->coff;
 	for (size_t i = 0; i < n; i++)
 		buf[i] = sbyte(e->p.key[e->w], e->sent + i);
-	ssize_t r = write(e->fd, buf, n);
+	ssize_t r;
+	switch (e->p.how[e->w]) {
+	case HOW_SENDFILE: {
+		/* each byte at its own place in the file: TCP's sendfile
+		 * sends the file's pages, not a copy, so a page written again
+		 * before it left would change bytes already "sent" */
+		off_t off = (off_t)e->sent;
+		if (pwrite(e->mfd, buf, n, off) != (ssize_t)n) {
+			failf(e, "memfd: %s", strerror(errno));
+			return -1;
+		}
+		r = sendfile(e->wfd, e->mfd, &off, n);
+		break;
+	}
+	case HOW_SPLICE: {
+		if (write(e->pp[1], buf, n) != (ssize_t)n) {
+			failf(e, "pipe: %s", strerror(errno));
+			return -1;
+		}
+		r = splice(e->pp[0], NULL, e->wfd, NULL, n, e->p.mode ? SPLICE_F_NONBLOCK : 0);
+		int err = errno;
+		/* what did not go stays in the pipe: out, so that the next
+		 * step starts from e->sent again */
+		for (ssize_t left = (ssize_t)n - (r > 0 ? r : 0); left > 0;) {
+			ssize_t k = read(e->pp[0], buf, (size_t)left);
+			if (k <= 0)
+				break;
+			left -= k;
+		}
+		errno = err;
+		break;
+	}
+	case HOW_DUP:
+		if (e->wfd == e->fd && e->sent >= e->p.len[e->w] / 2)
+			e->wfd = dup(e->fd);
+		if (e->wfd < 0) {
+			failf(e, "dup: %s", strerror(errno));
+			return -1;
+		}
+		/* fall through */
+	default:
+		r = write(e->wfd, buf, n);
+	}
 	if (r < 0) {
 		if (errno == EAGAIN || errno == EINTR)
 			return 0;
@@ -179,6 +246,10 @@ static int step_read(struct end *e)
 	uint8_t buf[65536];
 	if (e->rdone)
 		return 0;
+	if (!e->stalled && e->p.stall[1 - e->w] && e->got >= e->p.stall[1 - e->w]) {
+		e->stalled = 1;
+		sleep_us(STALL_US);
+	}
 	ssize_t r = read(e->fd, buf, sizeof buf);
 	if (r < 0) {
 		if (errno == EAGAIN || errno == EINTR)
@@ -228,7 +299,28 @@ static void *writer(void *a)
 }
 
 /* Run one connection's end to its finish in its plan's mode. */
+static void run_end_how(struct end *e);
 static void run_end(struct end *e)
+{
+	e->wfd = e->fd;
+	e->mfd = e->pp[0] = e->pp[1] = -1;
+	if (e->p.how[e->w] == HOW_SENDFILE && (e->mfd = memfd_create("upgrade", MFD_CLOEXEC)) < 0)
+		failf(e, "memfd_create: %s", strerror(errno));
+	if (e->p.how[e->w] == HOW_SPLICE && pipe2(e->pp, O_CLOEXEC) < 0)
+		failf(e, "pipe: %s", strerror(errno));
+	if (!e->bad)
+		run_end_how(e);
+	if (e->wfd != e->fd && e->wfd >= 0)
+		close(e->wfd);
+	if (e->mfd >= 0)
+		close(e->mfd);
+	if (e->pp[0] >= 0) {
+		close(e->pp[0]);
+		close(e->pp[1]);
+	}
+}
+
+static void run_end_how(struct end *e)
 {
 	e->wrng = e->p.rng[e->w];
 	if (e->p.mode == 0) {
@@ -321,8 +413,10 @@ static void done(struct end *e, const char *who, uint64_t seed)
 	add(&g_t->direct, d);
 	if (e->bad) {
 		add(&g_t->fails, 1);
-		say("FAIL %s seed %llx mode %d lens %llu/%llu direct %d: %s (pid %d fd %d)\n", who, (unsigned long long)seed, e->p.mode,
-		    (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1], d, e->why, (int)getpid(), e->fd);
+		say("FAIL %s seed %llx mode %d lens %llu/%llu how %d/%d stall %llu/%llu direct %d: %s (pid %d fd %d)\n", who,
+		    (unsigned long long)seed, e->p.mode, (unsigned long long)e->p.len[0], (unsigned long long)e->p.len[1],
+		    e->p.how[0], e->p.how[1], (unsigned long long)e->p.stall[0], (unsigned long long)e->p.stall[1], d, e->why,
+		    (int)getpid(), e->fd);
 	}
 }
 
