@@ -73,6 +73,22 @@ func TestShimUpgradeNet(t *testing.T) {
 	runShimUpgrade(t, netShimCluster(t, nstest.Build(t), 73, directArgs...), 300)
 }
 
+// upgradeEnv is the environment of upgrade.c's programs: the upgrade,
+// extra, and the debugging switches: EXN_UPGRADE_DEBUG=1 adds
+// EXTDS_DEBUG=1 (a line per decision) and makes a write's EPIPE a FAIL
+// line instead of a SIGPIPE; EXN_UPGRADE_GDB=1 makes the watchdog print
+// every thread's stack of a program whose connections stopped moving.
+func upgradeEnv(extra ...string) []string {
+	env := append([]string{"EXTDS_SETUP=upgrade"}, extra...)
+	if os.Getenv("EXN_UPGRADE_DEBUG") == "1" {
+		env = append(env, "EXTDS_DEBUG=1", "UPGRADE_NOSIGPIPE=1")
+	}
+	if os.Getenv("EXN_UPGRADE_GDB") == "1" {
+		env = append(env, "UPGRADE_GDB=1")
+	}
+	return env
+}
+
 // runShimUpgrade runs upgrade.c's stress test of n connections (32 at a
 // time) between c's two nodes and checks the tallies and counters.
 func runShimUpgrade(t *testing.T, c *shimCluster, n int) {
@@ -80,15 +96,11 @@ func runShimUpgrade(t *testing.T, c *shimCluster, n int) {
 	prog := buildUpgrade(t)
 	ip := c.nodes[1].IP.String()
 	port := nstest.PortArg()
-	// EXN_UPGRADE_N sets the number of connections and
-	// EXN_UPGRADE_DEBUG=1 adds EXTDS_DEBUG=1 on both ends: for debugging.
+	// EXN_UPGRADE_N sets the number of connections (for debugging).
 	if v, err := strconv.Atoi(os.Getenv("EXN_UPGRADE_N")); err == nil && v > 0 {
 		n = v
 	}
-	extra := []string{"EXTDS_SETUP=upgrade"}
-	if os.Getenv("EXN_UPGRADE_DEBUG") == "1" {
-		extra = append(extra, "EXTDS_DEBUG=1", "UPGRADE_NOSIGPIPE=1")
-	}
+	extra := upgradeEnv()
 	before := [2]directCount{c.directCounts(t, 0), c.directCounts(t, 1)}
 	srv := upgradeServer(t, c, prog, port, extra)
 	// Descriptors: 20 connections in ping-pong until each is direct;
@@ -183,10 +195,7 @@ func TestShimUpgradeExndRestart(t *testing.T) {
 	c := shmShimCluster(t, nstest.Build(t), 72, directArgs...)
 	prog := buildUpgrade(t)
 	ip := c.nodes[1].IP.String()
-	extra := []string{"EXTDS_SETUP=upgrade", "UPGRADE_NOSIGPIPE=1"}
-	if os.Getenv("EXN_UPGRADE_DEBUG") == "1" {
-		extra = append(extra, "EXTDS_DEBUG=1")
-	}
+	extra := upgradeEnv("UPGRADE_NOSIGPIPE=1")
 	run := func(n int, during func()) (cli, srv string) {
 		port := nstest.PortArg()
 		s := upgradeServer(t, c, prog, port, extra)
@@ -285,7 +294,7 @@ func TestShimUpgradePeerKilled(t *testing.T) {
 				c = netShimCluster(t, exnd, 75, directArgs...)
 			}
 			ip := c.nodes[1].IP.String()
-			extra := []string{"EXTDS_SETUP=upgrade", "UPGRADE_NOSIGPIPE=1"}
+			extra := upgradeEnv("UPGRADE_NOSIGPIPE=1")
 			for _, victim := range []string{"client", "server"} {
 				t.Run(victim, func(t *testing.T) {
 					port := nstest.PortArg()

@@ -549,8 +549,10 @@ EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 /*
  * splice with a direct descriptor on one side and a pipe on the other:
  * through a bounce buffer, at most 64 KiB per call (a short splice is
- * legal). Into the ring: a non-blocking call takes from the pipe only
- * what the ring has room for, so nothing read is dropped. Out of the
+ * legal). Into the ring: a call takes from the pipe only what the ring
+ * has room for (a blocking one waits for room first, dring_wait_space),
+ * so a failed call leaves the bytes in the pipe, as the kernel's does.
+ * Out of the
  * ring: peek, write to the pipe (non-blocking: at most its free room),
  * then consume what it took.
  */
@@ -625,19 +627,21 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 			errno = EAGAIN; /* the pipe is empty */
 			return -1;
 		}
-		if (nb || (fdflags(out) & F_NB)) {
-			long sp = dring_space(&co->d);
-			if (sp < 0) {
-				errno = (int)-sp;
-				return -1;
-			}
-			if (sp == 0) {
-				errno = EAGAIN;
-				return -1;
-			}
-			if ((size_t)sp < len)
-				len = (size_t)sp;
+		/* Only what the ring has room for comes out of the pipe (a
+		 * blocking call waits for room first): the kernel leaves in the
+		 * pipe what a failed splice did not send, and a program may
+		 * read it back. */
+		long sp = dring_wait_space(&co->d, DRING_TIMEO | ((nb || (fdflags(out) & F_NB)) ? DRING_NONBLOCK : 0));
+		if (sp == -DRING_RELAYED)
+			sp = -EIO;
+		if (sp < 0) {
+			if (sp == -EPIPE)
+				raise(SIGPIPE); /* as the kernel's splice into a socket */
+			errno = (int)-sp;
+			return -1;
 		}
+		if ((size_t)sp < len)
+			len = (size_t)sp;
 		ssize_t r = real.read(in, buf, len);
 		if (r <= 0)
 			return r;

@@ -590,6 +590,28 @@ int dring_wait_upg(struct dring *d, uint32_t mask)
 	}
 }
 
+long dring_wait_space(struct dring *d, int flags)
+{
+	struct waitst ws = {0, 0, 0};
+	for (;;) {
+		ssize_t gone = data_gone(d);
+		if (gone)
+			return gone;
+		if (LD(&d->out->rd_closed) || LD(&d->out->fin))
+			return -EPIPE;
+		int64_t space = out_space(d);
+		if (space < 0)
+			return -EIO;
+		if (space > 0)
+			return (long)space;
+		if (flags & DRING_NONBLOCK)
+			return -EAGAIN;
+		int r = wait_for(d, W_WRITE, flags, &ws);
+		if (r < 0)
+			return r;
+	}
+}
+
 /* data_wait waits for ring space (w W_WRITE) or bytes (W_READ): 0 (look
  * again), or -EAGAIN at once for DRING_NONBLOCK, or wait_for's error. */
 static ssize_t data_wait(struct dring *d, int w, int flags, struct dcall *k)

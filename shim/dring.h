@@ -188,6 +188,17 @@ DRING_API void dring_kick(struct dring *d);
  */
 DRING_API int dring_wait_upg(struct dring *d, uint32_t mask);
 
+/*
+ * Wait until the outbound ring has room (without writing): the free
+ * bytes (> 0), or -EAGAIN (DRING_NONBLOCK), -EPIPE (fin or rd_closed),
+ * -ECONNRESET, -EIO, -DRING_RELAYED, or the wait's -EINTR / -EAGAIN
+ * (SO_SNDTIMEO, with DRING_TIMEO). For a writer that must take its bytes
+ * from somewhere it cannot put them back (splice from a pipe: shim
+ * direct.c) only once they fit. Another writer of the side may take the
+ * room first.
+ */
+DRING_API long dring_wait_space(struct dring *d, int flags);
+
 /* Whether relay[S] is set (exnd relays V from now on). */
 DRING_API int dring_relayed(const struct dring *d);
 

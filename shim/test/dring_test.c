@@ -611,6 +611,7 @@ static void t_exnd_reset(void) { test_exnd_reset(); }
 static void t_peer_gone(void) { test_peer_gone(); }
 static void t_selfwake(void) { pair(4096, selfwake_a, selfwake_b, NULL); }
 static void t_upg_wait(void) { test_upg_wait(); }
+static void t_space_wait(void) { test_space_wait(); }
 
 static const struct {
 	const char *name;
@@ -620,6 +621,7 @@ static const struct {
 	{"semantics", t_semantics},   {"wake", t_wake},		 {"forged", t_forged},		 {"kill_rst", t_kill_rst},
 	{"kill_close", t_kill_close}, {"exnd_death", t_exnd_death}, {"relay", t_relay},		 {"lock", t_lock},
 	{"exnd_reset", t_exnd_reset}, {"peer_gone", t_peer_gone},   {"selfwake", t_selfwake}, {"upg_wait", t_upg_wait},
+	{"space_wait", t_space_wait},
 };
 
 int main(int argc, char **argv)

@@ -245,3 +245,59 @@ static void test_upg_wait(void)
 	pair(4096, upg_waiter, upg_granter, NULL);
 	parked_reader_ended(upg_orphan, exnd_dies);
 }
+
+/* ---- waits for room (dring_wait_space) ---- */
+
+/* Side 0 fills its ring, waits for room (side 1 reads after 100 ms),
+ * finds it at once while there is some, and after side 1's reset gets
+ * -ECONNRESET; a non-blocking wait on a full ring says -EAGAIN. */
+static void space_waiter(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	static char buf[4096];
+	CHECK(dring_wait_space(d, 0) == 4096, "an empty ring: all its room");
+	CHECK(dring_write(d, buf, sizeof buf, 0) == 4096);
+	CHECK(dring_wait_space(d, DRING_NONBLOCK) == -EAGAIN, "full, non-blocking");
+	long t0 = ms_now();
+	long sp = dring_wait_space(d, 0);
+	CHECK(sp > 0 && sp <= 4096, "the reader's read ends the wait (%ld)", sp);
+	CHECK(ms_now() - t0 >= 50, "waited for it");
+	CHECK(dring_write(d, buf, (size_t)sp, 0) == sp);
+	CHECK(dring_wait_space(d, 0) == -ECONNRESET, "a reset ends the wait");
+}
+
+static void space_reader(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	static char buf[4096];
+	usleep(100000);
+	CHECK(dring_read(d, buf, 1000, 0) == 1000);
+	usleep(100000);
+	dring_rst(d);
+}
+
+/* After the peer's SHUT_RD (rd_closed) the wait says -EPIPE. */
+static void space_closed(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	usleep(50000);
+	CHECK(dring_wait_space(d, 0) == -EPIPE, "the reader is gone");
+}
+
+static void space_closer(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	dring_rd_closed(d);
+	usleep(100000);
+}
+
+static void test_space_wait(void)
+{
+	pair(4096, space_waiter, space_reader, NULL);
+	pair(4096, space_closed, space_closer, NULL);
+}
+

@@ -67,6 +67,7 @@ struct plan {
 	uint64_t key[2];   /* stream keys: 0 client→server, 1 server→client */
 	uint64_t len[2];   /* bytes per direction */
 	uint64_t rng[2];   /* write size and pause generators, per writer */
+	uint64_t seed;     /* what it was made from */
 	int mode;          /* 0 threads, 1 poll, 2 epoll */
 	int how[2];        /* per writer: HOW_WRITE, HOW_SENDFILE, HOW_SPLICE, HOW_DUP */
 	uint64_t stall[2]; /* per reader: stall STALL_US once at this byte (0: never) */
@@ -84,6 +85,7 @@ enum { HOW_WRITE, HOW_SENDFILE, HOW_SPLICE, HOW_DUP };
 
 static void plan_of(uint64_t seed, struct plan *p)
 {
+	p->seed = seed;
 	p->key[0] = mix(seed ^ 1);
 	p->key[1] = mix(seed ^ 2);
 	/* 0 .. 1 MiB, and a fifth of the directions short (< 4 KiB) */
@@ -118,6 +120,14 @@ static void sleep_us(unsigned us)
 		nanosleep(&t, NULL);
 }
 
+/* A connection's end in progress, in the shared tally (forked children
+ * too), for the watchdog's report of connections that stop moving. */
+struct live {
+	uint64_t seed, sent, got;
+	int pid, fd, w, wdone, rdone;
+};
+#define LIVE_MAX 256
+
 /* One end of one connection: writes direction w, reads direction 1-w. */
 struct end {
 	int fd;
@@ -132,6 +142,7 @@ struct end {
 	size_t chunk, coff; /* the current write: its size and what is done */
 	int wdone, rdone, bad;
 	char why[160];
+	struct live *live; /* its slot in the tally, or NULL */
 };
 
 static void failf(struct end *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -145,6 +156,17 @@ static void failf(struct end *e, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* e's progress into its slot, for the watchdog. */
+static void note(struct end *e)
+{
+	if (!e->live)
+		return;
+	__atomic_store_n(&e->live->sent, e->sent, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->live->got, e->got, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->live->wdone, e->wdone, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->live->rdone, e->rdone, __ATOMIC_RELAXED);
+}
+
 /* Check n received bytes at e->got. */
 static void check(struct end *e, const uint8_t *b, size_t n)
 {
@@ -156,6 +178,7 @@ static void check(struct end *e, const uint8_t *b, size_t n)
 			break;
 		}
 	e->got += n;
+	note(e);
 	if (e->got > e->p.len[1 - e->w])
 		failf(e, "%llu bytes, more than the %llu sent", (unsigned long long)e->got, (unsigned long long)e->p.len[1 - e->w]);
 }
@@ -171,6 +194,7 @@ static int step_write(struct end *e, int block)
 		if (shutdown(e->fd, SHUT_WR) < 0)
 			failf(e, "shutdown: %s", strerror(errno));
 		e->wdone = 1;
+		note(e);
 		return 1;
 	}
 	if (e->chunk == 0) {
@@ -205,13 +229,22 @@ static int step_write(struct end *e, int block)
 		}
 		r = splice(e->pp[0], NULL, e->wfd, NULL, n, e->p.mode ? SPLICE_F_NONBLOCK : 0);
 		int err = errno;
-		/* what did not go stays in the pipe: out, so that the next
-		 * step starts from e->sent again */
-		for (ssize_t left = (ssize_t)n - (r > 0 ? r : 0); left > 0;) {
-			ssize_t k = read(e->pp[0], buf, (size_t)left);
+		/* What did not go stays in the pipe, as the kernel's splice
+		 * leaves it: out, so that the next step starts from e->sent
+		 * again. Less than that there is a splice that lost bytes
+		 * (unless the connection failed: then they do not matter). */
+		int have = 0;
+		ssize_t left = (ssize_t)n - (r > 0 ? r : 0);
+		if (ioctl(e->pp[0], FIONREAD, &have) < 0 || ((r >= 0 || err == EAGAIN) && have != left)) {
+			failf(e, "splice of %zu returned %zd (%s) and left %d bytes in the pipe, want %zd", n, r,
+			      r < 0 ? strerror(err) : "ok", have, left);
+			return -1;
+		}
+		while (have > 0) {
+			ssize_t k = read(e->pp[0], buf, (size_t)have);
 			if (k <= 0)
 				break;
-			left -= k;
+			have -= (int)k;
 		}
 		errno = err;
 		break;
@@ -234,6 +267,7 @@ static int step_write(struct end *e, int block)
 		return -1;
 	}
 	e->sent += (uint64_t)r;
+	note(e);
 	e->coff += (size_t)r;
 	if (e->coff == e->chunk)
 		e->chunk = 0;
@@ -261,6 +295,7 @@ static int step_read(struct end *e)
 		if (e->got != e->p.len[1 - e->w])
 			failf(e, "EOF after %llu of %llu bytes", (unsigned long long)e->got, (unsigned long long)e->p.len[1 - e->w]);
 		e->rdone = 1;
+		note(e);
 		return 1;
 	}
 	check(e, buf, (size_t)r);
@@ -300,8 +335,10 @@ static void *writer(void *a)
 
 /* Run one connection's end to its finish in its plan's mode. */
 static void run_end_how(struct end *e);
+static struct live *live_claim(struct end *e);
 static void run_end(struct end *e)
 {
+	e->live = live_claim(e);
 	e->wfd = e->fd;
 	e->mfd = e->pp[0] = e->pp[1] = -1;
 	if (e->p.how[e->w] == HOW_SENDFILE && (e->mfd = memfd_create("upgrade", MFD_CLOEXEC)) < 0)
@@ -318,6 +355,8 @@ static void run_end(struct end *e)
 		close(e->pp[0]);
 		close(e->pp[1]);
 	}
+	if (e->live)
+		__atomic_store_n(&e->live->seed, 0, __ATOMIC_RELEASE);
 }
 
 static void run_end_how(struct end *e)
@@ -385,10 +424,28 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 /* The tally, in a shared mapping: forked children count in it too. */
 struct tally {
 	int conns, direct, fails, active;
+	struct live live[LIVE_MAX];
 };
 static struct tally *g_t;
 
 static void add(int *v, int n) { __atomic_add_fetch(v, n, __ATOMIC_SEQ_CST); }
+
+static struct live *live_claim(struct end *e)
+{
+	for (int i = 0; i < LIVE_MAX; i++) {
+		uint64_t z = 0;
+		struct live *l = &g_t->live[i];
+		if (__atomic_compare_exchange_n(&l->seed, &z, e->p.seed, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+			l->pid = (int)getpid();
+			l->fd = e->fd;
+			l->w = e->w;
+			l->sent = l->got = 0;
+			l->wdone = l->rdone = 0;
+			return l;
+		}
+	}
+	return NULL;
+}
 
 /* One line to stdout with write(2): a forked child of a threaded
  * process must not take stdio's locks. */
@@ -404,6 +461,58 @@ static void say(const char *fmt, ...)
 		n = (int)sizeof b - 1;
 	ssize_t w = write(1, b, (size_t)n);
 	(void)w;
+}
+
+/* The ends still in progress, one line each (their plans by seed). */
+static void live_report(const char *who)
+{
+	for (int i = 0; i < LIVE_MAX; i++) {
+		struct live *l = &g_t->live[i];
+		uint64_t seed = __atomic_load_n(&l->seed, __ATOMIC_ACQUIRE);
+		if (!seed)
+			continue;
+		struct plan p;
+		plan_of(seed, &p);
+		say("LIVE %s seed %llx pid %d fd %d mode %d how %d/%d stall %llu/%llu sent %llu/%llu got %llu/%llu wdone %d rdone %d\n",
+		    who, (unsigned long long)seed, l->pid, l->fd, p.mode, p.how[0], p.how[1], (unsigned long long)p.stall[0],
+		    (unsigned long long)p.stall[1], (unsigned long long)l->sent, (unsigned long long)p.len[l->w],
+		    (unsigned long long)l->got, (unsigned long long)p.len[1 - l->w], l->wdone, l->rdone);
+	}
+}
+
+/* Reports the live ends once when no connection has ended for
+ * WATCH_S seconds (a hang's where: the test's timeout kills the
+ * program without a word). */
+#define WATCH_S 20
+static void *watchdog(void *a)
+{
+	const char *who = a;
+	int last = -1, still = 0;
+	for (;;) {
+		sleep(1);
+		int n = __atomic_load_n(&g_t->conns, __ATOMIC_SEQ_CST);
+		still = n == last ? still + 1 : 0;
+		last = n;
+		if (still == WATCH_S) {
+			live_report(who);
+			if (getenv("UPGRADE_GDB")) /* debugging: every thread's stack of each stuck pid */
+				for (int i = 0, seen[LIVE_MAX], ns = 0; i < LIVE_MAX; i++) {
+					int pid = __atomic_load_n(&g_t->live[i].pid, __ATOMIC_RELAXED), dup = 0;
+					if (!__atomic_load_n(&g_t->live[i].seed, __ATOMIC_ACQUIRE) || pid <= 0)
+						continue;
+					for (int k = 0; k < ns; k++)
+						dup |= seen[k] == pid;
+					if (dup)
+						continue;
+					seen[ns++] = pid;
+					char cmd[160];
+					snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD gdb -p %d -batch -ex 'thread apply all bt' 2>&1 | grep '^#\\|^Thread'", pid);
+					int r = system(cmd);
+					(void)r;
+				}
+		}
+	}
+	return NULL;
 }
 
 static void done(struct end *e, const char *who, uint64_t seed)
@@ -663,6 +772,11 @@ int main(int argc, char **argv)
 	g_addr.sin_port = htons((uint16_t)atoi(argv[3]));
 	if (inet_pton(AF_INET, argv[2], &g_addr.sin_addr) != 1)
 		return 2;
+	if (!strcmp(argv[1], "server") || !strcmp(argv[1], "client")) {
+		pthread_t wd;
+		if (pthread_create(&wd, NULL, watchdog, argv[1]) == 0)
+			pthread_detach(wd);
+	}
 	if (!strcmp(argv[1], "server")) {
 		int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 		setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -735,6 +849,7 @@ int main(int argc, char **argv)
 		}
 		if (g_t->active) {
 			say("FAIL server: %d connections did not end\n", g_t->active);
+			live_report("server");
 			add(&g_t->fails, 1);
 		}
 		say("conns %d direct %d fails %d\n", g_t->conns, g_t->direct, g_t->fails);
