@@ -50,9 +50,9 @@
  * Environment (read once, at init): EXTDS_CONTROL (default
  * /run/exn/exnd.sock), EXTDS_MODE=off|auto|force (default auto; off: no
  * table, every call falls through), EXTDS_DIRECT=0 (relay, do not ask for
- * direct connections), EXTDS_SETUP=connect|upgrade (default connect: the
- * switch at connect and accept; upgrade: connections start as TCP and
- * move later, upgrade.c), EXTDS_DEBUG=1 (a line per decision on stderr).
+ * direct connections), EXTDS_SETUP=upgrade|connect (default upgrade:
+ * connections start as TCP and move later, upgrade.c; connect: the switch
+ * at connect and accept), EXTDS_DEBUG=1 (a line per decision on stderr).
  *
  * Units (each its own compilation unit; shared declarations in the
  * private headers shim.h, real.h, ctl.h, direct.h, hold.h, dring.h):
@@ -160,7 +160,7 @@ void shim_init(void)
 	const char *dr = getenv("EXTDS_DIRECT");
 	g_direct = !(dr && !strcmp(dr, "0"));
 	const char *su = getenv("EXTDS_SETUP");
-	g_upgrade = g_direct && su && !strcmp(su, "upgrade");
+	g_upgrade = g_direct && !(su && !strcmp(su, "connect"));
 	const char *d = getenv("EXTDS_DEBUG");
 	g_debug = d && *d && strcmp(d, "0");
 	const char *p = getenv("EXTDS_CONTROL");

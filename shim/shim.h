@@ -33,7 +33,7 @@ enum { MODE_OFF, MODE_AUTO, MODE_FORCE };
 extern int g_mode;   /* EXTDS_MODE */
 extern int g_debug;  /* EXTDS_DEBUG */
 extern int g_direct; /* ask exnd for direct connections (EXTDS_DIRECT=0: relay) */
-extern int g_upgrade; /* EXTDS_SETUP=upgrade: connections start as TCP and move later (upgrade.c) */
+extern int g_upgrade; /* EXTDS_SETUP=upgrade (the default with EXTDS_DIRECT): connections start as TCP and move later (upgrade.c) */
 extern char g_ctl_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* EXTDS_CONTROL */
 extern volatile int g_ready; /* init done */
 
