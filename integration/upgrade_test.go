@@ -336,3 +336,45 @@ func TestShimUpgradePeerKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestShimUpgradeNoRead is issue #33's program that does not read
+// (shim/test/upgrade.c "noread"): one connection whose server writes
+// 16 MiB before it reads anything and makes no call for 1.5 s after
+// (or before) that, longer than exnd's claim timeout, while its client
+// writes 64 MiB: both more than TCP's buffers and the ring hold, so the
+// client's writer blocks on TCP until the server reads, and the server
+// reads only once the client's reader has taken its 16 MiB. Both
+// streams must arrive whole and in order, wherever the upgrade is: a
+// read that waited for its own side's blocked write would hang both.
+func TestShimUpgradeNoRead(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip", "gcc")
+	c := shmShimCluster(t, nstest.Build(t), 76, directArgs...)
+	prog := buildUpgrade(t)
+	ip := c.nodes[1].IP.String()
+	port := nstest.PortArg()
+	extra := upgradeEnv()
+	srv := upgradeServer(t, c, prog, port, extra)
+	for _, quiet := range []string{"0", "1"} {
+		out, err := c.nodes[0].NS.RunEnv(time.Minute, c.env(0, extra...), prog, "noread", ip, port, quiet)
+		if err != nil || !strings.Contains(out, "noread client quiet "+quiet+" ok") {
+			t.Errorf("quiet %s: %v: %s", quiet, err, tail(out, 40))
+		} else {
+			t.Logf("%s", strings.TrimSpace(tail(out, 1)))
+		}
+	}
+	// A client of no connections says quit.
+	if out, err := c.nodes[0].NS.RunEnv(time.Minute, c.env(0, extra...), prog, "client", ip, port, "0", "1"); err != nil {
+		t.Errorf("quit: %v: %s", err, out)
+	}
+	serr := srv.Wait(60 * time.Second)
+	out := srv.Output()
+	t.Logf("server:\n%s", tail(out, 40))
+	if serr != nil {
+		t.Errorf("server: %v", serr)
+	}
+	for _, quiet := range []string{"0", "1"} {
+		if !strings.Contains(out, "noread server quiet "+quiet+" ok") {
+			t.Errorf("server: no 'noread server quiet %s ok' line", quiet)
+		}
+	}
+}

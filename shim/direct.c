@@ -587,9 +587,13 @@ EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len
 			upg_wend(out);
 		if (ti)
 			upg_rend(in);
-		if (r == 0 && len > 0 && ti && upg_eof(in))
-			return splice(in, offin, out, offout, len, fl); /* the upgrade's boundary */
-		return r;
+		if (r != 0 || len == 0 || !ti || !(ci = upg_eof(in)))
+			return r;
+		/* The upgrade's boundary: converted (call again), or the
+		 * buffer's bytes through the bounce path below (d_recv). */
+		if (fdflags(in) & F_DIRECT)
+			return splice(in, offin, out, offout, len, fl);
+		ti = to = 0;
 	}
 	if (to)
 		upg_wend(out); /* a socket on both sides: EINVAL below */

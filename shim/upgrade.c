@@ -263,6 +263,21 @@ static void cnt_drain(struct ucount *c)
 		syscall(SYS_futex, &c->n, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
 }
 
+/* Whether count k of fd's entry or of another entry of this process on
+ * the same connection is not zero now. */
+static int cnt_busy_conn(int fd, size_t k)
+{
+	struct fdent *e = ent(fd);
+	int dc = e->dc;
+	if (__atomic_load_n(&((struct ucount *)(void *)((char *)e + k))->n, __ATOMIC_SEQ_CST))
+		return 1;
+	for (int o = 0; o < g_ntab && dc > 0; o++)
+		if (o != fd && (g_tab[o].flags & F_UPG) && g_tab[o].dc == dc &&
+		    __atomic_load_n(&((struct ucount *)(void *)((char *)&g_tab[o] + k))->n, __ATOMIC_SEQ_CST))
+			return 1;
+	return 0;
+}
+
 /* Drain count k (utw, utr or umv) of fd's entry and of every other
  * entry of this process on the same connection (its dups, which count
  * their calls in their own entries: a write in flight on a dup must not
@@ -355,6 +370,23 @@ int upg_convert(int fd)
 	struct dconn *c = &g_dc[slot];
 	int S = c->d.side;
 	uint32_t *w = dring_upg(&c->d);
+	if (!(__atomic_load_n(w, __ATOMIC_SEQ_CST) & (UPG_MOV(S) | UPG_WSH(S))) &&
+	    cnt_busy_conn(fd, offsetof(struct fdent, utw))) {
+		/* A write of this side is on TCP, and moving this side waits
+		 * for it; it may wait for the peer to read, and the peer may
+		 * read only once it has written what this side is reading now
+		 * (TestShimUpgradeNoRead): so this read does not convert, it
+		 * goes on in the buffer (the boundary is behind it), and a
+		 * later call converts. A writer counted in after the upg_take
+		 * above finds U_BUSY and never goes to TCP, so a count seen
+		 * here is one on TCP or about to leave. */
+		lock();
+		if ((e->flags & F_UPG) && e->ust == U_BUSY)
+			e->ust = U_ATT;
+		unlock();
+		errno = EAGAIN;
+		return -1;
+	}
 	if (!upg_move(fd, c) && (__atomic_load_n(w, __ATOMIC_ACQUIRE) & UPG_WSH(S)))
 		dring_fin(&c->d); /* the program ended this direction on TCP */
 	/* Before the dup3, no call may be left on the TCP socket: writes
@@ -610,14 +642,15 @@ ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send)
 	return r2 > 0 ? r + r2 : r;
 }
 
-int upg_eof(int fd)
+struct dconn *upg_eof(int fd)
 {
 	if (fdflags(fd) & F_DIRECT)
-		return 1; /* another thread converted it since the call */
+		return dcof(fd); /* another thread converted it since the call */
 	struct dconn *c = upg_conn(fd);
 	if (!c || !upg_boundary(c) || !tcp_at_eof(fd))
-		return 0;
-	return upg_convert(fd) == 0;
+		return NULL;
+	upg_convert(fd); /* or not now: the buffer either way */
+	return (fdflags(fd) & F_DIRECT) ? dcof(fd) : c;
 }
 
 int upg_shutdown(int fd, int how, int *ret)

@@ -85,10 +85,12 @@ void upg_mark(int fd, int side);
  * the real call itself. Converts fd to direct at the boundary. */
 ssize_t upg_io(int fd, const struct iovec *iov, int cnt, int mflags, int send);
 
-/* A real call on the F_UPG descriptor fd (splice) found TCP at EOF:
- * 1 if that was the boundary and fd is direct now, or another thread
- * converted it meanwhile (call again), else 0 (the peer's real end). */
-int upg_eof(int fd);
+/* A real call on the F_UPG descriptor fd (splice) found TCP at EOF: the
+ * connection whose buffer the stream goes on in if that was the
+ * boundary (fd is direct now, or another thread converted it meanwhile:
+ * call again; or its conversion waits for a write on TCP: read the
+ * buffer through d_io), else NULL (the peer's real end). */
+struct dconn *upg_eof(int fd);
 
 /* shutdown on an F_UPG descriptor: 1 handled (*ret set), 0 not: fd is
  * not upgrading, or it is direct now (the caller looks at dcof again:

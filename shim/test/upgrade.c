@@ -10,6 +10,12 @@
  *   upgrade fds IP PORT N             N connections in ping-pong until each
  *                                     is direct: the descriptors that each
  *                                     connection after the first costs
+ *   upgrade noread IP PORT QUIET      one connection whose server writes
+ *                                     all it has before it reads, and
+ *                                     makes no call for NR_STALL_US after
+ *                                     (QUIET 0) or before (QUIET 1), while
+ *                                     the client writes more than TCP and
+ *                                     the ring hold; both streams checked
  *
  * Each connection starts with the client's 8-byte seed. From it both ends
  * derive everything: how many bytes each direction carries, in which
@@ -634,6 +640,177 @@ static int pingpong(int ms)
 	return 0;
 }
 
+/* A program that does not read (issue #33): the server of a "noread"
+ * connection (seed NR_SEED or NR_SEED_QUIET) writes all its NR_S bytes
+ * before it reads anything, more than TCP's buffers and the ring hold
+ * (its first writes slowly enough to ask for and take the upgrade), and
+ * makes no call at all for NR_STALL_US after (QUIET: before), longer
+ * than exnd's claim timeout (1 s). The client writes NR_C bytes, also
+ * more than they hold, so its writer blocks on TCP until the server
+ * reads, while its reader must read the server's NR_S bytes: if a read
+ * of the client waited for the client's own write (a conversion does),
+ * neither would ever go on. Both streams must arrive whole. */
+#define NR_SEED 4
+#define NR_SEED_QUIET 6
+#define NR_S (16u << 20)
+#define NR_C (64u << 20)
+#define NR_SLOW 16 /* of NR_S's 64 KiB writes, the first with 2 ms pauses */
+#define NR_STALL_US 1500000
+#define NR_KEY_S 0x5e4e4ull
+#define NR_KEY_C 0xc11e47ull
+
+static int nr_write(int fd, uint64_t key, uint64_t len, unsigned chunk, unsigned pause_us, int npause)
+{
+	static __thread uint8_t buf[65536];
+	for (uint64_t off = 0; off < len;) {
+		size_t n = len - off < chunk ? (size_t)(len - off) : chunk;
+		for (size_t i = 0; i < n; i++)
+			buf[i] = sbyte(key, off + i);
+		ssize_t w = write(fd, buf, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		off += (uint64_t)w;
+		if (npause > 0) {
+			npause--;
+			sleep_us(pause_us);
+		}
+	}
+	return 0;
+}
+
+/* Read to EOF: 0 when exactly len bytes of key came, else -1 with why. */
+static int nr_read(int fd, uint64_t key, uint64_t len, char *why, size_t wl)
+{
+	static __thread uint8_t buf[65536];
+	uint64_t got = 0;
+	for (;;) {
+		ssize_t r = read(fd, buf, sizeof buf);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			snprintf(why, wl, "read after %llu: %s", (unsigned long long)got, strerror(errno));
+			return -1;
+		}
+		if (r == 0)
+			break;
+		for (ssize_t i = 0; i < r; i++)
+			if (buf[i] != sbyte(key, got + (uint64_t)i)) {
+				snprintf(why, wl, "byte %llu: got %u want %u", (unsigned long long)(got + (uint64_t)i), buf[i],
+					 sbyte(key, got + (uint64_t)i));
+				return -1;
+			}
+		got += (uint64_t)r;
+	}
+	if (got != len) {
+		snprintf(why, wl, "EOF after %llu of %llu bytes", (unsigned long long)got, (unsigned long long)len);
+		return -1;
+	}
+	return 0;
+}
+
+static void *nr_serve(void *a)
+{
+	struct job *j = a;
+	int quiet = j->seed == NR_SEED_QUIET, bad = 0;
+	char why[160] = "";
+	/* the first writes with 2 ms pauses: the connection ages, asks and
+	 * attaches; the rest blocks until the client has read it */
+	if (!quiet && nr_write(j->fd, NR_KEY_S, NR_S, 65536, 2000, NR_SLOW) < 0) {
+		snprintf(why, sizeof why, "write: %s", strerror(errno));
+		bad = 1;
+	}
+	sleep_us(NR_STALL_US);
+	if (!bad && quiet && nr_write(j->fd, NR_KEY_S, NR_S, 65536, 2000, NR_SLOW) < 0) {
+		snprintf(why, sizeof why, "write: %s", strerror(errno));
+		bad = 1;
+	}
+	if (!bad && shutdown(j->fd, SHUT_WR) < 0) {
+		snprintf(why, sizeof why, "shutdown: %s", strerror(errno));
+		bad = 1;
+	}
+	if (!bad && nr_read(j->fd, NR_KEY_C, NR_C, why, sizeof why) < 0)
+		bad = 1;
+	int d = is_direct(j->fd);
+	if (bad)
+		say("FAIL noread server quiet %d direct %d: %s\n", quiet, d, why);
+	else
+		say("noread server quiet %d ok direct %d\n", quiet, d);
+	add(&g_t->conns, 1);
+	add(&g_t->direct, d);
+	add(&g_t->fails, bad);
+	close(j->fd);
+	add(&g_t->active, -1);
+	free(j);
+	return NULL;
+}
+
+struct nr_client {
+	int fd, bad;
+	uint8_t *buf; /* NR_C bytes of NR_KEY_C, made before the connect */
+	char why[160];
+};
+
+/* The client's NR_C bytes in one write(2) from the connect on: it is on
+ * TCP, blocked, before the connection is old enough to ask for the
+ * upgrade, and stays there until the server reads. */
+static void *nr_writer(void *a)
+{
+	struct nr_client *k = a;
+	uint8_t *b = k->buf;
+	for (uint64_t off = 0; off < NR_C;) {
+		ssize_t w = write(k->fd, b + off, NR_C - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			snprintf(k->why, sizeof k->why, "write at %llu: %s", (unsigned long long)off, strerror(errno));
+			k->bad = 1;
+			break;
+		}
+		off += (uint64_t)w;
+	}
+	if (!k->bad && shutdown(k->fd, SHUT_WR) < 0) {
+		snprintf(k->why, sizeof k->why, "shutdown: %s", strerror(errno));
+		k->bad = 1;
+	}
+	return NULL;
+}
+
+static int dial(void);
+static int noread(int quiet)
+{
+	uint8_t *buf = malloc(NR_C);
+	if (!buf)
+		return 1;
+	for (uint64_t i = 0; i < NR_C; i++)
+		buf[i] = sbyte(NR_KEY_C, i);
+	int fd = dial();
+	uint64_t seed = quiet ? NR_SEED_QUIET : NR_SEED;
+	if (fd < 0 || write(fd, &seed, sizeof seed) != sizeof seed) {
+		printf("FAIL noread client: connect: %s\n", strerror(errno));
+		return 1;
+	}
+	struct nr_client k = {.fd = fd, .buf = buf};
+	pthread_t t;
+	if (pthread_create(&t, NULL, nr_writer, &k) != 0)
+		return 1;
+	char why[160] = "";
+	uint64_t t0 = now_ns();
+	int bad = nr_read(fd, NR_KEY_S, NR_S, why, sizeof why) < 0;
+	double read_ms = (double)(now_ns() - t0) / 1e6;
+	pthread_join(t, NULL);
+	free(buf);
+	int d = is_direct(fd);
+	close(fd);
+	if (bad || k.bad) {
+		printf("FAIL noread client quiet %d direct %d: %s%s\n", quiet, d, bad ? why : "", k.bad ? k.why : "");
+		return 1;
+	}
+	printf("noread client quiet %d ok direct %d read_ms %.1f\n", quiet, d, read_ms);
+	return 0;
+}
+
 /* Open descriptors of this process now. */
 static int count_fds(void)
 {
@@ -802,6 +979,16 @@ int main(int argc, char **argv)
 				pthread_detach(t);
 				continue;
 			}
+			if (seed == NR_SEED || seed == NR_SEED_QUIET) { /* noread */
+				struct job *j = malloc(sizeof *j);
+				j->fd = fd;
+				j->seed = seed;
+				add(&g_t->active, 1);
+				pthread_t t;
+				pthread_create(&t, NULL, nr_serve, j);
+				pthread_detach(t);
+				continue;
+			}
 			if (seed == 0) { /* quit: after the client's last connection ended */
 				close(fd);
 				break;
@@ -859,6 +1046,8 @@ int main(int argc, char **argv)
 		return pingpong(atoi(argv[4]));
 	if (!strcmp(argv[1], "fds"))
 		return fds_per_conn(atoi(argv[4]));
+	if (!strcmp(argv[1], "noread"))
+		return noread(atoi(argv[4]));
 	g_n = atoi(argv[4]);
 	int conc = argc > 5 ? atoi(argv[5]) : 16;
 	pthread_t t[256];
