@@ -14,11 +14,11 @@ import (
 	"github.com/exn-project/exn/internal/testenv"
 )
 
-// buildUpgrade compiles shim/test/upgrade.c.
+// buildUpgrade compiles shim/test/upgrade.c and upgrade_probe.c, one program.
 func buildUpgrade(t *testing.T) string {
 	t.Helper()
 	prog := filepath.Join(t.TempDir(), "upgrade")
-	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "upgrade.c"))
+	testenv.MustCC(t, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", prog, testenv.ModulePath("shim", "test", "upgrade.c"), testenv.ModulePath("shim", "test", "upgrade_probe.c"))
 	return prog
 }
 
@@ -338,7 +338,7 @@ func TestShimUpgradePeerKilled(t *testing.T) {
 }
 
 // TestShimUpgradeNoRead is issue #33's program that does not read
-// (shim/test/upgrade.c "noread"): one connection whose server writes
+// (shim/test/upgrade_probe.c "noread"): one connection whose server writes
 // 16 MiB before it reads anything and makes no call for 1.5 s after
 // (or before) that, longer than exnd's claim timeout, while its client
 // writes 64 MiB: both more than TCP's buffers and the ring hold, so the

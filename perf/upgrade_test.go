@@ -28,7 +28,7 @@ import (
 //   - a long TCP_RR started one second into a two-second TCP_CRR burst
 //     to the same netserver, running on after it;
 //   - right after the TCP_CRR run, one connection's 1-byte ping-pong for
-//     a second (shim/test/upgrade.c pingpong): when its descriptor became
+//     a second (shim/test/upgrade_probe.c pingpong): when its descriptor became
 //     direct, and its round trip p50 after that.
 //
 // Each repetition (EXN_PERF_REPS, default 3) runs both ways, interleaved;
@@ -78,7 +78,7 @@ func upgradeFabric(b *testing.B, sb *strings.Builder, fab string) {
 		return []string{"LD_PRELOAD=" + lib, "EXTDS_CONTROL=" + n.Control, "EXTDS_SETUP=upgrade"}
 	}
 	pp := filepath.Join(b.TempDir(), "upgrade")
-	testenv.MustCC(b, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", pp, testenv.ModulePath("shim", "test", "upgrade.c"))
+	testenv.MustCC(b, "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o", pp, testenv.ModulePath("shim", "test", "upgrade.c"), testenv.ModulePath("shim", "test", "upgrade_probe.c"))
 	type way struct {
 		name           string
 		srvEnv, cliEnv []string

@@ -33,41 +33,7 @@
  * whose descriptor was the shim's direct one (AF_UNIX to the kernel)
  * when they closed.
  */
-#define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <stdarg.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/epoll.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <sys/sendfile.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
-/* Byte i of the stream named by key. */
-static uint8_t sbyte(uint64_t key, uint64_t i) { return (uint8_t)(mix(key ^ (i >> 3) * 0x100000001b3ull) >> ((i & 7) * 8)); }
+#include "upgrade.h"
 
 struct plan {
 	uint64_t key[2];   /* stream keys: 0 client→server, 1 server→client */
@@ -118,21 +84,6 @@ static size_t wsize(uint64_t *s)
 	return (r & 3) == 0 ? 1 + (r >> 8) % 65536 : 1 + (r >> 8) % 4096;
 }
 static unsigned wpause(uint64_t *s) { return (unsigned)(next(s) % 2000); }
-
-static void sleep_us(unsigned us)
-{
-	struct timespec t = {0, (long)us * 1000};
-	if (us)
-		nanosleep(&t, NULL);
-}
-
-/* A connection's end in progress, in the shared tally (forked children
- * too), for the watchdog's report of connections that stop moving. */
-struct live {
-	uint64_t seed, sent, got;
-	int pid, fd, w, wdone, rdone;
-};
-#define LIVE_MAX 256
 
 /* One end of one connection: writes direction w, reads direction 1-w. */
 struct end {
@@ -308,7 +259,6 @@ static int step_read(struct end *e)
 	return 1;
 }
 
-static int is_direct(int fd);
 
 /* The peer's end was reported (POLLRDHUP, EPOLLRDHUP): everything it
  * has not read yet must be readable now. A FIN that only marked where
@@ -416,25 +366,56 @@ static void run_end_how(struct end *e)
 		close(ep);
 }
 
-/* Whether fd is the shim's direct descriptor: the kernel says AF_UNIX
- * (the shim itself answers with the TCP addresses). */
-static int is_direct(int fd)
+struct tally *g_t;
+struct sockaddr_in g_addr;
+
+void add(int *v, int n) { __atomic_add_fetch(v, n, __ATOMIC_SEQ_CST); }
+
+void say(const char *fmt, ...)
+{
+	char b[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(b, sizeof b, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof b - 1)
+		n = (int)sizeof b - 1;
+	ssize_t w = write(1, b, (size_t)n);
+	(void)w;
+}
+
+int is_direct(int fd)
 {
 	struct sockaddr_storage a;
 	socklen_t l = sizeof a;
 	return syscall(SYS_getsockname, fd, &a, &l) == 0 && a.ss_family == AF_UNIX;
 }
 
+int read_full(int fd, void *b, size_t n)
+{
+	size_t k = 0;
+	while (k < n) {
+		ssize_t r = read(fd, (char *)b + k, n - k);
+		if (r <= 0)
+			return -1;
+		k += (size_t)r;
+	}
+	return 0;
+}
+
+int dial(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&g_addr, sizeof g_addr) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* The tally, in a shared mapping: forked children count in it too. */
-struct tally {
-	int conns, direct, fails, active;
-	struct live live[LIVE_MAX];
-};
-static struct tally *g_t;
-
-static void add(int *v, int n) { __atomic_add_fetch(v, n, __ATOMIC_SEQ_CST); }
 
 static struct live *live_claim(struct end *e)
 {
@@ -451,22 +432,6 @@ static struct live *live_claim(struct end *e)
 		}
 	}
 	return NULL;
-}
-
-/* One line to stdout with write(2): a forked child of a threaded
- * process must not take stdio's locks. */
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-	char b[512];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(b, sizeof b, fmt, ap);
-	va_end(ap);
-	if (n > (int)sizeof b - 1)
-		n = (int)sizeof b - 1;
-	ssize_t w = write(1, b, (size_t)n);
-	(void)w;
 }
 
 /* The ends still in progress, one line each (their plans by seed). */
@@ -535,23 +500,6 @@ static void done(struct end *e, const char *who, uint64_t seed)
 	}
 }
 
-static int read_full(int fd, void *b, size_t n)
-{
-	size_t k = 0;
-	while (k < n) {
-		ssize_t r = read(fd, (char *)b + k, n - k);
-		if (r <= 0)
-			return -1;
-		k += (size_t)r;
-	}
-	return 0;
-}
-
-struct job {
-	int fd;
-	uint64_t seed;
-};
-
 static void *serve(void *a)
 {
 	struct job *j = a;
@@ -577,331 +525,6 @@ static void *echo(void *a)
 	close(j->fd);
 	free(j);
 	return NULL;
-}
-
-static struct sockaddr_in g_addr;
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* One connection, 1-byte ping-pong for ms milliseconds from connect:
- * prints when its descriptor became direct (µs after connect, -1:
- * never) and the round-trip p50 before and after that. */
-static int pingpong(int ms)
-{
-	static uint32_t rtt[1 << 22];
-	uint64_t t0 = now_ns(), direct_at = 0;
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&g_addr, sizeof g_addr) < 0) {
-		printf("FAIL pingpong: connect: %s\n", strerror(errno));
-		return 1;
-	}
-	uint64_t seed = 2;
-	if (write(fd, &seed, sizeof seed) != sizeof seed)
-		return 1;
-	size_t n = 0, nbefore = 0;
-	for (uint64_t t = now_ns(); t - t0 < (uint64_t)ms * 1000000 && n < sizeof rtt / sizeof rtt[0]; ) {
-		char c = 'x';
-		if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1) {
-			printf("FAIL pingpong: %s\n", strerror(errno));
-			return 1;
-		}
-		uint64_t u = now_ns();
-		rtt[n++] = (uint32_t)(u - t);
-		t = u;
-		if (!direct_at && (n & 15) == 0 && is_direct(fd)) {
-			direct_at = u - t0;
-			nbefore = n;
-		}
-	}
-	close(fd);
-	uint32_t p50b = 0, p50a = 0;
-	size_t nb = direct_at ? nbefore : n;
-	if (nb) {
-		qsort(rtt, nb, sizeof rtt[0], cmp_u32);
-		p50b = rtt[nb / 2];
-	}
-	if (n > nb) {
-		qsort(rtt + nb, n - nb, sizeof rtt[0], cmp_u32);
-		p50a = rtt[nb + (n - nb) / 2];
-	}
-	printf("pingpong direct_after_us %lld before_p50_us %.2f after_p50_us %.2f round_trips %zu\n",
-	       direct_at ? (long long)(direct_at / 1000) : -1LL, p50b / 1000.0, p50a / 1000.0, n);
-	return 0;
-}
-
-/* A program that does not read (issue #33): the server of a "noread"
- * connection (seed NR_SEED or NR_SEED_QUIET) writes all its NR_S bytes
- * before it reads anything, more than TCP's buffers and the ring hold
- * (its first writes slowly enough to ask for and take the upgrade), and
- * makes no call at all for NR_STALL_US after (QUIET: before), longer
- * than exnd's claim timeout (1 s). The client writes NR_C bytes, also
- * more than they hold, so its writer blocks on TCP until the server
- * reads, while its reader must read the server's NR_S bytes: if a read
- * of the client waited for the client's own write (a conversion does),
- * neither would ever go on. Both streams must arrive whole. */
-#define NR_SEED 4
-#define NR_SEED_QUIET 6
-#define NR_S (16u << 20)
-#define NR_C (64u << 20)
-#define NR_SLOW 16 /* of NR_S's 64 KiB writes, the first with 2 ms pauses */
-#define NR_STALL_US 1500000
-#define NR_KEY_S 0x5e4e4ull
-#define NR_KEY_C 0xc11e47ull
-
-static int nr_write(int fd, uint64_t key, uint64_t len, unsigned chunk, unsigned pause_us, int npause)
-{
-	static __thread uint8_t buf[65536];
-	for (uint64_t off = 0; off < len;) {
-		size_t n = len - off < chunk ? (size_t)(len - off) : chunk;
-		for (size_t i = 0; i < n; i++)
-			buf[i] = sbyte(key, off + i);
-		ssize_t w = write(fd, buf, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		off += (uint64_t)w;
-		if (npause > 0) {
-			npause--;
-			sleep_us(pause_us);
-		}
-	}
-	return 0;
-}
-
-/* Read to EOF: 0 when exactly len bytes of key came, else -1 with why. */
-static int nr_read(int fd, uint64_t key, uint64_t len, char *why, size_t wl)
-{
-	static __thread uint8_t buf[65536];
-	uint64_t got = 0;
-	for (;;) {
-		ssize_t r = read(fd, buf, sizeof buf);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			snprintf(why, wl, "read after %llu: %s", (unsigned long long)got, strerror(errno));
-			return -1;
-		}
-		if (r == 0)
-			break;
-		for (ssize_t i = 0; i < r; i++)
-			if (buf[i] != sbyte(key, got + (uint64_t)i)) {
-				snprintf(why, wl, "byte %llu: got %u want %u", (unsigned long long)(got + (uint64_t)i), buf[i],
-					 sbyte(key, got + (uint64_t)i));
-				return -1;
-			}
-		got += (uint64_t)r;
-	}
-	if (got != len) {
-		snprintf(why, wl, "EOF after %llu of %llu bytes", (unsigned long long)got, (unsigned long long)len);
-		return -1;
-	}
-	return 0;
-}
-
-static void *nr_serve(void *a)
-{
-	struct job *j = a;
-	int quiet = j->seed == NR_SEED_QUIET, bad = 0;
-	char why[160] = "";
-	/* the first writes with 2 ms pauses: the connection ages, asks and
-	 * attaches; the rest blocks until the client has read it */
-	if (!quiet && nr_write(j->fd, NR_KEY_S, NR_S, 65536, 2000, NR_SLOW) < 0) {
-		snprintf(why, sizeof why, "write: %s", strerror(errno));
-		bad = 1;
-	}
-	sleep_us(NR_STALL_US);
-	if (!bad && quiet && nr_write(j->fd, NR_KEY_S, NR_S, 65536, 2000, NR_SLOW) < 0) {
-		snprintf(why, sizeof why, "write: %s", strerror(errno));
-		bad = 1;
-	}
-	if (!bad && shutdown(j->fd, SHUT_WR) < 0) {
-		snprintf(why, sizeof why, "shutdown: %s", strerror(errno));
-		bad = 1;
-	}
-	if (!bad && nr_read(j->fd, NR_KEY_C, NR_C, why, sizeof why) < 0)
-		bad = 1;
-	int d = is_direct(j->fd);
-	if (bad)
-		say("FAIL noread server quiet %d direct %d: %s\n", quiet, d, why);
-	else
-		say("noread server quiet %d ok direct %d\n", quiet, d);
-	add(&g_t->conns, 1);
-	add(&g_t->direct, d);
-	add(&g_t->fails, bad);
-	close(j->fd);
-	add(&g_t->active, -1);
-	free(j);
-	return NULL;
-}
-
-struct nr_client {
-	int fd, bad;
-	uint8_t *buf; /* NR_C bytes of NR_KEY_C, made before the connect */
-	char why[160];
-};
-
-/* The client's NR_C bytes in one write(2) from the connect on: it is on
- * TCP, blocked, before the connection is old enough to ask for the
- * upgrade, and stays there until the server reads. */
-static void *nr_writer(void *a)
-{
-	struct nr_client *k = a;
-	uint8_t *b = k->buf;
-	for (uint64_t off = 0; off < NR_C;) {
-		ssize_t w = write(k->fd, b + off, NR_C - off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			snprintf(k->why, sizeof k->why, "write at %llu: %s", (unsigned long long)off, strerror(errno));
-			k->bad = 1;
-			break;
-		}
-		off += (uint64_t)w;
-	}
-	if (!k->bad && shutdown(k->fd, SHUT_WR) < 0) {
-		snprintf(k->why, sizeof k->why, "shutdown: %s", strerror(errno));
-		k->bad = 1;
-	}
-	return NULL;
-}
-
-static int dial(void);
-static int noread(int quiet)
-{
-	uint8_t *buf = malloc(NR_C);
-	if (!buf)
-		return 1;
-	for (uint64_t i = 0; i < NR_C; i++)
-		buf[i] = sbyte(NR_KEY_C, i);
-	int fd = dial();
-	uint64_t seed = quiet ? NR_SEED_QUIET : NR_SEED;
-	if (fd < 0 || write(fd, &seed, sizeof seed) != sizeof seed) {
-		printf("FAIL noread client: connect: %s\n", strerror(errno));
-		return 1;
-	}
-	struct nr_client k = {.fd = fd, .buf = buf};
-	pthread_t t;
-	if (pthread_create(&t, NULL, nr_writer, &k) != 0)
-		return 1;
-	char why[160] = "";
-	uint64_t t0 = now_ns();
-	int bad = nr_read(fd, NR_KEY_S, NR_S, why, sizeof why) < 0;
-	double read_ms = (double)(now_ns() - t0) / 1e6;
-	pthread_join(t, NULL);
-	free(buf);
-	int d = is_direct(fd);
-	close(fd);
-	if (bad || k.bad) {
-		printf("FAIL noread client quiet %d direct %d: %s%s\n", quiet, d, bad ? why : "", k.bad ? k.why : "");
-		return 1;
-	}
-	printf("noread client quiet %d ok direct %d read_ms %.1f\n", quiet, d, read_ms);
-	return 0;
-}
-
-/* Open descriptors of this process now. */
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	int n = 0;
-	if (!d)
-		return -1;
-	while (readdir(d))
-		n++;
-	closedir(d);
-	return n - 3; /* ".", ".." and the directory's own */
-}
-
-/* One ping-pong on fd, then whether it is direct. */
-static int ping_direct(int fd)
-{
-	char c = 'x';
-	if (write(fd, &c, 1) != 1 || read(fd, &c, 1) != 1)
-		return -1;
-	return is_direct(fd);
-}
-
-/* Ping-pong on fds[0..n) until each is direct, for at most 10 s. 0, or
- * -1 with a FAIL line. */
-static int until_direct(int *fds, int n)
-{
-	uint64_t t0 = now_ns();
-	for (int left = n; left > 0;) {
-		left = 0;
-		for (int i = 0; i < n; i++) {
-			int r = ping_direct(fds[i]);
-			if (r < 0) {
-				printf("FAIL fds: connection %d: %s\n", i, strerror(errno));
-				return -1;
-			}
-			left += !r;
-		}
-		if (now_ns() - t0 > 10000000000ull) {
-			printf("FAIL fds: %d of %d connections still TCP after 10 s\n", left, n);
-			return -1;
-		}
-		usleep(1000);
-	}
-	return 0;
-}
-
-/* The descriptors an upgraded connection costs once direct: n
- * connections in ping-pong until each is direct, then what closing all
- * but the first gives back, per connection. */
-static int fds_per_conn(int n)
-{
-	static int fds[1024];
-	if (n < 2 || n > 1024)
-		return 2;
-	uint64_t seed = 2;
-	for (int i = 0; i < n; i++) {
-		fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&g_addr, sizeof g_addr) < 0 ||
-		    write(fds[i], &seed, sizeof seed) != sizeof seed) {
-			printf("FAIL fds: connect: %s\n", strerror(errno));
-			return 1;
-		}
-		if (i > 0)
-			continue;
-		if (until_direct(fds, 1) < 0)
-			return 1;
-	}
-	if (until_direct(fds, n) < 0)
-		return 1;
-	/* What closing the other n-1 gives back is what they cost: the
-	 * process's own objects (the family kick, each thread's kick, made
-	 * at a first park) stay with the first. */
-	int all = count_fds();
-	for (int i = 1; i < n; i++)
-		close(fds[i]);
-	int one = count_fds();
-	close(fds[0]);
-	printf("fds conns %d first %d all %d per_conn %.2f\n", n, one, all, (double)(all - one) / (n - 1));
-	return 0;
-}
-
-static int dial(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -1;
-	if (connect(fd, (struct sockaddr *)&g_addr, sizeof g_addr) < 0) {
-		close(fd);
-		return -1;
-	}
-	return fd;
 }
 
 static int g_n, g_next;
