@@ -557,30 +557,32 @@ EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
  * then consume what it took.
  */
 #define SPLICE_MAX 65536
+
+/* splice's look at one side (w: written): the connection its bytes go
+ * through (direct, or an upgrading side's buffer), or NULL: a plain
+ * descriptor, or an upgrading one on TCP, then *tcp is 1 and the side
+ * is counted in until upg_wend or upg_rend, so that no move or
+ * conversion meets the call. The flags are loaded once (upgrade.h,
+ * upg_wbegin). */
+static struct dconn *splice_side(int fd, int w, int *tcp)
+{
+	int f = fdflags(fd);
+	*tcp = 0;
+	if (!(f & F_UPG))
+		return (f & F_DIRECT) ? dcof(fd) : NULL;
+	struct dconn *c;
+	int k = w ? upg_wbegin(fd, &c) : upg_rbegin(fd, &c);
+	if (k == UPG_W_RING)
+		return c;
+	*tcp = k == UPG_W_TCP;
+	return k == UPG_W_DIRECT ? dcof(fd) : NULL;
+}
+
 EXPORT ssize_t splice(int in, loff_t *offin, int out, loff_t *offout, size_t len, unsigned int fl)
 {
 	INIT();
-	/* Each side's flags loaded once; an upgrading side counted in on
-	 * TCP, so that no move or conversion meets the call (upgrade.h,
-	 * upg_wbegin), or its buffer if it moved (or converts). */
-	int fi = fdflags(in), fo = fdflags(out), ti = 0, to = 0;
-	struct dconn *ci = NULL, *co = NULL;
-	if (fo & F_UPG) {
-		int k = upg_wbegin(out, &co);
-		to = k == UPG_W_TCP;
-		fo = k == UPG_W_DIRECT ? F_DIRECT : fo;
-		co = k == UPG_W_RING ? co : NULL;
-	}
-	if (fo & F_DIRECT)
-		co = dcof(out);
-	if (fi & F_UPG) {
-		int k = upg_rbegin(in, &ci);
-		ti = k == UPG_W_TCP;
-		fi = k == UPG_W_DIRECT ? F_DIRECT : fi;
-		ci = k == UPG_W_RING ? ci : NULL;
-	}
-	if (fi & F_DIRECT)
-		ci = dcof(in);
+	int ti, to;
+	struct dconn *co = splice_side(out, 1, &to), *ci = splice_side(in, 0, &ti);
 	if (!ci && !co) {
 		ssize_t r = real.splice(in, offin, out, offout, len, fl);
 		if (to)

@@ -106,6 +106,16 @@ static int upg_take(int fd, int from)
 	return ok;
 }
 
+/* A conversion that does not happen (now): U_BUSY back to U_ATT, its
+ * reads go on in the buffer through upg_io. */
+static void upg_untake(struct fdent *e)
+{
+	lock();
+	if ((e->flags & F_UPG) && e->ust == U_BUSY)
+		e->ust = U_ATT;
+	unlock();
+}
+
 /* Stage 1: ask exnd, without waiting for the answer. */
 static void upg_ask(int fd)
 {
@@ -380,10 +390,7 @@ int upg_convert(int fd)
 		 * later call converts. A writer counted in after the upg_take
 		 * above finds U_BUSY and never goes to TCP, so a count seen
 		 * here is one on TCP or about to leave. */
-		lock();
-		if ((e->flags & F_UPG) && e->ust == U_BUSY)
-			e->ust = U_ATT;
-		unlock();
+		upg_untake(e);
 		errno = EAGAIN;
 		return -1;
 	}
@@ -400,10 +407,7 @@ int upg_convert(int fd)
 	if (v < 0 || direct_install(fd, slot, c->id, v, -1, -1) < 0) {
 		int err = errno;
 		dbg("fd %d: conversion failed: %s", fd, strerror(err));
-		lock();
-		if ((e->flags & F_UPG) && e->ust == U_BUSY)
-			e->ust = U_ATT;
-		unlock();
+		upg_untake(e);
 		errno = err;
 		return -1;
 	}
