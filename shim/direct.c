@@ -535,15 +535,7 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 _Static_assert(sizeof(off64_t) == sizeof(off_t), "LP64: off64_t is off_t");
 EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
 {
-	INIT();
-	int how = sendfile_route(out);
-	if (how != 0) {
-		ssize_t r = real.sendfile64(out, in, off, n);
-		if (how > 0)
-			upg_wend(out);
-		return r;
-	}
-	return d_sendfile(out, in, (off_t *)off, n);
+	return sendfile(out, in, (off_t *)off, n);
 }
 
 /*

@@ -58,7 +58,6 @@
 	X(ssize_t, recv, (int, void *, size_t, int))                                                          \
 	X(ssize_t, send, (int, const void *, size_t, int))                                                    \
 	X(ssize_t, sendfile, (int, int, off_t *, size_t))                                                     \
-	X(ssize_t, sendfile64, (int, int, off64_t *, size_t))                                                 \
 	X(ssize_t, splice, (int, loff_t *, int, loff_t *, size_t, unsigned int))                              \
 	X(int, ioctl, (int, unsigned long, ...))                                                              \
 	X(int, shutdown, (int, int))                                                                          \

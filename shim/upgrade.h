@@ -154,6 +154,12 @@ int upg_epoll_filter(int epfd, struct epoll_event *evs, int n);
  * through poll, for the boundary above). */
 int upg_attached(int fd);
 
+/* Between upgrade_ask.c and upgrade.c. upg_take: the entry from state
+ * from to U_BUSY; 0 if it is not in it. upg_tick: stages 1 and 2, as
+ * far as they go now (at each data call on an F_UPG descriptor). */
+int upg_take(int fd, int from);
+void upg_tick(int fd);
+
 /* Between upgrade.c and upgrade_ready.c. upg_conn: the attached
  * connection of an F_UPG entry (U_ATT, or U_BUSY while it converts), or
  * NULL. tcp_at_eof: whether fd's TCP socket is at EOF now (a peek that
