@@ -89,6 +89,9 @@ func startEXTDS(d *Daemon) (started, error) {
 		sopts = append(sopts, shimsrv.WithDirect(shimsrv.DirectConfig{
 			Fabric: fmt.Sprintf("%s%d", d.cfg.Fabric.Kind, os.Getpid()), Dir: "/dev/shm", Node: d.cfg.Node,
 			Ring: remoteRing, Engine: eng,
+			// net's RMA reads and writes the buffer by address; a NIC
+			// behind ofi may pin what it registered.
+			ReclaimRemote: d.cfg.Fabric.Kind == backend.Net,
 		}))
 		d.remoteStats = eng.Stats
 	}

@@ -237,6 +237,7 @@ func Shim(node fabric.NodeID, stats func() shimsrv.Stats) prometheus.Collector {
 	b.gauge("direct_active_connections", "Direct connections open now.", func(s *S) float64 { return float64(s.DirectActive) })
 	b.counter("short_holds_total", "Listener ports put on hold because their connections were too short to gain from EXT-DS (their connections stay plain TCP for --extds-short-hold).", func(s *S) uint64 { return s.Holds })
 	b.counter("direct_relays_total", "Direct connections handed to exnd's relay (a program exec'd with one open).", func(s *S) uint64 { return s.DirectRelays })
+	b.counter("direct_ring_reclaims_total", "Idle direct rings whose pages went back to /dev/shm (docs/direct.md, \"Rings that shrink when idle\").", func(s *S) uint64 { return s.DirectReclaims })
 	b.counterDir("direct_bytes_total", "Bytes the programs moved over direct connections, by direction (read from the buffers' cursors; included in bytes_total).", inOut, func(s *S) uint64 { return s.DirectBytesIn }, func(s *S) uint64 { return s.DirectBytesOut })
 	return b.collector(stats)
 }

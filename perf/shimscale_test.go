@@ -132,6 +132,16 @@ func BenchmarkShimScale(b *testing.B) {
 				med(rs, func(r nstest.ManyConns) float64 { return (r.Watch[e].RSSKiB[1] - r.Watch[e].RSSKiB[0]) / k }))
 		}
 		fmt.Fprintf(&sb, "/dev/shm: %.1f KiB per connection.\n", med(rs, func(r nstest.ManyConns) float64 { return (r.ShmKiB[1] - r.ShmKiB[0]) / k }))
+		// After the last close (bar: back within 10 % of the start).
+		fmt.Fprintf(&sb, "After all closed (%.1f s later): ", med(rs, func(r nstest.ManyConns) float64 { return r.SettleMS / 1e3 }))
+		for e := 0; e < 2; e++ {
+			fmt.Fprintf(&sb, "exnd %d: %.2fx its descriptors and %.2fx its RSS before the first connection; ", e+1,
+				med(rs, func(r nstest.ManyConns) float64 { return r.Watch[e].FDs[2] / r.Watch[e].FDs[0] }),
+				med(rs, func(r nstest.ManyConns) float64 { return r.Watch[e].RSSKiB[2] / r.Watch[e].RSSKiB[0] }))
+		}
+		fmt.Fprintf(&sb, "/dev/shm in use %.2fx (%.0f KiB, %.0f before).\n",
+			med(rs, func(r nstest.ManyConns) float64 { return r.ShmKiB[2] / r.ShmKiB[0] }),
+			med(rs, func(r nstest.ManyConns) float64 { return r.ShmKiB[2] }), med(rs, func(r nstest.ManyConns) float64 { return r.ShmKiB[0] }))
 	}
 	b.ReportMetric(float64(reps), "reps")
 	report(b, "", sb.String())

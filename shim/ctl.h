@@ -18,8 +18,8 @@
 /* Shim protocol version: 2 names no PID (exnd asks the kernel,
  * SO_PEERCRED), shim-listen carries the listening socket, and accepts
  * are claimed out of band before a client writes. */
-#define SHIM_VERSION "4" /* 4: one bell per side, the buffer's layout version 3 (docs/direct.md) */
-#define SHIM_VERSION_NUM 4
+#define SHIM_VERSION "5" /* 5: the buffer's layout version 4, idle rings given back (docs/direct.md) */
+#define SHIM_VERSION_NUM 5
 
 enum { CTL_MODE_NONE = 0, CTL_MODE_TCP = 1, CTL_MODE_EXTDS = 2, CTL_MODE_OTHER = 3, CTL_MODE_DIRECT = 4 };
 

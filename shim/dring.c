@@ -517,10 +517,22 @@ static void ring_copy(uint8_t *data, uint32_t ring, uint64_t pos, struct iovcur 
 
 /* ---- locks: futex, process-shared (no FUTEX_PRIVATE_FLAG) ---- */
 
+/* 0 free, 1 held, 2 held with waiters, EXDD_LOCK_RECLAIM held by exnd's
+ * reclaim (a producer lock only). A reclaim holds the lock for one
+ * madvise and wakes every waiter when it lets go, so a non-blocking
+ * caller that meets it waits (it would otherwise see EAGAIN on an empty
+ * ring, and an edge-triggered epoll would never report the space that
+ * was there all along). */
 static int lk_acquire(uint32_t *l, int nonblock)
 {
 	uint32_t c = 0;
-	if (__atomic_compare_exchange_n(l, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+	while (!__atomic_compare_exchange_n(l, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+		if (c != EXDD_LOCK_RECLAIM)
+			break;
+		syscall(SYS_futex, l, FUTEX_WAIT, EXDD_LOCK_RECLAIM, NULL, NULL, 0);
+		c = 0;
+	}
+	if (c == 0)
 		return 0;
 	if (nonblock)
 		return -EAGAIN;

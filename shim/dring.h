@@ -32,7 +32,12 @@
 #define DRING_API __attribute__((visibility("hidden")))
 
 #define EXDD_MAGIC 0x44445845u /* "EXDD" */
-#define EXDD_VERSION 3u
+#define EXDD_VERSION 4u
+/* prod_lock's value while exnd gives an idle, empty ring's pages back
+ * (layout version 4; docs/direct.md, "Rings that shrink when idle"): a
+ * short hold that never parks, so even a non-blocking writer waits it
+ * out on the futex instead of failing with EAGAIN. */
+#define EXDD_LOCK_RECLAIM 3u
 #define EXDD_HDR 4096u
 #define EXDD_RING_MIN 4096u
 #define EXDD_RING_MAX (64u << 20)

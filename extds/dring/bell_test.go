@@ -363,14 +363,14 @@ func TestWithoutBell(t *testing.T) {
 	}
 }
 
-// Go writes layout version 3 and never touches the pwait words (the
+// Go writes layout version 4 and never touches the pwait words (the
 // shim's): a buffer after a stream both ways and a reset still has them
 // zero.
 func TestPwaitWordsUntouched(t *testing.T) {
 	a, b := pair(t, MinRing)
 	for _, e := range []*Endpoint{a, b} {
-		if v := binary.LittleEndian.Uint32(e.mem[offVersion:]); v != 3 {
-			t.Fatalf("version %d, want 3", v)
+		if v := binary.LittleEndian.Uint32(e.mem[offVersion:]); v != Version {
+			t.Fatalf("version %d, want %d", v, Version)
 		}
 	}
 	done := testenv.Go(func() { a.Write(bytes.Repeat([]byte("p"), 3*MinRing)); a.CloseWrite() })

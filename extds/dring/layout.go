@@ -6,12 +6,13 @@ import (
 	"fmt"
 )
 
-// Layout version 3 (docs/direct.md, "The connection buffer"): version 2
-// (version 1 and the rung flags) and the pwait words of the one-bell
-// protocol, which only the C shim writes.
+// Layout version 4 (docs/direct.md, "The connection buffer"): version 2
+// (version 1 and the rung flags), the pwait words of the one-bell
+// protocol (version 3), which only the C shim writes, and prod_lock's
+// fourth value, lockReclaim (version 4, reclaim.go).
 const (
 	Magic   = 0x44445845 // "EXDD" little-endian
-	Version = 3
+	Version = 4
 
 	// HeaderSize is the page before the two rings.
 	HeaderSize = 4096

@@ -74,10 +74,30 @@ type DirectConfig struct {
 	Node   fabric.NodeID
 	Ring   int
 	Engine *rdirect.Engine
+	// ReclaimIdle: how long a direction moves no byte before its ring's
+	// pages go back (reclaim.go); 0 is DefaultReclaimIdle, negative
+	// never.
+	ReclaimIdle time.Duration
+	// ReclaimRemote: reclaim across hosts too (Engine set). Only for a
+	// fabric whose RMA reads the buffer by address (net): a NIC that
+	// pins a registered buffer (ofi) would keep reading the old pages.
+	ReclaimRemote bool
 }
 
 // WithDirect lets the server make and take direct connections.
-func WithDirect(c DirectConfig) Option { return func(s *Server) { s.directCfg = &c } }
+func WithDirect(c DirectConfig) Option {
+	return func(s *Server) {
+		s.directCfg = &c
+		switch {
+		case c.ReclaimIdle == 0:
+			s.reclaimIdle = DefaultReclaimIdle
+		case c.ReclaimIdle > 0:
+			s.reclaimIdle = c.ReclaimIdle
+		default:
+			s.reclaimIdle = 0
+		}
+	}
+}
 
 // dconn is one direct connection, from this side.
 type dconn struct {
@@ -95,7 +115,8 @@ type dconn struct {
 	node     fabric.NodeID // the peer's node
 	lport    uint16        // the local TCP port (accept: the listener's)
 	since    time.Time
-	upgraded bool // made by shim-connect/accept upgrade (upgrade.go): not timed for holds
+	upgraded bool         // made by shim-connect/accept upgrade (upgrade.go): not timed for holds
+	rcl      reclaimState // the reclaimer's alone (reclaim.go)
 	relaying atomic.Bool
 	rem      *remoteSide // across hosts: this side's engine connection (remote.go)
 }
@@ -360,6 +381,7 @@ func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
 		// goroutine starts.
 		go s.directLiveness(s.dev.PeersChanged())
 	}
+	s.startReclaimLocked()
 	s.mu.Unlock()
 	go s.watch(dc)
 	if local {

@@ -71,9 +71,37 @@ func (d *directApp) watchV() {
 // newDirectNodes starts two nodes whose shim servers make direct
 // connections in one directory, as two exnds on one shm fabric.
 func newDirectNodes(t *testing.T) (a, b *node, dir string) {
+	return newDirectNodesWith(t, "one host", nil)
+}
+
+// newDirectNodesWith starts two nodes that make direct connections on
+// one host (in the directory it returns) or across hosts (each with its
+// engine), with tweak's changes to their DirectConfig.
+func newDirectNodesWith(t *testing.T, mode string, tweak func(*DirectConfig)) (a, b *node, dir string) {
+	t.Helper()
 	dir = t.TempDir()
-	a, b = newNodesPer(t, func(id fabric.NodeID) []Option {
-		return []Option{WithDirect(DirectConfig{Fabric: "t", Dir: dir, Node: id, Ring: dring.MinRing * 4})}
+	cfg := func(id fabric.NodeID, eng *rdirect.Engine, dir string) Option {
+		c := DirectConfig{Fabric: "t", Dir: dir, Node: id, Ring: dring.MinRing * 4, Engine: eng}
+		if tweak != nil {
+			tweak(&c)
+		}
+		return WithDirect(c)
+	}
+	if mode == "one host" {
+		a, b = newNodesPer(t, func(id fabric.NodeID) []Option { return []Option{cfg(id, nil, dir)} })
+		return a, b, dir
+	}
+	a, b = newNodesWrapped(t, func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option) {
+		ep, err := nic.Open(rdirect.VPID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eng, err := rdirect.New(ep, rdirect.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { eng.Close() }) // after the server's (cleanups run last first)
+		return nic, []Option{cfg(id, eng, t.TempDir())}
 	})
 	return a, b, dir
 }
@@ -422,22 +450,8 @@ var directModes = []string{"one host", "across hosts"}
 // newDirectNodesMode is newDirectNodes for mode.
 func newDirectNodesMode(t *testing.T, mode string) (a, b *node) {
 	t.Helper()
-	if mode == "one host" {
-		a, b, _ = newDirectNodes(t)
-		return a, b
-	}
-	return newNodesWrapped(t, func(id fabric.NodeID, nic fabric.NIC) (extds.Attachment, []Option) {
-		ep, err := nic.Open(rdirect.VPID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eng, err := rdirect.New(ep, rdirect.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { eng.Close() }) // after the server's (cleanups run last first)
-		return nic, []Option{WithDirect(DirectConfig{Fabric: "t", Dir: t.TempDir(), Node: id, Ring: dring.MinRing * 4, Engine: eng})}
-	})
+	a, b, _ = newDirectNodesWith(t, mode, nil)
+	return a, b
 }
 
 // poolsFull reports whether the pools of ready buffers of ns that are in

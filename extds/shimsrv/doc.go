@@ -4,12 +4,12 @@
 // a switched connection's bytes between an AF_UNIX socketpair end (which
 // the shim dup3's over the application's descriptor) and an extds.Conn.
 //
-// Protocol (version 4, Version; control lines "OP ARGS\n", one JSON
+// Protocol (version 5, Version; control lines "OP ARGS\n", one JSON
 // response line {"ok":..,"data":..,"error":..}, descriptors as
 // SCM_RIGHTS; no request names a PID: the kernel says who calls, by
 // SO_PEERCRED):
 //
-//	shim-hello 4              → {"version":4}
+//	shim-hello 5              → {"version":5}
 //	shim-listen   + socket    → {"port":P}  register the listening socket
 //	shim-unlisten PORT        → {}          drop the caller's gone sockets
 //	shim-connect  + fd        → {"mode":"extds","id":N} + socketpair end

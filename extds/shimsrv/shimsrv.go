@@ -31,8 +31,10 @@ import (
 // the listening socket, and accepts are claimed out of band. 3: the
 // direct buffer's layout version 2 (rung flags). 4: one bell per side
 // (layout version 3): a direct answer carries V, the buffer and the
-// side's bell, and shim-relay V and the bell (docs/direct.md).
-const Version = 4
+// side's bell, and shim-relay V and the bell (docs/direct.md). 5: layout
+// version 4, whose producer lock exnd takes to give an idle ring's pages
+// back (reclaim.go).
+const Version = 5
 
 // Tunables, with why.
 const (
@@ -109,9 +111,11 @@ type Stats struct {
 	// Direct connections (docs/direct.md): made, open now, handed to the
 	// relay after exec, and the bytes the programs moved (from the
 	// buffers' cursors: live connections are read at the snapshot).
-	DirectConns    uint64 `json:"direct_conns"`
-	DirectActive   int    `json:"direct_active"`
-	DirectRelays   uint64 `json:"direct_relays"`
+	DirectConns  uint64 `json:"direct_conns"`
+	DirectActive int    `json:"direct_active"`
+	DirectRelays uint64 `json:"direct_relays"`
+	// DirectReclaims: idle rings whose pages went back (reclaim.go).
+	DirectReclaims uint64 `json:"direct_reclaims"`
 	DirectBytesIn  uint64 `json:"direct_bytes_in"`
 	DirectBytesOut uint64 `json:"direct_bytes_out"`
 	// Holds counts listener ports put on hold for short connections
@@ -153,6 +157,10 @@ type Server struct {
 	livenessStarted func()
 	// livenessOn: the directLiveness goroutine runs (direct.go).
 	livenessOn bool
+	// reclaimIdle: the reclaimer's period (reclaim.go), 0: off;
+	// reclaimOn: it runs (under mu).
+	reclaimIdle time.Duration
+	reclaimOn   bool
 	// Holds for short connections (hold.go): shortHold 0 is off.
 	shortHold time.Duration
 	holdMu    sync.Mutex
@@ -163,6 +171,7 @@ type Server struct {
 	bytesIn, bytesOut      atomic.Uint64
 	direct                 atomic.Uint64
 	directConns, relays    atomic.Uint64
+	reclaims               atomic.Uint64
 	directIn, directOut    atomic.Uint64
 	fallbacks              sync.Map // reason string → *atomic.Uint64
 	refused                sync.Map // reason string → *atomic.Uint64
@@ -368,6 +377,7 @@ func (s *Server) Stats() Stats {
 		return true
 	})
 	st.DirectConns, st.DirectRelays = s.directConns.Load(), s.relays.Load()
+	st.DirectReclaims = s.reclaims.Load()
 	st.Holds = s.holds.Load()
 	st.DirectBytesIn, st.DirectBytesOut = s.directIn.Load(), s.directOut.Load()
 	s.mu.Lock()

@@ -32,15 +32,18 @@ type ManyConns struct {
 	// A client's timed ping-pong (P > 0), ns.
 	P50, P99 float64
 	// A client's watched processes and /dev/shm ($MANYCONNS_WATCH):
-	// before the first connection and with all open.
-	Watch  []ManyConnsWatch
-	ShmKiB [2]float64
+	// before the first connection, with all open, and after the last
+	// close once back within 10 % of the start (or after the program's
+	// SETTLE_MS: SettleMS says how long it waited).
+	Watch    []ManyConnsWatch
+	ShmKiB   [3]float64
+	SettleMS float64
 }
 
-// ManyConnsWatch is one watched process.
+// ManyConnsWatch is one watched process: before, with all open, after.
 type ManyConnsWatch struct {
 	PID         int
-	FDs, RSSKiB [2]float64
+	FDs, RSSKiB [3]float64
 }
 
 // ParseManyConns reads manyconns' output; an error if it has no counts
@@ -69,8 +72,21 @@ func ParseManyConns(out string) (ManyConns, error) {
 			var w ManyConnsWatch
 			_, err = fmt.Sscanf(l, "watch %d fds %g %g rss_kib %g %g", &w.PID, &w.FDs[0], &w.FDs[1], &w.RSSKiB[0], &w.RSSKiB[1])
 			m.Watch = append(m.Watch, w)
+		case len(f) > 0 && f[0] == "watch_after":
+			var pid int
+			var fds, rss float64
+			if _, err = fmt.Sscanf(l, "watch_after %d fds %g rss_kib %g", &pid, &fds, &rss); err == nil {
+				err = fmt.Errorf("pid %d not watched", pid)
+				for i := range m.Watch {
+					if m.Watch[i].PID == pid {
+						m.Watch[i].FDs[2], m.Watch[i].RSSKiB[2], err = fds, rss, nil
+					}
+				}
+			}
 		case len(f) > 0 && f[0] == "shm":
 			_, err = fmt.Sscanf(l, "shm used_kib %g %g", &m.ShmKiB[0], &m.ShmKiB[1])
+		case len(f) > 0 && f[0] == "shm_after":
+			_, err = fmt.Sscanf(l, "shm_after used_kib %g ms %g", &m.ShmKiB[2], &m.SettleMS)
 		}
 		if err != nil {
 			return m, fmt.Errorf("manyconns: line %q: %w", l, err)

@@ -3,6 +3,7 @@ package sys
 import (
 	"fmt"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -55,4 +56,39 @@ func SameFile(f *os.File, path string) (bool, error) {
 		return false, fmt.Errorf("stat %s: %w", path, err)
 	}
 	return a.Dev == b.Dev && a.Ino == b.Ino, nil
+}
+
+// RemovePages frees the backing store of b, a page-aligned part of a
+// MAP_SHARED mapping of a tmpfs file (madvise MADV_REMOVE: a hole is
+// punched in the file), so its pages count against /dev/shm no more; a
+// later access faults in a zero page. The caller must know that nobody
+// else writes b meanwhile.
+func RemovePages(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if err := unix.Madvise(b, unix.MADV_REMOVE); err != nil {
+		return fmt.Errorf("madvise remove: %w", err)
+	}
+	return nil
+}
+
+// ResidentPages counts the pages of b, a page-aligned part of a mapping,
+// that are in memory now (mincore): for a shared file mapping, the
+// file's pages that exist in the page cache or tmpfs.
+func ResidentPages(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	ps := os.Getpagesize()
+	vec := make([]byte, (len(b)+ps-1)/ps)
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		return 0, fmt.Errorf("mincore: %w", e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n, nil
 }

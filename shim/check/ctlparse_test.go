@@ -256,7 +256,7 @@ func TestCtlRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{ // "op arg" of ctlharness → the line
-		"0 0": "shim-hello 4", "1 0": "shim-listen", "2 1": "shim-unlisten 1", "2 8080": "shim-unlisten 8080",
+		"0 0": "shim-hello 5", "1 0": "shim-listen", "2 1": "shim-unlisten 1", "2 8080": "shim-unlisten 8080",
 		"2 65535": "shim-unlisten 65535", "2 0": "ERR", "2 65536": "ERR", "3 0": "shim-connect", "4 0": "shim-accept", "3 1": "shim-connect direct", "4 1": "shim-accept direct", "3 2": "shim-connect fd_limit", "4 2": "shim-accept fd_limit", "3 3": "shim-connect upgrade", "4 3": "shim-accept upgrade", "3 4": "ERR", "5 0": "shim-relay", "99 0": "ERR",
 	}
 	type call struct {

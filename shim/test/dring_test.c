@@ -24,12 +24,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -612,6 +614,7 @@ static void t_peer_gone(void) { test_peer_gone(); }
 static void t_selfwake(void) { pair(4096, selfwake_a, selfwake_b, NULL); }
 static void t_upg_wait(void) { test_upg_wait(); }
 static void t_space_wait(void) { test_space_wait(); }
+static void t_reclaim_lock(void) { test_reclaim_lock(); }
 
 static const struct {
 	const char *name;
@@ -621,7 +624,7 @@ static const struct {
 	{"semantics", t_semantics},   {"wake", t_wake},		 {"forged", t_forged},		 {"kill_rst", t_kill_rst},
 	{"kill_close", t_kill_close}, {"exnd_death", t_exnd_death}, {"relay", t_relay},		 {"lock", t_lock},
 	{"exnd_reset", t_exnd_reset}, {"peer_gone", t_peer_gone},   {"selfwake", t_selfwake}, {"upg_wait", t_upg_wait},
-	{"space_wait", t_space_wait},
+	{"space_wait", t_space_wait}, {"reclaim_lock", t_reclaim_lock},
 };
 
 int main(int argc, char **argv)

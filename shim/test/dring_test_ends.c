@@ -301,3 +301,56 @@ static void test_space_wait(void)
 	pair(4096, space_closed, space_closer, NULL);
 }
 
+
+/* ---- exnd's reclaim holds the producer lock (EXDD_LOCK_RECLAIM) ---- */
+
+/* hold_lock sets side 0's producer lock to v, and a child lets it go
+ * after 50 ms as exnd's reclaim does (0, then wake every waiter). */
+static pid_t hold_lock(uint32_t *l, uint32_t v)
+{
+	__atomic_store_n(l, v, __ATOMIC_SEQ_CST);
+	pid_t p = fork();
+	CHECK(p >= 0);
+	if (p == 0) {
+		usleep(50000);
+		__atomic_store_n(l, 0, __ATOMIC_SEQ_CST);
+		syscall(SYS_futex, l, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+		_exit(0);
+	}
+	return p;
+}
+
+/* A writer's hold makes a non-blocking write fail with EAGAIN; a
+ * reclaim's is waited out, by a non-blocking write too (an empty ring
+ * never says EAGAIN), and by a blocking one. */
+static void reclaim_writer(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	uint32_t *l = &d->out->prod_lock;
+	__atomic_store_n(l, 1, __ATOMIC_SEQ_CST);
+	CHECK(dring_write(d, "x", 1, DRING_NONBLOCK) == -EAGAIN, "a writer holds the lock");
+	__atomic_store_n(l, 0, __ATOMIC_SEQ_CST);
+	for (int flags = DRING_NONBLOCK; flags >= 0; flags -= DRING_NONBLOCK) {
+		pid_t p = hold_lock(l, EXDD_LOCK_RECLAIM);
+		long t0 = ms_now();
+		ssize_t r = dring_write(d, "abc", 3, flags);
+		CHECK(r == 3, "flags %d: a reclaim's hold is waited out (%zd)", flags, r);
+		CHECK(ms_now() - t0 >= 40, "flags %d: waited for it", flags);
+		CHECK(__atomic_load_n(l, __ATOMIC_SEQ_CST) == 0, "flags %d: let go", flags);
+		reap(p, "releaser");
+	}
+	dring_fin(d);
+}
+
+static void reclaim_reader(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	char buf[8] = {0};
+	CHECK(dring_read(d, buf, 6, DRING_WAITALL) == 6);
+	CHECK(memcmp(buf, "abcabc", 6) == 0, "read %.6s", buf);
+	CHECK(dring_read(d, buf, 1, 0) == 0, "then EOF");
+}
+
+static void test_reclaim_lock(void) { pair(4096, reclaim_writer, reclaim_reader, NULL); }

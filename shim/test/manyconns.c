@@ -35,6 +35,14 @@
  *
  *   watch PID fds F0 F1 rss_kib R0 R1
  *   shm used_kib U0 U1
+ *
+ * and, once the client closed every connection, the same when the
+ * watched descriptors and /dev/shm are back within 10 % of where they
+ * started, or after SETTLE_MS (T: how long it took; the server closes
+ * its ends as it reads their EOFs, and exnd its own after that):
+ *
+ *   watch_after PID fds F2 rss_kib R2
+ *   shm_after used_kib U2 ms T
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -104,8 +112,8 @@ static long shm_used_kib(void)
 
 #define WATCH_MAX 8
 struct watch {
-	int n, pid[WATCH_MAX], fds[WATCH_MAX][2];
-	long rss[WATCH_MAX][2], shm[2];
+	int n, pid[WATCH_MAX], fds[WATCH_MAX][3];
+	long rss[WATCH_MAX][3], shm[3];
 };
 
 static void watch_take(struct watch *w, int k)
@@ -127,6 +135,35 @@ static void watch_take(struct watch *w, int k)
 		w->rss[i][k] = rss_kib(w->pid[i]);
 	}
 	w->shm[k] = shm_used_kib();
+}
+
+/* SETTLE_MS bounds the wait for the watched processes and /dev/shm to
+ * come back after the last close: 10,000 connections end in a few
+ * seconds on two CPUs. */
+#define SETTLE_MS 30000
+
+/* settled: sample k of w is within 10 % of sample 0 (and a page of
+ * /dev/shm, a descriptor of slack). */
+static int settled(const struct watch *w, int k)
+{
+	for (int i = 0; i < w->n; i++)
+		if (w->fds[i][k] > w->fds[i][0] + w->fds[i][0] / 10 + 1)
+			return 0;
+	return w->shm[k] <= w->shm[0] + w->shm[0] / 10 + 4;
+}
+
+/* watch_settle takes sample 2 every 100 ms until it settled, at most
+ * SETTLE_MS; returns the ms it waited. */
+static long watch_settle(struct watch *w)
+{
+	int64_t t0 = now_ns();
+	for (;;) {
+		watch_take(w, 2);
+		long ms = (long)((now_ns() - t0) / 1000000);
+		if (settled(w, 2) || ms >= SETTLE_MS)
+			return ms;
+		usleep(100000);
+	}
 }
 
 static int is_emfile(int e) { return e == EMFILE || e == ENFILE; }
@@ -265,10 +302,6 @@ static int client(struct sockaddr_in *a, int n, int rounds, int pings)
 		       (long long)lat[(long long)pings * 99 / 100]);
 		free(lat);
 	}
-	for (int i = 0; i < w.n; i++)
-		printf("watch %d fds %d %d rss_kib %ld %ld\n", w.pid[i], w.fds[i][0], w.fds[i][1], w.rss[i][0], w.rss[i][1]);
-	if (w.n > 0)
-		printf("shm used_kib %ld %ld\n", w.shm[0], w.shm[1]);
 	/* At the end: how many are direct now (moved onto a direct
 	 * connection after they started as TCP: the shim's upgrade) and what
 	 * the descriptors cost then. */
@@ -279,6 +312,15 @@ static int client(struct sockaddr_in *a, int n, int rounds, int pings)
 	for (int i = 0; i < n; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
+	for (int i = 0; i < w.n; i++)
+		printf("watch %d fds %d %d rss_kib %ld %ld\n", w.pid[i], w.fds[i][0], w.fds[i][1], w.rss[i][0], w.rss[i][1]);
+	if (w.n > 0) {
+		printf("shm used_kib %ld %ld\n", w.shm[0], w.shm[1]);
+		long ms = watch_settle(&w);
+		for (int i = 0; i < w.n; i++)
+			printf("watch_after %d fds %d rss_kib %ld\n", w.pid[i], w.fds[i][2], w.rss[i][2]);
+		printf("shm_after used_kib %ld ms %ld\n", w.shm[2], ms);
+	}
 	printf("client conns %d emfile %d switched %d bad %d fds_base %d fds_open %d\n", conns, emfile, switched, bad,
 	       base, open_fds);
 	printf("client_end direct %d fds %d\n", direct_end, fds_end);

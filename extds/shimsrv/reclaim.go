@@ -1,0 +1,110 @@
+package shimsrv
+
+// Rings that shrink when idle (issue #32; docs/direct.md, "Rings that
+// shrink when idle"). A direct connection's buffer file is sparse, so a
+// ring grows with its traffic, page by page; the reclaimer gives the
+// pages back once the direction has moved no byte for a whole period.
+//
+// Stages and locks: one goroutine (reclaimer), owned by the Server
+// (s.wg, ends with s.ctx), runs while direct connections exist, started
+// by enterDirect beside directLiveness and ended at the first tick that
+// finds none (reclaimOn, under s.mu). Each tick it copies s.dconns under
+// s.mu and then, without it, looks at each connection's outbound tail
+// (the direction its program writes; the peer's exnd does the other on
+// one host, and across hosts the inbound ring is the peer engine's to
+// write by RMA, which no lock here excludes, so it is never punched):
+//   - moved since the last tick: busy, remember it;
+//   - unchanged and nothing written since its last reclaim (or ever):
+//     nothing to give back;
+//   - unchanged since the last tick and written since the last reclaim:
+//     idle for at least one period, dring.Endpoint.ReclaimTx.
+// A direction so waits between one and two periods before its pages go.
+// dconn.rcl is this goroutine's alone.
+//
+// The tick is the one timer: "idle" needs a clock, and the data path
+// keeps none (docs/wakeup.md). It costs one wake-up per period while
+// direct connections exist, and two atomic loads per connection.
+
+import (
+	"log/slog"
+	"time"
+)
+
+// DefaultReclaimIdle is how long a direction of a direct connection moves
+// no byte before its ring's pages go back (at most twice that): long
+// enough that a connection pausing between requests keeps its pages
+// (a refault costs about 1 µs a page, 256 for a 1 MiB ring), short
+// enough that a server's idle connections hold only their header page
+// within seconds.
+const DefaultReclaimIdle = 5 * time.Second
+
+// reclaimState is the reclaimer's view of one connection's outbound
+// direction: the tail at the last tick, and at its last reclaim.
+type reclaimState struct {
+	seen, done uint64
+}
+
+// startReclaimLocked starts the reclaimer if it should run (s.mu held).
+func (s *Server) startReclaimLocked() {
+	if s.reclaimIdle <= 0 || s.reclaimOn {
+		return
+	}
+	s.reclaimOn = true
+	s.wg.Add(1)
+	go s.reclaimer()
+}
+
+func (s *Server) reclaimer() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.reclaimIdle)
+	defer t.Stop()
+	var dcs []*dconn
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if len(s.dconns) == 0 {
+			s.reclaimOn = false
+			s.mu.Unlock()
+			return
+		}
+		dcs = dcs[:0]
+		for _, dc := range s.dconns {
+			dcs = append(dcs, dc)
+		}
+		s.mu.Unlock()
+		for _, dc := range dcs {
+			s.reclaimOne(dc)
+		}
+		clear(dcs)
+	}
+}
+
+// reclaimOne looks at dc's outbound direction once (see the file's head).
+func (s *Server) reclaimOne(dc *dconn) {
+	if dc.rem != nil && !s.directCfg.ReclaimRemote {
+		return
+	}
+	tail := dc.ep.TxCursor()
+	r := &dc.rcl
+	if tail != r.seen {
+		r.seen = tail
+		return
+	}
+	if tail == r.done {
+		return
+	}
+	freed, err := dc.ep.ReclaimTx()
+	if err != nil {
+		s.logConn(slog.LevelWarn, "extds shim: cannot give an idle ring back", "id", dc.id, "err", err)
+		r.done = tail // do not try again until it moves
+		return
+	}
+	if freed {
+		r.done = tail
+		s.reclaims.Add(1)
+	}
+}
