@@ -22,6 +22,16 @@ var scaleIdle = []int{0, 1000, 10000}
 // scalePings is the timed ping-pongs per run on the busy connection.
 const scalePings = 20000
 
+// With bulkIdle idle connections, every connection also echoes bulkBytes
+// at once before the close (manyconns' MANYCONNS_BULK): its rings grow by
+// that much each way, and the run reports how /dev/shm shrinks back once
+// they are idle (exnd's reclaimer, docs/direct.md "Rings that shrink
+// when idle").
+const (
+	bulkIdle  = 1000
+	bulkBytes = 64 << 10
+)
+
 // BenchmarkShimScale is issue #32's measurement of the shim with many
 // connections: an epoll echo server (shim/test/manyconns.c) and its
 // client, both under libextds.so on two exnd nodes of one shm fabric,
@@ -83,7 +93,11 @@ func BenchmarkShimScale(b *testing.B) {
 				if err := w.srv.WaitListening(srv, port, 10*time.Second); err != nil {
 					b.Fatal(err)
 				}
-				out, err := w.cli.RunEnv(5*time.Minute, w.cliEnv, append(lim, "client", w.addr, port, n, "1", fmt.Sprint(scalePings))...)
+				env := w.cliEnv
+				if idle == bulkIdle {
+					env = append(slices.Clone(env), fmt.Sprintf("MANYCONNS_BULK=%d", bulkBytes))
+				}
+				out, err := w.cli.RunEnv(5*time.Minute, env, append(lim, "client", w.addr, port, n, "1", fmt.Sprint(scalePings))...)
 				if serr := srv.Wait(time.Minute); err != nil || serr != nil {
 					b.Fatalf("%s, %d idle: client %v, server %v\n%s\n%s", w.name, idle, err, serr, out, srv.Output())
 				}
@@ -132,7 +146,14 @@ func BenchmarkShimScale(b *testing.B) {
 				med(rs, func(r nstest.ManyConns) float64 { return (r.Watch[e].RSSKiB[1] - r.Watch[e].RSSKiB[0]) / k }))
 		}
 		fmt.Fprintf(&sb, "/dev/shm: %.1f KiB per connection.\n", med(rs, func(r nstest.ManyConns) float64 { return (r.ShmKiB[1] - r.ShmKiB[0]) / k }))
-		// After the last close (bar: back within 10 % of the start).
+		if scaleIdle[ii] == bulkIdle {
+			fmt.Fprintf(&sb, "Rings that grow and shrink: with %d KiB echoed on every connection /dev/shm held %.1f KiB per connection; %.1f s later, idle, %.1f KiB.\n",
+				bulkBytes>>10, med(rs, func(r nstest.ManyConns) float64 { return (r.BulkKiB - r.ShmKiB[0]) / k }),
+				med(rs, func(r nstest.ManyConns) float64 { return r.BulkMS / 1e3 }),
+				med(rs, func(r nstest.ManyConns) float64 { return (r.BulkIdleKiB - r.ShmKiB[0]) / k }))
+		}
+		// After the last close (bar: back within 10 % of the start; the
+		// program waits for that, at most 30 s).
 		fmt.Fprintf(&sb, "After all closed (%.1f s later): ", med(rs, func(r nstest.ManyConns) float64 { return r.SettleMS / 1e3 }))
 		for e := 0; e < 2; e++ {
 			fmt.Fprintf(&sb, "exnd %d: %.2fx its descriptors and %.2fx its RSS before the first connection; ", e+1,

@@ -368,6 +368,7 @@ func (s *Server) enterDirect(p *directPrep) (any, []*os.File, error) {
 	s.nextID++
 	dc.id = s.nextID
 	s.dconns[dc.id] = dc
+	s.dpeak = max(s.dpeak, len(s.dconns))
 	s.wg.Add(1)
 	// Across hosts the engine watches the peer nodes itself
 	// (rdirect.Config.Liveness) and resets their connections: a second

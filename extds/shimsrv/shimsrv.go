@@ -161,6 +161,7 @@ type Server struct {
 	// reclaimOn: it runs (under mu).
 	reclaimIdle time.Duration
 	reclaimOn   bool
+	dpeak       int // most direct connections at once since the reclaimer last ended
 	// Holds for short connections (hold.go): shortHold 0 is off.
 	shortHold time.Duration
 	holdMu    sync.Mutex

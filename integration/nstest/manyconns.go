@@ -38,6 +38,9 @@ type ManyConns struct {
 	Watch    []ManyConnsWatch
 	ShmKiB   [3]float64
 	SettleMS float64
+	// $MANYCONNS_BULK: the bytes each connection echoed at once, /dev/shm
+	// in use right after and once idle, and how long that took.
+	Bulk, BulkKiB, BulkIdleKiB, BulkMS float64
 }
 
 // ManyConnsWatch is one watched process: before, with all open, after.
@@ -85,6 +88,8 @@ func ParseManyConns(out string) (ManyConns, error) {
 			}
 		case len(f) > 0 && f[0] == "shm":
 			_, err = fmt.Sscanf(l, "shm used_kib %g %g", &m.ShmKiB[0], &m.ShmKiB[1])
+		case len(f) > 0 && f[0] == "bulk":
+			_, err = fmt.Sscanf(l, "bulk bytes %g used_kib %g idle_kib %g ms %g", &m.Bulk, &m.BulkKiB, &m.BulkIdleKiB, &m.BulkMS)
 		case len(f) > 0 && f[0] == "shm_after":
 			_, err = fmt.Sscanf(l, "shm_after used_kib %g ms %g", &m.ShmKiB[2], &m.SettleMS)
 		}

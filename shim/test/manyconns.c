@@ -37,12 +37,19 @@
  *   shm used_kib U0 U1
  *
  * and, once the client closed every connection, the same when the
- * watched descriptors and /dev/shm are back within 10 % of where they
- * started, or after SETTLE_MS (T: how long it took; the server closes
+ * watched descriptors and RSS and /dev/shm are back within 10 % of where
+ * they started, or after SETTLE_MS (T: how long it took; the server closes
  * its ends as it reads their EOFs, and exnd its own after that):
  *
  *   watch_after PID fds F2 rss_kib R2
  *   shm_after used_kib U2 ms T
+ *
+ * With $MANYCONNS_BULK=B (and a watch), before the close every
+ * connection echoes B more bytes at once, /dev/shm is read (U3), and
+ * then every 250 ms until it is back within 10 % of U1 or after
+ * SETTLE_MS (T): rings that grow with traffic and shrink when idle.
+ *
+ *   bulk bytes B used_kib U3 idle_kib U4 ms T
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -143,11 +150,11 @@ static void watch_take(struct watch *w, int k)
 #define SETTLE_MS 30000
 
 /* settled: sample k of w is within 10 % of sample 0 (and a page of
- * /dev/shm, a descriptor of slack). */
+ * /dev/shm, a descriptor of slack): descriptors, RSS and /dev/shm. */
 static int settled(const struct watch *w, int k)
 {
 	for (int i = 0; i < w->n; i++)
-		if (w->fds[i][k] > w->fds[i][0] + w->fds[i][0] / 10 + 1)
+		if (w->fds[i][k] > w->fds[i][0] + w->fds[i][0] / 10 + 1 || w->rss[i][k] > w->rss[i][0] + w->rss[i][0] / 10)
 			return 0;
 	return w->shm[k] <= w->shm[0] + w->shm[0] / 10 + 4;
 }
@@ -301,6 +308,27 @@ static int client(struct sockaddr_in *a, int n, int rounds, int pings)
 		printf("pingpong n %d p50_ns %lld p99_ns %lld\n", pings, (long long)lat[pings / 2],
 		       (long long)lat[(long long)pings * 99 / 100]);
 		free(lat);
+	}
+	const char *bulk_env = getenv("MANYCONNS_BULK");
+	long bulk = bulk_env ? atol(bulk_env) : 0;
+	if (bulk > 0 && w.n > 0) {
+		char *out = malloc((size_t)bulk), *in = malloc((size_t)bulk);
+		memset(out, 'b', (size_t)bulk);
+		for (int i = 0; i < n; i++)
+			if (fds[i] >= 0 && (io_all(fds[i], out, (size_t)bulk, 1) < 0 || io_all(fds[i], in, (size_t)bulk, 0) < 0 ||
+					    memcmp(in, out, (size_t)bulk) != 0))
+				bad++;
+		free(out);
+		free(in);
+		long used = shm_used_kib(), now = used;
+		int64_t t0 = now_ns();
+		long ms = 0;
+		while (now > w.shm[1] + w.shm[1] / 10 && ms < SETTLE_MS) {
+			usleep(250000);
+			now = shm_used_kib();
+			ms = (long)((now_ns() - t0) / 1000000);
+		}
+		printf("bulk bytes %ld used_kib %ld idle_kib %ld ms %ld\n", bulk, used, now, ms);
 	}
 	/* At the end: how many are direct now (moved onto a direct
 	 * connection after they started as TCP: the shim's upgrade) and what
