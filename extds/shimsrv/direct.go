@@ -634,22 +634,33 @@ func (s *Server) directLiveness(changed <-chan struct{}) {
 		case <-changed:
 			changed = s.dev.PeersChanged() // before PeerAlive: no change is missed
 		}
-		s.mu.Lock()
-		if len(s.dconns) == 0 {
-			s.livenessOn = false
-			s.mu.Unlock()
+		var ok bool
+		if dcs, ok = s.dconnsOrStop(dcs, func() { s.livenessOn = false }); !ok {
 			return
 		}
-		dcs = dcs[:0]
-		for _, dc := range s.dconns {
-			dcs = append(dcs, dc)
-		}
-		s.mu.Unlock()
 		for _, dc := range dcs {
 			s.checkPeer(dc)
 		}
 		clear(dcs)
 	}
+}
+
+// dconnsOrStop copies the direct connections into dcs[:0] for a
+// goroutine that runs while there are some (directLiveness, reclaimer).
+// With none, it calls stop under s.mu, so that a connection entered
+// next starts the goroutine again, and reports false.
+func (s *Server) dconnsOrStop(dcs []*dconn, stop func()) ([]*dconn, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.dconns) == 0 {
+		stop()
+		return dcs, false
+	}
+	dcs = dcs[:0]
+	for _, dc := range s.dconns {
+		dcs = append(dcs, dc)
+	}
+	return dcs, true
 }
 
 // checkPeer resets dc if the fabric declares its peer node down.

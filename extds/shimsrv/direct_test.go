@@ -206,6 +206,25 @@ func connectDirect(t *testing.T, a, b *node, seen func(*net.TCPConn)) (client, s
 	return client, server
 }
 
+// exchangeBoth sends data from each end to the other at once, through
+// the endpoints, and checks what arrives.
+func exchangeBoth(t *testing.T, client, server *directApp, data []byte) {
+	t.Helper()
+	errc := make(chan error, 2)
+	go send(client.ep, data, errc)
+	go send(server.ep, data, errc)
+	for _, r := range []io.Reader{server.ep, client.ep} {
+		if got, want := recvSum(t, r, len(data)), recvSum(t, bytes.NewReader(data), len(data)); got != want {
+			t.Fatal("stream differs")
+		}
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestDirectBothWays(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, b, dir, client, server := directPair(t)
@@ -225,20 +244,7 @@ func TestDirectBothWays(t *testing.T) {
 		}
 	}()
 	const n = 300_000
-	data := randBytes(n, 7)
-	errc := make(chan error, 2)
-	go send(client.ep, data, errc)
-	go send(server.ep, data, errc)
-	for _, r := range []io.Reader{server.ep, client.ep} {
-		if got, want := recvSum(t, r, n), recvSum(t, bytes.NewReader(data), n); got != want {
-			t.Fatal("stream differs")
-		}
-	}
-	for range 2 {
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchangeBoth(t, client, server, randBytes(n, 7))
 	if cs := a.srv.Conns(); len(cs) != 1 || cs[0].Mode != "direct" || cs[0].BytesIn != n || cs[0].BytesOut != n {
 		t.Errorf("conns %+v", cs)
 	}
@@ -549,20 +555,7 @@ func TestDirectAcrossHosts(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	a, b := newDirectNodesMode(t, "across hosts")
 	client, server := connectDirect(t, a, b, nil)
-	data := bytes.Repeat([]byte("0123456789"), 10_000)
-	errc := make(chan error, 2)
-	go send(client.ep, data, errc)
-	go send(server.ep, data, errc)
-	for _, r := range []io.Reader{server.ep, client.ep} {
-		if got, want := recvSum(t, r, len(data)), recvSum(t, bytes.NewReader(data), len(data)); got != want {
-			t.Fatal("stream differs")
-		}
-	}
-	for range 2 {
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchangeBoth(t, client, server, bytes.Repeat([]byte("0123456789"), 10_000))
 	relayV(t, a, client, true)
 	pingRelayed(t, client, server, 3)
 	if _, err := client.v.Write([]byte("bye")); err != nil {

@@ -79,23 +79,15 @@ func (s *Server) reclaimer() {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		if len(s.dconns) == 0 {
-			s.reclaimOn = false
-			peak := s.dpeak
-			s.dpeak = 0
-			s.mu.Unlock()
+		peak := 0
+		var ok bool
+		if dcs, ok = s.dconnsOrStop(dcs, func() { s.reclaimOn, peak, s.dpeak = false, s.dpeak, 0 }); !ok {
 			if peak >= freeOSPeak {
 				debug.FreeOSMemory()
 				s.logConn(slog.LevelDebug, "extds shim: the last direct connection ended, heap handed back", "peak", peak)
 			}
 			return
 		}
-		dcs = dcs[:0]
-		for _, dc := range s.dconns {
-			dcs = append(dcs, dc)
-		}
-		s.mu.Unlock()
 		for _, dc := range dcs {
 			s.reclaimOne(dc)
 		}

@@ -1,8 +1,6 @@
 package shimsrv
 
 import (
-	"bytes"
-	"io"
 	"testing"
 	"time"
 
@@ -33,23 +31,7 @@ func TestReclaimIdle(t *testing.T) {
 			})
 			client, server := connectDirect(t, a, b, nil)
 			ring := client.ep.Ring()
-			exchange := func(n int, seed byte) {
-				t.Helper()
-				data := randBytes(n, uint64(seed))
-				errc := make(chan error, 2)
-				go send(client.ep, data, errc)
-				go send(server.ep, data, errc)
-				for _, r := range []io.Reader{server.ep, client.ep} {
-					if got, want := recvSum(t, r, n), recvSum(t, bytes.NewReader(data), n); got != want {
-						t.Fatal("stream differs")
-					}
-				}
-				for range 2 {
-					if err := <-errc; err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
+			exchange := func(n int, seed byte) { exchangeBoth(t, client, server, randBytes(n, uint64(seed))) }
 			exchange(2*ring, 1) // every page of both rings written
 			pages := func() (int, int) {
 				c, err1 := client.ep.TxResident()
