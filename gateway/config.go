@@ -82,6 +82,11 @@ type Config struct {
 	// (--extds-short-hold, default 1s, 0 never; docs/shim.md "Short
 	// connections").
 	EXTDSShortHold time.Duration
+	// EXTDSReclaimIdle is how long a direction of a direct connection
+	// moves no byte before exnd gives its ring's pages back
+	// (--extds-reclaim-idle, default 5s, 0 never; docs/direct.md "Rings
+	// that shrink when idle").
+	EXTDSReclaimIdle time.Duration
 	Metrics        string // host:port to serve /metrics on, "" for none
 	Control        string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
@@ -185,6 +190,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Liveness, "liveness", "swim", "how the net fabric finds dead peers: swim (membership by SWIM, a constant cost per node at any cluster size) or heartbeat (a heartbeat on every session; the cost grows with the cluster); every node must use the same (docs/membership.md)")
 	fs.IntVar(&c.GOMAXPROCS, "gomaxprocs", 0, "Go scheduler Ps for exnd (0: one fewer than the CPUs on an ofi fabric, Go's default elsewhere; GOMAXPROCS in the environment takes precedence over 0)")
 	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "let two programs under libextds.so move their bytes through a connection buffer instead of exnd's relay: on shm one shared buffer, exnd out of the data path; on net and ofi a copy per node that exnd's engine joins by RMA PUT (false: exnd relays every byte)")
+	fs.DurationVar(&c.EXTDSReclaimIdle, "extds-reclaim-idle", shimsrv.DefaultReclaimIdle, "give the pages of a direct connection's ring back to /dev/shm once it has moved no byte for this `DURATION` (up to twice it; 0: never)")
 	fs.DurationVar(&c.EXTDSShortHold, "extds-short-hold", shimsrv.DefaultShortHold, "keep a listener port whose shimmed connections close within milliseconds on plain TCP for this `DURATION`, then try EXT-DS again (0: never; at most 2.032s)")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://`ADDR`/metrics (host:port; empty: off)")
 	fs.StringVar(&c.Control, "control", DefaultControl, "control socket `PATH` (empty: off)")
@@ -331,6 +337,9 @@ func (c *Config) validate(nodeID, fab, logLevel string) error {
 	}
 	if c.GOMAXPROCS < 0 || c.GOMAXPROCS > maxProcs {
 		return bad("gomaxprocs", "%d: want 0 (pick) to %d", c.GOMAXPROCS, maxProcs)
+	}
+	if c.EXTDSReclaimIdle < 0 {
+		return bad("extds-reclaim-idle", "%v: want 0 (never) or more", c.EXTDSReclaimIdle)
 	}
 	if c.EXTDSShortHold < 0 || c.EXTDSShortHold > extds.MaxHold {
 		return bad("extds-short-hold", "%v: want 0-%v", c.EXTDSShortHold, extds.MaxHold)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ var directChecks = []string{
 	"nb-connect", "nb-connect-refused", "rcvtimeo", "sndtimeo", "msg-peek", "msg-waitall", "msg-dontwait",
 	"fionread", "half-close", "peer-close", "readv-writev", "msg-iov64", "sendfile", "splice", "full-ring-nb", "names", "dup",
 	"fork-child", "fork-both", "fork-rw", "exec-server", "exec-client", "cloexec", "pollin-poll", "pollin-select",
-	"pollout-poll", "pollout-select", "pollout-epoll", "epoll-lt", "epoll-et", "epoll-oneshot",
+	"pollout-poll", "pollout-select", "pollout-epoll", "epoll-lt", "epoll-et", "epoll-oneshot", "et-bursts",
 }
 
 // directLimits are checks allowed to print "limit NAME: why" instead of
@@ -56,6 +57,11 @@ const directMetrics = "127.0.0.1:9464"
 // 8 ms, that made each connection outlive shortLife.)
 var directArgs = []string{"--metrics", directMetrics, "--extds-short-hold=0"}
 
+// reclaimArgs are directArgs with exnd's reclaimer of idle rings every
+// 10 ms (docs/direct.md, "Rings that shrink when idle"): it punches the
+// rings out between the checks' bursts, and the checks must not notice.
+func reclaimArgs() []string { return append(slices.Clone(directArgs), "--extds-reclaim-idle=10ms") }
+
 // buildDirectCalls compiles shim/test/directcalls.c into dir.
 func buildDirectCalls(t *testing.T, dir string) string {
 	t.Helper()
@@ -64,7 +70,7 @@ func buildDirectCalls(t *testing.T, dir string) string {
 	return prog
 }
 
-type directCount struct{ conns, relays, relaysMetric, directMetric float64 }
+type directCount struct{ conns, relays, relaysMetric, directMetric, reclaimsMetric float64 }
 
 func (c *shimCluster) directCounts(t *testing.T, i int) directCount {
 	t.Helper()
@@ -80,7 +86,8 @@ func (c *shimCluster) directCounts(t *testing.T, i int) directCount {
 	}
 	fams := scrape(t, c.nodes[i], directMetrics)
 	return directCount{conns: s.Shim.DirectConns, relays: s.Shim.DirectRelays,
-		directMetric: sample(t, fams, "exn_shim_direct_total"), relaysMetric: sample(t, fams, "exn_shim_direct_relays_total")}
+		directMetric: sample(t, fams, "exn_shim_direct_total"), relaysMetric: sample(t, fams, "exn_shim_direct_relays_total"),
+		reclaimsMetric: sample(t, fams, "exn_shim_direct_ring_reclaims_total")}
 }
 
 // TestDirectCalls is issue #14's "everything a TCP socket does keeps
@@ -93,7 +100,7 @@ func (c *shimCluster) directCounts(t *testing.T, i int) directCount {
 // the exec'd ones relayed.
 func TestDirectCalls(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
-	runDirectCalls(t, shmShimCluster(t, nstest.Build(t), 43, directArgs...))
+	runDirectCalls(t, shmShimCluster(t, nstest.Build(t), 43, reclaimArgs()...))
 }
 
 // TestDirectCallsNet is TestDirectCalls across hosts (issue #38,
@@ -103,7 +110,7 @@ func TestDirectCalls(t *testing.T) {
 // direct on both nodes and exactly the exec'd ones relayed.
 func TestDirectCallsNet(t *testing.T) {
 	testenv.RequirePrivileged(t, "ip", "gcc")
-	runDirectCalls(t, netShimCluster(t, nstest.Build(t), 44, directArgs...))
+	runDirectCalls(t, netShimCluster(t, nstest.Build(t), 44, reclaimArgs()...))
 }
 
 // runDirectCalls runs shim/test/directcalls.c's checks on c (both nodes
@@ -191,10 +198,16 @@ func runDirectCalls(t *testing.T, c *shimCluster) {
 	for i := range after {
 		d := directCount{conns: after[i].conns - before[i].conns, relays: after[i].relays - before[i].relays,
 			directMetric: after[i].directMetric - before[i].directMetric, relaysMetric: after[i].relaysMetric - before[i].relaysMetric}
-		t.Logf("node %d: direct connections +%.0f (metric +%.0f), relays +%.0f (metric +%.0f); client made %d",
-			i+1, d.conns, d.directMetric, d.relays, d.relaysMetric, conns)
+		t.Logf("node %d: direct connections +%.0f (metric +%.0f), relays +%.0f (metric +%.0f), rings reclaimed +%.0f; client made %d",
+			i+1, d.conns, d.directMetric, d.relays, d.relaysMetric, after[i].reclaimsMetric-before[i].reclaimsMetric, conns)
 		if conns <= 0 || d.conns < want || d.directMetric < want {
 			t.Errorf("node %d: direct connections +%.0f (exn_shim_direct_total +%.0f), want at least %.0f", i+1, d.conns, d.directMetric, want)
+		}
+		// With every check's, et-bursts' pauses give the reclaimer
+		// idle rings on both nodes (the server's sink answers, so its
+		// exnd's direction moves too).
+		if r := after[i].reclaimsMetric - before[i].reclaimsMetric; slices.Contains(checks, "et-bursts") && r < 1 {
+			t.Errorf("node %d: exn_shim_direct_ring_reclaims_total +%.0f, want at least 1 (--extds-reclaim-idle=10ms)", i+1, r)
 		}
 		if d.relays != relays[i] || d.relaysMetric != relays[i] {
 			t.Errorf("node %d: relays +%.0f (exn_shim_direct_relays_total +%.0f), want %.0f (exec without FD_CLOEXEC only)",

@@ -595,6 +595,7 @@ static const struct check g_checks[] = {
 	{"epoll-lt", .on = c_epoll_lt, .dial = "echo 50"},
 	{"epoll-et", .on = c_epoll_et, .dial = "echo 50"},
 	{"epoll-oneshot", .on = c_epoll_oneshot, .dial = "echo 50"},
+	{"et-bursts", .on = c_et_bursts, .dial = "sink"},
 };
 
 static void on_alarm(int s)

@@ -443,3 +443,42 @@ static int fdcheck(int fd, const char *allow)
 	return bad;
 }
 
+
+/* Bursts of non-blocking writes into a sink, an edge-triggered EPOLLOUT
+ * wait after each EAGAIN, and a pause after each burst long enough for
+ * exnd's reclaimer (TestDirectCalls runs exnd with a 10 ms
+ * --extds-reclaim-idle) to punch the empty ring out under its lock
+ * (docs/direct.md, "Rings that shrink when idle"): a write that meets
+ * that lock must wait it out, not fail with EAGAIN, since on an empty
+ * ring no edge would ever come (the wait below would time out). The
+ * sink's hash says no byte was lost to a punched page. */
+static int c_et_bursts(int s, char *why)
+{
+	static unsigned char b[65536];
+	int fl = fcntl(s, F_GETFL);
+	FAILIF(fl < 0 || fcntl(s, F_SETFL, fl | O_NONBLOCK) < 0, "O_NONBLOCK");
+	struct epoll_event ev = {EPOLLOUT | EPOLLET, {.u64 = 11}};
+	int ep AUTOCLOSE = epoll_create1(EPOLL_CLOEXEC);
+	FAILIF(ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0, "epoll");
+	FAILIF(ep_wait1(ep, &ev, 1000) != 1 || !(ev.events & EPOLLOUT), "no first EPOLLOUT");
+	uint64_t off = 0, h = FNV0;
+	for (int burst = 0; burst < 40; burst++) {
+		size_t left = burst % 4 == 3 ? (3u << 19) : (300u << 10); /* some fill the 1 MiB ring */
+		while (left > 0) {
+			size_t k = left < sizeof b ? left : sizeof b;
+			fill_pat(b, off, k);
+			ssize_t w = write(s, b, k);
+			if (w < 0 && errno == EAGAIN) {
+				FAILIF(ep_wait1(ep, &ev, 5000) != 1, "burst %d: EAGAIN, then no EPOLLOUT edge for 5 s", burst);
+				continue;
+			}
+			FAILIF(w <= 0, "burst %d: write", burst);
+			h = fnv(h, b, (size_t)w);
+			off += (uint64_t)w;
+			left -= (size_t)w;
+		}
+		usleep(30000);
+	}
+	FAILIF(fcntl(s, F_SETFL, fl) < 0, "blocking again");
+	return shut_sum(s, off, h, why);
+}
