@@ -296,3 +296,36 @@ func (d *Device) PeerHold(addr netip.AddrPort) time.Duration { return d.agree.Pe
 func (d *Device) AcceptHeld(shadow net.Conn) *Conn {
 	return d.fallback(shadow, nil, FallbackShortLived)
 }
+
+// Forgo tells the server's node that the client's connection
+// local→remote stays plain TCP and no CLAIM or hello comes (the client's
+// shim lacks descriptors): its acceptor answers at once instead of
+// waiting the peek and claim timeouts. A server off the fabric is told
+// nothing (its acceptor does not wait). Best effort; an error says the
+// word could not be sent.
+func (d *Device) Forgo(ctx context.Context, local, remote netip.AddrPort) error {
+	if d.cfg.resolver == nil {
+		return nil
+	}
+	node, ok := d.cfg.resolver.Resolve(remote.Addr().Unmap())
+	if !ok {
+		return nil
+	}
+	return d.agree.Forgo(ctx, node, local, remote)
+}
+
+// Forgone reports whether the client said this connection stays plain
+// TCP (Forgo): no CLAIM and no hello come.
+func (c *Claim) Forgone() bool { return c.c.Forgone() }
+
+// WakeOnForgo has f called (without locks held; it must not block) if the
+// client forgoes the connection while the caller waits: ClaimDirect's
+// wake does it too. Look at Forgone after setting it.
+func (c *Claim) WakeOnForgo(f func()) { c.c.WakeOnForgo(f) }
+
+// AcceptForgone returns an accepted socket whose client forwent EXT-DS
+// (Claim.Forgone) as a ModeTCP Conn, counted as FallbackPeerFDLimit,
+// nothing read.
+func (d *Device) AcceptForgone(shadow net.Conn) *Conn {
+	return d.fallback(shadow, nil, FallbackPeerFDLimit)
+}

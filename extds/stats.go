@@ -41,10 +41,11 @@ const (
 	FallbackDeclined                          // the server declined the claim (acceptor went TCP, table full, address mismatch)
 	FallbackDirectAbort                       // a direct connection was agreed but the client could not open it (internal/agree/claimdirect.go)
 	FallbackShortLived                        // the server's port is on hold: its connections are too short to gain (internal/agree/hold.go)
+	FallbackPeerFDLimit                       // server side: the client said it stays TCP, its shim short of descriptors (Device.Forgo)
 	numFallbackReasons
 )
 
-var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined", "direct_abort", "short_lived"}
+var fallbackNames = [numFallbackReasons]string{"no_route", "handshake", "peer_no_fabric", "plain_client", "cached", "no_listener", "no_claim", "declined", "direct_abort", "short_lived", "peer_fd_limit"}
 
 func (r FallbackReason) String() string { return label(fallbackNames[:], r) }
 

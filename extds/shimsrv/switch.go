@@ -91,7 +91,7 @@ func (s *Server) switchFD(ctx context.Context, r *control.Request, side string) 
 		return s.upgradeFD(ctx, r.Files[0], who, side)
 	}
 	if fdLimit || !s.exndRoom(side) {
-		return s.stayTCP(r.Files[0], side, ArgFDLimit)
+		return s.stayTCP(ctx, r.Files[0], side, ArgFDLimit)
 	}
 	res, out, err := s.switchSocket(ctx, r.Files[0], who, side, direct && s.directCfg != nil)
 	if err != nil {
@@ -144,16 +144,20 @@ func (s *Server) exndRoom(side string) bool {
 const ArgFDLimit = "fd_limit"
 
 // stayTCP answers a shim that keeps its socket f as plain TCP for reason
-// (it asks only so that exnd counts it and, for an accepted connection,
-// declines the client's claim at once instead of letting it wait out
-// the claim timeout). Nothing is read from or written to f.
-func (s *Server) stayTCP(f *os.File, side, reason string) (any, []*os.File, error) {
-	_, ts, err := readTCPSocket(f, side == sideAccept)
+// (it asks so that exnd counts it and tells the other side at once: for
+// an accepted connection it declines the client's claim, which would
+// otherwise wait out the claim timeout; for a connected one it tells the
+// acceptor that no claim comes, which would otherwise wait out the peek
+// and claim timeouts). Nothing is read from or written to f.
+func (s *Server) stayTCP(ctx context.Context, f *os.File, side, reason string) (any, []*os.File, error) {
+	_, ts, err := readTCPSocket(f, true)
 	if err != nil {
 		return nil, nil, err
 	}
 	if side == sideAccept {
 		s.dev.DeclineClaim(extds.TupleKey{Local: ts.local, Remote: ts.remote})
+	} else if err := s.dev.Forgo(ctx, ts.local, ts.remote); err != nil {
+		s.logConn(slog.LevelDebug, "extds shim: could not tell the acceptor that no claim comes", "local", ts.local, "remote", ts.remote, "err", err)
 	}
 	s.fallback(reason)
 	return SwitchResult{Mode: "tcp", Reason: reason}, nil, nil
@@ -465,16 +469,25 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		cl = s.dev.ClaimDirect(key, func() { _ = shadow.SetReadDeadline(time.Unix(1, 0)) })
 	} else {
 		cl = s.dev.Claim(key)
+		cl.WakeOnForgo(func() { _ = shadow.SetReadDeadline(time.Unix(1, 0)) })
 	}
 	defer cl.Close()
 	if cl.Held() {
 		// Its CLAIM was declined by a hold (extds/internal/agree/hold.go): no hello.
 		return s.dev.AcceptHeld(shadow), nil, nil
 	}
+	if cl.Forgone() {
+		// Its client's shim had no room for EXT-DS and said so (Forgo).
+		return s.dev.AcceptForgone(shadow), nil, nil
+	}
 	// The client's CLAIM may still be on its way (its exnd sends it after
 	// the TCP handshake and a control round trip): wait as long as the
-	// client would wait for the answer, on top of the peek timeout.
-	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout, cl.DirectPending)
+	// client would wait for the answer, on top of the peek timeout. Its
+	// word that none comes (Forgo) ends the wait too.
+	peeked, err := s.peek(shadow, s.peekTO+extds.DefaultClaimTimeout, func() bool { return cl.DirectPending() || cl.Forgone() })
+	if err == nil && cl.Forgone() {
+		return s.dev.AcceptForgone(shadow), nil, nil
+	}
 	if err == nil && cl.DirectPending() {
 		// Agreed over the fabric, nothing in the stream (extds/internal/agree/claimdirect.go).
 		c, di, err := cl.AgreeDirect(ctx, shadow, create, prepare)

@@ -59,6 +59,7 @@ const (
 	stReplied                         // CLAIM_DIRECT sent: waiting for COMMIT
 	stHeld                            // the CLAIM was declined by a hold (hold.go): no hello comes
 	stSkipped                         // its acceptor took it as TCP because of a hold (AcceptOnHold, SkippedByHold): a CLAIM is declined as held
+	stForgone                         // the client said it stays TCP (a CLAIM with ClaimFlagNone, Forgo): no CLAIM or hello comes
 )
 
 type claimEntry struct {
@@ -71,6 +72,7 @@ type claimEntry struct {
 	// Direct agreement (claimdirect.go).
 	offerDirect bool           // the CLAIM offered a direct connection
 	wake        func()         // ClaimDirect's hook (nil: Claim's acceptor, no direct)
+	forgoWake   func()         // WakeOnForgo's hook: the client forwent (onForgo)
 	commit      chan commitAns // cap 1, stReplied: COMMIT's status (COMMIT_R's client side)
 	ck          commitKey      // stReplied: its key in the commit table
 }
@@ -133,8 +135,9 @@ func (a *Agent) Claim(key TupleKey, wake func()) Claim {
 	defer t.mu.Unlock()
 	e := t.m[key]
 	switch {
-	case e != nil && e.st == stHeld:
-		// Declined by a hold before the acceptor came: Held reports it.
+	case e != nil && (e.st == stHeld || e.st == stForgone):
+		// Declined by a hold, or forgone by its client, before the
+		// acceptor came: Held or Forgone reports it.
 	case e != nil && e.st == stOffered && wake != nil && e.offerDirect:
 		e.st, e.wake = stDirect, wake // DirectPending: the caller answers
 	case e != nil && e.st == stOffered:
@@ -209,7 +212,7 @@ func (c Claim) Close() (agreed bool) {
 		return true
 	case e.st == stAccepting:
 		e.st, e.expires, e.wake = stClosed, time.Now().Add(claimTombstone), nil
-	case e.st == stHeld:
+	case e.st == stHeld, e.st == stForgone:
 		delete(t.m, c.key)
 	case e.st == stDirect, e.st == stReplied:
 		// Decided by AgreeDirect (or failed): a late COMMIT is dropped.
@@ -238,14 +241,23 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 	offerDirect := flags&wire.ClaimFlagDirect != 0
 	upgrade := flags&wire.ClaimFlagUpgrade != 0
 	reply := &claimEntry{token: m.Conn, from: from, vd: v, sport: sport, offerDirect: offerDirect}
+	forgo := flags == wire.ClaimFlagNone
 	if res := a.cfg.Resolver; res != nil {
 		if n, known := res.Resolve(cip); known && n != from.Node {
+			if forgo {
+				a.drop("from", from, "why", "forgo for an address of another node")
+				return
+			}
 			a.claimReplyNow(reply, sport, 0, wire.DeclineMismatch)
 			return
 		}
 	}
 	key := TupleKey{netip.AddrPortFrom(sip, sport), netip.AddrPortFrom(cip, cport)}
 	now := time.Now()
+	if forgo {
+		a.onForgo(key, now)
+		return
+	}
 	skipped := a.AcceptedInHold(key, now) // before t.mu: a kernel lookup (hold.go)
 	var wake func()
 	defer func() {
@@ -286,7 +298,7 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 	keep := 2 * DefaultClaimTimeout
 	if upgrade {
 		keep = 2 * UpgradeClaimTimeout
-		if e != nil && (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped) {
+		if e != nil && (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped || e.st == stForgone) {
 			// The client asked again (its earlier CLAIM timed out
 			// unanswered, or an earlier attempt of either side
 			// ended): the new one replaces whatever is left.
@@ -318,6 +330,70 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 	default:
 		a.drop("from", from, "why", "duplicate claim")
 	}
+}
+
+// onForgo records a client's word that its connection key stays plain
+// TCP (a CLAIM with ClaimFlagNone, Forgo): a tombstone that Claim.Forgone
+// reports, so the acceptor takes the socket as TCP at once instead of
+// waiting the peek and claim timeouts for a CLAIM or hello that never
+// come; an acceptor already waiting is woken (ClaimDirect's wake). A
+// full table keeps nothing: that acceptor waits, as before. Rx loop;
+// never blocks.
+func (a *Agent) onForgo(key TupleKey, now time.Time) {
+	var wake func()
+	t := &a.claims
+	t.mu.Lock()
+	switch e := t.m[key]; {
+	case e == nil && len(t.m) < maxClaims:
+		t.m[key] = &claimEntry{st: stForgone, expires: now.Add(claimTombstone)}
+	case e != nil && e.st == stAccepting:
+		wake = e.forgoWake
+		if wake == nil {
+			wake = e.wake
+		}
+		e.st, e.expires, e.wake, e.forgoWake = stForgone, now.Add(claimTombstone), nil, nil
+	}
+	t.mu.Unlock()
+	if wake != nil {
+		wake()
+	}
+}
+
+// WakeOnForgo has f called (from the rx loop, without locks held; it must
+// not block) if the client forgoes the connection while its acceptor
+// waits (Forgone then reports true): an acceptor without ClaimDirect's
+// wake stops its wait with it. The caller looks at Forgone after.
+func (c Claim) WakeOnForgo(f func()) {
+	t := &c.a.claims
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.m[c.key]; e != nil && e.st == stAccepting {
+		e.forgoWake = f
+	}
+}
+
+// forgoToken is a forgo's CLAIM token: nothing answers it, but the
+// header's connection field may not be 0 (wire.Decode).
+const forgoToken = ^uint32(0)
+
+// Forgone reports whether the client said its connection stays plain
+// TCP (Forgo): no CLAIM and no hello come.
+func (c Claim) Forgone() bool { return c.state() == stForgone }
+
+// Forgo tells node that the client's TCP connection local→remote (the
+// client's view) stays plain TCP and sends no CLAIM or hello (its shim
+// lacked the descriptors for EXT-DS): a CLAIM with ClaimFlagNone, not
+// answered. Best effort: an error says it could not be sent (then the
+// acceptor waits its timeouts, as it would have).
+func (a *Agent) Forgo(ctx context.Context, node fabric.NodeID, local, remote netip.AddrPort) error {
+	local, remote = normAP(local), normAP(remote)
+	v, peer, err := a.askTarget(node, local.Port(), remote.Port())
+	if err != nil {
+		return err
+	}
+	var fm [1]fabric.Message
+	wire.EncClaim(&fm[0], peer, forgoToken, local, remote, wire.ClaimFlagNone)
+	return a.sendNow(ctx, v, &fm)
 }
 
 func (a *Agent) claimReplyNow(e *claimEntry, port uint16, status, reason uint8) {
@@ -375,7 +451,7 @@ func (a *Agent) Sweep(now time.Time) {
 	t := &a.claims
 	t.mu.Lock()
 	for k, e := range t.m {
-		if (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped) && now.After(e.expires) {
+		if (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped || e.st == stForgone) && now.After(e.expires) {
 			delete(t.m, k)
 		}
 	}

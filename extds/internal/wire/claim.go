@@ -12,8 +12,9 @@ package wire
 // is on hold for q more HoldQuantum units (HoldReason).
 //
 // flags: bit 0 (ClaimFlagDirect), the client can take a direct
-// connection; bit 1 (ClaimFlagUpgrade), an upgrade's claim; other bits
-// zero. IPs are 16-byte (IPv4 as IPv4-mapped).
+// connection; bit 1 (ClaimFlagUpgrade), an upgrade's claim; bit 2
+// (ClaimFlagNone, alone), the client stays plain TCP and sends no hello:
+// no CLAIM_REPLY; other bits zero. IPs are 16-byte (IPv4 as IPv4-mapped).
 //
 // The direct agreement (tags 0x52 / 0x53; the header's conn field as
 // shown):
@@ -68,6 +69,12 @@ const ClaimFlagDirect uint32 = 1
 // again) replaces an earlier one that nobody answered.
 const ClaimFlagUpgrade uint32 = 2
 
+// ClaimFlagNone, alone, is a client's word that its connection stays
+// plain TCP and no hello comes (its shim lacks the descriptors, docs/direct.md
+// "Descriptors"): the acceptor, which would wait the peek and claim
+// timeouts for one, takes the socket as TCP at once. It is not answered.
+const ClaimFlagNone uint32 = 4
+
 // Decline reasons carried in CLAIM_REPLY.
 const (
 	DeclineNoListener uint8 = 1 // no listener registered for the port
@@ -106,7 +113,7 @@ func DecodeClaim(p []byte) (sport, cport uint16, cip, sip netip.Addr, flags uint
 	if len(p) != ClaimLen-HdrLen {
 		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
 	}
-	if flags = binary.LittleEndian.Uint32(p[4:]); flags&^(ClaimFlagDirect|ClaimFlagUpgrade) != 0 {
+	if flags = binary.LittleEndian.Uint32(p[4:]); flags&^(ClaimFlagDirect|ClaimFlagUpgrade) != 0 && flags != ClaimFlagNone {
 		return 0, 0, netip.Addr{}, netip.Addr{}, 0, false
 	}
 	sport, cport = binary.LittleEndian.Uint16(p), binary.LittleEndian.Uint16(p[2:])

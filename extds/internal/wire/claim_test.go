@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -100,5 +101,31 @@ func TestRDirectBodies(t *testing.T) {
 				t.Fatalf("accepted %x", tc.p)
 			}
 		})
+	}
+}
+
+// TestClaimFlags: DecodeClaim takes the direct and upgrade flags in any
+// combination and ClaimFlagNone only alone (a forgo is not an offer).
+func TestClaimFlags(t *testing.T) {
+	peer := fabric.Addr{Node: 2, VPID: 16}
+	local, remote := netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("10.0.0.2:80")
+	for _, tc := range []struct {
+		flags uint32
+		ok    bool
+	}{
+		{0, true},
+		{ClaimFlagDirect, true},
+		{ClaimFlagDirect | ClaimFlagUpgrade, true},
+		{ClaimFlagNone, true},
+		{ClaimFlagNone | ClaimFlagDirect, false},
+		{ClaimFlagNone | ClaimFlagUpgrade, false},
+		{8, false},
+	} {
+		var fm fabric.Message
+		EncClaim(&fm, peer, 7, local, remote, tc.flags)
+		sport, cport, cip, sip, flags, ok := DecodeClaim(fm.Data[HdrLen:fm.Len])
+		if ok != tc.ok || ok && (flags != tc.flags || sport != 80 || cport != 40000 || cip != local.Addr() || sip != remote.Addr()) {
+			t.Errorf("flags %#x: decoded %d %d %v %v %#x %v, want ok %v", tc.flags, sport, cport, cip, sip, flags, ok, tc.ok)
+		}
 	}
 }
