@@ -87,8 +87,8 @@ type Config struct {
 	// (--extds-reclaim-idle, default 5s, 0 never; docs/direct.md "Rings
 	// that shrink when idle").
 	EXTDSReclaimIdle time.Duration
-	Metrics        string // host:port to serve /metrics on, "" for none
-	Control        string // control socket path, "" for none
+	Metrics          string // host:port to serve /metrics on, "" for none
+	Control          string // control socket path, "" for none
 	// ControlAccess is who may use the control socket (--control-access).
 	ControlAccess control.Policy
 	LogLevel      slog.Level
