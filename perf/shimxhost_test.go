@@ -98,15 +98,28 @@ func (x xhostTools) fabric(b *testing.B, sb *strings.Builder, f xhostFabric) {
 	}
 	ways := shimWays(shimWay{"underlay", "underlay (kernel TCP)", n2.NS, n1.NS, ul, nil, nil}, x.lib, n1, n2)
 
-	// fi_pingpong after each repetition's ways, on ofi:tcp.
+	// After each repetition's ways: ping's p50 over the underlay and over
+	// exn0 (issue #35's third bar), and on ofi:tcp fi_pingpong.
+	pings := [2][]float64{}
+	pingTargets := [2]string{ul, n2.IP.String()}
+	pingAfter := func() {
+		for i, ip := range pingTargets {
+			v, err := pingP50(n1.NS, ip, pingCount)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pings[i] = append(pings[i], v)
+		}
+	}
 	var fi []float64
 	fiNote := ""
-	var after func(int)
+	after := func(int) { pingAfter() }
 	if f.spec == "ofi:tcp" {
 		if _, err := exec.LookPath("fi_pingpong"); err != nil {
 			fiNote = "skipped: fi_pingpong missing (apt-get install libfabric-bin)"
 		} else {
 			after = func(int) {
+				pingAfter()
 				v, err := fiPingpong(b, n2.NS, n1.NS, ul, 5000*x.d)
 				if err != nil {
 					b.Logf("fi_pingpong: %v", err)
@@ -138,6 +151,11 @@ func (x xhostTools) fabric(b *testing.B, sb *strings.Builder, f xhostFabric) {
 	})
 
 	fmt.Fprintf(sb, "\n| measurement | value | ratio | bar |\n|---|---|---|---|\n")
+	pu, pe := testenv.Median(pings[0]), testenv.Median(pings[1])
+	b.ReportMetric(pu, f.key+"-ping-underlay-us")
+	b.ReportMetric(pe, f.key+"-ping-exn0-us")
+	fmt.Fprintf(sb, "| ping p50, %d echoes 10 ms apart, over the underlay / over exn0 (us; median of %d) | %.1f / %.1f | exn0 / underlay %s | issue #35: <= 3x |\n",
+		pingCount, len(pings[0]), pu, pe, ratio(pe, pu))
 	if f.spec == "ofi:tcp" {
 		if len(fi) > 0 {
 			v := testenv.Median(fi)
@@ -315,4 +333,31 @@ func buildHoldConns(b *testing.B) string {
 	// from this package's folder: find the source in the module.
 	testenv.MustCC(b, "-O2", "-Wall", "-Werror", "-o", bin, testenv.ModulePath("perf", "testdata", "hold_conns.c"))
 	return bin
+}
+
+// pingCount is how many echoes pingP50 sends, 10 ms apart (2 s): each
+// finds the path idle, as a ping does.
+const pingCount = 200
+
+// pingP50 pings ip from ns count times, 10 ms apart, and returns the
+// median round trip in microseconds (ping's own "time=" per reply).
+func pingP50(ns *nstest.Netns, ip string, count int) (float64, error) {
+	out, err := ns.Run(time.Duration(count)*20*time.Millisecond+10*time.Second,
+		"ping", "-n", "-c", fmt.Sprint(count), "-i", "0.01", "-W", "2", "-s", "56", ip)
+	if err != nil {
+		return 0, fmt.Errorf("ping %s: %w: %s", ip, err, out)
+	}
+	var rtts []float64
+	for _, l := range strings.Split(out, "\n") {
+		if i := strings.Index(l, "time="); i >= 0 {
+			var ms float64
+			if _, err := fmt.Sscanf(l[i:], "time=%g", &ms); err == nil {
+				rtts = append(rtts, ms*1000)
+			}
+		}
+	}
+	if len(rtts) < count*9/10 {
+		return 0, fmt.Errorf("ping %s: %d replies of %d: %s", ip, len(rtts), count, out)
+	}
+	return testenv.Median(rtts), nil
 }

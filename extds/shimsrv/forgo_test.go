@@ -65,14 +65,18 @@ func TestForgo(t *testing.T) {
 				}
 			}
 			const wordAfter = 50 * time.Millisecond
+			said := make(chan struct{})
 			if !tc.during {
 				forgo()
+				close(said)
 			} else {
 				go func() {
+					defer close(said)
 					time.Sleep(wordAfter)
 					forgo()
 				}()
 			}
+			defer func() { <-said }() // its answer read before the nodes close
 			f, err := s.(*net.TCPConn).File()
 			if err != nil {
 				t.Fatal(err)
