@@ -355,6 +355,14 @@ int dring_v_event(struct dring *d, short revents)
 	return 1;
 }
 
+/* v_gone looks at V once, without waiting: 1 if it says exnd is gone
+ * or reset the connection (dring_v_event), which the caller then fails. */
+static int v_gone(struct dring *d)
+{
+	struct pollfd p = {d->v, POLLIN, 0};
+	return poll(&p, 1, 0) == 1 && dring_v_event(d, p.revents) && !dring_relayed(d);
+}
+
 /* ---- waiting ---- */
 
 enum { W_READ, W_WRITE, W_UPG };
@@ -523,13 +531,24 @@ static void ring_copy(uint8_t *data, uint32_t ring, uint64_t pos, struct iovcur 
  * caller that meets it waits (it would otherwise see EAGAIN on an empty
  * ring, and an edge-triggered epoll would never report the space that
  * was there all along). */
-static int lk_acquire(uint32_t *l, int nonblock)
+/* RECLAIM_CHECK_NS bounds each wait on a reclaim's hold: the hold is
+ * one madvise, so the wake comes long before; only an exnd killed while
+ * it held the lock leaves the word at EXDD_LOCK_RECLAIM, and then V has
+ * hung up: the waiter looks at V after each bound and fails with
+ * ECONNRESET instead of waiting for ever. */
+#define RECLAIM_CHECK_NS 50000000L
+
+static int v_gone(struct dring *d);
+
+static int lk_acquire(struct dring *d, uint32_t *l, int nonblock)
 {
 	uint32_t c = 0;
 	while (!__atomic_compare_exchange_n(l, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
 		if (c != EXDD_LOCK_RECLAIM)
 			break;
-		syscall(SYS_futex, l, FUTEX_WAIT, EXDD_LOCK_RECLAIM, NULL, NULL, 0);
+		struct timespec ts = {0, RECLAIM_CHECK_NS};
+		if (syscall(SYS_futex, l, FUTEX_WAIT, EXDD_LOCK_RECLAIM, &ts, NULL, 0) < 0 && errno == ETIMEDOUT && v_gone(d))
+			return d->failed ? -EIO : -ECONNRESET;
 		c = 0;
 	}
 	if (c == 0)
@@ -572,7 +591,7 @@ static int data_begin(struct dring *d, const struct iovec *iov, int iovcnt, int 
 		return -EINVAL;
 	if (dring_relayed(d))
 		return -DRING_RELAYED;
-	return lk_acquire(lock, flags & DRING_NONBLOCK);
+	return lk_acquire(d, lock, flags & DRING_NONBLOCK);
 }
 
 /* data_gone says why a data call cannot go on: the connection was handed to

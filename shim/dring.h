@@ -36,7 +36,8 @@
 /* prod_lock's value while exnd gives an idle, empty ring's pages back
  * (layout version 4; docs/direct.md, "Rings that shrink when idle"): a
  * short hold that never parks, so even a non-blocking writer waits it
- * out on the futex instead of failing with EAGAIN. */
+ * out on the futex instead of failing with EAGAIN (bounded: a writer
+ * that still finds it after 50 ms looks at V, in case exnd died). */
 #define EXDD_LOCK_RECLAIM 3u
 #define EXDD_HDR 4096u
 #define EXDD_RING_MIN 4096u

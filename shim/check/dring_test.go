@@ -58,7 +58,7 @@ func TestDringC(t *testing.T) {
 		t.Fatalf("dring_test: %v", err)
 	}
 	for _, name := range []string{"attach", "streams", "streams_big", "duplex", "semantics", "wake", "forged",
-		"kill_rst", "kill_close", "exnd_death", "relay", "lock", "exnd_reset", "peer_gone", "selfwake", "upg_wait", "space_wait", "reclaim_lock"} {
+		"kill_rst", "kill_close", "exnd_death", "relay", "lock", "exnd_reset", "peer_gone", "selfwake", "upg_wait", "space_wait", "reclaim_lock", "reclaim_dead"} {
 		if !strings.Contains(string(out), "ok "+name+"\n") {
 			t.Errorf("test %s did not pass", name)
 		}

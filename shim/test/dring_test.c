@@ -615,6 +615,7 @@ static void t_selfwake(void) { pair(4096, selfwake_a, selfwake_b, NULL); }
 static void t_upg_wait(void) { test_upg_wait(); }
 static void t_space_wait(void) { test_space_wait(); }
 static void t_reclaim_lock(void) { test_reclaim_lock(); }
+static void t_reclaim_dead(void) { test_reclaim_dead(); }
 
 static const struct {
 	const char *name;
@@ -625,6 +626,7 @@ static const struct {
 	{"kill_close", t_kill_close}, {"exnd_death", t_exnd_death}, {"relay", t_relay},		 {"lock", t_lock},
 	{"exnd_reset", t_exnd_reset}, {"peer_gone", t_peer_gone},   {"selfwake", t_selfwake}, {"upg_wait", t_upg_wait},
 	{"space_wait", t_space_wait}, {"reclaim_lock", t_reclaim_lock},
+	{"reclaim_dead", t_reclaim_dead},
 };
 
 int main(int argc, char **argv)

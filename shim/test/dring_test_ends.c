@@ -354,3 +354,26 @@ static void reclaim_reader(struct conn *c, struct dring *d, void *arg)
 }
 
 static void test_reclaim_lock(void) { pair(4096, reclaim_writer, reclaim_reader, NULL); }
+
+/* exnd dies while its reclaim holds side 0's producer lock: the writer
+ * that waits for it looks at V and fails with ECONNRESET, not for ever. */
+static void stuck_writer(struct conn *c, struct dring *d, void *arg)
+{
+	(void)c;
+	(void)arg;
+	long t0 = ms_now();
+	CHECK(dring_write(d, "x", 1, DRING_NONBLOCK) == -ECONNRESET, "V hung up while the reclaim held the lock");
+	CHECK(ms_now() - t0 < 5000, "bounded");
+}
+
+static void test_reclaim_dead(void)
+{
+	struct conn c;
+	conn_make(&c, 4096);
+	__atomic_store_n(&ctl(&c, 0)->prod_lock, EXDD_LOCK_RECLAIM, __ATOMIC_SEQ_CST);
+	pid_t pa = side_fork(&c, 0, stuck_writer, NULL);
+	usleep(80000);
+	exnd_dies(&c);
+	reap(pa, "writer");
+	conn_free(&c);
+}
