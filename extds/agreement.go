@@ -319,8 +319,8 @@ func (d *Device) Forgo(ctx context.Context, local, remote netip.AddrPort) error 
 func (c *Claim) Forgone() bool { return c.c.Forgone() }
 
 // WakeOnForgo has f called (without locks held; it must not block) if the
-// client forgoes the connection while the caller waits: ClaimDirect's
-// wake does it too. Look at Forgone after setting it.
+// client forgoes the connection while the caller waits. Look at Forgone
+// after setting it.
 func (c *Claim) WakeOnForgo(f func()) { c.c.WakeOnForgo(f) }
 
 // AcceptForgone returns an accepted socket whose client forwent EXT-DS

@@ -15,7 +15,6 @@ import (
 	"maps"
 	"net/netip"
 	"os"
-	"time"
 
 	"github.com/exn-project/exn/control"
 	"github.com/exn-project/exn/extds"
@@ -76,7 +75,7 @@ func startEXTDS(d *Daemon) (started, error) {
 		// connection's, and every node of the fabric can open them.
 		sopts = append(sopts, shimsrv.WithDirect(shimsrv.DirectConfig{
 			Fabric: d.cfg.Fabric.Arg, Dir: "/dev/shm", Node: d.cfg.Node, Ring: dring.DefaultRing,
-			ReclaimIdle: reclaimIdle(d.cfg.EXTDSReclaimIdle),
+			ReclaimIdle: d.cfg.EXTDSReclaimIdle,
 		}))
 	default:
 		// Across hosts (issue #38): each node keeps its own copy of a
@@ -90,7 +89,7 @@ func startEXTDS(d *Daemon) (started, error) {
 		}
 		sopts = append(sopts, shimsrv.WithDirect(shimsrv.DirectConfig{
 			Fabric: fmt.Sprintf("%s%d", d.cfg.Fabric.Kind, os.Getpid()), Dir: "/dev/shm", Node: d.cfg.Node,
-			Ring: remoteRing, Engine: eng, ReclaimIdle: reclaimIdle(d.cfg.EXTDSReclaimIdle),
+			Ring: remoteRing, Engine: eng, ReclaimIdle: d.cfg.EXTDSReclaimIdle,
 			// net's RMA reads and writes the buffer by address; a NIC
 			// behind ofi may pin what it registered.
 			ReclaimRemote: d.cfg.Fabric.Kind == backend.Net,
@@ -153,13 +152,4 @@ func startEngine(d *Daemon, log *slog.Logger) (*rdirect.Engine, error) {
 	}
 	// New closes ep on error.
 	return rdirect.New(ep, rdirect.Config{Logger: log.With("sub", "rdirect"), Liveness: d.nic})
-}
-
-// reclaimIdle is --extds-reclaim-idle as shimsrv.DirectConfig takes it:
-// the flag's 0 (never) is the config's negative (its 0 is the default).
-func reclaimIdle(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }

@@ -75,8 +75,8 @@ type DirectConfig struct {
 	Ring   int
 	Engine *rdirect.Engine
 	// ReclaimIdle: how long a direction moves no byte before its ring's
-	// pages go back (reclaim.go); 0 is DefaultReclaimIdle, negative
-	// never.
+	// pages go back (reclaim.go; exnd's default is DefaultReclaimIdle);
+	// 0 or less: never.
 	ReclaimIdle time.Duration
 	// ReclaimRemote: reclaim across hosts too (Engine set). Only for a
 	// fabric whose RMA reads the buffer by address (net): a NIC that
@@ -85,19 +85,7 @@ type DirectConfig struct {
 }
 
 // WithDirect lets the server make and take direct connections.
-func WithDirect(c DirectConfig) Option {
-	return func(s *Server) {
-		s.directCfg = &c
-		switch {
-		case c.ReclaimIdle == 0:
-			s.reclaimIdle = DefaultReclaimIdle
-		case c.ReclaimIdle > 0:
-			s.reclaimIdle = c.ReclaimIdle
-		default:
-			s.reclaimIdle = 0
-		}
-	}
-}
+func WithDirect(c DirectConfig) Option { return func(s *Server) { s.directCfg = &c } }
 
 // dconn is one direct connection, from this side.
 type dconn struct {

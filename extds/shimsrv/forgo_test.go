@@ -39,18 +39,14 @@ func TestForgo(t *testing.T) {
 			}
 			ln := testenv.ListenTCP(t)
 			b.listen(t, ln)
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := testenv.DialTCP(t, ln)
 			s, err := ln.Accept()
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.Close()
 			forgo := func() {
-				f, err := c.(*net.TCPConn).File()
+				f, err := c.File()
 				if err != nil {
 					t.Error(err)
 					return

@@ -33,8 +33,9 @@ import (
 	"time"
 )
 
-// DefaultReclaimIdle is how long a direction of a direct connection moves
-// no byte before its ring's pages go back (at most twice that): long
+// DefaultReclaimIdle is exnd's DirectConfig.ReclaimIdle
+// (--extds-reclaim-idle), how long a direction of a direct connection
+// moves no byte before its ring's pages go back (at most twice that): long
 // enough that a connection pausing between requests keeps its pages
 // (a refault costs about 1 µs a page, 256 for a 1 MiB ring), short
 // enough that a server's idle connections hold only their header page
@@ -60,7 +61,7 @@ type reclaimState struct {
 
 // startReclaimLocked starts the reclaimer if it should run (s.mu held).
 func (s *Server) startReclaimLocked() {
-	if s.reclaimIdle <= 0 || s.reclaimOn {
+	if s.directCfg.ReclaimIdle <= 0 || s.reclaimOn {
 		return
 	}
 	s.reclaimOn = true
@@ -70,7 +71,7 @@ func (s *Server) startReclaimLocked() {
 
 func (s *Server) reclaimer() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.reclaimIdle)
+	t := time.NewTicker(s.directCfg.ReclaimIdle)
 	defer t.Stop()
 	var dcs []*dconn
 	for {

@@ -157,11 +157,9 @@ type Server struct {
 	livenessStarted func()
 	// livenessOn: the directLiveness goroutine runs (direct.go).
 	livenessOn bool
-	// reclaimIdle: the reclaimer's period (reclaim.go), 0: off;
-	// reclaimOn: it runs (under mu).
-	reclaimIdle time.Duration
-	reclaimOn   bool
-	dpeak       int // most direct connections at once since the reclaimer last ended
+	// reclaimOn: the reclaimer runs (reclaim.go).
+	reclaimOn bool
+	dpeak     int // most direct connections at once since the reclaimer last ended
 	// Holds for short connections (hold.go): shortHold 0 is off.
 	shortHold time.Duration
 	holdMu    sync.Mutex

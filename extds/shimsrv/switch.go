@@ -462,15 +462,17 @@ func (s *Server) accept(ctx context.Context, shadow *net.TCPConn, create func() 
 		// accepts late): no CLAIM and no hello come (extds/internal/agree/hold.go).
 		return s.dev.AcceptHeld(shadow), nil, nil
 	}
+	// A direct CLAIM, and the client's word that none comes (Forgo),
+	// interrupt the peek below (a past read deadline).
+	interrupt := func() { _ = shadow.SetReadDeadline(time.Unix(1, 0)) }
 	var cl *extds.Claim
 	if create != nil {
-		// A direct CLAIM is answered here, not by the rx loop: it
-		// interrupts the peek below (a past read deadline).
-		cl = s.dev.ClaimDirect(key, func() { _ = shadow.SetReadDeadline(time.Unix(1, 0)) })
+		// A direct CLAIM is answered here, not by the rx loop.
+		cl = s.dev.ClaimDirect(key, interrupt)
 	} else {
 		cl = s.dev.Claim(key)
-		cl.WakeOnForgo(func() { _ = shadow.SetReadDeadline(time.Unix(1, 0)) })
 	}
+	cl.WakeOnForgo(interrupt)
 	defer cl.Close()
 	if cl.Held() {
 		// Its CLAIM was declined by a hold (extds/internal/agree/hold.go): no hello.

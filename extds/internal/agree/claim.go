@@ -62,6 +62,12 @@ const (
 	stForgone                         // the client said it stays TCP (a CLAIM with ClaimFlagNone, Forgo): no CLAIM or hello comes
 )
 
+// tombstone reports whether st is kept only until it expires (Sweep) and
+// a new CLAIM of an upgrade replaces it.
+func (st claimState) tombstone() bool {
+	return st == stOffered || st == stClosed || st == stHeld || st == stSkipped || st == stForgone
+}
+
 type claimEntry struct {
 	st      claimState
 	token   uint32
@@ -298,7 +304,7 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 	keep := 2 * DefaultClaimTimeout
 	if upgrade {
 		keep = 2 * UpgradeClaimTimeout
-		if e != nil && (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped || e.st == stForgone) {
+		if e != nil && e.st.tombstone() {
 			// The client asked again (its earlier CLAIM timed out
 			// unanswered, or an earlier attempt of either side
 			// ended): the new one replaces whatever is left.
@@ -336,9 +342,9 @@ func (a *Agent) onClaim(v int, from fabric.Addr, m *wire.Msg) {
 // TCP (a CLAIM with ClaimFlagNone, Forgo): a tombstone that Claim.Forgone
 // reports, so the acceptor takes the socket as TCP at once instead of
 // waiting the peek and claim timeouts for a CLAIM or hello that never
-// come; an acceptor already waiting is woken (ClaimDirect's wake). A
-// full table keeps nothing: that acceptor waits, as before. Rx loop;
-// never blocks.
+// come; an acceptor already waiting is woken (WakeOnForgo). A full
+// table keeps nothing: that acceptor waits, as before. Rx loop; never
+// blocks.
 func (a *Agent) onForgo(key TupleKey, now time.Time) {
 	var wake func()
 	t := &a.claims
@@ -348,9 +354,6 @@ func (a *Agent) onForgo(key TupleKey, now time.Time) {
 		t.m[key] = &claimEntry{st: stForgone, expires: now.Add(claimTombstone)}
 	case e != nil && e.st == stAccepting:
 		wake = e.forgoWake
-		if wake == nil {
-			wake = e.wake
-		}
 		e.st, e.expires, e.wake, e.forgoWake = stForgone, now.Add(claimTombstone), nil, nil
 	}
 	t.mu.Unlock()
@@ -361,8 +364,8 @@ func (a *Agent) onForgo(key TupleKey, now time.Time) {
 
 // WakeOnForgo has f called (from the rx loop, without locks held; it must
 // not block) if the client forgoes the connection while its acceptor
-// waits (Forgone then reports true): an acceptor without ClaimDirect's
-// wake stops its wait with it. The caller looks at Forgone after.
+// waits (Forgone then reports true), so that it stops its wait. The
+// caller looks at Forgone after.
 func (c Claim) WakeOnForgo(f func()) {
 	t := &c.a.claims
 	t.mu.Lock()
@@ -451,7 +454,7 @@ func (a *Agent) Sweep(now time.Time) {
 	t := &a.claims
 	t.mu.Lock()
 	for k, e := range t.m {
-		if (e.st == stOffered || e.st == stClosed || e.st == stHeld || e.st == stSkipped || e.st == stForgone) && now.After(e.expires) {
+		if e.st.tombstone() && now.After(e.expires) {
 			delete(t.m, k)
 		}
 	}
