@@ -62,7 +62,8 @@ func TestParseDefaults(t *testing.T) {
 }
 
 // TestProcs: --gomaxprocs wins, then the environment, then one fewer Ps
-// than the default on ofi (at least one), and the default elsewhere.
+// than the default on ofi and net (at least one), and the default on shm
+// and mem.
 func TestProcs(t *testing.T) {
 	for _, tc := range []struct {
 		fabric string
@@ -77,7 +78,11 @@ func TestProcs(t *testing.T) {
 		{"ofi:tcp", 0, "2", 2, 0},
 		{"ofi:tcp", 3, "2", 2, 3},
 		{"shm:x", 0, "", 2, 0},
-		{"net:127.0.0.1:7000", 0, "", 4, 0},
+		{"net:127.0.0.1:7000", 0, "", 4, 3},
+		{"net:127.0.0.1:7000", 0, "", 2, 1},
+		{"net:127.0.0.1:7000", 0, "", 1, 1},
+		{"net:127.0.0.1:7000", 0, "3", 2, 0},
+		{"mem", 0, "", 4, 0},
 		{"shm:x", 2, "", 4, 2},
 	} {
 		args := []string{"--node-id", "1", "--fabric", tc.fabric, "--peers", "/dev/null", "--gomaxprocs", strconv.Itoa(tc.flag)}

@@ -52,18 +52,22 @@ const maxProcs = 1024
 // Procs is the number of Go scheduler Ps exnd should run with, given
 // env (the GOMAXPROCS environment variable, "" if unset) and def, the
 // runtime's default (runtime.GOMAXPROCS(0) at start); 0 means leave it.
-// --gomaxprocs wins; else the environment; else, on an ofi fabric, one
-// fewer than def (at least 1): its provider calls are long cgo calls,
+// --gomaxprocs wins; else the environment; else, on the fabrics whose
+// data path runs through exnd between hosts (ofi and net), one fewer
+// than def (at least 1), which leaves a CPU to the applications and the
+// kernel's work for them. On ofi, the provider calls are long cgo calls,
 // during which the runtime hands the P to another thread whenever every
-// P is busy, and on a small host shared with the applications those
-// hand-offs cost more than the parallelism gains (docs/operations.md,
-// "GOMAXPROCS"). The other backends make raw system calls and keep the
-// default.
+// P is busy. On net, each goroutine hand-off with a P idle wakes another
+// thread for it, and the kernel's TCP work runs in exnd's threads. On a
+// small host shared with the applications both cost more than the
+// parallelism gains (docs/operations.md, "GOMAXPROCS", has the
+// measurements). shm keeps the default: it measured no better with one
+// P fewer.
 func (c Config) Procs(env string, def int) int {
 	switch {
 	case c.GOMAXPROCS > 0:
 		return c.GOMAXPROCS
-	case env != "" || c.Fabric.Kind != backend.OFI:
+	case env != "" || (c.Fabric.Kind != backend.OFI && c.Fabric.Kind != backend.Net):
 		return 0
 	}
 	return max(1, def-1)
