@@ -22,8 +22,11 @@ const relayPort = 7920
 // BenchmarkPingBound pings through.
 type relayWay struct {
 	key, desc string
+	// target is the address pinged when there is no relay (the
+	// underlay's or exn0's).
+	target string
 	// args is the relay's command line in node id's namespace (nil: no
-	// relay, the path is the underlay or exn0).
+	// relay, ping target).
 	args func(id int) []string
 }
 
@@ -76,30 +79,27 @@ func BenchmarkPingBound(b *testing.B) {
 			return []string{crelay, mode, "tb0", ul(id), fmt.Sprint(relayPort), ul(3 - id)}
 		}
 	}
+	gotap := func(flags ...string) func(int) []string {
+		return func(id int) []string {
+			return append(append([]string{gorelay}, flags...), "tb0",
+				fmt.Sprintf("%s:%d", ul(id), relayPort), fmt.Sprintf("%s:%d", ul(3-id), relayPort))
+		}
+	}
 	ways := []relayWay{
-		{"underlay", "underlay (kernel path)", nil},
-		{"exn0", "exn0 (exnd on net)", nil},
-		{"cblock", "C relay, blocking reads", ctap("block")},
-		{"go", "Go relay, netpoller", func(id int) []string {
-			return []string{gorelay, "tb0", fmt.Sprintf("%s:%d", ul(id), relayPort), fmt.Sprintf("%s:%d", ul(3-id), relayPort)}
-		}},
-		{"goblock", "Go relay, blocking reads on locked threads", func(id int) []string {
-			return []string{gorelay, "-block", "tb0", fmt.Sprintf("%s:%d", ul(id), relayPort), fmt.Sprintf("%s:%d", ul(3-id), relayPort)}
-		}},
-		{"cspin", "C relay, spinning", ctap("spin")},
+		{"underlay", "underlay (kernel path)", ul(2), nil},
+		{"exn0", "exn0 (exnd on net)", n2.IP.String(), nil},
+		{"cblock", "C relay, blocking reads", "", ctap("block")},
+		{"go", "Go relay, netpoller", "", gotap()},
+		{"goblock", "Go relay, blocking reads on locked threads", "", gotap("-block")},
+		{"cspin", "C relay, spinning", "", ctap("spin")},
 	}
 	p50 := make([][]float64, len(ways))
 	sp50 := make([][]float64, len(ways))
 	for range reps {
 		for i, w := range ways {
-			var target string
+			target := w.target
 			var relays []*nstest.Proc
-			switch {
-			case w.key == "underlay":
-				target = ul(2)
-			case w.key == "exn0":
-				target = n2.IP.String()
-			default:
+			if w.args != nil {
 				target, relays = startRelays(b, w, n1.NS, n2.NS)
 			}
 			v, err := pingP50(n1.NS, target, pingCount)
@@ -119,8 +119,8 @@ func BenchmarkPingBound(b *testing.B) {
 	base, sbase := testenv.Median(p50[0]), testenv.Median(sp50[0])
 	for i, w := range ways {
 		m, sm := testenv.Median(p50[i]), testenv.Median(sp50[i])
-		fmt.Fprintf(&sb, "| %s | %.0f | %s | %.2f× | %.2f | %s | %.2f× |\n", w.desc, m, joinF(p50[i], "%.0f"), m/base,
-			sm, joinF(sp50[i], "%.2f"), sm/sbase)
+		fmt.Fprintf(&sb, "| %s | %.0f | %s | %.2f× | %.2f | %s | %.2f× |\n", w.desc, m, dsJoin(p50[i]), m/base,
+			sm, dsJoin(sp50[i]), sm/sbase)
 	}
 	fmt.Fprintf(&sb, "\nload at the end %s\n", loadAvg())
 	report(b, "", sb.String())
@@ -157,10 +157,13 @@ func startRelays(b *testing.B, w relayWay, ns1, ns2 *nstest.Netns) (string, []*n
 	return target, relays
 }
 
-// stopRelays kills the relays and waits until the kernel has removed
-// their TAPs from the namespaces.
+// stopRelays kills the relays, if any, and waits until the kernel has
+// removed their TAPs from the namespaces.
 func stopRelays(b *testing.B, relays []*nstest.Proc, ns ...*nstest.Netns) {
 	b.Helper()
+	if len(relays) == 0 {
+		return
+	}
 	for _, p := range relays {
 		if err := p.Kill(); err != nil {
 			b.Fatal(err)
@@ -177,13 +180,4 @@ func stopRelays(b *testing.B, relays []*nstest.Proc, ns ...*nstest.Netns) {
 			b.Fatal(err)
 		}
 	}
-}
-
-// joinF formats v with format, space-separated.
-func joinF(v []float64, format string) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = fmt.Sprintf(format, x)
-	}
-	return strings.Join(s, " ")
 }

@@ -22,7 +22,6 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"syscall"
 
 	"github.com/exn-project/exn/internal/sys"
 	"github.com/exn-project/exn/tap"
@@ -75,7 +74,7 @@ func run(name, local, peer string) error {
 				errc <- err
 				return
 			}
-			if _, err := c.Write(bufs[0][:sizes[0]]); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			if _, err := c.Write(bufs[0][:sizes[0]]); err != nil && !errors.Is(err, unix.ECONNREFUSED) {
 				errc <- err
 				return
 			}
@@ -86,7 +85,7 @@ func run(name, local, peer string) error {
 		frames := [][]byte{nil}
 		for {
 			n, err := c.Read(buf)
-			if errors.Is(err, syscall.ECONNREFUSED) {
+			if errors.Is(err, unix.ECONNREFUSED) {
 				continue // the peer's relay is not up yet
 			}
 			if err != nil {
