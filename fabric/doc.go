@@ -23,12 +23,14 @@
 //   - A peer that disappears becomes ErrPeerDown for its callers; a sender
 //     blocked on it returns.
 //
-// Three optional interfaces say more than the contract promises:
-// PeerWatcher (a NIC announces changes of its peer set), PutOrderer (an
-// Endpoint places its PUTs before its later VELO messages to the same
-// node, which exn's receiver-granted PUT needs) and BufferRegistrar (an
-// Endpoint registers memory its caller owns, such as a mapping shared
-// with another process).
+// Optional interfaces say more than the contract promises: PeerWatcher
+// (a NIC announces changes of its peer set), PutOrderer (an Endpoint
+// places its PUTs before its later VELO messages to the same node, which
+// exn's receiver-granted PUT needs) and BufferRegistrar (an Endpoint
+// registers memory its caller owns, such as a mapping shared with
+// another process). One says less: BestEffortMulticaster (an Endpoint's
+// multicast may reach some members unordered and droppable, as a
+// datagram; EXT-Eth's broadcasts need neither order nor back-pressure).
 //
 // Backends live in sub-packages (fabric/mem, fabric/shm, ...) and all pass
 // the conformance suite in fabric/fabrictest.

@@ -316,6 +316,19 @@ type PutOrderer interface {
 	PutsBeforeSends() bool
 }
 
+// BestEffortMulticaster is implemented by an Endpoint whose multicast
+// may reach some members as a datagram (fabric/fabnet under lazy
+// sessions: the members its node holds no session with, so a broadcast
+// does not make a session to every node): such a copy is not ordered
+// against the endpoint's unicast messages, and a member whose mailbox is
+// full drops it and counts it instead of back-pressuring the sender.
+// Copies to the other members keep the contract. Backends that keep it
+// for every member do not implement the interface or return false; the
+// answer does not change over the endpoint's life.
+type BestEffortMulticaster interface {
+	MulticastBestEffort() bool
+}
+
 // Colocated is implemented by an Endpoint whose peers all run in this
 // process (fabric/mem): a waiter that spins without yielding can then
 // keep the very goroutine it waits for from running, so a spin must

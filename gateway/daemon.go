@@ -129,7 +129,7 @@ func Start(cfg Config, log *slog.Logger, opts ...Option) (_ *Daemon, err error) 
 	}
 	d.arp.Seed(ps)
 
-	if d.nic, err = backend.OpenSpec(cfg.Fabric, cfg.Node, backend.Options{Mem: d.opts.mem, Peers: ps, Logger: log.With("part", "fabric"), Liveness: cfg.Liveness}); err != nil {
+	if d.nic, err = backend.OpenSpec(cfg.Fabric, cfg.Node, backend.Options{Mem: d.opts.mem, Peers: ps, Logger: log.With("part", "fabric"), Liveness: cfg.Liveness, Sessions: cfg.Sessions}); err != nil {
 		return nil, fmt.Errorf("open fabric: %w", err)
 	}
 	if d.ep, err = d.nic.Open(fabric.EthVPID); err != nil {

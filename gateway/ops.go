@@ -61,7 +61,10 @@ func (d *Daemon) startMetrics() error {
 		cs = append(cs, metrics.Membership(d.cfg.Node, func() metrics.MembershipStats {
 			s := n.NetStats()
 			return metrics.MembershipStats{DatagramsIn: s.SWIMIn, DatagramsOut: s.SWIMOut, Streams: s.SWIMStreams,
-				Foreign: s.SWIMForeign, Dropped: s.SWIMDropped, DeclaredDead: s.SWIMDown, Members: s.Members}
+				Foreign: s.SWIMForeign, Dropped: s.SWIMDropped, DeclaredDead: s.SWIMDown, Members: s.Members,
+				Sessions: s.Sessions, Activated: s.Activated, ConnectTimeouts: s.ConnectTimeouts,
+				DialAsks: s.DialAsks, DialAsked: s.DialAsked, MulticastOut: s.MulticastOut, MulticastIn: s.MulticastIn,
+				MulticastDropped: s.MulticastDropped, BadDatagrams: s.BadDatagrams}
 		}))
 	}
 	cs = append(cs, metrics.Control(d.cfg.Node, d.controlStats))

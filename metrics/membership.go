@@ -12,6 +12,13 @@ type MembershipStats struct {
 	DatagramsIn, DatagramsOut, Streams uint64
 	Foreign, Dropped, DeclaredDead     uint64
 	Members                            int
+	// Lazy sessions (fabnet.NetStats; docs/fabric-net.md "Sessions on
+	// first use").
+	Sessions                       int
+	Activated, ConnectTimeouts     uint64
+	DialAsks, DialAsked            uint64
+	MulticastOut, MulticastIn      uint64
+	MulticastDropped, BadDatagrams uint64
 }
 
 // Membership returns a collector for the net fabric's membership
@@ -26,5 +33,12 @@ func Membership(node fabric.NodeID, stats func() MembershipStats) prometheus.Col
 	b.counter("dropped_total", "Membership datagrams and streams dropped because the earlier ones were not taken yet.", func(s *S) uint64 { return s.Dropped })
 	b.counter("declared_dead_total", "Sessions ended because membership declared their node dead.", func(s *S) uint64 { return s.DeclaredDead })
 	b.gauge("members", "Nodes membership knows alive, this one included.", func(s *S) float64 { return float64(s.Members) })
+	b.gauge("sessions", "Fabric sessions up now (lazy sessions: only to the peers this node talks to).", func(s *S) float64 { return float64(s.Sessions) })
+	b.counter("peers_activated_total", "Peers whose session was first needed (a send, a post, a session either way, a dial request).", func(s *S) uint64 { return s.Activated })
+	b.counter("connect_timeouts_total", "Sends and posts that gave up waiting for a first session.", func(s *S) uint64 { return s.ConnectTimeouts })
+	b.counterDir("dial_requests_total", "Dial requests: tx asked a lower node to dial, rx was asked by a higher one.", txRx, func(s *S) uint64 { return s.DialAsks }, func(s *S) uint64 { return s.DialAsked })
+	b.counterDir("multicast_datagrams_total", "Multicast copies carried by datagram to and from members without a session.", txRx, func(s *S) uint64 { return s.MulticastOut }, func(s *S) uint64 { return s.MulticastIn })
+	b.counter("multicast_dropped_total", "Multicast datagrams dropped on a full mailbox.", func(s *S) uint64 { return s.MulticastDropped })
+	b.counter("bad_datagrams_total", "Dial requests and multicast datagrams refused as malformed or from a node that may not send them.", func(s *S) uint64 { return s.BadDatagrams })
 	return b.collector(stats)
 }

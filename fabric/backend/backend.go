@@ -77,6 +77,9 @@ type Options struct {
 	// Liveness is net's way of finding dead peers (fabnet.Config.Liveness:
 	// "swim", "heartbeat"; empty: its default). Ignored by the others.
 	Liveness string
+	// Sessions is when net makes its sessions (fabnet.Config.Sessions:
+	// "lazy", "eager"; empty: its default). Ignored by the others.
+	Sessions string
 }
 
 // Parse parses a backend spec. It checks the syntax of every kind,
@@ -174,6 +177,7 @@ func OpenSpec(s Spec, node fabric.NodeID, opts Options) (fabric.NIC, error) {
 			Peers:    fabnet.PeerAddrs(opts.Peers, ""),
 			Logger:   opts.Logger,
 			Liveness: fabnet.Liveness(opts.Liveness),
+			Sessions: fabnet.Sessions(opts.Sessions),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("fabric %s: node %d: %w", s, node, err)

@@ -49,6 +49,23 @@ const (
 	// SYN per second.
 	backoffMin = 20 * time.Millisecond
 	backoffMax = time.Second
+	// connectWait bounds how long a first Send or Post to a peer waits
+	// for the session made on first use (lazy.go): a dial request, a
+	// TCP handshake and the hellos take well under a millisecond on a
+	// LAN, and a peer that cannot be reached in a dial's own timeout is
+	// down for this caller.
+	connectWait = dialTimeout
+)
+
+// Sessions names when sessions are made (Config.Sessions).
+type Sessions string
+
+const (
+	// SessionsLazy: a session is made when a peer is first used, by
+	// either side (lazy.go), and kept up from then on.
+	SessionsLazy Sessions = "lazy"
+	// SessionsEager: every pair at start, the lower ID dialling.
+	SessionsEager Sessions = "eager"
 )
 
 // Liveness names a way to find dead peers (Config.Liveness).
@@ -84,6 +101,12 @@ type Config struct {
 	// per node that grows with the cluster). Every node of a fabric must
 	// use the same.
 	Liveness Liveness
+	// Sessions chooses when sessions are made under LivenessSWIM:
+	// SessionsLazy (the default: when a peer is first used, so a node
+	// that talks to 10 of 1,000 peers holds 10 sessions; lazy.go) or
+	// SessionsEager (every pair at start). LivenessHeartbeat is always
+	// eager: its heartbeats need a session to every peer.
+	Sessions Sessions
 	// SWIM tunes the failure detector under LivenessSWIM (the zero value:
 	// members.Fabric).
 	SWIM members.Profile
@@ -113,6 +136,16 @@ func (c *Config) setDefaults() error {
 	case LivenessSWIM, LivenessHeartbeat:
 	default:
 		return fmt.Errorf("fabnet: liveness %q (swim or heartbeat): %w", c.Liveness, fabric.ErrInvalid)
+	}
+	switch c.Sessions {
+	case "":
+		c.Sessions = SessionsLazy
+	case SessionsLazy, SessionsEager:
+	default:
+		return fmt.Errorf("fabnet: sessions %q (lazy or eager): %w", c.Sessions, fabric.ErrInvalid)
+	}
+	if c.Liveness == LivenessHeartbeat {
+		c.Sessions = SessionsEager
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = DefaultHeartbeat

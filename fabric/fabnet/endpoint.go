@@ -133,7 +133,7 @@ func (e *endpoint) Send(ctx context.Context, msgs []fabric.Message) (int, error)
 			}
 		default:
 			var s *session
-			if s, err = e.nic.lookup(m.Peer.Node); err == nil {
+			if s, err = e.nic.sessionTo(ctx, m.Peer.Node); err == nil {
 				if s != queued && queued != nil {
 					queued.flush()
 				}
@@ -165,7 +165,12 @@ var (
 // receiver keeps it only if it is a member of the group then. Nodes
 // without the VPID open or going down are skipped.
 func (e *endpoint) sendMulticast(ctx context.Context, m *fabric.Message) error {
-	for _, s := range *e.nic.sessions.Load() {
+	sessions := *e.nic.sessions.Load()
+	if e.nic.links != nil {
+		// Members without a session get a datagram (lazy.go).
+		e.nic.sendMulticastDatagrams(e.addr.VPID, m, sessions)
+	}
+	for _, s := range sessions {
 		if s.isDead() {
 			continue
 		}
@@ -404,6 +409,11 @@ func (e *endpoint) Post(reqs []fabric.RMA) (int, error) { return e.Core.Post(req
 // before (docs/fabric-net.md, "PutOrderer, by a fence").
 func (e *endpoint) PutsBeforeSends() bool { return putsBeforeSends }
 
+// MulticastBestEffort implements fabric.BestEffortMulticaster: under
+// lazy sessions a member without a session gets multicast by datagram
+// (lazy.go).
+func (e *endpoint) MulticastBestEffort() bool { return e.nic.links != nil }
+
 // putsBeforeSends is what PutsBeforeSends answers; the fence runs either
 // way (see above).
 const putsBeforeSends = false
@@ -417,7 +427,10 @@ func (e *endpoint) post(r *fabric.RMA) error {
 		e.postLocal(r, local)
 		return nil
 	}
-	s, err := e.nic.lookup(r.Peer.Node)
+	// The first use of a peer under lazy sessions waits for its session
+	// (at most connectWait, lazy.go). An RMA rarely is that first use:
+	// a rendezvous or a direct connection begins with VELO.
+	s, err := e.nic.sessionTo(nil, r.Peer.Node)
 	if err != nil {
 		e.ErrorNotify(r, fabric.NErrPeerDown)
 		return nil

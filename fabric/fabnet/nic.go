@@ -75,11 +75,14 @@ type NIC struct {
 	swim    *swimTransport
 	members *members.Members
 	// alive[id] is signalled when membership finds node id alive: its
-	// dialLoop waits for that (higher-ID peers only; fixed after open).
+	// dialLoop or askLoop waits for that (fixed after open).
 	alive map[fabric.NodeID]chan struct{}
 	// changed is closed and replaced at each change of the session
-	// table (PeersChanged); guarded by mu.
+	// table and of membership (PeersChanged); guarded by mu.
 	changed chan struct{}
+	// links has one entry per other peer under lazy sessions (lazy.go);
+	// nil under eager ones. Fixed after open.
+	links map[fabric.NodeID]*link
 
 	faults ratelog.Faults // peer-triggerable faults, one line per localq.FaultLogInterval
 }
@@ -130,9 +133,12 @@ func open(cfg Config) (*NIC, error) {
 	if cfg.Liveness == LivenessSWIM {
 		n.alive = make(map[fabric.NodeID]chan struct{})
 		for id := range cfg.Peers {
-			if id > n.id {
+			if id != n.id {
 				n.alive[id] = make(chan struct{}, 1)
 			}
+		}
+		if cfg.Sessions == SessionsLazy {
+			n.initLinks()
 		}
 		if err := n.startSWIM(); err != nil {
 			n.cancel()
@@ -145,10 +151,12 @@ func open(cfg Config) (*NIC, error) {
 	}
 	n.wg.Add(1)
 	go n.acceptLoop()
-	for id, addr := range cfg.Peers {
-		if id > n.id {
-			n.wg.Add(1)
-			go n.dialLoop(id, addr, n.alive[id])
+	if n.links == nil {
+		for id, addr := range cfg.Peers {
+			if id > n.id {
+				n.wg.Add(1)
+				go n.dialLoop(id, addr, n.alive[id])
+			}
 		}
 	}
 	cfg.Logger.Debug("fabnet node up", "node", n.id, "listen", ln.Addr().String())
@@ -279,11 +287,16 @@ func (n *NIC) checkPeer(node fabric.NodeID, remote net.Addr) error {
 	if err != nil || want.IsUnspecified() {
 		return nil // a host name: nothing to compare without a lookup
 	}
-	ta, ok := remote.(*net.TCPAddr)
-	if !ok {
+	var ip net.IP
+	switch a := remote.(type) {
+	case *net.TCPAddr:
+		ip = a.IP
+	case *net.UDPAddr: // lazy.go's datagrams
+		ip = a.IP
+	default:
 		return nil
 	}
-	got, _ := netip.AddrFromSlice(ta.IP)
+	got, _ := netip.AddrFromSlice(ip)
 	if got.Unmap() != want.Unmap() {
 		return fmt.Errorf("node %d connected from %v, peers says %v: %w", node, got, want, errWrongNode)
 	}
@@ -388,9 +401,13 @@ func (n *NIC) install(c net.Conn, h hello) *session {
 	}
 	old := n.session(h.node)
 	s := newSession(n, c, h)
+	if l := n.links[h.node]; l != nil {
+		l.wasUp.Store(true) // before the table: reachable never sees a gap
+	}
 	n.replaceLocked(h.node, s)
 	n.wg.Add(1)
 	n.mu.Unlock()
+	n.activate(h.node) // lazy sessions: its keeper brings it back if it ends
 	if old != nil {
 		old.kill(fmt.Errorf("replaced by a new connection (incarnation %#x): %w", h.boot, fabric.ErrPeerDown))
 	}
@@ -413,12 +430,18 @@ func (n *NIC) replaceLocked(node fabric.NodeID, s *session) {
 		m[node] = s
 	}
 	n.sessions.Store(&m)
+	n.announceLocked()
+}
+
+// announceLocked closes PeersChanged's channel and makes the next one.
+func (n *NIC) announceLocked() {
 	close(n.changed)
 	n.changed = make(chan struct{})
 }
 
 // PeersChanged implements fabric.PeerWatcher: the channel closes at the
-// next change of the session table (a session up, replaced or gone).
+// next change of the session table (a session up, replaced or gone) or
+// of membership (a node found alive or dead).
 func (n *NIC) PeersChanged() <-chan struct{} {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -479,8 +502,20 @@ func (n *NIC) Join(g fabric.Group) error { return n.groups.Join(g) }
 
 func (n *NIC) Leave(g fabric.Group) error { return n.groups.Leave(g) }
 
-// Peers lists the nodes with a live session, sorted.
+// Peers lists the nodes with a live session, sorted; under lazy
+// sessions also the nodes membership knows alive that have had no
+// session yet (they get one when used).
 func (n *NIC) Peers() []fabric.NodeID {
+	if n.links != nil {
+		var out []fabric.NodeID
+		for id := range n.links {
+			if n.reachable(id) {
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
 	m := *n.sessions.Load()
 	out := make([]fabric.NodeID, 0, len(m))
 	for id, s := range m {
@@ -494,12 +529,16 @@ func (n *NIC) Peers() []fabric.NodeID {
 
 // Alive reports nil for a node with a live session (and this node),
 // ErrPeerDown for a node of the peers table without one (never connected
-// yet, or gone), ErrUnknownNode for any other node.
+// yet, or gone), ErrUnknownNode for any other node. Under lazy sessions
+// a node that has had no session yet is alive when membership says so.
 func (n *NIC) Alive(id fabric.NodeID) error {
 	if id == n.id {
 		return localq.SelfAlive("fabnet", &n.closed)
 	}
 	_, err := n.lookup(id)
+	if err != nil && n.links != nil && n.reachable(id) {
+		return nil
+	}
 	return err
 }
 

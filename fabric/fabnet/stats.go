@@ -19,6 +19,12 @@ type netCounters struct {
 	swimForeign       atomic.Uint64
 	swimDropped       atomic.Uint64
 	swimDown          atomic.Uint64
+	// lazy sessions (lazy.go)
+	activated                     atomic.Uint64
+	connectWaits, connectTimeouts atomic.Uint64
+	dialAsks, dialAsked           atomic.Uint64
+	mcastOut, mcastIn             atomic.Uint64
+	mcastDropped, badDatagrams    atomic.Uint64
 }
 
 // NetStats is a snapshot of the transport counters.
@@ -46,12 +52,27 @@ type NetStats struct {
 	// Under LivenessSWIM: membership datagrams received and sent, streams
 	// opened either way, datagrams and streams refused for coming from
 	// an address outside the peers table, datagrams and streams dropped
-	// because membership had not taken the earlier ones yet, and
-	// sessions killed because membership declared their node dead.
+	// because membership had not taken the earlier ones yet, and nodes
+	// membership declared dead or saw leave (their session, if any, is
+	// killed).
 	SWIMIn, SWIMOut, SWIMStreams, SWIMForeign, SWIMDropped, SWIMDown uint64
 	// Members is how many nodes membership knows alive, this one
 	// included (0 under LivenessHeartbeat).
 	Members int
+	// Sessions is how many sessions are up now.
+	Sessions int
+	// Under SessionsLazy (lazy.go): Activated counts peers whose
+	// session keeper started (first use, either side); ConnectWaits the
+	// Sends and Posts that waited for a first session and
+	// ConnectTimeouts those that gave up after connectWait; DialAsks the
+	// dial requests sent to lower peers and DialAsked those received;
+	// MulticastOut and MulticastIn the multicast datagrams sent to and
+	// taken from members without a session, and MulticastDropped those
+	// that found the mailbox full; BadDatagrams the dial requests and
+	// multicast datagrams refused as malformed or from a node that may
+	// not send them (a wrong source IP counts in SWIMForeign).
+	Activated, ConnectWaits, ConnectTimeouts, DialAsks, DialAsked uint64
+	MulticastOut, MulticastIn, MulticastDropped, BadDatagrams     uint64
 }
 
 // NetStats returns the transport counters.
@@ -61,8 +82,20 @@ func (n *NIC) NetStats() NetStats {
 	if n.members != nil {
 		members = n.members.Stats().Alive
 	}
+	sessions := 0
+	for _, s := range *n.sessions.Load() {
+		if !s.isDead() {
+			sessions++
+		}
+	}
 	return NetStats{
-		Members:           members,
+		Members:      members,
+		Sessions:     sessions,
+		Activated:    c.activated.Load(),
+		ConnectWaits: c.connectWaits.Load(), ConnectTimeouts: c.connectTimeouts.Load(),
+		DialAsks: c.dialAsks.Load(), DialAsked: c.dialAsked.Load(),
+		MulticastOut: c.mcastOut.Load(), MulticastIn: c.mcastIn.Load(),
+		MulticastDropped: c.mcastDropped.Load(), BadDatagrams: c.badDatagrams.Load(),
 		HandshakeRejected: c.handshakeRejected.Load(),
 		BadFrames:         c.badFrames.Load(), Oversized: c.oversized.Load(),
 		HeartbeatTimeouts: c.heartbeatTimeouts.Load(),

@@ -104,8 +104,6 @@ func (n *NIC) startSWIM() error {
 		streams: make(chan net.Conn, maxHandshakes),
 	}
 	n.swim = t
-	n.wg.Add(1)
-	go t.readLoop()
 	m, err := members.New(members.Config{
 		Node: n.id, Transport: t, Profile: n.cfg.SWIM, Logger: n.cfg.Logger,
 		OnChange: n.memberChanged,
@@ -115,6 +113,10 @@ func (n *NIC) startSWIM() error {
 		return err
 	}
 	n.members = m
+	// After n.members: a dial request the reader takes starts a keeper
+	// that asks membership (lazy.go).
+	n.wg.Add(1)
+	go t.readLoop()
 	n.wg.Add(1)
 	go n.joinLoop()
 	return nil
@@ -165,6 +167,7 @@ func (t *swimTransport) fromPeer(ip netip.Addr) bool {
 func (t *swimTransport) readLoop() {
 	defer t.n.wg.Done()
 	buf := make([]byte, swimPacketMax)
+	var m fabric.Message // rxDatagram's scratch
 	for {
 		k, from, err := t.udp.ReadFromUDPAddrPort(buf)
 		if err != nil {
@@ -177,6 +180,9 @@ func (t *swimTransport) readLoop() {
 		now := time.Now()
 		if !t.fromPeer(from.Addr()) {
 			t.n.nctr.swimForeign.Add(1)
+			continue
+		}
+		if t.n.links != nil && t.n.rxDatagram(buf[:k], from, &m) {
 			continue
 		}
 		t.n.nctr.swimIn.Add(1)
@@ -259,20 +265,26 @@ func (t *swimTransport) Shutdown() error {
 }
 
 // memberChanged is members.Config.OnChange: a node SWIM declared dead (or
-// that left) loses its session at once.
+// that left) is counted (SWIMDown) and loses its session, if it has one,
+// at once.
 func (n *NIC) memberChanged(node fabric.NodeID, alive bool) {
 	if node == n.id {
 		return
 	}
+	n.mu.Lock()
+	if !n.closed.Load() {
+		n.announceLocked() // Peers and Alive follow membership (lazy.go)
+	}
+	n.mu.Unlock()
 	if alive {
 		select {
-		case n.alive[node] <- struct{}{}: // its dialLoop may dial now
+		case n.alive[node] <- struct{}{}: // its dialLoop or askLoop may go on
 		default:
 		}
 		return
 	}
+	n.nctr.swimDown.Add(1)
 	if s := n.session(node); s != nil && !s.isDead() {
-		n.nctr.swimDown.Add(1)
 		s.kill(fmt.Errorf("declared dead by membership: %w", fabric.ErrPeerDown))
 	}
 }

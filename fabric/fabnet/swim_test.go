@@ -16,7 +16,8 @@ import (
 // session; the heartbeat is not what finds it (there is none).
 func TestSWIMDeadNodeLosesSession(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
-	nics := cluster(t, 3, nil)
+	nics := cluster(t, 3, eager)
+	waitSessions(t, nics, 2)
 	waitMembers(t, nics)
 	changed := nics[0].PeersChanged()
 	nics[2].members.Close() // no leave: the others must find out
@@ -87,5 +88,17 @@ func waitMembers(t testing.TB, nics []*NIC) {
 	t.Helper()
 	for _, n := range nics {
 		waitUntil(t, "membership converged", func() bool { return len(n.members.Peers()) == len(nics)-1 })
+	}
+}
+
+// eager is a cluster mod for tests of what happens to sessions: every
+// pair has one from the start.
+func eager(c *Config) { c.Sessions = SessionsEager }
+
+// waitSessions waits until every node has k live sessions.
+func waitSessions(t testing.TB, nics []*NIC, k int) {
+	t.Helper()
+	for _, n := range nics {
+		waitUntil(t, "sessions up", func() bool { return n.NetStats().Sessions == k })
 	}
 }

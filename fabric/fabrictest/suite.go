@@ -579,7 +579,13 @@ func testMulticast(t *testing.T, f Factory) {
 
 	// check sends a multicast from node 1, then a unicast marker to every
 	// node's VPID v from the same endpoint; each node must see the group
-	// message before the marker iff it is in want.
+	// message before the marker iff it is in want. An endpoint that says
+	// MulticastBestEffort may deliver the group message after the
+	// marker, never not at all (the mailboxes here have room).
+	bestEffort := false
+	if be, ok := eps[0].(fabric.BestEffortMulticaster); ok {
+		bestEffort = be.MulticastBestEffort()
+	}
 	check := func(group fabric.Group, seq uint64, want map[int]bool) {
 		t.Helper()
 		m := msg(fabric.Addr{Node: fabric.NodeID(group), VPID: v}, 7, seq, 40)
@@ -594,6 +600,9 @@ func testMulticast(t *testing.T, f Factory) {
 				n = 2
 			}
 			got := recvN(t, ep, n)
+			if bestEffort && n == 2 && !got[0].MC {
+				got[0], got[1] = got[1], got[0]
+			}
 			if want[i] {
 				if !got[0].MC || got[0].Tag != 7 || got[0].Peer != eps[0].Addr() || seqOf(&got[0]) != seq || got[0].Len != 40 {
 					t.Fatalf("group %d: node %d got %+v, want multicast from %v", group, i+1, got[0], eps[0].Addr())
