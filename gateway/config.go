@@ -67,7 +67,9 @@ type Config struct {
 	Push bool
 	// Liveness is how the net fabric finds dead peers (--liveness):
 	// "swim" (membership, the default) or "heartbeat" (a heartbeat on
-	// every session); docs/membership.md. Other fabrics ignore it.
+	// every session); docs/membership.md. On ofi, "swim" runs
+	// membership beside the provider and "heartbeat" keeps its own
+	// liveness; mem and shm ignore it.
 	Liveness string
 	// Sessions is when the net fabric makes its sessions (--sessions):
 	// "lazy" (on a peer's first use, the default) or "eager" (every
@@ -191,7 +193,7 @@ func Parse(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.Netstack, "netstack", false, "userspace mode: a gVisor netstack instead of the TAP")
 	fs.BoolVar(&c.Offload, "offload", true, "open the TAP with a virtio-net header: checksum offload and TSO/USO super-frames, carried to peers that take them")
 	fs.BoolVar(&c.Push, "push", true, "carry large frames by receiver-granted PUT where the fabric places a PUT before a later message (ofi:tcp), without a GET per frame (false: advert and GET only)")
-	fs.StringVar(&c.Liveness, "liveness", "swim", "how the net fabric finds dead peers: swim (membership by SWIM, a constant cost per node at any cluster size) or heartbeat (a heartbeat on every session; the cost grows with the cluster); every node must use the same (docs/membership.md)")
+	fs.StringVar(&c.Liveness, "liveness", "swim", "how the net fabric finds dead peers: swim (membership by SWIM, a constant cost per node at any cluster size) or heartbeat (a heartbeat on every session; the cost grows with the cluster); on ofi, swim runs membership beside the provider (fabric port + 100) and heartbeat keeps its own liveness; every node must use the same (docs/membership.md)")
 	fs.StringVar(&c.Sessions, "sessions", "lazy", "when the net fabric makes a session to a peer: lazy (on first use, by either side; multicast reaches nodes without one by datagram) or eager (every pair at start); heartbeat liveness is always eager (docs/fabric-net.md)")
 	fs.IntVar(&c.GOMAXPROCS, "gomaxprocs", 0, "Go scheduler Ps for exnd (0: one fewer than the CPUs on an ofi or net fabric, Go's default elsewhere; GOMAXPROCS in the environment takes precedence over 0)")
 	fs.BoolVar(&c.EXTDSDirect, "extds-direct", true, "let two programs under libextds.so move their bytes through a connection buffer instead of exnd's relay: on shm one shared buffer, exnd out of the data path; on net and ofi a copy per node that exnd's engine joins by RMA PUT (false: exnd relays every byte)")

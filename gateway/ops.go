@@ -20,6 +20,7 @@ import (
 	"github.com/exn-project/exn/exn"
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/fabnet"
+	"github.com/exn-project/exn/fabric/members"
 	"github.com/exn-project/exn/metrics"
 	"github.com/exn-project/exn/tap"
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,15 @@ func (d *Daemon) startMetrics() error {
 				DialAsks: s.DialAsks, DialAsked: s.DialAsked, MulticastOut: s.MulticastOut, MulticastIn: s.MulticastIn,
 				MulticastDropped: s.MulticastDropped, BadDatagrams: s.BadDatagrams}
 		}))
+	}
+	if r, ok := d.nic.(membershipReporter); ok {
+		if _, on := r.MembershipStats(); on {
+			cs = append(cs, metrics.Membership(d.cfg.Node, func() metrics.MembershipStats {
+				s, _ := r.MembershipStats()
+				return metrics.MembershipStats{DatagramsIn: s.Transport.In, DatagramsOut: s.Transport.Out, Streams: s.Transport.Streams,
+					Foreign: s.Transport.Foreign, Dropped: s.Transport.Dropped, DeclaredDead: s.DeclaredDead, Members: s.Members.Alive}
+			}))
+		}
 	}
 	cs = append(cs, metrics.Control(d.cfg.Node, d.controlStats))
 	reg, err := metrics.NewRegistry(cs...)
@@ -403,4 +413,10 @@ func (d *Daemon) controlStats() control.ServerStats {
 		return control.ServerStats{Refused: map[string]uint64{}}
 	}
 	return ctl.Stats()
+}
+
+// membershipReporter is a NIC that runs membership beside its provider
+// (fabric/ofi under LivenessSWIM; fabnet reports through NetStats).
+type membershipReporter interface {
+	MembershipStats() (members.Report, bool)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,4 +208,45 @@ func pingAvgMs(out string) (float64, bool) {
 	}
 	v, err := strconv.ParseFloat(m[1], 64)
 	return v, err == nil
+}
+
+// TestOFIClusterLiveness (issue #36, docs/fabric-ofi.md "Membership"):
+// three nodes on ofi:tcp with membership (exnd's default). A node whose
+// exnd is frozen while idle (SIGSTOP: its provider sockets stay open and
+// nobody sends to it, so the backend's own liveness never learns) is
+// reported down by both others within netFrozenBound, node 1's /metrics
+// counts it, and it is up again everywhere once it runs again.
+func TestOFIClusterLiveness(t *testing.T) {
+	testenv.RequirePrivileged(t, "ip")
+	const metrics = "127.0.0.1:9464"
+	c := nstest.StartUnderlayCluster(t, nstest.Build(t), "ofi:tcp", ofiPort, 34, []int{1, 2, 3}, "--metrics", metrics)
+	if err := c.WaitPeers(20*time.Second, c.Nodes...); err != nil {
+		t.Fatal(err)
+	}
+	// Membership converges by the joins' push-pull; give it a probe
+	// round so both others have node 3 as a member, not just as a peer.
+	testenv.Eventually(t, "membership converged", 10*time.Second, func() bool {
+		for _, n := range c.Nodes {
+			if sample(t, scrape(t, n, metrics), "exn_membership_members") != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	frozen := c.Nodes[2]
+	if err := frozen.Proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	d, err := nstest.SeenDown(c.Nodes[:2], frozen.ID, 50*time.Millisecond, netFrozenBound)
+	frozen.Proc.Signal(syscall.SIGCONT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("a frozen idle node seen down by both others in %v", d.Round(time.Millisecond))
+	if v := sample(t, scrape(t, c.Nodes[0], metrics), "exn_membership_declared_dead_total"); v < 1 {
+		t.Errorf("node 1: exn_membership_declared_dead_total %v, want >= 1", v)
+	}
+	if err := c.WaitPeers(20*time.Second, c.Nodes...); err != nil {
+		t.Fatalf("after it ran again: %v", err)
+	}
 }

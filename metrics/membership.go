@@ -31,7 +31,7 @@ func Membership(node fabric.NodeID, stats func() MembershipStats) prometheus.Col
 	b.counter("streams_total", "Membership streams opened either way (joins, anti-entropy, fallback probes).", func(s *S) uint64 { return s.Streams })
 	b.counter("foreign_total", "Membership datagrams and streams refused for coming from outside the peers table.", func(s *S) uint64 { return s.Foreign })
 	b.counter("dropped_total", "Membership datagrams and streams dropped because the earlier ones were not taken yet.", func(s *S) uint64 { return s.Dropped })
-	b.counter("declared_dead_total", "Sessions ended because membership declared their node dead.", func(s *S) uint64 { return s.DeclaredDead })
+	b.counter("declared_dead_total", "Nodes membership declared dead or saw leave (a session to one ends at once).", func(s *S) uint64 { return s.DeclaredDead })
 	b.gauge("members", "Nodes membership knows alive, this one included.", func(s *S) float64 { return float64(s.Members) })
 	b.gauge("sessions", "Fabric sessions up now (lazy sessions: only to the peers this node talks to).", func(s *S) float64 { return float64(s.Sessions) })
 	b.counter("peers_activated_total", "Peers whose session was first needed (a send, a post, a session either way, a dial request).", func(s *S) uint64 { return s.Activated })

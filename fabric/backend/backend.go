@@ -75,7 +75,10 @@ type Options struct {
 	// Logger receives backend log lines; nil means slog.Default().
 	Logger *slog.Logger
 	// Liveness is net's way of finding dead peers (fabnet.Config.Liveness:
-	// "swim", "heartbeat"; empty: its default). Ignored by the others.
+	// "swim", "heartbeat"; empty: its default). On ofi, "swim" or empty
+	// runs membership beside the provider when there is a peers file
+	// (ofi.Config.Liveness) and "heartbeat" keeps the backend's own
+	// liveness. mem and shm ignore it.
 	Liveness string
 	// Sessions is when net makes its sessions (fabnet.Config.Sessions:
 	// "lazy", "eager"; empty: its default). Ignored by the others.

@@ -21,7 +21,14 @@
 // asynchronous and reported only by notifications (Table 3.1, LastFrame
 // local addresses, error notifications to the requester).
 //
-// Liveness: heartbeats every Config.Heartbeat; a peer silent for
+// Sessions: under membership liveness (the default) a session is made
+// when a peer is first used, by either side (lazy.go: the higher ID asks
+// the lower to dial by a datagram), and multicast reaches members
+// without one by datagram; Config.Sessions = SessionsEager makes every
+// pair at start.
+//
+// Liveness: membership by SWIM (swim.go, fabric/members), the default;
+// or heartbeats every Config.Heartbeat, where a peer silent for
 // Config.DeadAfter (dead, or the connection half-open) is down: blocked
 // senders get fabric.ErrPeerDown, outstanding RMA an NErrPeerDown
 // notification. The dialler reconnects with backoff, so a restarted peer

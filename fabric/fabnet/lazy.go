@@ -226,7 +226,7 @@ func (n *NIC) sendDatagram(l *link, b []byte) bool {
 		}
 		to = ua.AddrPort()
 	}
-	if _, err := n.swim.udp.WriteToUDPAddrPort(b, to); err != nil {
+	if err := n.swim.WriteToAddrPort(b, to); err != nil {
 		n.faults.Warn("fabnet: datagram to peer", "peer", l.id, "err", err)
 		return false
 	}
@@ -284,7 +284,7 @@ func (n *NIC) datagramPeer(b []byte, from netip.AddrPort) (fabric.NodeID, bool) 
 		return 0, false
 	}
 	if err := n.checkPeer(id, net.UDPAddrFromAddrPort(from)); err != nil {
-		n.nctr.swimForeign.Add(1)
+		n.nctr.datagramForeign.Add(1)
 		n.faults.Warn("fabnet: datagram refused", "remote", from.String(), "err", err)
 		return 0, false
 	}

@@ -112,7 +112,7 @@ func TestLazyDatagramsBad(t *testing.T) {
 	if err := n.Join(7); err != nil {
 		t.Fatal(err)
 	}
-	to := n.swim.udp.LocalAddr().(*net.UDPAddr)
+	to := n.swim.LocalAddr().(*net.UDPAddr)
 	dialReq := func(node uint16) []byte {
 		b := []byte(dialReqMagic + "\x00\x00\x00\x00")
 		binary.LittleEndian.PutUint16(b[4:], node)

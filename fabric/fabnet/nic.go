@@ -72,7 +72,7 @@ type NIC struct {
 
 	// Under LivenessSWIM (swim.go); nil otherwise. Set by open before
 	// any session.
-	swim    *swimTransport
+	swim    *members.Transport
 	members *members.Members
 	// alive[id] is signalled when membership finds node id alive: its
 	// dialLoop or askLoop waits for that (fixed after open).
@@ -210,7 +210,7 @@ func (n *NIC) acceptLoop() {
 			h, err := n.acceptHandshake(c)
 			<-n.hsSem
 			if errors.Is(err, errSWIMStream) {
-				n.swim.accept(c)
+				n.swim.Accept(c)
 				return
 			}
 			if err != nil {

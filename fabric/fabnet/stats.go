@@ -1,6 +1,10 @@
 package fabnet
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/exn-project/exn/fabric/members"
+)
 
 // netCounters are the transport's own counters, beside fabric.Counters.
 type netCounters struct {
@@ -14,10 +18,7 @@ type netCounters struct {
 	dials, dialErrors atomic.Uint64
 	framesIn          atomic.Uint64
 	writes, bytesOut  atomic.Uint64
-	swimIn, swimOut   atomic.Uint64
-	swimStreams       atomic.Uint64
-	swimForeign       atomic.Uint64
-	swimDropped       atomic.Uint64
+	datagramForeign   atomic.Uint64 // lazy.go's datagrams from the wrong IP
 	swimDown          atomic.Uint64
 	// lazy sessions (lazy.go)
 	activated                     atomic.Uint64
@@ -78,9 +79,13 @@ type NetStats struct {
 // NetStats returns the transport counters.
 func (n *NIC) NetStats() NetStats {
 	c := &n.nctr
-	members := 0
+	alive := 0
 	if n.members != nil {
-		members = n.members.Stats().Alive
+		alive = n.members.Stats().Alive
+	}
+	var ts members.TransportStats
+	if n.swim != nil {
+		ts = n.swim.Stats()
 	}
 	sessions := 0
 	for _, s := range *n.sessions.Load() {
@@ -89,7 +94,7 @@ func (n *NIC) NetStats() NetStats {
 		}
 	}
 	return NetStats{
-		Members:      members,
+		Members:      alive,
 		Sessions:     sessions,
 		Activated:    c.activated.Load(),
 		ConnectWaits: c.connectWaits.Load(), ConnectTimeouts: c.connectTimeouts.Load(),
@@ -103,7 +108,7 @@ func (n *NIC) NetStats() NetStats {
 		StaleVELO: c.staleVELO.Load(),
 		Dials:     c.dials.Load(), DialErrors: c.dialErrors.Load(),
 		FramesIn: c.framesIn.Load(), Writes: c.writes.Load(), BytesOut: c.bytesOut.Load(),
-		SWIMIn: c.swimIn.Load(), SWIMOut: c.swimOut.Load(), SWIMStreams: c.swimStreams.Load(),
-		SWIMForeign: c.swimForeign.Load(), SWIMDropped: c.swimDropped.Load(), SWIMDown: c.swimDown.Load(),
+		SWIMIn: ts.In, SWIMOut: ts.Out, SWIMStreams: ts.Streams,
+		SWIMForeign: ts.Foreign + c.datagramForeign.Load(), SWIMDropped: ts.Dropped, SWIMDown: c.swimDown.Load(),
 	}
 }

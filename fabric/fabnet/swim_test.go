@@ -41,7 +41,7 @@ func TestSWIMForeign(t *testing.T) {
 	testenv.VerifyNoLeaks(t)
 	nics := cluster(t, 2, nil)
 	n := nics[0]
-	to := n.swim.udp.LocalAddr().(*net.UDPAddr)
+	to := n.swim.LocalAddr().(*net.UDPAddr)
 	// 127.0.0.2 is local on Linux, and no peers entry names it.
 	c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)}, to)
 	if err != nil {

@@ -15,12 +15,16 @@
 // are in docs/membership.md.
 //
 // The transport is the caller's (memberlist.Transport): packets and
-// streams between nodes by address. Nodes are named by their fabric node
-// ID in decimal.
+// streams between nodes by address. Transport (transport.go) is the one
+// the backends share: a UDP socket and TCP streams, every datagram and
+// stream checked against the peers' IPs, streams through the backend's
+// own port (fabric/fabnet) or the Transport's own listener (fabric/ofi).
+// Nodes are named by their fabric node ID in decimal.
 //
 // # Ownership and imports
 //
-// members owns the memberlist instance of one node, its tuning and the
-// translation of its events into fabric node IDs. It imports fabric and
+// members owns the memberlist instance of one node, its tuning, the
+// translation of its events into fabric node IDs, the shared transport
+// and the join loop. It imports fabric, internal/ratelog and
 // hashicorp/memberlist; fabric backends import it, never the reverse.
 package members

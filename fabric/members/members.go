@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -186,4 +187,55 @@ func (m *Members) change(n *memberlist.Node, alive bool) {
 	if m.onChange != nil {
 		m.onChange(id, alive)
 	}
+}
+
+// JoinLoop joins the cluster through up to joinSeeds random seeds at a
+// time until one answers, somebody joined through this node, or down
+// closes, backing off from joinBackoffMin to joinBackoffMax: the first
+// node up waits for the others. It returns at once without seeds.
+func (m *Members) JoinLoop(seeds []string, down <-chan struct{}) {
+	seeds = slices.Clone(seeds)
+	if len(seeds) == 0 {
+		return
+	}
+	backoff := joinBackoffMin
+	for {
+		rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+		if k, err := m.Join(seeds[:min(joinSeeds, len(seeds))]); err == nil && k > 0 {
+			return
+		}
+		if len(m.Peers()) > 0 {
+			return
+		}
+		select {
+		case <-time.After(backoff):
+		case <-down:
+			return
+		}
+		backoff = min(2*backoff, joinBackoffMax)
+	}
+}
+
+const (
+	// joinSeeds is how many random seeds one join attempt asks: any one
+	// that answers is enough, and asking all would cost a full-state
+	// exchange with each.
+	joinSeeds = 3
+	// joinBackoffMin and joinBackoffMax bound the wait between join
+	// attempts while no seed answered.
+	joinBackoffMin = 20 * time.Millisecond
+	joinBackoffMax = 5 * time.Second
+)
+
+// Report is a backend's membership counters in one value (a backend's
+// MembershipStats; the daemon turns it into metrics).
+type Report struct {
+	Transport TransportStats
+	Members   Stats
+	// DeclaredDead counts nodes membership declared dead or saw leave.
+	DeclaredDead uint64
+	// FromDead counts fabric packets dropped because they came from a
+	// node membership had declared dead (it comes back through
+	// membership).
+	FromDead uint64
 }

@@ -18,6 +18,7 @@ package members
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"syscall"
@@ -253,6 +254,15 @@ func (c *simCluster) rate(d time.Duration) (msgs, cpu float64) {
 	return float64(sent1-sent0) / float64(live) / el * c.scale, (cpuTime() - cpu0).Seconds() / float64(live) / el
 }
 
+// heapPerNode is the live heap after a collection, per node.
+func heapPerNode(n int) float64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc) / float64(n)
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -325,6 +335,10 @@ func BenchmarkSimulation(b *testing.B) {
 			t0 := time.Now()
 			c := startCluster(b, n)
 			b.Logf("%d nodes (time scale %g) converged in %v", n, c.scale, time.Since(t0).Round(time.Millisecond))
+			// Memory per node, each knowing n members: between two sizes
+			// it gives membership's cost per known member
+			// (docs/fabric-net.md "Memory per peer").
+			b.ReportMetric(heapPerNode(n), "heapB/node")
 			// The joins' gossip is retransmitted 4·log10(n+1) times by
 			// every node that learns it: let it drain before the idle
 			// rate is taken.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/members"
 	"github.com/exn-project/exn/fabric/peers"
 )
 
@@ -27,6 +28,15 @@ const (
 	// DefaultPort is the port the ofi backend listens on when a peers-file
 	// address has none (sockaddr providers such as tcp and verbs).
 	DefaultPort = 7471
+	// MembershipPortOffset puts a node's membership (Config.Liveness =
+	// LivenessSWIM) at its fabric port plus this, UDP and TCP: the tcp
+	// provider holds the fabric port's TCP side, and nodes of one host
+	// are given nearby fabric ports, so the offset is larger than a
+	// host's node count is expected to be.
+	MembershipPortOffset = 100
+	// LivenessSWIM (Config.Liveness) runs membership beside the
+	// provider.
+	LivenessSWIM = "swim"
 )
 
 // Config selects and tunes one node's libfabric NIC.
@@ -65,6 +75,16 @@ type Config struct {
 	// NoBundles sends every VELO message as its own provider message
 	// (bundle.go); the node still takes bundles from its peers.
 	NoBundles bool
+	// Liveness: LivenessSWIM runs membership (fabric/members: SWIM over
+	// UDP and TCP on this node's peers-file IP at its port plus
+	// MembershipPortOffset), so a peer that froze or vanished while idle
+	// is found within seconds and its callers released; it needs an IP
+	// literal in every peers-file line. Anything else (the default) keeps
+	// the backend's own liveness only: a goodbye from a closing peer, a
+	// failed send (docs/fabric-ofi.md, "Membership").
+	Liveness string
+	// SWIM tunes membership (the zero value: members.Fabric).
+	SWIM members.Profile
 	// Logger receives the backend's log lines; nil means slog.Default().
 	Logger *slog.Logger
 }

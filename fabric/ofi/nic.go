@@ -39,6 +39,7 @@ import (
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/internal/localq"
+	"github.com/exn-project/exn/fabric/members"
 	"github.com/exn-project/exn/internal/ratelog"
 )
 
@@ -95,6 +96,13 @@ type NIC struct {
 	epoch uint8
 
 	groups localq.Groups // multicast membership
+
+	// Membership (members.go) under LivenessSWIM; nil otherwise. Set by
+	// open.
+	members      *members.Members
+	mtransport   *members.Transport
+	declaredDead atomic.Uint64
+	fromDead     atomic.Uint64 // packets dropped from a node declared dead
 
 	peersMu sync.RWMutex
 	peers   map[fabric.NodeID]*peer
@@ -175,8 +183,11 @@ type peer struct {
 	// isUp is whether the peer is up: loaded without the mutex on every
 	// send and receive; written only under mu, with down.
 	isUp atomic.Bool
-	mu   sync.Mutex
-	down chan struct{} // closed when the peer goes down; replaced when it returns
+	// deadByMembership: membership declared it dead (members.go); its
+	// packets do not bring it back until membership sees it alive.
+	deadByMembership atomic.Bool
+	mu               sync.Mutex
+	down             chan struct{} // closed when the peer goes down; replaced when it returns
 }
 
 // enter marks a libfabric call to p in progress; it fails if p is down.
@@ -301,6 +312,12 @@ func open(cfg Config) (*NIC, error) {
 	n.ctlIdle.Store(true)
 	n.wg.Add(1)
 	go n.background()
+	if cfg.Liveness == LivenessSWIM {
+		if err := n.startMembers(); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
 	for _, p := range n.peerList() {
 		n.sendCtl(p.node, header{typ: pHello}, nil)
 	}
@@ -556,6 +573,7 @@ func (n *NIC) peerUp(p *peer) {
 		return
 	}
 	p.isUp.Store(true)
+	p.deadByMembership.Store(false)
 	p.down = make(chan struct{})
 	p.mu.Unlock()
 	n.forgetBell(p)
@@ -616,6 +634,11 @@ func (n *NIC) Stats() fabric.Stats { return n.ctr.Snapshot() }
 func (n *NIC) Close() error {
 	if !localq.Shut(&n.mu, &n.closed, nil) {
 		return nil
+	}
+	if n.members != nil {
+		// Peers mark us left at once instead of probing us dead; this
+		// also shuts the membership transport down.
+		n.members.Leave(leaveTimeout)
 	}
 	n.eps.Each(func(e *endpoint) { e.Close() })
 	var told []*peer

@@ -60,6 +60,14 @@ func (n *NIC) receive(b []byte, src uint64) {
 		return
 	}
 	if !p.isUp.Load() {
+		if p.deadByMembership.Load() && !n.members.Alive(p.node) {
+			// A node membership declared dead (frozen, then thawed)
+			// comes back through membership, not through its stale
+			// traffic: everything bound to it was already released.
+			n.fromDead.Add(1)
+			n.faults.Warn("ofi packet from a node membership declared dead dropped", "peer", p.node)
+			return
+		}
 		n.peerUp(p)
 	}
 	n.dispatch(h, p.node, b[headerSize:])
