@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -233,20 +232,5 @@ func TestOFIClusterLiveness(t *testing.T) {
 		}
 		return true
 	})
-	frozen := c.Nodes[2]
-	if err := frozen.Proc.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	d, err := nstest.SeenDown(c.Nodes[:2], frozen.ID, 50*time.Millisecond, netFrozenBound)
-	frozen.Proc.Signal(syscall.SIGCONT)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("a frozen idle node seen down by both others in %v", d.Round(time.Millisecond))
-	if v := sample(t, scrape(t, c.Nodes[0], metrics), "exn_membership_declared_dead_total"); v < 1 {
-		t.Errorf("node 1: exn_membership_declared_dead_total %v, want >= 1", v)
-	}
-	if err := c.WaitPeers(20*time.Second, c.Nodes...); err != nil {
-		t.Fatalf("after it ran again: %v", err)
-	}
+	frozenSeenDown(t, c, c.Nodes[2], metrics)
 }
