@@ -25,6 +25,6 @@
 //
 // members owns the memberlist instance of one node, its tuning, the
 // translation of its events into fabric node IDs, the shared transport
-// and the join loop. It imports fabric, internal/ratelog and
-// hashicorp/memberlist; fabric backends import it, never the reverse.
+// and the join loop. It imports fabric, internal/ratelog, internal/sys,
+// x/sys/unix and hashicorp/memberlist; fabric backends import it, never the reverse.
 package members

@@ -14,6 +14,11 @@ package members
 //	   read with a deadline, at most maxAccepts at once) or are handed in
 //	   with Accept by a backend that read the magic on its own port
 //
+// Datagrams are read and sent by raw recvfrom and sendto on the
+// non-blocking socket, parked in the netpoller between them
+// (internal/sys/rawdgram_linux.go says why: an idle node's datagram
+// then wakes no second thread).
+//
 // Goroutines: readLoop, and acceptLoop with its per-stream checks when
 // the Transport has a listener, are started by Start and owned by the
 // Transport: Shutdown (memberlist calls it when Members closes) stops and
@@ -27,15 +32,19 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"golang.org/x/sys/unix"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/internal/ratelog"
+	"github.com/exn-project/exn/internal/sys"
 )
 
 const (
@@ -100,6 +109,8 @@ type TransportStats struct {
 // are safe for concurrent use.
 type Transport struct {
 	cfg     TransportConfig
+	rc      syscall.RawConn // cfg.UDP's: raw datagram calls (readLoop, send)
+	v6      bool            // cfg.UDP is an AF_INET6 socket
 	allowed map[netip.Addr]bool // nil: nothing checked
 	packets chan *memberlist.Packet
 	streams chan net.Conn
@@ -129,6 +140,12 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 		down:    make(chan struct{}),
 	}
 	t.faults.Init(cfg.Logger, faultInterval)
+	rc, err := cfg.UDP.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("members: transport socket: %w", err)
+	}
+	t.rc = rc
+	rc.Control(func(fd uintptr) { t.v6 = sys.SockIs6(int(fd)) })
 	return t, nil
 }
 
@@ -177,17 +194,56 @@ func (t *Transport) LocalAddr() net.Addr { return t.cfg.UDP.LocalAddr() }
 
 // WriteToAddrPort sends a backend's own datagram from the membership
 // socket (not counted as memberlist's).
-func (t *Transport) WriteToAddrPort(b []byte, to netip.AddrPort) error {
-	_, err := t.cfg.UDP.WriteToUDPAddrPort(b, to)
-	return err
+func (t *Transport) WriteToAddrPort(b []byte, to netip.AddrPort) error { return t.send(b, to) }
+
+// send sends one datagram by a raw sendto (internal/sys/rawdgram_linux.go:
+// no scheduler bookkeeping, so an idle node's send wakes no second
+// thread), waiting in the netpoller while the socket buffer is full.
+func (t *Transport) send(b []byte, to netip.AddrPort) error {
+	var serr error
+	err := t.rc.Write(func(fd uintptr) bool {
+		serr = sys.SendtoRaw(int(fd), t.v6, b, to)
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	if serr != nil {
+		return &net.OpError{Op: "write", Net: "udp", Addr: net.UDPAddrFromAddrPort(to), Err: os.NewSyscallError("sendto", serr)}
+	}
+	return nil
+}
+
+// recv reads one datagram into b by a raw recvfrom, parked in the
+// netpoller while none is queued.
+func (t *Transport) recv(b []byte) (int, netip.AddrPort, error) {
+	var k int
+	var from netip.AddrPort
+	var rerr error
+	err := t.rc.Read(func(fd uintptr) bool {
+		k, from, rerr = sys.RecvfromRaw(int(fd), b)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		return 0, from, err
+	}
+	if rerr != nil {
+		return 0, from, os.NewSyscallError("recvfrom", rerr)
+	}
+	return k, from, nil
 }
 
 func (t *Transport) readLoop() {
 	defer t.wg.Done()
 	buf := make([]byte, packetMax)
 	for {
-		k, from, err := t.cfg.UDP.ReadFromUDPAddrPort(buf)
+		k, from, err := t.recv(buf)
 		if err != nil {
+			select {
+			case <-t.down:
+				return
+			default:
+			}
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -301,7 +357,7 @@ func (t *Transport) WriteTo(b []byte, addr string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("members: address %q: %w", addr, err)
 	}
 	t.out.Add(1)
-	_, err = t.cfg.UDP.WriteToUDPAddrPort(b, ap)
+	err = t.send(b, ap)
 	return time.Now(), err
 }
 
