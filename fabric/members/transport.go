@@ -109,8 +109,8 @@ type TransportStats struct {
 // are safe for concurrent use.
 type Transport struct {
 	cfg     TransportConfig
-	rc      syscall.RawConn // cfg.UDP's: raw datagram calls (readLoop, send)
-	v6      bool            // cfg.UDP is an AF_INET6 socket
+	rc      syscall.RawConn     // cfg.UDP's: raw datagram calls (readLoop, send)
+	v6      bool                // cfg.UDP is an AF_INET6 socket
 	allowed map[netip.Addr]bool // nil: nothing checked
 	packets chan *memberlist.Packet
 	streams chan net.Conn
