@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,10 +22,13 @@ import (
 func BenchmarkPeerMemory(b *testing.B) {
 	for range b.N {
 		known := (knownHeap(b, 1024) - knownHeap(b, 16)) / (1024 - 16)
-		heap, gs := activeCost(b, 8)
+		heap, gs, first, asked, again := activeCost(b, 8)
 		b.ReportMetric(known, "B/known-peer")
 		b.ReportMetric(heap, "B/active-peer")
 		b.ReportMetric(gs, "goroutines/active-peer")
+		b.ReportMetric(float64(first.Microseconds()), "µs-first-send")
+		b.ReportMetric(float64(asked.Microseconds()), "µs-first-send-asked")
+		b.ReportMetric(float64(again.Microseconds()), "µs-next-send")
 	}
 }
 
@@ -59,8 +63,13 @@ func knownHeap(b *testing.B, k int) float64 {
 
 // activeCost starts 1+a nodes, lets membership settle, and measures the
 // heap and goroutines that node 1's first message to each of the a
-// others adds: a sessions, two ends each.
-func activeCost(b *testing.B, a int) (heap, goroutines float64) {
+// others adds (a sessions, two ends each), and the median time of such
+// a first message's round (send, the other end has it) against one on
+// another VPID pair of the same two nodes afterwards (a first credit
+// grant in both, the session in the first only). asked is the same
+// first round from the highest node to the others but node 1: lower
+// nodes, so each session comes by a dial request.
+func activeCost(b *testing.B, a int) (heap, goroutines float64, first, asked, again time.Duration) {
 	lns := make([]net.Listener, 1+a)
 	addrs := map[fabric.NodeID]string{}
 	for i := range lns {
@@ -82,8 +91,11 @@ func activeCost(b *testing.B, a int) (heap, goroutines float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g0, h0 := runtime.NumGoroutine(), heapNow()
+	var firsts []time.Duration
 	for _, ep := range eps[1:] {
+		t0 := time.Now()
 		fabrictest.SendRecv(b, ctx, eps[0], ep)
+		firsts = append(firsts, time.Since(t0))
 	}
 	for _, n := range nics[1:] {
 		if s := n.NetStats().Sessions; s != 1 {
@@ -91,5 +103,19 @@ func activeCost(b *testing.B, a int) (heap, goroutines float64) {
 		}
 	}
 	h1, g1 := heapNow(), runtime.NumGoroutine()
-	return (h1 - h0) / float64(2*a), float64(g1-g0) / float64(2*a)
+	var agains []time.Duration
+	for i, n := range nics[1:] {
+		from, to := fabrictest.OpenEP(b, nics[0], fabric.VPID(6+i)), fabrictest.OpenEP(b, n, fabric.VPID(6+i))
+		t0 := time.Now()
+		fabrictest.SendRecv(b, ctx, from, to)
+		agains = append(agains, time.Since(t0))
+	}
+	var askeds []time.Duration
+	for _, ep := range eps[1:a] {
+		t0 := time.Now()
+		fabrictest.SendRecv(b, ctx, eps[a], ep)
+		askeds = append(askeds, time.Since(t0))
+	}
+	med := func(ds []time.Duration) time.Duration { slices.Sort(ds); return ds[len(ds)/2] }
+	return (h1 - h0) / float64(2*a), float64(g1-g0) / float64(2*a), med(firsts), med(askeds), med(agains)
 }
