@@ -135,7 +135,15 @@ func (n *NIC) sessionTo(ctx context.Context, id fabric.NodeID) (*session, error)
 		return s, err
 	}
 	l := n.links[id]
-	if l == nil || l.wasUp.Load() || !n.members.Alive(id) {
+	if l == nil {
+		return nil, err
+	}
+	if l.wasUp.Load() {
+		// Up before, or up just since the lookup: install publishes the
+		// session before it sets wasUp, so a second look decides.
+		return n.lookup(id)
+	}
+	if !n.members.Alive(id) {
 		return nil, err
 	}
 	n.activate(id)
@@ -151,7 +159,10 @@ func (n *NIC) sessionTo(ctx context.Context, id fabric.NodeID) (*session, error)
 		if s, err = n.lookup(id); err == nil {
 			return s, nil
 		}
-		if l.wasUp.Load() || !n.members.Alive(id) {
+		if l.wasUp.Load() {
+			return n.lookup(id) // as above
+		}
+		if !n.members.Alive(id) {
 			return nil, err
 		}
 		select {
@@ -210,27 +221,27 @@ func (n *NIC) askDial(l *link) {
 	var b [dialReqSize]byte
 	copy(b[:], dialReqMagic)
 	binary.LittleEndian.PutUint16(b[4:6], uint16(n.id))
-	if n.sendDatagram(l, b[:]) {
-		n.nctr.dialAsks.Add(1)
-	}
+	// Counted before it leaves: the session it brings may be up before
+	// this goroutine runs again.
+	n.nctr.dialAsks.Add(1)
+	n.sendDatagram(l, b[:])
 }
 
-// sendDatagram sends b to l's membership socket; false if it could not.
-func (n *NIC) sendDatagram(l *link, b []byte) bool {
+// sendDatagram sends b to l's membership socket; a failure is logged
+// (rate-limited) and the datagram is lost, as on a full network.
+func (n *NIC) sendDatagram(l *link, b []byte) {
 	to := l.udp
 	if !to.IsValid() {
 		ua, err := net.ResolveUDPAddr("udp", n.cfg.Peers[l.id])
 		if err != nil {
 			n.faults.Warn("fabnet: peer address", "peer", l.id, "err", err)
-			return false
+			return
 		}
 		to = ua.AddrPort()
 	}
 	if err := n.swim.WriteToAddrPort(b, to); err != nil {
 		n.faults.Warn("fabnet: datagram to peer", "peer", l.id, "err", err)
-		return false
 	}
-	return true
 }
 
 // sendMulticastDatagrams sends m (from VPID a) to every member alive
@@ -250,9 +261,8 @@ func (n *NIC) sendMulticastDatagrams(a fabric.VPID, m *fabric.Message, sessions 
 		if !n.members.Alive(id) {
 			continue
 		}
-		if n.sendDatagram(l, b[:k]) {
-			n.nctr.mcastOut.Add(1)
-		}
+		n.nctr.mcastOut.Add(1) // before it leaves, as dialAsks
+		n.sendDatagram(l, b[:k])
 	}
 }
 

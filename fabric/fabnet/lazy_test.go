@@ -3,8 +3,12 @@ package fabnet
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,4 +249,82 @@ func FuzzDatagram(f *testing.F) {
 			t.Fatalf("%x activated lower node 1", b)
 		}
 	})
+}
+
+// TestLazyMixed: node 3 makes sessions eagerly (as an exnd from before
+// lazy sessions does: it never sends a dial request). Lazy nodes 1 and 2
+// read that from its membership metadata and dial it when they see it
+// alive, so its first Sends reach both; between the lazy nodes nothing
+// is made until used.
+func TestLazyMixed(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	nics := cluster(t, 3, func(c *Config) {
+		if c.Node == 3 {
+			c.Sessions = SessionsEager
+		}
+	})
+	waitMembers(t, nics)
+	waitUntil(t, "node 3's sessions", func() bool { return nics[2].NetStats().Sessions == 2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eps := make([]fabric.Endpoint, len(nics))
+	for i, n := range nics {
+		eps[i] = fabrictest.OpenEP(t, n, 5)
+	}
+	fabrictest.SendRecv(t, ctx, eps[2], eps[0])
+	fabrictest.SendRecv(t, ctx, eps[2], eps[1])
+	for _, n := range nics[:2] {
+		if s := n.NetStats(); s.Sessions != 1 || s.DialAsked != 0 {
+			t.Errorf("lazy node %d: %+v, want one session (node 3's), no dial request", n.id, s)
+		}
+	}
+	if s := nics[2].NetStats(); s.DialAsks != 0 || s.ConnectWaits != 0 {
+		t.Errorf("eager node 3 asked or waited: %+v", s)
+	}
+}
+
+// TestLazyFirstSends: while node 2's session to node 1 comes up, eight
+// goroutines ask sessionTo for it over and over (with a cancelled ctx,
+// so no call waits): each answer is a session or the ctx's error, never
+// ErrPeerDown. One used to: it found the session just installed but not
+// yet visible, then wasUp set, and reported the peer down (the
+// conformance suite's VELOOrder lost a sender that way about once in
+// twenty runs under the race detector).
+func TestLazyFirstSends(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	for round := range 4 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			nics := cluster(t, 2, nil)
+			waitMembers(t, nics)
+			n := nics[1]
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			var down atomic.Int64
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if _, err := n.sessionTo(done, 1); errors.Is(err, fabric.ErrPeerDown) {
+							down.Add(1)
+						}
+					}
+				}()
+			}
+			waitUntil(t, "the session", func() bool { return n.NetStats().Sessions == 1 })
+			time.Sleep(10 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+			if d := down.Load(); d != 0 {
+				t.Errorf("%d calls reported a peer down while its first session came up", d)
+			}
+		})
+	}
 }

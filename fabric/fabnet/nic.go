@@ -401,10 +401,13 @@ func (n *NIC) install(c net.Conn, h hello) *session {
 	}
 	old := n.session(h.node)
 	s := newSession(n, c, h)
-	if l := n.links[h.node]; l != nil {
-		l.wasUp.Store(true) // before the table: reachable never sees a gap
-	}
 	n.replaceLocked(h.node, s)
+	if l := n.links[h.node]; l != nil {
+		// After the table, under mu: whoever sees wasUp also sees the
+		// session (sessionTo looks again then; TestLazyFirstSends), and
+		// reachable sees the live session in between.
+		l.wasUp.Store(true)
+	}
 	n.wg.Add(1)
 	n.mu.Unlock()
 	n.activate(h.node) // lazy sessions: its keeper brings it back if it ends

@@ -66,9 +66,10 @@ type NetStats struct {
 	// session keeper started (first use, either side); ConnectWaits the
 	// Sends and Posts that waited for a first session and
 	// ConnectTimeouts those that gave up after connectWait; DialAsks the
-	// dial requests sent to lower peers and DialAsked those received;
-	// MulticastOut and MulticastIn the multicast datagrams sent to and
-	// taken from members without a session, and MulticastDropped those
+	// dial requests sent to lower peers (counted as they are handed to
+	// the socket) and DialAsked those received; MulticastOut and
+	// MulticastIn the multicast datagrams sent to (likewise) and taken
+	// from members without a session, and MulticastDropped those
 	// that found the mailbox full; BadDatagrams the dial requests and
 	// multicast datagrams refused as malformed or from a node that may
 	// not send them (a wrong source IP counts in SWIMForeign).

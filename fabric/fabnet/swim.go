@@ -44,6 +44,12 @@ const (
 	// swimMagic opens a membership stream on the fabric port, where a
 	// session's hello says "EXNF".
 	swimMagic = "EXNM"
+	// metaLazy, in the first byte of a node's membership metadata: it
+	// makes sessions on first use, so it sends and takes dial requests
+	// and multicast datagrams (lazy.go). A node without it (eager, or an
+	// exnd from before lazy sessions) is dialled by lazy lower nodes as
+	// soon as membership sees it.
+	metaLazy = 1 << 0
 	// leaveTimeout bounds how long Close waits for its leave to spread.
 	leaveTimeout = 250 * time.Millisecond
 	// sessionUserTimeout is the session sockets' TCP_USER_TIMEOUT: data
@@ -82,9 +88,13 @@ func (n *NIC) startSWIM() error {
 		return err
 	}
 	n.swim = t
+	var meta byte
+	if n.links != nil {
+		meta |= metaLazy
+	}
 	m, err := members.New(members.Config{
 		Node: n.id, Transport: t, Profile: n.cfg.SWIM, Logger: n.cfg.Logger,
-		OnChange: n.memberChanged,
+		OnChange: n.memberChanged, Meta: []byte{meta},
 	})
 	if err != nil {
 		t.Shutdown()
@@ -135,6 +145,11 @@ func (n *NIC) memberChanged(node fabric.NodeID, alive bool) {
 		case n.alive[node] <- struct{}{}: // its dialLoop or askLoop may go on
 		default:
 		}
+		if node > n.id && !n.peerLazy(node) {
+			// It will never ask us to dial (eager, or an exnd from
+			// before lazy sessions): dial it now, as eager nodes do.
+			n.activate(node)
+		}
 		return
 	}
 	n.nctr.swimDown.Add(1)
@@ -153,4 +168,10 @@ func (n *NIC) joinLoop() {
 		}
 	}
 	n.members.JoinLoop(seeds, n.down)
+}
+
+// peerLazy says whether node advertised metaLazy.
+func (n *NIC) peerLazy(node fabric.NodeID) bool {
+	b, ok := n.members.Meta(node)
+	return ok && len(b) > 0 && b[0]&metaLazy != 0
 }

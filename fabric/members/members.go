@@ -31,8 +31,12 @@ type Config struct {
 	// OnChange, if set, is called when a node becomes alive (joined) or
 	// not (dead or left), from memberlist's goroutines, one call at a
 	// time and in the order the changes happened. It must not block or
-	// call back into Members.
+	// call back into Members except for Alive and Meta.
 	OnChange func(node fabric.NodeID, alive bool)
+	// Meta, if set, is this node's metadata (at most
+	// memberlist.MetaMaxSize bytes): what it can do, for the others to
+	// read with Meta. Fixed for the node's life.
+	Meta []byte
 }
 
 // Stats counts membership changes this node saw.
@@ -51,6 +55,7 @@ type Members struct {
 
 	mu    sync.Mutex
 	alive map[fabric.NodeID]bool
+	metas map[fabric.NodeID][]byte // of the alive nodes
 	st    Stats
 
 	stop    sync.Mutex // serialises Leave and Close
@@ -67,11 +72,17 @@ func New(cfg Config) (*Members, error) {
 	if p == (Profile{}) {
 		p = Fabric
 	}
-	m := &Members{self: cfg.Node, onChange: cfg.OnChange, alive: make(map[fabric.NodeID]bool)}
+	if len(cfg.Meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("members: %d bytes of metadata > %d: %w", len(cfg.Meta), memberlist.MetaMaxSize, fabric.ErrInvalid)
+	}
+	m := &Members{self: cfg.Node, onChange: cfg.OnChange, alive: make(map[fabric.NodeID]bool), metas: make(map[fabric.NodeID][]byte)}
 	c := memberlist.DefaultLANConfig()
 	c.Name = Name(cfg.Node)
 	c.Transport = cfg.Transport
 	c.Events = events{m}
+	if cfg.Meta != nil {
+		c.Delegate = metaDelegate(slices.Clone(cfg.Meta))
+	}
 	p.apply(c)
 	if cfg.Logger != nil {
 		c.Logger = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)
@@ -163,7 +174,44 @@ type events struct{ m *Members }
 
 func (e events) NotifyJoin(n *memberlist.Node)   { e.m.change(n, true) }
 func (e events) NotifyLeave(n *memberlist.Node)  { e.m.change(n, false) }
-func (e events) NotifyUpdate(n *memberlist.Node) {}
+func (e events) NotifyUpdate(n *memberlist.Node) { e.m.updateMeta(n) }
+
+// Meta returns what node id advertised (Config.Meta) while it is alive;
+// false for a node not alive. A node that advertised nothing (an older
+// exnd) gives an empty slice.
+func (m *Members) Meta(id fabric.NodeID) ([]byte, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.metas[id]
+	return b, ok && m.alive[id]
+}
+
+func (m *Members) updateMeta(n *memberlist.Node) {
+	v, err := strconv.ParseUint(n.Name, 10, 16)
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	if m.alive[fabric.NodeID(v)] {
+		m.metas[fabric.NodeID(v)] = slices.Clone(n.Meta)
+	}
+	m.mu.Unlock()
+}
+
+// metaDelegate is memberlist.Delegate for a node that only advertises
+// metadata: no user messages, broadcasts or state of its own.
+type metaDelegate []byte
+
+func (d metaDelegate) NodeMeta(limit int) []byte {
+	if len(d) > limit {
+		return nil
+	}
+	return d
+}
+func (metaDelegate) NotifyMsg([]byte)                {}
+func (metaDelegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (metaDelegate) LocalState(bool) []byte          { return nil }
+func (metaDelegate) MergeRemoteState([]byte, bool)   {}
 
 func (m *Members) change(n *memberlist.Node, alive bool) {
 	v, err := strconv.ParseUint(n.Name, 10, 16)
@@ -178,9 +226,11 @@ func (m *Members) change(n *memberlist.Node, alive bool) {
 	}
 	if alive {
 		m.alive[id] = true
+		m.metas[id] = slices.Clone(n.Meta)
 		m.st.Joins++
 	} else {
 		delete(m.alive, id)
+		delete(m.metas, id)
 		m.st.Leaves++
 	}
 	m.mu.Unlock()
