@@ -58,22 +58,20 @@ func (d *Daemon) startMetrics() error {
 	if d.attachStats != nil {
 		cs = append(cs, metrics.Attach(d.cfg.Node, d.attachStats))
 	}
-	if n, ok := d.nic.(*fabnet.NIC); ok && n.NetStats().Members > 0 {
-		cs = append(cs, metrics.Membership(d.cfg.Node, func() metrics.MembershipStats {
-			s := n.NetStats()
-			return metrics.MembershipStats{DatagramsIn: s.SWIMIn, DatagramsOut: s.SWIMOut, Streams: s.SWIMStreams,
-				Foreign: s.SWIMForeign, Dropped: s.SWIMDropped, DeclaredDead: s.SWIMDown, Members: s.Members,
-				Sessions: s.Sessions, Activated: s.Activated, ConnectTimeouts: s.ConnectTimeouts,
-				DialAsks: s.DialAsks, DialAsked: s.DialAsked, MulticastOut: s.MulticastOut, MulticastIn: s.MulticastIn,
-				MulticastDropped: s.MulticastDropped, BadDatagrams: s.BadDatagrams}
-		}))
-	}
 	if r, ok := d.nic.(membershipReporter); ok {
 		if _, on := r.MembershipStats(); on {
+			fab, _ := d.nic.(*fabnet.NIC) // net also has its sessions' counters
 			cs = append(cs, metrics.Membership(d.cfg.Node, func() metrics.MembershipStats {
-				s, _ := r.MembershipStats()
-				return metrics.MembershipStats{DatagramsIn: s.Transport.In, DatagramsOut: s.Transport.Out, Streams: s.Transport.Streams,
-					Foreign: s.Transport.Foreign, Dropped: s.Transport.Dropped, DeclaredDead: s.DeclaredDead, Members: s.Members.Alive}
+				r, _ := r.MembershipStats()
+				s := metrics.MembershipStats{DatagramsIn: r.Transport.In, DatagramsOut: r.Transport.Out, Streams: r.Transport.Streams,
+					Foreign: r.Transport.Foreign, Dropped: r.Transport.Dropped, DeclaredDead: r.DeclaredDead, Members: r.Members.Alive}
+				if fab != nil {
+					n := fab.NetStats()
+					s.Sessions, s.Activated, s.ConnectTimeouts = n.Sessions, n.Activated, n.ConnectTimeouts
+					s.DialAsks, s.DialAsked, s.MulticastOut, s.MulticastIn = n.DialAsks, n.DialAsked, n.MulticastOut, n.MulticastIn
+					s.MulticastDropped, s.BadDatagrams = n.MulticastDropped, n.BadDatagrams
+				}
+				return s
 			}))
 		}
 	}
@@ -415,8 +413,8 @@ func (d *Daemon) controlStats() control.ServerStats {
 	return ctl.Stats()
 }
 
-// membershipReporter is a NIC that runs membership beside its provider
-// (fabric/ofi under LivenessSWIM; fabnet reports through NetStats).
+// membershipReporter is a NIC that runs membership (fabric/fabnet and
+// fabric/ofi under their swim liveness).
 type membershipReporter interface {
 	MembershipStats() (members.Report, bool)
 }

@@ -128,42 +128,42 @@ func (n *NIC) reachable(id fabric.NodeID) bool {
 
 // sessionTo returns the live session to id. Under lazy sessions, for a
 // peer alive by membership that has had no session yet, it starts one
-// and waits for it: at most connectWait, ctx (nil: none) and Close.
+// and waits for it: at most connectWait, ctx (nil: none) and Close. The
+// path with a session takes no lock.
 func (n *NIC) sessionTo(ctx context.Context, id fabric.NodeID) (*session, error) {
 	s, err := n.lookup(id)
-	if err == nil || n.links == nil {
-		return s, err
+	if l := n.links[id]; err != nil && l != nil {
+		return n.awaitSession(ctx, l, err)
 	}
-	l := n.links[id]
-	if l == nil {
-		return nil, err
-	}
-	if l.wasUp.Load() {
-		// Up before, or up just since the lookup: install publishes the
-		// session before it sets wasUp, so a second look decides.
-		return n.lookup(id)
-	}
-	if !n.members.Alive(id) {
-		return nil, err
-	}
-	n.activate(id)
-	n.nctr.connectWaits.Add(1)
-	t := time.NewTimer(connectWait)
-	defer t.Stop()
+	return s, err
+}
+
+// awaitSession is sessionTo without a live session; err is lookup's.
+func (n *NIC) awaitSession(ctx context.Context, l *link, err error) (*session, error) {
 	var done <-chan struct{}
 	if ctx != nil {
 		done = ctx.Done()
 	}
+	var t *time.Timer
 	for {
-		ch := n.PeersChanged() // before the check: no change is missed
-		if s, err = n.lookup(id); err == nil {
-			return s, nil
-		}
+		// Install publishes the session before it sets wasUp, so a
+		// peer that was (or just came) up is decided by one more look.
 		if l.wasUp.Load() {
-			return n.lookup(id) // as above
+			return n.lookup(l.id)
 		}
-		if !n.members.Alive(id) {
+		if !n.members.Alive(l.id) {
 			return nil, err
+		}
+		if t == nil {
+			n.activate(l.id)
+			n.nctr.connectWaits.Add(1)
+			t = time.NewTimer(connectWait)
+			defer t.Stop()
+		}
+		ch := n.PeersChanged() // before the look: no change is missed
+		var s *session
+		if s, err = n.lookup(l.id); err == nil {
+			return s, nil
 		}
 		select {
 		case <-ch:
@@ -171,9 +171,9 @@ func (n *NIC) sessionTo(ctx context.Context, id fabric.NodeID) (*session, error)
 			return nil, ctx.Err()
 		case <-t.C:
 			n.nctr.connectTimeouts.Add(1)
-			return nil, fmt.Errorf("fabnet: node %d: no session within %v: %w", id, connectWait, fabric.ErrPeerDown)
+			return nil, fmt.Errorf("fabnet: node %d: no session within %v: %w", l.id, connectWait, fabric.ErrPeerDown)
 		case <-n.down:
-			return nil, fmt.Errorf("fabnet: node %d: %w", id, net.ErrClosed)
+			return nil, fmt.Errorf("fabnet: node %d: %w", l.id, net.ErrClosed)
 		}
 	}
 }
@@ -185,12 +185,8 @@ func (n *NIC) askLoop(l *link, alive <-chan struct{}) {
 	defer n.wg.Done()
 	backoff := backoffMin
 	for !n.closed.Load() {
-		for !n.members.Alive(l.id) {
-			select {
-			case <-alive:
-			case <-n.down:
-				return
-			}
+		if !n.awaitAlive(l.id, alive) {
+			return
 		}
 		ch := n.PeersChanged()
 		if s := n.session(l.id); s != nil && !s.isDead() {
@@ -288,14 +284,18 @@ func (n *NIC) rxDatagram(b []byte, from netip.AddrPort, m *fabric.Message) bool 
 // this node, sending from its entry's IP.
 func (n *NIC) datagramPeer(b []byte, from netip.AddrPort) (fabric.NodeID, bool) {
 	id := fabric.NodeID(binary.LittleEndian.Uint16(b[4:6]))
-	if n.links[id] == nil {
+	l := n.links[id]
+	if l == nil {
 		n.nctr.badDatagrams.Add(1)
 		n.faults.Warn("fabnet: datagram from a node not in the peers table", "node", id, "remote", from.String())
 		return 0, false
 	}
-	if err := n.checkPeer(id, net.UDPAddrFromAddrPort(from)); err != nil {
+	// l.udp is the entry parsed once (initLinks); an entry that is a
+	// host name or unspecified is not compared, as checkPeer does for
+	// connections.
+	if want := l.udp.Addr(); l.udp.IsValid() && !want.IsUnspecified() && from.Addr().Unmap() != want {
 		n.nctr.datagramForeign.Add(1)
-		n.faults.Warn("fabnet: datagram refused", "remote", from.String(), "err", err)
+		n.faults.Warn("fabnet: datagram refused", "node", id, "remote", from.String(), "peers says", want.String())
 		return 0, false
 	}
 	return id, true

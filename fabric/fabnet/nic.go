@@ -287,16 +287,11 @@ func (n *NIC) checkPeer(node fabric.NodeID, remote net.Addr) error {
 	if err != nil || want.IsUnspecified() {
 		return nil // a host name: nothing to compare without a lookup
 	}
-	var ip net.IP
-	switch a := remote.(type) {
-	case *net.TCPAddr:
-		ip = a.IP
-	case *net.UDPAddr: // lazy.go's datagrams
-		ip = a.IP
-	default:
+	ta, ok := remote.(*net.TCPAddr)
+	if !ok {
 		return nil
 	}
-	got, _ := netip.AddrFromSlice(ip)
+	got, _ := netip.AddrFromSlice(ta.IP)
 	if got.Unmap() != want.Unmap() {
 		return fmt.Errorf("node %d connected from %v, peers says %v: %w", node, got, want, errWrongNode)
 	}
@@ -313,12 +308,8 @@ func (n *NIC) dialLoop(id fabric.NodeID, addr string, alive <-chan struct{}) {
 		// Under membership liveness a node it does not know alive (not
 		// joined yet, or declared dead) is not dialled: no session to a
 		// dead node comes back until membership sees the node again.
-		for n.members != nil && !n.members.Alive(id) {
-			select {
-			case <-alive:
-			case <-n.down:
-				return
-			}
+		if n.members != nil && !n.awaitAlive(id, alive) {
+			return
 		}
 		n.nctr.dials.Add(1)
 		c, err := d.DialContext(ctx, "tcp", addr)
@@ -355,6 +346,19 @@ func (n *NIC) dialLoop(id fabric.NodeID, addr string, alive <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// awaitAlive waits until membership knows node id alive (alive is its
+// signal, memberChanged); false if the NIC closed first.
+func (n *NIC) awaitAlive(id fabric.NodeID, alive <-chan struct{}) bool {
+	for !n.members.Alive(id) {
+		select {
+		case <-alive:
+		case <-n.down:
+			return false
+		}
+	}
+	return true
 }
 
 func (n *NIC) dialHandshake(ctx context.Context, c net.Conn, want fabric.NodeID) (hello, error) {

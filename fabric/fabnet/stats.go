@@ -80,14 +80,8 @@ type NetStats struct {
 // NetStats returns the transport counters.
 func (n *NIC) NetStats() NetStats {
 	c := &n.nctr
-	alive := 0
-	if n.members != nil {
-		alive = n.members.Stats().Alive
-	}
-	var ts members.TransportStats
-	if n.swim != nil {
-		ts = n.swim.Stats()
-	}
+	r, _ := n.MembershipStats() // zero under heartbeat liveness
+	ts, alive := r.Transport, r.Members.Alive
 	sessions := 0
 	for _, s := range *n.sessions.Load() {
 		if !s.isDead() {
@@ -110,6 +104,18 @@ func (n *NIC) NetStats() NetStats {
 		Dials:     c.dials.Load(), DialErrors: c.dialErrors.Load(),
 		FramesIn: c.framesIn.Load(), Writes: c.writes.Load(), BytesOut: c.bytesOut.Load(),
 		SWIMIn: ts.In, SWIMOut: ts.Out, SWIMStreams: ts.Streams,
-		SWIMForeign: ts.Foreign + c.datagramForeign.Load(), SWIMDropped: ts.Dropped, SWIMDown: c.swimDown.Load(),
+		SWIMForeign: ts.Foreign, SWIMDropped: ts.Dropped, SWIMDown: c.swimDown.Load(),
 	}
+}
+
+// MembershipStats reports membership's counters in the form every
+// backend with membership shares (the daemon's metrics); false under
+// heartbeat liveness. The lazy sessions' own counters are in NetStats.
+func (n *NIC) MembershipStats() (members.Report, bool) {
+	if n.members == nil {
+		return members.Report{}, false
+	}
+	ts := n.swim.Stats()
+	ts.Foreign += n.nctr.datagramForeign.Load()
+	return members.Report{Transport: ts, Members: n.members.Stats(), DeclaredDead: n.nctr.swimDown.Load()}, true
 }

@@ -54,8 +54,7 @@ type Members struct {
 	ml       *memberlist.Memberlist
 
 	mu    sync.Mutex
-	alive map[fabric.NodeID]bool
-	metas map[fabric.NodeID][]byte // of the alive nodes
+	alive map[fabric.NodeID][]byte // the alive nodes and their metadata
 	st    Stats
 
 	stop    sync.Mutex // serialises Leave and Close
@@ -75,7 +74,7 @@ func New(cfg Config) (*Members, error) {
 	if len(cfg.Meta) > memberlist.MetaMaxSize {
 		return nil, fmt.Errorf("members: %d bytes of metadata > %d: %w", len(cfg.Meta), memberlist.MetaMaxSize, fabric.ErrInvalid)
 	}
-	m := &Members{self: cfg.Node, onChange: cfg.OnChange, alive: make(map[fabric.NodeID]bool), metas: make(map[fabric.NodeID][]byte)}
+	m := &Members{self: cfg.Node, onChange: cfg.OnChange, alive: make(map[fabric.NodeID][]byte)}
 	c := memberlist.DefaultLANConfig()
 	c.Name = Name(cfg.Node)
 	c.Transport = cfg.Transport
@@ -115,7 +114,8 @@ func (m *Members) Join(seeds []string) (int, error) {
 func (m *Members) Alive(id fabric.NodeID) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.alive[id]
+	_, ok := m.alive[id]
+	return ok
 }
 
 // Peers lists the live members other than this node, sorted.
@@ -182,8 +182,8 @@ func (e events) NotifyUpdate(n *memberlist.Node) { e.m.updateMeta(n) }
 func (m *Members) Meta(id fabric.NodeID) ([]byte, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b, ok := m.metas[id]
-	return b, ok && m.alive[id]
+	b, ok := m.alive[id]
+	return b, ok
 }
 
 func (m *Members) updateMeta(n *memberlist.Node) {
@@ -192,8 +192,8 @@ func (m *Members) updateMeta(n *memberlist.Node) {
 		return
 	}
 	m.mu.Lock()
-	if m.alive[fabric.NodeID(v)] {
-		m.metas[fabric.NodeID(v)] = slices.Clone(n.Meta)
+	if _, ok := m.alive[fabric.NodeID(v)]; ok {
+		m.alive[fabric.NodeID(v)] = slices.Clone(n.Meta)
 	}
 	m.mu.Unlock()
 }
@@ -220,17 +220,15 @@ func (m *Members) change(n *memberlist.Node, alive bool) {
 	}
 	id := fabric.NodeID(v)
 	m.mu.Lock()
-	if m.alive[id] == alive {
+	if _, was := m.alive[id]; was == alive {
 		m.mu.Unlock()
 		return
 	}
 	if alive {
-		m.alive[id] = true
-		m.metas[id] = slices.Clone(n.Meta)
+		m.alive[id] = slices.Clone(n.Meta)
 		m.st.Joins++
 	} else {
 		delete(m.alive, id)
-		delete(m.metas, id)
 		m.st.Leaves++
 	}
 	m.mu.Unlock()

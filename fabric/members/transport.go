@@ -26,6 +26,7 @@ package members
 // memberlist and the counters are atomic.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -121,7 +122,8 @@ type Transport struct {
 
 	wg   sync.WaitGroup
 	once sync.Once
-	down chan struct{} // closed by Shutdown
+	life context.Context // cancelled by Shutdown
+	stop context.CancelFunc
 }
 
 // NewTransport checks cfg and makes the Transport; Start starts it.
@@ -137,8 +139,8 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 		packets: make(chan *memberlist.Packet, transportQueue),
 		streams: make(chan net.Conn, streamQueue),
 		sem:     make(chan struct{}, maxAccepts),
-		down:    make(chan struct{}),
 	}
+	t.life, t.stop = context.WithCancel(context.Background())
 	t.faults.Init(cfg.Logger, faultInterval)
 	rc, err := cfg.UDP.SyscallConn()
 	if err != nil {
@@ -240,7 +242,7 @@ func (t *Transport) readLoop() {
 		k, from, err := t.recv(buf)
 		if err != nil {
 			select {
-			case <-t.down:
+			case <-t.life.Done():
 				return
 			default:
 			}
@@ -280,7 +282,7 @@ func (t *Transport) acceptLoop() {
 			t.faults.Warn("members: accept", "err", err)
 			select {
 			case <-time.After(20 * time.Millisecond):
-			case <-t.down:
+			case <-t.life.Done():
 				return
 			}
 			continue
@@ -296,8 +298,8 @@ func (t *Transport) acceptLoop() {
 		go func() {
 			defer t.wg.Done()
 			defer func() { <-t.sem }()
-			stop := unblockOnDown(t.down, c)
-			defer stop()
+			// Shutdown ends the magic's read at once.
+			defer context.AfterFunc(t.life, func() { c.SetDeadline(time.Unix(1, 0)) })()
 			c.SetReadDeadline(time.Now().Add(magicTimeout))
 			var b [4]byte
 			if _, err := io.ReadFull(c, b[:]); err != nil || string(b[:]) != t.cfg.StreamMagic {
@@ -310,20 +312,6 @@ func (t *Transport) acceptLoop() {
 			t.Accept(c)
 		}()
 	}
-}
-
-// unblockOnDown makes a read on c return when down closes; stop ends
-// the watch (its goroutine).
-func unblockOnDown(down <-chan struct{}, c net.Conn) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-down:
-			c.SetDeadline(time.Unix(1, 0))
-		case <-done:
-		}
-	}()
-	return func() { close(done) }
 }
 
 // Accept takes a stream whose first bytes were StreamMagic (read by the
@@ -386,7 +374,7 @@ func (t *Transport) StreamCh() <-chan net.Conn { return t.streams }
 func (t *Transport) Shutdown() error {
 	var err error
 	t.once.Do(func() {
-		close(t.down)
+		t.stop()
 		err = t.cfg.UDP.Close()
 		if t.cfg.Listener != nil {
 			t.cfg.Listener.Close()
