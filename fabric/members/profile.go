@@ -29,7 +29,9 @@ type Profile struct {
 	SuspicionMaxTimeoutMult int
 	// GossipInterval and GossipNodes: how often, and to how many peers,
 	// pending state changes are gossiped (nothing is sent when none are
-	// pending).
+	// pending). A GossipInterval equal to ProbeInterval costs no wake-up
+	// of its own: memberlist starts both tickers together
+	// (memberlist state.go, schedule), so they fire together.
 	GossipInterval time.Duration
 	GossipNodes    int
 	// RetransmitMult: each state change is piggy-backed RetransmitMult ·
@@ -55,9 +57,14 @@ var Fabric = Profile{
 	IndirectChecks:          3,
 	SuspicionMult:           3,
 	SuspicionMaxTimeoutMult: 2,
-	GossipInterval:          200 * time.Millisecond,
-	GossipNodes:             4,
-	RetransmitMult:          4,
+	// Gossip on the probe's ticks, to five peers: the same 20 gossip
+	// messages a second as every 200 ms to four, and no ticks of its
+	// own. Each tick of an idle Go process wakes two threads twice here
+	// (docs/membership.md, "Timer ticks and compression"): gossip on its
+	// own ticker was a quarter of an idle node's wake-ups.
+	GossipInterval: 250 * time.Millisecond,
+	GossipNodes:    5,
+	RetransmitMult: 4,
 	// Anti-entropy every 5 s (memberlist's LAN profile: 30 s): a node
 	// whose gossip missed a join learns it within one period. In the
 	// simulation (sim_test.go) one node in six runs of 16 still missed
@@ -70,7 +77,7 @@ var Fabric = Profile{
 	StreamTimeout: 2 * time.Second,
 }
 
-// apply writes p into a memberlist configuration.
+// apply writes p into a memberlist configuration, with compression off.
 func (p Profile) apply(c *memberlist.Config) {
 	c.ProbeInterval = p.ProbeInterval
 	c.ProbeTimeout = p.ProbeTimeout
@@ -82,4 +89,10 @@ func (p Profile) apply(c *memberlist.Config) {
 	c.RetransmitMult = p.RetransmitMult
 	c.PushPullInterval = p.PushPullInterval
 	c.TCPTimeout = p.StreamTimeout
+	// No LZW: memberlist compresses every message it sends and keeps the
+	// result only when it is smaller, which a 20–60 byte probe or ack
+	// never is; each try allocated and cleared the LZW writer's 64 KiB
+	// table, 7 % of an idle node's CPU with the collections it caused
+	// (docs/membership.md, "Timer ticks and compression").
+	c.EnableCompression = false
 }

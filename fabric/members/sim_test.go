@@ -7,9 +7,10 @@ package members
 // reports the figures docs/membership.md records.
 //
 // Time scale: one process holds every node, and 1,000 instances of the
-// Fabric profile need more than this machine's 2 CPUs (each costs about
-// 0.15 % of a core here, and a starved instance answers late, which is
-// not what is being measured). Above 100 nodes the simulation therefore
+// Fabric profile need more than this machine's 2 CPUs (each cost about
+// 0.15 % of a core here when this was written, 0.04 % since the profile
+// of 2026-11-29 22:30 UTC, and 1,000 at full speed were not tried again;
+// a starved instance answers late, which is not what is being measured). Above 100 nodes the simulation therefore
 // runs the profile slowed down by scale = n/100 (every interval and
 // timeout multiplied) and reports times divided by scale and rates
 // multiplied by it: the protocol's behaviour in the profile's own time,
