@@ -28,7 +28,9 @@ const clusterPoll = 50 * time.Millisecond
 // (nstest.StartNetCluster), for N = 4 and 24 and for each liveness
 // (--liveness swim, the default, and heartbeat, the old one). Per run:
 // each exnd's CPU over 10 s of idle (after the mesh is up), as a share
-// of one core, and its resident set after it; then the time until every other node reports a node down
+// of one core, how often its threads slept in that time (nstest.Usage:
+// the wake-ups, a steadier figure than the CPU), and its resident set
+// after it; then the time until every other node reports a node down
 // (the "liveness" control operation's up list, polled every 50 ms) once
 // its exnd is SIGSTOPped (frozen: its sockets stay open, so only the
 // liveness protocol can find it) and once another's is SIGKILLed (its
@@ -42,15 +44,16 @@ func BenchmarkCluster(b *testing.B) {
 	sizes[len(sizes)-1] = testenv.EnvInt("EXN_CLUSTER_NODES", sizes[len(sizes)-1])
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d CPUs; load before %s\n\n", numCPU(), loadAvg())
-	sb.WriteString("| liveness | nodes | idle CPU per exnd, mean (% of a core) | max | RSS per exnd, mean (MiB) | frozen (SIGSTOP) node seen down by every peer (s) | killed (SIGKILL) node seen down by every peer (s) |\n|---|---|---|---|---|---|---|\n")
+	sb.WriteString("| liveness | nodes | idle CPU per exnd, mean (% of a core) | max | sleeps per exnd, mean (/s) | RSS per exnd, mean (MiB) | frozen (SIGSTOP) node seen down by every peer (s) | killed (SIGKILL) node seen down by every peer (s) |\n|---|---|---|---|---|---|---|---|\n")
 	subnet := 90
 	for _, live := range []string{"swim", "heartbeat"} {
 		for _, n := range sizes {
 			subnet++
 			b.Run(fmt.Sprintf("%s/nodes=%d", live, n), func(b *testing.B) {
 				r := runCluster(b, exnd, live, n, subnet)
-				fmt.Fprintf(&sb, "| %s | %d | %.3f | %.3f | %.1f | %s | %s |\n", live, n, r.meanCPU, r.maxCPU, r.rssMiB, secsOrMissed(r.stopped), secsOrMissed(r.killed))
+				fmt.Fprintf(&sb, "| %s | %d | %.3f | %.3f | %.1f | %.1f | %s | %s |\n", live, n, r.meanCPU, r.maxCPU, r.sleeps, r.rssMiB, secsOrMissed(r.stopped), secsOrMissed(r.killed))
 				b.ReportMetric(r.meanCPU, "%cpu/node")
+				b.ReportMetric(r.sleeps, "sleeps/s/node")
 				b.ReportMetric(r.stopped.Seconds(), "s-frozen")
 				b.ReportMetric(r.killed.Seconds(), "s-killed")
 			})
@@ -62,6 +65,7 @@ func BenchmarkCluster(b *testing.B) {
 
 type clusterResult struct {
 	meanCPU, maxCPU float64       // % of a core per exnd, idle
+	sleeps          float64       // voluntary context switches per exnd and second, idle (mean)
 	rssMiB          float64       // resident set per exnd, mean, after the idle
 	stopped, killed time.Duration // until every survivor saw it down; < 0: some never did
 }
@@ -87,14 +91,15 @@ func runCluster(b *testing.B, exnd, live string, n, subnet int) clusterResult {
 	for i, nd := range c.Nodes {
 		pids[i] = nd.Proc.Pid()
 	}
-	shares, err := nstest.CPUShare(pids, clusterIdle)
+	uses, err := nstest.Usage(pids, clusterIdle)
 	if err != nil {
 		b.Fatal(err)
 	}
 	var r clusterResult
-	for i, pct := range shares {
-		r.meanCPU += pct / float64(n)
-		r.maxCPU = max(r.maxCPU, pct)
+	for i, u := range uses {
+		r.meanCPU += u.CPU / float64(n)
+		r.maxCPU = max(r.maxCPU, u.CPU)
+		r.sleeps += u.Sleeps / float64(n)
 		kib, err := nstest.RSSKiB(pids[i])
 		if err != nil {
 			b.Fatal(err)

@@ -2,6 +2,7 @@ package nstest
 
 import (
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -88,5 +89,37 @@ func TestSweepStale(t *testing.T) {
 		if _, err := os.Stat(f); err != nil {
 			t.Errorf("%s swept: %v", f, err)
 		}
+	}
+}
+
+// TestUsage: a process that sleeps and wakes a hundred times a second
+// and one that sleeps throughout are told apart by their sleeps per
+// second, and neither takes a whole core.
+func TestUsage(t *testing.T) {
+	start := func(script string) int {
+		t.Helper()
+		cmd := exec.Command("sh", "-c", script)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd.Process.Pid
+	}
+	waker := start("while :; do sleep 0.01; done")
+	idle := start("exec sleep 30")
+	time.Sleep(100 * time.Millisecond) // past both programs' start
+	uses, err := Usage([]int{waker, idle}, 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("waker %+v, idle %+v", uses[0], uses[1])
+	if w := uses[0]; w.Sleeps < 20 || w.CPU >= 100 {
+		t.Errorf("waker: %+v, want ≥ 20 sleeps/s and under a core", w)
+	}
+	if i := uses[1]; i.Sleeps > 4 || i.CPU > 5 {
+		t.Errorf("idle: %+v, want ≤ 4 sleeps/s and next to no CPU", i)
+	}
+	if _, err := Usage([]int{1 << 30}, time.Millisecond); err == nil {
+		t.Error("Usage of a pid that does not exist: no error")
 	}
 }

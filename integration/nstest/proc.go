@@ -90,12 +90,30 @@ func RSSKiB(pid int) (uint64, error) {
 	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
 }
 
-// CPUShare measures each pid's CPU time over d and returns it as a
-// percentage of one core, in the order of pids.
-func CPUShare(pids []int, d time.Duration) ([]float64, error) {
-	t0 := make([]uint64, len(pids))
+// Use is one process's use of the machine over a window.
+type Use struct {
+	CPU    float64 // CPU time of all its threads, % of one core
+	Sleeps float64 // voluntary context switches of all its threads, per second
+}
+
+// Usage measures each pid over d, in the order of pids. Sleeps counts
+// how often the process's threads went to sleep, and so how often
+// something woke them: on an idle process it is a far steadier figure
+// than the CPU time, which moves with the VM's cost per wake-up
+// (docs/membership.md, "Timer ticks and compression").
+func Usage(pids []int, d time.Duration) ([]Use, error) {
+	type sample struct{ cpu, sleeps uint64 }
+	read := func(pid int) (sample, error) {
+		cpu, err := CPUNanos(pid)
+		if err != nil {
+			return sample{}, err
+		}
+		sl, err := Sleeps(pid)
+		return sample{cpu, sl}, err
+	}
+	t0 := make([]sample, len(pids))
 	for i, pid := range pids {
-		v, err := CPUNanos(pid)
+		v, err := read(pid)
 		if err != nil {
 			return nil, err
 		}
@@ -104,13 +122,40 @@ func CPUShare(pids []int, d time.Duration) ([]float64, error) {
 	start := time.Now()
 	time.Sleep(d)
 	el := time.Since(start)
-	out := make([]float64, len(pids))
+	out := make([]Use, len(pids))
 	for i, pid := range pids {
-		v, err := CPUNanos(pid)
+		v, err := read(pid)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = float64(v-t0[i]) / float64(el.Nanoseconds()) * 100
+		out[i] = Use{
+			CPU:    float64(v.cpu-t0[i].cpu) / float64(el.Nanoseconds()) * 100,
+			Sleeps: float64(v.sleeps-t0[i].sleeps) / el.Seconds(),
+		}
 	}
 	return out, nil
+}
+
+// Sleeps is the number of voluntary context switches of every thread of
+// pid (/proc/PID/task/*/status), each a sleep that something ended.
+func Sleeps(pid int) (uint64, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/status")
+		if err != nil {
+			continue // the thread exited
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				sum += n
+			}
+		}
+	}
+	return sum, nil
 }
