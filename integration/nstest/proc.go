@@ -37,6 +37,20 @@ func CPUTicks(pid int) (uint64, error) {
 // CPUNanos is the CPU time of every thread of pid, in ns
 // (/proc/PID/task/*/schedstat: more precise than /proc/PID/stat's ticks).
 func CPUNanos(pid int) (uint64, error) {
+	return sumTasks(pid, "schedstat", func(s string) uint64 {
+		f := strings.Fields(s)
+		if len(f) == 0 {
+			return 0
+		}
+		v, _ := strconv.ParseUint(f[0], 10, 64)
+		return v
+	})
+}
+
+// sumTasks sums value(text) over every thread of pid, text being the
+// thread's /proc/PID/task/TID/name; a thread that exits meanwhile counts
+// nothing.
+func sumTasks(pid int, name string, value func(string) uint64) (uint64, error) {
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -44,15 +58,11 @@ func CPUNanos(pid int) (uint64, error) {
 	}
 	var sum uint64
 	for _, e := range ents {
-		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/" + name)
 		if err != nil {
 			continue // the thread exited
 		}
-		f := strings.Fields(string(b))
-		if len(f) > 0 {
-			v, _ := strconv.ParseUint(f[0], 10, 64)
-			sum += v
-		}
+		sum += value(string(b))
 	}
 	return sum, nil
 }
@@ -139,23 +149,13 @@ func Usage(pids []int, d time.Duration) ([]Use, error) {
 // Sleeps is the number of voluntary context switches of every thread of
 // pid (/proc/PID/task/*/status), each a sleep that something ended.
 func Sleeps(pid int) (uint64, error) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
-	var sum uint64
-	for _, e := range ents {
-		b, err := os.ReadFile(dir + "/" + e.Name() + "/status")
-		if err != nil {
-			continue // the thread exited
-		}
-		for _, line := range strings.Split(string(b), "\n") {
+	return sumTasks(pid, "status", func(s string) uint64 {
+		for _, line := range strings.Split(s, "\n") {
 			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
 				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				sum += n
+				return n
 			}
 		}
-	}
-	return sum, nil
+		return 0
+	})
 }
