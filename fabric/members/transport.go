@@ -241,13 +241,8 @@ func (t *Transport) readLoop() {
 	for {
 		k, from, err := t.recv(buf)
 		if err != nil {
-			select {
-			case <-t.life.Done():
-				return
-			default:
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return
+			if t.life.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return // Shutdown
 			}
 			t.faults.Warn("members: datagram read", "err", err)
 			continue
