@@ -20,7 +20,10 @@
 //   - offload.sh (BenchmarkOffload, offload_test.go): exn0 with and
 //     without TAP offloads against the kernel's path (issue #20);
 //     tap-bound.sh: what the TAP's own copies cost at -P 4, and the bound
-//     they put on exn0 against veth.
+//     they put on exn0 against veth; tap-relay.sh (BenchmarkTAPRelay,
+//     taprelay_test.go): exn0 on shm, net and ofi:tcp against the
+//     smallest TAP gateways of the same shapes (testdata/tap_fwd.c) and
+//     the kernel's path (issue #35).
 //   - bench-ofi.sh (make bench-ofi): the ofi VELO ping-pong against
 //     fi_pingpong; ofi-exn0.sh: exn0 over ofi:tcp (and, with NET=1, over
 //     the net fabric) against their underlay, and with RAW=1 against
@@ -39,9 +42,9 @@
 //     exn0: TCP_CRR, TCP_RR after it, a long connection opened during a
 //     burst, and when a connection becomes direct (issue #33).
 //   - bench.sh: the shared runner of ext-eth.sh, extds.sh, netperf.sh,
-//     wakeup.sh, offload.sh, shim-direct.sh, shim-xhost.sh and
-//     shim-upgrade.sh (build, run once, clean up namespaces and
-//     shm files even when killed); lib.sh and twonodes.sh are sourced by
+//     wakeup.sh, offload.sh, shim-direct.sh, shim-xhost.sh,
+//     shim-upgrade.sh, ping-bound.sh and tap-relay.sh (build, run once,
+//     clean up namespaces and shm files even when killed); lib.sh and twonodes.sh are sourced by
 //     the scripts that start test binaries or exnd nodes themselves, and
 //     procstat.sh by the ones that price a run in the whole machine's CPU.
 //
