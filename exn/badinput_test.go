@@ -147,7 +147,7 @@ type attacker struct {
 	reg fabric.Region
 }
 
-func newAttacker(tb testing.TB, c *mem.Cluster, id fabric.NodeID) *attacker {
+func newAttacker(tb testing.TB, c cluster, id fabric.NodeID) *attacker {
 	tb.Helper()
 	nic, ep := openEth(tb, c, id)
 	reg := fabrictest.Register(tb, ep, 1<<16)
@@ -194,10 +194,16 @@ func (at *attacker) send(tb testing.TB, msgs ...fabric.Message) {
 
 // TestBadInput injects malformed traffic from a raw endpoint and checks
 // each is counted under its reason, the engine keeps working and no
-// buffer leaks.
+// buffer leaks: on mem, where a rendezvous frame comes by GET, and on
+// shm, where it is read in place (view.go), with the same drop reasons.
 func TestBadInput(t *testing.T) {
+	for _, f := range fabrics {
+		t.Run(f.name, func(t *testing.T) { badInput(t, f.open(t), f.viewed) })
+	}
+}
+
+func badInput(t *testing.T, c cluster, viewed bool) {
 	testenv.VerifyNoLeaks(t)
-	c := mem.NewCluster()
 	ns := newNodes(t, c, Config{MTU: 9000}, 1, 2)
 	a, b := ns[0], ns[1]
 	at := newAttacker(t, c, 3)
@@ -300,6 +306,11 @@ func TestBadInput(t *testing.T) {
 		t.Error("good traffic after attack differs")
 	}
 	quiet(t, b.eng)
+	// The valid raw advert and the big frame: in place on shm, by GET on
+	// mem; the bad adverts read nothing either way.
+	if got, want := b.eng.Stats().RxViewed, map[bool]uint64{true: 2, false: 0}[viewed]; got != want {
+		t.Errorf("%d frames taken in place, want %d", got, want)
+	}
 	b.eng.Close()
 	if n := b.eng.rx.pool.inUse; n != 0 {
 		t.Errorf("%d reassembly buffers leaked", n)
@@ -355,14 +366,19 @@ func TestAdvertTimeout(t *testing.T) {
 }
 
 // TestSenderDiesBeforeGet: the receiver is busy (its Link blocks) while
-// the sender advertises and dies; the GET then fails, is counted, and the
-// rx buffer comes back.
+// the sender advertises and dies; the GET (or the view) then fails, is
+// counted, and the rx buffer comes back.
 func TestSenderDiesBeforeGet(t *testing.T) {
+	for _, f := range fabrics {
+		t.Run(f.name, func(t *testing.T) { senderDiesBeforeGet(t, f.open(t)) })
+	}
+}
+
+func senderDiesBeforeGet(t *testing.T, c cluster) {
 	testenv.VerifyNoLeaks(t)
-	c := mem.NewCluster()
 	ns := newNodes(t, c, Config{}, 1)
 	b := ns[0]
-	b.link.block = make(chan struct{})
+	hold := b.link.hold()
 	at := newAttacker(t, c, 3)
 	to := b.nic.Node()
 	good := frame(b.eng.MAC(), nodeMAC(at.nic.Node()), 100, 1)
@@ -373,7 +389,7 @@ func TestSenderDiesBeforeGet(t *testing.T) {
 	at.send(t, msg(to, tagAdvert, advertBytes(at.reg.NLA, uint32(len(good)), 0)),
 		msg(to, tagEager|tagFirst|tagLast, good))
 	at.nic.Close()
-	close(b.link.block)
+	close(hold)
 	eventually(t, "get-peer-down", func() bool { return b.eng.Stats().Drops[DropGetPeerDown] == 1 })
 	quiet(t, b.eng)
 }

@@ -36,7 +36,13 @@ func TestFrameSizes(t *testing.T) {
 // pools small enough that adverts wait for rx buffers and Transmit waits
 // for tx slots, and checks they arrive complete and in order.
 func TestOrderMixed(t *testing.T) {
-	a, b := pair(t, Config{TxSlots: 3, RxSlots: 2})
+	for _, f := range fabrics {
+		t.Run(f.name, func(t *testing.T) { orderMixed(t, f.open(t)) })
+	}
+}
+
+func orderMixed(t *testing.T, c cluster) {
+	a, b := pairOn(t, c, Config{TxSlots: 3, RxSlots: 2})
 	n := 2000
 	if testing.Short() {
 		n = 300

@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/exn-project/exn/fabric"
 	"github.com/exn-project/exn/fabric/mem"
+	"github.com/exn-project/exn/fabric/shm"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -19,7 +23,17 @@ type collectLink struct {
 	frames [][]byte
 	offs   []Offload // offs[i] is frames[i]'s metadata
 	notify chan struct{}
-	block  chan struct{} // if non-nil, DeliverFrames waits on it first
+	block  chan struct{} // if non-nil, DeliverFrames waits on it first; under mu
+}
+
+// hold makes DeliverFrames wait until the returned channel is closed. It
+// is set under mu: a frame on shm reaches the rx loop through shared
+// memory, which gives the race detector no order against the test.
+func (l *collectLink) hold() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.block = make(chan struct{})
+	return l.block
 }
 
 func newCollectLink() *collectLink { return &collectLink{notify: make(chan struct{}, 1)} }
@@ -27,8 +41,11 @@ func newCollectLink() *collectLink { return &collectLink{notify: make(chan struc
 func (l *collectLink) DeliverFrames(fs [][]byte) error { return l.DeliverFramesOffload(fs, nil) }
 
 func (l *collectLink) DeliverFramesOffload(fs [][]byte, offs []Offload) error {
-	if l.block != nil {
-		<-l.block
+	l.mu.Lock()
+	blk := l.block
+	l.mu.Unlock()
+	if blk != nil {
+		<-blk
 	}
 	l.mu.Lock()
 	for i, f := range fs {
@@ -85,9 +102,41 @@ type node struct {
 	link *collectLink
 }
 
+// cluster is a fabric the tests open nodes of: a *mem.Cluster, or
+// shmCluster.
+type cluster interface {
+	NewNIC(id fabric.NodeID) (fabric.NIC, error)
+}
+
+// shmCluster is a fabric/shm fabric of this test's, whose NICs lend a
+// peer's memory in place (fabric.RemoteViewer): the engine takes
+// rendezvous frames by view there (view.go), by GET on mem.
+type shmCluster struct{ name string }
+
+var shmSeq atomic.Int64
+
+// newShmCluster names a fresh shm fabric and checks at the end of the test
+// that its NICs, closed by then, left no file in /dev/shm.
+func newShmCluster(tb testing.TB) shmCluster {
+	tb.Helper()
+	name := fmt.Sprintf("exntest%d_%d", os.Getpid(), shmSeq.Add(1))
+	tb.Cleanup(func() {
+		left, _ := filepath.Glob("/dev/shm/exn-" + name + "-*")
+		for _, f := range left {
+			os.Remove(f)
+		}
+		if len(left) > 0 {
+			tb.Errorf("shm fabric %s left files: %v", name, left)
+		}
+	})
+	return shmCluster{name}
+}
+
+func (c shmCluster) NewNIC(id fabric.NodeID) (fabric.NIC, error) { return shm.Open(c.name, id) }
+
 // openEth opens node id of cluster c and its EXT-Eth VPID. The caller
 // closes the NIC.
-func openEth(tb testing.TB, c *mem.Cluster, id fabric.NodeID) (fabric.NIC, fabric.Endpoint) {
+func openEth(tb testing.TB, c cluster, id fabric.NodeID) (fabric.NIC, fabric.Endpoint) {
 	tb.Helper()
 	nic, err := c.NewNIC(id)
 	if err != nil {
@@ -102,7 +151,7 @@ func openEth(tb testing.TB, c *mem.Cluster, id fabric.NodeID) (fabric.NIC, fabri
 
 // clockedNode starts node 1 of cluster c with cfg on a fake clock it
 // returns (cfg.Now is replaced).
-func clockedNode(tb testing.TB, c *mem.Cluster, cfg Config) (*node, *testenv.Clock) {
+func clockedNode(tb testing.TB, c cluster, cfg Config) (*node, *testenv.Clock) {
 	tb.Helper()
 	clk := newFakeClock()
 	cfg.Now = clk.Now
@@ -110,7 +159,7 @@ func clockedNode(tb testing.TB, c *mem.Cluster, cfg Config) (*node, *testenv.Clo
 }
 
 // newNodes starts one engine per id on cluster c with cfg.
-func newNodes(tb testing.TB, c *mem.Cluster, cfg Config, ids ...fabric.NodeID) []*node {
+func newNodes(tb testing.TB, c cluster, cfg Config, ids ...fabric.NodeID) []*node {
 	tb.Helper()
 	var out []*node
 	for _, id := range ids {
@@ -122,11 +171,14 @@ func newNodes(tb testing.TB, c *mem.Cluster, cfg Config, ids ...fabric.NodeID) [
 		}
 		n := &node{nic: nic, eng: e, link: l}
 		tb.Cleanup(func() {
-			if l.block != nil {
+			l.mu.Lock()
+			blk := l.block
+			l.mu.Unlock()
+			if blk != nil {
 				select {
-				case <-l.block:
+				case <-blk:
 				default:
-					close(l.block)
+					close(blk)
 				}
 			}
 			e.Close()
@@ -139,9 +191,26 @@ func newNodes(tb testing.TB, c *mem.Cluster, cfg Config, ids ...fabric.NodeID) [
 
 func pair(tb testing.TB, cfg Config, opts ...mem.Option) (a, b *node) {
 	tb.Helper()
+	return pairOn(tb, mem.NewCluster(opts...), cfg)
+}
+
+// pairOn starts engines on nodes 1 and 2 of c, with leak checks.
+func pairOn(tb testing.TB, c cluster, cfg Config) (a, b *node) {
+	tb.Helper()
 	testenv.VerifyNoLeaks(tb)
-	ns := newNodes(tb, mem.NewCluster(opts...), cfg, 1, 2)
+	ns := newNodes(tb, c, cfg, 1, 2)
 	return ns[0], ns[1]
+}
+
+// fabrics are the two ways a rendezvous frame is taken: by GET (mem) and
+// in place (shm, view.go). Tests of the receive path run on both.
+var fabrics = []struct {
+	name   string
+	open   func(testing.TB) cluster
+	viewed bool
+}{
+	{"mem, by GET", func(testing.TB) cluster { return mem.NewCluster() }, false},
+	{"shm, in place", func(tb testing.TB) cluster { return newShmCluster(tb) }, true},
 }
 
 // frame builds an Ethernet frame of size bytes (>= 14) from src to dst:

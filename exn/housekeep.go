@@ -53,9 +53,12 @@ func (e *Engine) housekeep() {
 			ent := src.at(abs)
 			switch ent.state {
 			case qReady:
-				if ent.buf != nil {
+				switch {
+				case ent.buf != nil:
 					rx.pool.put(ent.buf)
-				} else {
+				case ent.view.Token != nil:
+					rx.viewer.EndView(&ent.view, false)
+				default:
 					e.freeRxSlot(ent.slot)
 				}
 				*ent = qent{state: qFailed, slot: -1}

@@ -64,10 +64,11 @@ const (
 type qent struct {
 	state qstate
 	proto Proto
-	buf   *frameBuf // eager frame, else nil
-	n     int32     // eager frame length
-	slot  int32     // rx buffer of a rendezvous frame, else -1
-	adv   advert    // the advert, while waiting
+	buf   *frameBuf         // eager frame, else nil
+	n     int32             // eager frame length
+	slot  int32             // rx buffer of a rendezvous frame, else -1
+	adv   advert            // the advert: while waiting, and a viewed frame's offload
+	view  fabric.RemoteView // a rendezvous frame taken in place (view.go)
 }
 
 // source is the receive state of one peer node.
@@ -108,10 +109,12 @@ type rxSlot struct {
 	grantee *source
 }
 
-// release is what to give back once a delivered frame's batch is done.
+// release is what to give back once a delivered frame's batch is done:
+// a pool buffer, an rx buffer (slot >= 0) or a view (view.go).
 type release struct {
 	buf  *frameBuf
 	slot int32
+	view fabric.RemoteView
 }
 
 type rxState struct {
@@ -121,6 +124,7 @@ type rxState struct {
 	free     []int32
 
 	pool    *bufPool
+	viewer  fabric.RemoteViewer // nil: rendezvous frames by GET (view.go)
 	sources map[fabric.NodeID]*source
 	last    *source // lookup cache
 
@@ -155,6 +159,7 @@ func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame, slotMax int) e
 		r.free = append(r.free, int32(i))
 	}
 	r.pool = newBufPool(min(max(cfg.EagerThreshold, minSmallBuf), maxFrame), maxFrame)
+	r.viewer, _ = ep.(fabric.RemoteViewer)
 	r.sources = make(map[fabric.NodeID]*source)
 	r.batch = make([][]byte, 0, deliverBatch)
 	r.offs = make([]Offload, 0, deliverBatch)
@@ -191,6 +196,7 @@ func (r *rxState) index(a fabric.NLA) int32 {
 
 func (e *Engine) rxLoop() {
 	defer e.wg.Done()
+	defer e.endViews()
 	rx := &e.rx
 	for !e.closed.Load() {
 		// A failing Recv or PollNotifications returns nothing; the
@@ -395,6 +401,10 @@ func (e *Engine) handleAdvert(src *source, a advert, reason DropReason) {
 	ent := e.enqueue(src)
 	if ent == nil {
 		e.refuse(src.node, a) // the sender frees its slot now
+		return
+	}
+	if e.rx.viewer != nil {
+		e.viewAdvert(src, ent, a)
 		return
 	}
 	abs := src.qhead + uint64(src.qlen) - 1
@@ -640,9 +650,12 @@ func (e *Engine) drain(src *source) {
 		ent := src.at(src.qhead)
 		switch ent.state {
 		case qReady:
-			if ent.buf != nil {
+			switch {
+			case ent.buf != nil:
 				e.deliver(ent.buf.b[:ent.n], release{buf: ent.buf, slot: -1}, ent.proto)
-			} else {
+			case ent.view.Token != nil:
+				e.deliverOff(ent.view.Buf, release{slot: -1, view: ent.view}, ent.proto, &ent.adv.off)
+			default:
 				s := &e.rx.slots[ent.slot]
 				f := e.rx.frame(ent.slot, s.len)
 				e.deliverOff(f, release{slot: ent.slot}, ent.proto, &s.off)
@@ -704,14 +717,19 @@ func (e *Engine) flushDeliver() {
 			e.log.Warn("exn: link deliver failed", "err", err, "total", e.ctr.linkErrors.Load())
 		}
 	}
-	for _, r := range rx.rel {
-		if r.buf != nil {
+	for i := range rx.rel {
+		r := &rx.rel[i]
+		switch {
+		case r.buf != nil:
 			rx.pool.put(r.buf)
-		} else {
+		case r.view.Token != nil:
+			rx.viewer.EndView(&r.view, true)
+		default:
 			e.freeRxSlot(r.slot)
 		}
 	}
 	clear(rx.batch)
+	clear(rx.rel)
 	rx.batch, rx.rel, rx.offs, rx.nOff = rx.batch[:0], rx.rel[:0], rx.offs[:0], 0
 	e.postWaiting()
 }

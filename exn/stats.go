@@ -161,6 +161,7 @@ type Stats struct {
 	RxOffloaded uint64 // frames delivered with offload metadata
 	GrantsSent  uint64 // rx buffers granted to pushing sources (push.go)
 	GrantsRecv  uint64 // rx buffers receivers granted us
+	RxViewed    uint64 // rendezvous frames delivered in place from the sender's memory (view.go)
 }
 
 // counters is the engine's atomic counter block; Stats snapshots it.
@@ -185,7 +186,7 @@ type counters struct {
 	linkErrors      atomic.Uint64
 
 	hellos, txOffloaded, txCsumSW, txGSOSplit, txGSOSegs, rxOffloaded atomic.Uint64
-	grantsSent, grantsRecv                                            atomic.Uint64
+	grantsSent, grantsRecv, rxViewed                                  atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -220,6 +221,7 @@ func (c *counters) snapshot() Stats {
 	s.RxOffloaded = c.rxOffloaded.Load()
 	s.GrantsSent = c.grantsSent.Load()
 	s.GrantsRecv = c.grantsRecv.Load()
+	s.RxViewed = c.rxViewed.Load()
 	return s
 }
 

@@ -301,6 +301,53 @@ type BufferRegistrar interface {
 	RegisterBuffer(buf []byte) (Region, error)
 }
 
+// RemoteViewer is implemented by an Endpoint that can lend its caller a
+// peer's registered memory to read in place, where a GET would first copy
+// it into a local region: fabric/shm, whose peers' regions are files this
+// process maps anyway and whose GET is a copy out of that mapping. A
+// protocol that GETs bytes only to hand them on (EXT-Eth's receiver
+// writing a frame to its TAP, exn/rx.go) saves that copy. Backends whose
+// peers are on other hosts do not implement it. Callers test for it with
+// a type assertion.
+type RemoteViewer interface {
+	// ViewRemote checks r as Post checks a GET's remote side (r.Op must
+	// be OpGet and r.Len 1..MaxRMALen; r.Local is not used) and fills v
+	// with the r.Len bytes at r.Remote, in place. A remote fault (the
+	// range outside a region registered to r.Peer.VPID, the peer gone) is
+	// returned as the NotifyErr a GET would have reported, with v left
+	// empty; err is for the local ones: ErrInvalid for a bad request,
+	// net.ErrClosed on a closed endpoint. Nothing is notified yet.
+	//
+	// Ownership: v.Buf is the peer's memory. The caller only reads it,
+	// and must not trust two reads of it to agree: the peer may write it
+	// at any time, as it may during a GET. It stays mapped, whatever the
+	// peer does, until the caller passes v to EndView, which every view
+	// must reach exactly once, also after the endpoint closed.
+	//
+	// Concurrency: safe for concurrent use, like Post. It does not
+	// allocate once the peer's region is mapped.
+	ViewRemote(r *RMA, v *RemoteView) (NotifyErr, error)
+
+	// EndView returns a view. With notify true it finishes the view as
+	// its GET would have finished: the peer gets the responder
+	// notification r.Notify asked for (NotifyResponder; the requester's
+	// own notifications are not written, the caller knows); with false
+	// (the caller dropped the bytes) nothing is notified. A peer gone in
+	// the meantime gets nothing. It never blocks and does not allocate.
+	EndView(v *RemoteView, notify bool)
+}
+
+// RemoteView is a peer's memory lent by RemoteViewer.ViewRemote. It is a
+// value the caller keeps (in a queue, without allocation) and passes back
+// to EndView unchanged; only Buf is the caller's to read.
+type RemoteView struct {
+	Buf []byte
+	// Req is the request the view stands for.
+	Req RMA
+	// Token is the backend's reference to what it holds for the view.
+	Token any
+}
+
 // PutOrderer is implemented by an Endpoint that can say whether its RMA
 // PUTs are placed before its later VELO messages are delivered: once
 // Post has returned without error for a PUT, a message that the same

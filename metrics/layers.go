@@ -125,6 +125,7 @@ func Engine(node fabric.NodeID, stats func() exn.Stats) prometheus.Collector {
 	b.counter("hellos_total", "Offload capability hellos received from peers.", func(s *S) uint64 { return s.Hellos })
 	b.counterDir("offload_frames_total", "Frames carried with their offload metadata (checksum offload, TSO/USO super-frames), by direction.", txRx, func(s *S) uint64 { return s.TxOffloaded }, func(s *S) uint64 { return s.RxOffloaded })
 	b.counterDir("push_grants_total", "Receive buffers granted for receiver-granted PUT: tx granted to peers, rx granted by peers.", txRx, func(s *S) uint64 { return s.GrantsSent }, func(s *S) uint64 { return s.GrantsRecv })
+	b.counter("rx_in_place_total", "Rendezvous frames written to the link straight from the sender's memory, with no GET copy (fabric/shm).", func(s *S) uint64 { return s.RxViewed })
 	b.counter("tx_csum_software_total", "Frames whose partial checksum was completed in software for a peer without checksum offload.", func(s *S) uint64 { return s.TxCsumSW })
 	b.counter("tx_gso_split_total", "Super-frames segmented in software for a peer that cannot take them.", func(s *S) uint64 { return s.TxGSOSplit })
 	b.counter("tx_gso_segments_total", "Segments the software segmentation made.", func(s *S) uint64 { return s.TxGSOSegs })

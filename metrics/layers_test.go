@@ -49,6 +49,7 @@ func TestEngineCollector(t *testing.T) {
 	s.AdvertTimeouts, s.AdvertsRefused, s.RefusalsSent, s.RefusalsLost = 10, 11, 12, 13
 	s.LateResponders, s.UnmatchedNotify, s.TxSlotWaits = 14, 15, 16
 	s.Hellos, s.TxOffloaded, s.RxOffloaded, s.TxCsumSW, s.TxGSOSplit, s.TxGSOSegs = 17, 18, 19, 20, 21, 22
+	s.RxViewed = 23
 	reg := check(t, []string{
 		`exn_eth_frames_total{direction="tx",node="3",proto="eager"} 4`,
 		`exn_eth_bytes_total{direction="tx",node="3",proto="eager"} 400`,
@@ -75,6 +76,7 @@ func TestEngineCollector(t *testing.T) {
 		`exn_eth_tx_csum_software_total{node="3"} 20`,
 		`exn_eth_tx_gso_split_total{node="3"} 21`,
 		`exn_eth_tx_gso_segments_total{node="3"} 22`,
+		`exn_eth_rx_in_place_total{node="3"} 23`,
 	}, Engine(3, func() exn.Stats { return s }))
 	// Every reason but "none" is a series, and no other.
 	if n, err := testutil.GatherAndCount(reg, "exn_eth_drops_total"); err != nil || n != int(exn.NumDropReasons)-1 {

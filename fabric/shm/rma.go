@@ -280,7 +280,6 @@ func (e *endpoint) do(r *fabric.RMA, lbuf []byte) {
 	n.ctr.RMABytes.Add(uint64(r.Len))
 
 	localLast := fabric.LastFrame(r.Local, r.Len)
-	remoteLast := fabric.LastFrame(r.Remote, r.Len)
 	var peerKind fabric.NotifyKind
 	switch {
 	case r.Op == fabric.OpPut && r.Notify&fabric.NotifyCompleter != 0:
@@ -289,14 +288,7 @@ func (e *endpoint) do(r *fabric.RMA, lbuf []byte) {
 		peerKind = fabric.KindResponder
 	}
 	if peerKind != 0 {
-		if vf, err := n.vpid(p, r.Peer.VPID); err == nil {
-			nt := fabric.Notification{Kind: peerKind, Op: r.Op, Peer: e.addr, Len: r.Len, Local: remoteLast}
-			vf.pushNotify(&nt, n.node)
-			vf.ringDoorbell()
-			vf.m.release()
-		} else if !errors.Is(err, fabric.ErrUnknownNode) && !errors.Is(err, fabric.ErrPeerDown) {
-			n.faults.Warn("shm: rma peer notification", "peer", r.Peer, "err", err)
-		}
+		e.notifyPeer(p, r, peerKind)
 	}
 	own := false
 	if r.Notify&fabric.NotifyRequester != 0 {
@@ -311,5 +303,73 @@ func (e *endpoint) do(r *fabric.RMA, lbuf []byte) {
 	}
 	if own {
 		e.v.ringDoorbell()
+	}
+}
+
+// notifyPeer writes the notification of kind that r's peer asked for
+// (completer of a PUT, responder of a GET) into its queue and rings its
+// doorbell. A peer gone meanwhile gets nothing.
+func (e *endpoint) notifyPeer(p *peer, r *fabric.RMA, kind fabric.NotifyKind) {
+	n := e.nic
+	vf, err := n.vpid(p, r.Peer.VPID)
+	if err != nil {
+		if !errors.Is(err, fabric.ErrUnknownNode) && !errors.Is(err, fabric.ErrPeerDown) {
+			n.faults.Warn("shm: rma peer notification", "peer", r.Peer, "err", err)
+		}
+		return
+	}
+	nt := fabric.Notification{Kind: kind, Op: r.Op, Peer: e.addr, Len: r.Len, Local: fabric.LastFrame(r.Remote, r.Len)}
+	vf.pushNotify(&nt, n.node)
+	vf.ringDoorbell()
+	vf.m.release()
+}
+
+// ViewRemote implements fabric.RemoteViewer: the checks of a GET's remote
+// side (remoteBuf), and the peer's mapping held for the view instead of
+// a copy out of it.
+func (e *endpoint) ViewRemote(r *fabric.RMA, v *fabric.RemoteView) (fabric.NotifyErr, error) {
+	*v = fabric.RemoteView{}
+	if err := e.enter(); err != nil {
+		return fabric.NErrNone, err
+	}
+	defer e.leave()
+	n := e.nic
+	if err := fabric.CheckRMA(r); err != nil {
+		return fabric.NErrNone, n.ctr.CountErr(err)
+	}
+	if r.Op != fabric.OpGet {
+		return fabric.NErrNone, n.ctr.CountErr(fmt.Errorf("shm: view: %v is not a get: %w", r.Op, fabric.ErrInvalid))
+	}
+	n.ctr.RMAPosted[fabric.OpGet].Add(1)
+	p, err := n.getPeer(r.Peer.Node)
+	if err != nil {
+		return fabric.NErrPeerDown, nil
+	}
+	m, b, ne := n.remoteBuf(p, r.Peer.VPID, r.Remote, r.Len)
+	if ne != fabric.NErrNone {
+		return ne, nil
+	}
+	n.ctr.RMABytes.Add(uint64(r.Len))
+	*v = fabric.RemoteView{Buf: b, Req: *r, Token: m}
+	return fabric.NErrNone, nil
+}
+
+// EndView implements fabric.RemoteViewer. The mapping's reference goes
+// whatever the endpoint's state; the responder notification only while
+// the endpoint is open and the peer known.
+func (e *endpoint) EndView(v *fabric.RemoteView, notify bool) {
+	m, ok := v.Token.(*mapping)
+	r := v.Req
+	*v = fabric.RemoteView{}
+	if !ok {
+		return
+	}
+	m.release()
+	if !notify || r.Notify&fabric.NotifyResponder == 0 || e.enter() != nil {
+		return
+	}
+	defer e.leave()
+	if p, err := e.nic.getPeer(r.Peer.Node); err == nil {
+		e.notifyPeer(p, &r, fabric.KindResponder)
 	}
 }
