@@ -44,9 +44,10 @@
 //   - bench.sh: the shared runner of ext-eth.sh, extds.sh, netperf.sh,
 //     wakeup.sh, offload.sh, shim-direct.sh, shim-xhost.sh,
 //     shim-upgrade.sh, ping-bound.sh and tap-relay.sh (build, run once,
-//     clean up namespaces and shm files even when killed); lib.sh and twonodes.sh are sourced by
-//     the scripts that start test binaries or exnd nodes themselves, and
-//     procstat.sh by the ones that price a run in the whole machine's CPU.
+//     clean up namespaces and shm files even when killed); lib.sh and
+//     twonodes.sh are sourced by the scripts that start test binaries or
+//     exnd nodes themselves, and procstat.sh by the ones that price a run
+//     in the whole machine's CPU.
 //
 // The shim's numbers come from integration TestShimPerf, and
 // `exnperf report` (perf/report) runs them all into docs/benchmarks.md.
