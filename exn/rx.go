@@ -49,6 +49,18 @@ const (
 	maxSourceQueue = 256
 	// deliverBatch is the most frames handed to the Link at once.
 	deliverBatch = 64
+	// rxWaitSpin is how long the receive loop's Wait spins before it
+	// parks, on an endpoint that lets its consumer choose
+	// (fabric.WaitSpinner: fabric/shm, whose own budget is 5 µs): not at
+	// all. The loop's messages come from other nodes' TAP readers, paced
+	// by the traffic through exn0 (a TCP ping-pong's frames come tens of
+	// µs apart), so a spin seldom catches one, and on a host with few
+	// CPUs it holds a CPU the frame's producers need: the sending
+	// application and the kernel's TCP in the other node's TAP. Measured
+	// on shm (docs/wakeup.md, "The spin budgets"): sockperf 64 B p50 over
+	// exn0 38.0–38.9 µs parking at once against 41.0–44.5 µs spinning
+	// 5 µs first, in eight alternated rounds.
+	rxWaitSpin = 0
 )
 
 type qstate uint8
@@ -160,6 +172,9 @@ func (r *rxState) init(ep fabric.Endpoint, cfg *Config, maxFrame, slotMax int) e
 	}
 	r.pool = newBufPool(min(max(cfg.EagerThreshold, minSmallBuf), maxFrame), maxFrame)
 	r.viewer, _ = ep.(fabric.RemoteViewer)
+	if ws, ok := ep.(fabric.WaitSpinner); ok {
+		ws.SetWaitSpin(rxWaitSpin)
+	}
 	r.sources = make(map[fabric.NodeID]*source)
 	r.batch = make([][]byte, 0, deliverBatch)
 	r.offs = make([]Offload, 0, deliverBatch)

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/exn-project/exn/fabric"
+	"github.com/exn-project/exn/fabric/mem"
 	"github.com/exn-project/exn/internal/testenv"
 )
 
@@ -74,5 +78,46 @@ func TestViewsReleased(t *testing.T) {
 		if strings.Contains(line, "exn-"+c.name+"-") {
 			t.Errorf("still mapped after close: %s", line)
 		}
+	}
+}
+
+// spinRecorder is an endpoint that lets its consumer set Wait's spin,
+// and records what it was set to.
+type spinRecorder struct {
+	fabric.Endpoint
+	mu   sync.Mutex
+	spin []time.Duration
+}
+
+func (r *spinRecorder) SetWaitSpin(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.spin = append(r.spin, d)
+}
+
+// TestWaitSpin: an engine on an endpoint that lets it choose sets its
+// receive loop's Wait to park at once (rxWaitSpin), and still receives.
+func TestWaitSpin(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	c := mem.NewCluster()
+	a := newNodes(t, c, Config{}, 1)[0]
+	nic, ep := openEth(t, c, 2)
+	rec := &spinRecorder{Endpoint: ep}
+	l := newCollectLink()
+	e, err := New(nic, rec, l, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { e.Close(); nic.Close() }()
+	rec.mu.Lock()
+	got := slices.Clone(rec.spin)
+	rec.mu.Unlock()
+	if !slices.Equal(got, []time.Duration{rxWaitSpin}) {
+		t.Fatalf("SetWaitSpin calls %v, want [%v]", got, rxWaitSpin)
+	}
+	f := frame(e.MAC(), a.eng.MAC(), 2000, 1)
+	mustTransmit(t, a.eng, f)
+	if got := l.wait(t, 1, 5*time.Second)[0]; !bytes.Equal(got, f) {
+		t.Error("frame differs")
 	}
 }

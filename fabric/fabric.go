@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Hardware limits of the emulated NIC. They are the Extoll Tourmalet values
@@ -374,6 +375,22 @@ type PutOrderer interface {
 // answer does not change over the endpoint's life.
 type BestEffortMulticaster interface {
 	MulticastBestEffort() bool
+}
+
+// WaitSpinner is implemented by an Endpoint whose Wait spins for a budget
+// before it parks (fabric/shm) and lets its consumer shorten that spin.
+// A spin pays off when the item usually comes within it, as between two
+// consumers that answer each other at once; a consumer that knows its
+// items come later than that (EXT-Eth's receive loop, whose frames come
+// from other nodes' TAPs, tens of µs apart even in a ping-pong: exn/rx.go)
+// spends the spin for nothing, on CPUs its producers need. Callers test
+// for it with a type assertion.
+type WaitSpinner interface {
+	// SetWaitSpin sets how long this endpoint's Wait polls before it
+	// parks: d from 0 (park at once) up to the backend's own budget; a
+	// longer d leaves that budget. Safe to call at any time, concurrently
+	// with Wait; the next Wait uses it.
+	SetWaitSpin(d time.Duration)
 }
 
 // Colocated is implemented by an Endpoint whose peers all run in this

@@ -89,6 +89,10 @@ type endpoint struct {
 	pollMu sync.Mutex
 	nc     consumer
 
+	// spin is Wait's spin before it parks, in ns: spinBudget unless the
+	// consumer shortened it (SetWaitSpin).
+	spin atomic.Int64
+
 	// wakeRegs are the registrations that ring the doorbell when the
 	// context of a sleeping Wait is done, one per context (keyed by its
 	// Done channel), for up to maxWatched concurrent Waits with distinct
@@ -155,6 +159,7 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 		return nil, err
 	}
 	ep := &endpoint{nic: n, addr: addr, path: path, f: f, bellFD: -1, bellPath: path + ".bell"}
+	ep.spin.Store(int64(spinBudget))
 	tmpBell := path + ".tmp.bell"
 	if err := ep.openBell(tmpBell); err != nil {
 		n.wc.bellFallback.Add(1)

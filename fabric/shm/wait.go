@@ -3,8 +3,9 @@ package shm
 // Wait pipeline: how a consumer sleeps until its rings have work, and how
 // it is woken. See ring.go for the producers' side of the doorbell.
 //
-//	Wait: under ops (read), spin for spinBudget, polling the rings
-//	      without yielding. Then clear rung, announce sleep (bellW),
+//	Wait: under ops (read), spin for spinBudget (or less, as the
+//	      consumer set it: SetWaitSpin), polling the rings without
+//	      yielding. Then clear rung, announce sleep (bellW),
 //	      re-check, and park the goroutine in the netpoller on the VPID's
 //	      doorbell FIFO (RawConn.Read, draining with raw non-blocking
 //	      reads): no thread sits in a blocking system call, so the
@@ -47,7 +48,7 @@ func (e *endpoint) Wait(ctx context.Context) error {
 		return nil
 	}
 	if !e.nic.opts.noSpin {
-		if ok, err := e.spin(); ok || err != nil {
+		if ok, err := e.spinFor(time.Duration(e.spin.Load())); ok || err != nil {
 			return err
 		}
 	}
@@ -97,12 +98,20 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	}
 }
 
-// spin polls the rings for up to spinBudget without yielding: it reports
-// whether work arrived, or net.ErrClosed. No Gosched and no sched_yield:
+// SetWaitSpin implements fabric.WaitSpinner: Wait's spin, 0..spinBudget.
+func (e *endpoint) SetWaitSpin(d time.Duration) {
+	e.spin.Store(int64(min(max(d, 0), spinBudget)))
+}
+
+// spinFor polls the rings for up to budget (not at all for 0) without
+// yielding: it reports whether work arrived, or net.ErrClosed. No Gosched and no sched_yield:
 // the spin is short enough that the scheduler never needs to interrupt
 // it, and a yield would put the goroutine on the global run queue, where
 // the scheduler finds it before it ever polls the network.
-func (e *endpoint) spin() (bool, error) {
+func (e *endpoint) spinFor(budget time.Duration) (bool, error) {
+	if budget <= 0 {
+		return false, nil
+	}
 	start := time.Now()
 	for i := 1; ; i++ {
 		if e.ready() {
@@ -112,7 +121,7 @@ func (e *endpoint) spin() (bool, error) {
 			if e.closed.Load() {
 				return false, net.ErrClosed
 			}
-			if time.Since(start) > spinBudget {
+			if time.Since(start) > budget {
 				return false, nil
 			}
 		}
