@@ -142,3 +142,42 @@ func produce(ctx context.Context, p fabric.Endpoint, dst fabric.Addr, id uint32,
 	}
 	return nil
 }
+
+// TestSetWaitSpin: the consumer's spin is clamped to 0..spinBudget, and
+// a Wait with none parks at once (and still wakes for a message).
+func TestSetWaitSpin(t *testing.T) {
+	testenv.VerifyNoLeaks(t)
+	fab := uniqueFabric(t)
+	nic1, nic2 := openNIC(t, fab, 1), openNIC(t, fab, 2)
+	ep1, ep2 := fabrictest.OpenEP(t, nic1, 0), fabrictest.OpenEP(t, nic2, 0)
+	ws, ok := ep1.(fabric.WaitSpinner)
+	if !ok {
+		t.Fatalf("%T is not a fabric.WaitSpinner", ep1)
+	}
+	e := ep1.(*endpoint)
+	if got := time.Duration(e.spin.Load()); got != spinBudget {
+		t.Fatalf("default spin %v, want %v", got, spinBudget)
+	}
+	for _, tc := range []struct{ set, want time.Duration }{
+		{time.Microsecond, time.Microsecond},
+		{time.Second, spinBudget},
+		{-1, 0},
+		{0, 0},
+	} {
+		ws.SetWaitSpin(tc.set)
+		if got := time.Duration(e.spin.Load()); got != tc.want {
+			t.Errorf("SetWaitSpin(%v): spin %v, want %v", tc.set, got, tc.want)
+		}
+	}
+	if ok, err := e.spinFor(0); ok || err != nil {
+		t.Fatalf("spinFor(0) = %v, %v: want no spin", ok, err)
+	}
+	before := nic1.(*nicT).WakeStats().BellSleeps
+	done := make(chan error, 1)
+	go func() { done <- ep1.Wait(context.Background()) }()
+	waitFor(t, "the spinless Wait parks", func() bool { return nic1.(*nicT).WakeStats().BellSleeps > before })
+	sendOne(t, context.Background(), ep2, ep1.Addr(), 1, "x")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
