@@ -79,17 +79,6 @@ func BenchmarkOffload(b *testing.B) {
 			}
 		}
 	}
-	ticks := func(ns []*nstest.Node) uint64 {
-		var sum uint64
-		for _, n := range ns {
-			t, err := nstest.CPUTicks(n.Proc.Pid())
-			if err != nil {
-				b.Fatalf("node %d cpu: %v", n.ID, err)
-			}
-			sum += t
-		}
-		return sum
-	}
 	// gbps[case][0 = base, 1.. = builds], cpu likewise (ms per GB).
 	gbps := make([][][]float64, len(cases))
 	cpu := make([][][]float64, len(cases))
@@ -104,14 +93,14 @@ func BenchmarkOffload(b *testing.B) {
 			for k := range paths {
 				pi := (k + r + ci) % len(paths)
 				p := paths[pi]
-				t0 := ticks(p.nodes)
+				t0 := exndTicks(b, p.nodes)
 				res, err := nstest.Iperf3(b, p.srv, p.cli, p.ip, d, c.extra...)
 				if err != nil {
 					b.Fatalf("%s, path %d: %v", c.name, pi, err)
 				}
 				gbps[ci][pi] = append(gbps[ci][pi], res.BitsPerSecond/1e9)
 				if p.nodes != nil && res.Bytes > 0 {
-					cpu[ci][pi] = append(cpu[ci][pi], float64(ticks(p.nodes)-t0)*1000/clockTicks/(res.Bytes/1e9))
+					cpu[ci][pi] = append(cpu[ci][pi], float64(exndTicks(b, p.nodes)-t0)*1000/clockTicks/(res.Bytes/1e9))
 				}
 			}
 		}
