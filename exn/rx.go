@@ -5,7 +5,9 @@ package exn
 //	Recv ≤ RxBudget messages ──┬─ eager fragment → reasm (per source,
 //	                           │   unicast and multicast apart) → frame
 //	                           └─ advert → per-source queue entry → GET
-//	                              (or wait for a free rx buffer)
+//	                              (or wait for a free rx buffer; on a
+//	                              fabric.RemoteViewer the frame is read
+//	                              in place and ready at once: view.go)
 //	flushGets: the round's GETs go out in one Post
 //	PollNotifications ≤ NotifyBudget
 //	   completer (our GET done)      → queue entry ready
@@ -14,12 +16,12 @@ package exn
 //	drain every source touched this round: pop ready/failed entries off
 //	   the head of its queue into the delivery batch; stop at a GET in
 //	   flight — so frames reach the Link in the order the source sent them
-//	flush the batch: Observer, Link.DeliverFrames, release buffers, post
-//	   GETs for adverts waiting for a buffer (FIFO across sources, one
-//	   Post)
-//	nothing done → ep.Wait(tick) (spins, then sleeps until a message, a
-//	   notification or the next housekeeping tick, if the ticker runs:
-//	   see needTicks)
+//	flush the batch: Observer, Link.DeliverFrames, release buffers and
+//	   end views (the sender's responder notification), post GETs for
+//	   adverts waiting for a buffer (FIFO across sources, one Post)
+//	nothing done → ep.Wait(tick) (spins, for rxWaitSpin where the fabric
+//	   lets us choose, then sleeps until a message, a notification or the
+//	   next housekeeping tick, if the ticker runs: see needTicks)
 //
 // A unicast eager frame of a source with an empty queue skips the queue.
 // Multicast frames skip it always: they are not ordered against unicast
@@ -58,8 +60,8 @@ const (
 	// CPUs it holds a CPU the frame's producers need: the sending
 	// application and the kernel's TCP in the other node's TAP. Measured
 	// on shm (docs/wakeup.md, "The spin budgets"): sockperf 64 B p50 over
-	// exn0 38.0–38.9 µs parking at once against 41.0–44.5 µs spinning
-	// 5 µs first, in eight alternated rounds.
+	// exn0 37.6–39.4 µs parking at once against 41.7–47.3 µs spinning
+	// 5 µs first, in four alternated rounds.
 	rxWaitSpin = 0
 )
 
