@@ -526,6 +526,14 @@ var notifyDrop = [...]DropReason{
 	fabric.NErrPeerDown: DropGetPeerDown,
 }
 
+// getDrop is the drop reason of a GET (or a view) that failed with ne.
+func getDrop(ne fabric.NotifyErr) DropReason {
+	if int(ne) < len(notifyDrop) && notifyDrop[ne] != DropNone {
+		return notifyDrop[ne]
+	}
+	return DropGetPeerDown
+}
+
 func (e *Engine) handleNote(n *fabric.Notification) {
 	rx := &e.rx
 	switch {
@@ -538,11 +546,7 @@ func (e *Engine) handleNote(n *fabric.Notification) {
 			e.ctr.unmatchedNotify.Add(1)
 			return
 		}
-		reason := DropGetPeerDown
-		if int(n.Err) < len(notifyDrop) && notifyDrop[n.Err] != DropNone {
-			reason = notifyDrop[n.Err]
-		}
-		e.getDone(slot, reason)
+		e.getDone(slot, getDrop(n.Err))
 	case n.Kind == fabric.KindCompleter && n.Op == fabric.OpGet:
 		slot := rx.index(n.Local)
 		if slot < 0 || !rx.slots[slot].busy {
@@ -576,13 +580,7 @@ func (e *Engine) landed(slot int32, reason DropReason) {
 	src := s.src
 	ent := src.at(s.abs)
 	if reason == DropNone {
-		f := e.rx.frame(slot, s.len)
-		switch {
-		case !e.dstOK(f, false):
-			reason = DropWrongDest
-		case s.off != (Offload{}) && !s.off.check(f, e.maxFrame, true):
-			reason = DropOffloadForged
-		}
+		reason = e.pulledDrop(e.rx.frame(slot, s.len), &s.off)
 	}
 	if reason != DropNone {
 		e.freeRxSlot(slot)
@@ -592,6 +590,19 @@ func (e *Engine) landed(slot int32, reason DropReason) {
 		ent.state = qReady
 	}
 	e.markDirty(src)
+}
+
+// pulledDrop checks a rendezvous frame f that arrived with offload
+// metadata off (by GET, push or view): our destination, and metadata
+// that fits the frame. It returns the drop reason, or DropNone.
+func (e *Engine) pulledDrop(f []byte, off *Offload) DropReason {
+	switch {
+	case !e.dstOK(f, false):
+		return DropWrongDest
+	case *off != (Offload{}) && !off.check(f, e.maxFrame, true):
+		return DropOffloadForged
+	}
+	return DropNone
 }
 
 // responderDone frees the tx slot a peer has finished reading.
@@ -746,7 +757,6 @@ func (e *Engine) flushDeliver() {
 		}
 	}
 	clear(rx.batch)
-	clear(rx.rel)
 	rx.batch, rx.rel, rx.offs, rx.nOff = rx.batch[:0], rx.rel[:0], rx.offs[:0], 0
 	e.postWaiting()
 }

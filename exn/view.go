@@ -43,19 +43,14 @@ func (e *Engine) viewAdvert(src *source, ent *qent, a advert) {
 	}
 	*ent = qent{state: qReady, proto: ProtoRendezvous, slot: -1, adv: a}
 	ne, err := e.rx.viewer.ViewRemote(&req, &ent.view)
-	reason := DropNone
+	var reason DropReason
 	switch {
 	case err != nil:
 		reason = DropGetPost
 	case ne != fabric.NErrNone:
-		reason = DropGetPeerDown
-		if int(ne) < len(notifyDrop) && notifyDrop[ne] != DropNone {
-			reason = notifyDrop[ne]
-		}
-	case !e.dstOK(ent.view.Buf, false):
-		reason = DropWrongDest
-	case a.off != (Offload{}) && !a.off.check(ent.view.Buf, e.maxFrame, true):
-		reason = DropOffloadForged
+		reason = getDrop(ne)
+	default:
+		reason = e.pulledDrop(ent.view.Buf, &ent.adv.off)
 	}
 	if reason != DropNone {
 		if ent.view.Token != nil {

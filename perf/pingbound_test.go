@@ -141,14 +141,7 @@ func startRelays(b *testing.B, w relayWay, ns1, ns2 *nstest.Netns) (string, []*n
 		if ready != nil {
 			b.Fatalf("%s: relay TAP in %s: %v", w.key, ns.Name, ready)
 		}
-		for _, cmd := range [][]string{
-			{"ip", "addr", "add", fmt.Sprintf("10.76.%d.%d/24", pingBoundSubnet, id+1), "dev", "tb0"},
-			{"ip", "link", "set", "tb0", "up"},
-		} {
-			if out, err := ns.Run(5*time.Second, cmd...); err != nil {
-				b.Fatalf("%s: %q in %s: %v: %s; relay: %s", w.key, cmd, ns.Name, err, out, relays[id].Output())
-			}
-		}
+		relayAddr(b, ns, "tb0", pingBoundSubnet, id+1, 0)
 	}
 	target := fmt.Sprintf("10.76.%d.2", pingBoundSubnet)
 	if _, err := nstest.Ping(ns1, target, 2, 56, ""); err != nil {

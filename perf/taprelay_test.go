@@ -315,9 +315,13 @@ func waitReady(b *testing.B, p *nstest.Proc) {
 	}
 }
 
+// relayAddr gives a relay's TAP dev in ns the address 10.76.subnet.id/24
+// and the MTU (0: the TAP's own), and sets it up.
 func relayAddr(b *testing.B, ns *nstest.Netns, dev string, subnet, id, mtu int) {
 	b.Helper()
-	ns.MustRun(b, 5*time.Second, "ip", "link", "set", dev, "mtu", strconv.Itoa(mtu))
+	if mtu != 0 {
+		ns.MustRun(b, 5*time.Second, "ip", "link", "set", dev, "mtu", strconv.Itoa(mtu))
+	}
 	ns.MustRun(b, 5*time.Second, "ip", "addr", "add", fmt.Sprintf("10.76.%d.%d/24", subnet, id), "dev", dev)
 	ns.MustRun(b, 5*time.Second, "ip", "link", "set", dev, "up")
 }

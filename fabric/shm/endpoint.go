@@ -90,7 +90,8 @@ type endpoint struct {
 	nc     consumer
 
 	// spin is Wait's spin before it parks, in ns: spinBudget unless the
-	// consumer shortened it (SetWaitSpin).
+	// consumer shortened it (SetWaitSpin) or the NIC's options switch it
+	// off (noSpin).
 	spin atomic.Int64
 
 	// wakeRegs are the registrations that ring the doorbell when the
@@ -159,7 +160,9 @@ func (n *nicT) Open(v fabric.VPID) (fabric.Endpoint, error) {
 		return nil, err
 	}
 	ep := &endpoint{nic: n, addr: addr, path: path, f: f, bellFD: -1, bellPath: path + ".bell"}
-	ep.spin.Store(int64(spinBudget))
+	if !n.opts.noSpin {
+		ep.spin.Store(int64(spinBudget))
+	}
 	tmpBell := path + ".tmp.bell"
 	if err := ep.openBell(tmpBell); err != nil {
 		n.wc.bellFallback.Add(1)

@@ -47,10 +47,8 @@ func (e *endpoint) Wait(ctx context.Context) error {
 	if e.ready() {
 		return nil
 	}
-	if !e.nic.opts.noSpin {
-		if ok, err := e.spinFor(time.Duration(e.spin.Load())); ok || err != nil {
-			return err
-		}
+	if ok, err := e.spinFor(time.Duration(e.spin.Load())); ok || err != nil {
+		return err
 	}
 	if done := ctx.Done(); done != nil {
 		e.watch(ctx, done)
@@ -104,10 +102,11 @@ func (e *endpoint) SetWaitSpin(d time.Duration) {
 }
 
 // spinFor polls the rings for up to budget (not at all for 0) without
-// yielding: it reports whether work arrived, or net.ErrClosed. No Gosched and no sched_yield:
-// the spin is short enough that the scheduler never needs to interrupt
-// it, and a yield would put the goroutine on the global run queue, where
-// the scheduler finds it before it ever polls the network.
+// yielding: it reports whether work arrived, or net.ErrClosed. No
+// Gosched and no sched_yield: the spin is short enough that the
+// scheduler never needs to interrupt it, and a yield would put the
+// goroutine on the global run queue, where the scheduler finds it before
+// it ever polls the network.
 func (e *endpoint) spinFor(budget time.Duration) (bool, error) {
 	if budget <= 0 {
 		return false, nil
